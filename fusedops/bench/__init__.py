@@ -1,0 +1,1 @@
+"""Benchmarks of fusedops ops against native PyTorch; run with `python -m fusedops.bench`."""

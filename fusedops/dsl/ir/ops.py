@@ -1,0 +1,150 @@
+"""The block IR's op codes and the facts about them, recorded as op groups.
+
+Operand conventions (checked by `verifier.py`):
+
+| op | operands | attrs | result |
+|---|---|---|---|
+| CONSTANT | - | value (int/float/bool) | scalar or block (splat) |
+| PROGRAM_ID, NUM_PROGRAMS | - | axis (0..2) | int32 |
+| ARANGE | - | start, end | block<end-start x int32> |
+| SPLAT | scalar | - | block of that scalar |
+| BROADCAST | block | - | block of the same rank, size-1 dims expanded |
+| EXPAND_DIMS | block or scalar | axis | rank + 1, new dim of size 1 |
+| RESHAPE | block | - | same numel, the result type's shape |
+| TRANS | block | perm | permuted dims |
+| CAST | x | - | same shape, the result's element type (value conversion) |
+| BITCAST | x | - | same shape and bit width, bits reinterpreted |
+| binary elementwise | a, b of one type | - | that type (comparisons: int1) |
+| unary elementwise | x | - | its type |
+| FMA | a, b, c of one float type | - | that type |
+| WHERE | cond (int1), a, b (one type) | - | a's type |
+| ADDPTR | ptr, integer offset (same shape) | - | ptr (offset counts elements) |
+| LOAD | ptr [, mask [, other]] | masked, has_other, cache, eviction | element type of ptr |
+| STORE | ptr, value [, mask] | masked, cache, eviction | - |
+| REDUCE | block | kind (sum/max/min), axis | block with axis removed, or scalar |
+| ARGREDUCE | block | kind (argmax/argmin), axis | int32, axis removed |
+| SCAN | block | kind (sum), axis, reverse | same type |
+| DOT | a (MxK), b (KxN), acc (MxN) | input_precision | acc's type |
+| ATOMIC_RMW | ptr, value [, mask] | kind, masked, sem, scope | old values |
+| ATOMIC_CAS | ptr, cmp, value | sem, scope | old values |
+| MULTIPLE_OF, MAX_CONTIGUOUS | x | values (one per dim) | x's type (a compiler hint) |
+| PRINT | values... | prefix, hex | - |
+| ASSERT | cond | message | - |
+| FOR | lb, ub, step, inits... | - | final loop-carried values; region 0 args: iv, carried... |
+| WHILE | inits... | - | final carried values; region 0 (before): args carried, ends in CONDITION; region 1 (after): args forwarded, ends in YIELD |
+| IF | cond (scalar int1) | - | region 0 (then), region 1 (else), each ends in YIELD |
+| YIELD | values... | - | terminator |
+| CONDITION | cond, forwarded... | - | terminator of a WHILE's before-region |
+| CONVERT_LAYOUT | x | - | x's type, a new layout (inserted by the layout pass) |
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class OpCode(enum.Enum):
+    CONSTANT = "constant"
+    PROGRAM_ID = "program_id"
+    NUM_PROGRAMS = "num_programs"
+    ARANGE = "arange"
+    SPLAT = "splat"
+    BROADCAST = "broadcast"
+    EXPAND_DIMS = "expand_dims"
+    RESHAPE = "reshape"
+    TRANS = "trans"
+    CAST = "cast"
+    BITCAST = "bitcast"
+    # binary elementwise
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"          # floating-point true division
+    IDIV = "idiv"        # integer division, truncating toward zero (C)
+    MOD = "mod"          # remainder with the sign of the dividend (C `%`, `fmod` for floats)
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    SHL = "shl"
+    SHR = "shr"          # arithmetic for signed, logical for unsigned
+    MINIMUM = "minimum"
+    MAXIMUM = "maximum"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    # unary elementwise
+    NEG = "neg"
+    INVERT = "invert"    # bitwise not (logical not for int1)
+    EXP = "exp"
+    EXP2 = "exp2"
+    LOG = "log"
+    LOG2 = "log2"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    ABS = "abs"
+    SIN = "sin"
+    COS = "cos"
+    ERF = "erf"
+    TANH = "tanh"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    # ternary elementwise
+    FMA = "fma"
+    WHERE = "where"
+    # memory and pointers
+    ADDPTR = "addptr"
+    LOAD = "load"
+    STORE = "store"
+    ATOMIC_RMW = "atomic_rmw"
+    ATOMIC_CAS = "atomic_cas"
+    # block-wide
+    REDUCE = "reduce"
+    ARGREDUCE = "argreduce"
+    SCAN = "scan"
+    DOT = "dot"
+    # hints and debugging
+    MULTIPLE_OF = "multiple_of"
+    MAX_CONTIGUOUS = "max_contiguous"
+    PRINT = "print"
+    ASSERT = "assert"
+    # structured control flow
+    FOR = "for"
+    WHILE = "while"
+    IF = "if"
+    YIELD = "yield"
+    CONDITION = "condition"
+    # inserted by passes
+    CONVERT_LAYOUT = "convert_layout"
+
+
+BINARY_ARITH = frozenset({
+    OpCode.ADD, OpCode.SUB, OpCode.MUL, OpCode.DIV, OpCode.IDIV, OpCode.MOD, OpCode.AND, OpCode.OR,
+    OpCode.XOR, OpCode.SHL, OpCode.SHR, OpCode.MINIMUM, OpCode.MAXIMUM,
+})
+COMPARISON = frozenset({OpCode.EQ, OpCode.NE, OpCode.LT, OpCode.LE, OpCode.GT, OpCode.GE})
+BINARY = BINARY_ARITH | COMPARISON
+UNARY_MATH = frozenset({
+    OpCode.EXP, OpCode.EXP2, OpCode.LOG, OpCode.LOG2, OpCode.SQRT, OpCode.RSQRT, OpCode.SIN,
+    OpCode.COS, OpCode.ERF, OpCode.TANH, OpCode.FLOOR, OpCode.CEIL,
+})
+UNARY = UNARY_MATH | frozenset({OpCode.NEG, OpCode.INVERT, OpCode.ABS})
+ELEMENTWISE = BINARY | UNARY | frozenset({
+    OpCode.FMA, OpCode.WHERE, OpCode.CAST, OpCode.BITCAST, OpCode.ADDPTR,
+    OpCode.MULTIPLE_OF, OpCode.MAX_CONTIGUOUS,
+})
+COMMUTATIVE = frozenset({
+    OpCode.ADD, OpCode.MUL, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.MINIMUM, OpCode.MAXIMUM,
+    OpCode.EQ, OpCode.NE,
+})
+FLOAT_ONLY = UNARY_MATH | frozenset({OpCode.DIV, OpCode.FMA})
+INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.SHL, OpCode.SHR})
+# Ops whose removal changes what the program does even when their results are unused.
+SIDE_EFFECTS = frozenset({
+    OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT,
+    OpCode.YIELD, OpCode.CONDITION,
+})
+CONTROL_FLOW = frozenset({OpCode.FOR, OpCode.WHILE, OpCode.IF})
+TERMINATORS = frozenset({OpCode.YIELD, OpCode.CONDITION})

@@ -1,0 +1,1 @@
+"""The kernel language: dtypes, promotion rules, typed IR construction (semantics) and builtins."""

@@ -1,0 +1,89 @@
+"""Type promotion and broadcasting rules of the kernel language (the written rules; tests in
+tests/test_semantics.py).
+
+Promotion of two operand element types for arithmetic:
+- float with float: the same type stays; float64 wins; else float32 wins; float16 with bfloat16 gives
+  float32.
+- float with integer: the float type.
+- integer with integer: int1 yields to any other integer; otherwise the wider type; at equal width a
+  signed and an unsigned type give the unsigned one (C's rule).
+Python literals are *weak*: a literal adopts the other operand's type when that type can hold its kind
+(an int literal with an integer or float operand, a float literal with a float operand); alone, an int
+literal is int32 (int64 if it does not fit, uint64 beyond that) and a float literal float32.
+
+Broadcasting is NumPy's: shapes align at the right, size-1 dims stretch, missing leading dims are added.
+"""
+
+from __future__ import annotations
+
+from .dtypes import DType, float32, float64, int1, int32, int64, uint64
+
+
+class PromotionError(TypeError):
+    pass
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The element type two operands of an arithmetic op are computed in."""
+    if a == b:
+        return a
+    if a.is_floating or b.is_floating:
+        if a.is_floating and b.is_floating:
+            if float64 in (a, b):
+                return float64
+            return float32   # float32 with a 16-bit float, or float16 with bfloat16
+        return a if a.is_floating else b
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.bits != b.bits:
+        return a if a.bits > b.bits else b
+    return a if a.kind == "uint" else b
+
+
+def literal_dtype(value) -> DType:
+    """The type of a Python literal standing alone."""
+    if isinstance(value, bool):
+        return int1
+    if isinstance(value, int):
+        if -2**31 <= value < 2**31:
+            return int32
+        if -2**63 <= value < 2**63:
+            return int64
+        if 0 <= value < 2**64:
+            return uint64
+        raise PromotionError(f"integer literal {value} does not fit in 64 bits")
+    if isinstance(value, float):
+        return float32
+    raise PromotionError(f"{value!r} of type {type(value).__name__} is not a kernel-language value")
+
+
+def literal_fits(value, dtype: DType) -> bool:
+    """Whether a literal can adopt `dtype` without changing its kind or overflowing."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        if dtype.is_floating:
+            return True
+        if dtype.is_bool:
+            return value in (0, 1)
+        if dtype.kind == "uint":
+            return 0 <= value < 2**dtype.bits
+        return -2**(dtype.bits - 1) <= value < 2**(dtype.bits - 1)
+    if isinstance(value, float):
+        return dtype.is_floating
+    return False
+
+
+def broadcast_shapes(a: tuple, b: tuple) -> tuple:
+    """NumPy broadcasting of two block shapes; PromotionError when they do not broadcast."""
+    rank = max(len(a), len(b))
+    a = (1,) * (rank - len(a)) + tuple(a)
+    b = (1,) * (rank - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise PromotionError(f"shapes {a} and {b} do not broadcast")
+        out.append(max(x, y))
+    return tuple(out)

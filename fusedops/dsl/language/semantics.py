@@ -1,0 +1,240 @@
+"""Typed construction of block IR: the kernel language's semantics.
+
+`Semantics` turns operations on IR values and Python literals into typed IR, applying the promotion
+and broadcasting rules of `promotion.py`: after it, every IR op is monomorphic (operands of one type
+and shape), so the interpreter and the code generator never promote. Errors are `CompilationError`s
+without a location; the frontend adds the location of the expression being compiled.
+
+The class is split by concern: elementwise ops here, shapes in `shape_ops.py`, memory, reductions and
+`dot` in `block_ops.py`.
+"""
+
+from __future__ import annotations
+
+from ..errors import CompilationError
+from ..ir import Builder, OpCode, Value
+from . import promotion
+from .block_ops import BlockOps
+from .dtypes import (BlockType, DType, PointerType, float32, int1, int32, int64, shape_of, with_element,
+                     with_shape)
+from .shape_ops import ShapeOps
+
+_BINARY = {
+    "add": OpCode.ADD, "sub": OpCode.SUB, "mul": OpCode.MUL, "truediv": OpCode.DIV,
+    "floordiv": OpCode.IDIV, "mod": OpCode.MOD, "and": OpCode.AND, "or": OpCode.OR, "xor": OpCode.XOR,
+    "lshift": OpCode.SHL, "rshift": OpCode.SHR, "minimum": OpCode.MINIMUM, "maximum": OpCode.MAXIMUM,
+    "eq": OpCode.EQ, "ne": OpCode.NE, "lt": OpCode.LT, "le": OpCode.LE, "gt": OpCode.GT, "ge": OpCode.GE,
+}
+_MATH = {
+    "exp": OpCode.EXP, "exp2": OpCode.EXP2, "log": OpCode.LOG, "log2": OpCode.LOG2, "sqrt": OpCode.SQRT,
+    "rsqrt": OpCode.RSQRT, "sin": OpCode.SIN, "cos": OpCode.COS, "erf": OpCode.ERF, "tanh": OpCode.TANH,
+    "floor": OpCode.FLOOR, "ceil": OpCode.CEIL,
+}
+
+
+def is_literal(x) -> bool:
+    return isinstance(x, (bool, int, float)) and not isinstance(x, Value)
+
+
+def element_of(x: Value):
+    return x.type.element if isinstance(x.type, BlockType) else x.type
+
+
+class Semantics(ShapeOps, BlockOps):
+    """Builds typed IR through `builder`. Every public method takes IR values or Python literals."""
+
+    def __init__(self, builder: Builder):
+        self.builder = builder
+
+    # -- values ------------------------------------------------------------------------------------
+    def constant(self, value, dtype: DType, shape: tuple = ()) -> Value:
+        if dtype.is_floating:
+            value = float(value)
+        elif dtype.is_bool:
+            value = bool(value)
+        else:
+            value = int(value)
+            bits = dtype.bits
+            value &= (1 << bits) - 1
+            if dtype.is_signed and value >= 1 << (bits - 1):
+                value -= 1 << bits
+        return self.builder.value(OpCode.CONSTANT, [], with_shape(dtype, shape), value=value)
+
+    def to_value(self, x, like: DType = None) -> Value:
+        """An IR value for `x`; a literal adopts `like` when it fits (weak typing)."""
+        if isinstance(x, Value):
+            return x
+        if not is_literal(x):
+            raise CompilationError(f"{x!r} (a {type(x).__name__}) cannot be used as a kernel value")
+        if like is not None and isinstance(like, DType) and promotion.literal_fits(x, like) \
+                and not (isinstance(x, bool) and not like.is_bool):
+            return self.constant(x, like)
+        try:
+            return self.constant(x, promotion.literal_dtype(x))
+        except promotion.PromotionError as e:
+            raise CompilationError(str(e)) from None
+
+    def _pair(self, a, b):
+        """Both operands as values, literals typed after the other operand."""
+        if is_literal(a) and is_literal(b):
+            return self.to_value(a), self.to_value(b)
+        if is_literal(a):
+            b = self.to_value(b)
+            return self.to_value(a, element_of(b)), b
+        if is_literal(b):
+            a = self.to_value(a)
+            return a, self.to_value(b, element_of(a))
+        return self.to_value(a), self.to_value(b)
+
+    # -- casts -------------------------------------------------------------------------------------
+    def cast(self, x, dtype, bitcast: bool = False) -> Value:
+        """Convert `x` to element type `dtype` (a value conversion; `bitcast` reinterprets bits)."""
+        x = self.to_value(x, dtype if isinstance(dtype, DType) else None)
+        if not isinstance(dtype, (DType, PointerType)):
+            raise CompilationError(f"cast target must be a dsl dtype such as dsl.float32, got {dtype!r}")
+        source = element_of(x)
+        if source == dtype:
+            return x
+        if bitcast:
+            if source.itemsize * 8 != (dtype.bits if isinstance(dtype, DType) else 64) \
+                    or source == int1 or dtype == int1:
+                raise CompilationError(f"bitcast needs equal bit widths, got {source} and {dtype}")
+            return self.builder.value(OpCode.BITCAST, [x], with_element(x.type, dtype))
+        if isinstance(source, PointerType) and isinstance(dtype, PointerType):
+            return self.builder.value(OpCode.BITCAST, [x], with_element(x.type, dtype))
+        if isinstance(source, PointerType) or isinstance(dtype, PointerType):
+            other = dtype if isinstance(source, PointerType) else source
+            if other not in (int64,) and not (isinstance(other, DType) and other.kind == "uint" and other.bits == 64):
+                raise CompilationError(f"pointers convert only to and from 64-bit integers, not {other}")
+        return self.builder.value(OpCode.CAST, [x], with_element(x.type, dtype))
+
+    def broadcast_pair(self, a: Value, b: Value):
+        shape = self._broadcast_shape(shape_of(a.type), shape_of(b.type))
+        return self.broadcast_to(a, shape), self.broadcast_to(b, shape)
+
+    def _broadcast_shape(self, a, b):
+        try:
+            return promotion.broadcast_shapes(a, b)
+        except promotion.PromotionError as e:
+            raise CompilationError(str(e)) from None
+
+    # -- elementwise -------------------------------------------------------------------------------
+    def binary(self, op: str, a, b) -> Value:
+        """`a <op> b` for op in add, sub, mul, truediv, floordiv, mod, and, or, xor, lshift, rshift,
+        minimum, maximum, eq, ne, lt, le, gt, ge."""
+        a, b = self._pair(a, b)
+        ea, eb = element_of(a), element_of(b)
+        if isinstance(ea, PointerType) or isinstance(eb, PointerType):
+            return self._pointer_binary(op, a, b)
+        try:
+            dtype = promotion.promote(ea, eb)
+        except promotion.PromotionError as e:
+            raise CompilationError(str(e)) from None
+        if op == "truediv" and not dtype.is_floating:
+            dtype = float32
+        if op in ("and", "or", "xor", "lshift", "rshift") and not dtype.is_integer:
+            raise CompilationError(f"bitwise `{op}` needs integer operands, got {ea} and {eb}")
+        if op == "floordiv" and dtype.is_floating:
+            return self.unary("floor", self.binary("truediv", a, b))
+        a, b = self.broadcast_pair(self.cast(a, dtype), self.cast(b, dtype))
+        code = _BINARY[op]
+        result_type = with_element(a.type, int1) if op in ("eq", "ne", "lt", "le", "gt", "ge") else a.type
+        return self.builder.value(code, [a, b], result_type)
+
+    def _pointer_binary(self, op, a, b):
+        ea, eb = element_of(a), element_of(b)
+        if op in ("add", "sub") and isinstance(ea, PointerType) and isinstance(eb, DType) and eb.is_integer:
+            offset = b if op == "add" else self.unary("neg", b)
+            return self.add_pointer(a, offset)
+        if op == "add" and isinstance(eb, PointerType) and isinstance(ea, DType) and ea.is_integer:
+            return self.add_pointer(b, a)
+        if op in ("eq", "ne", "lt", "le", "gt", "ge") and ea == eb:
+            a, b = self.broadcast_pair(a, b)
+            return self.builder.value(_BINARY[op], [a, b], with_element(a.type, int1))
+        raise CompilationError(f"`{op}` is not defined for {ea} and {eb}; pointers support + and - "
+                               "with integer offsets, and comparisons")
+
+    def add_pointer(self, ptr: Value, offset) -> Value:
+        offset = self.to_value(offset, int32)
+        if not element_of(offset).is_integer or element_of(offset).is_bool:
+            raise CompilationError(f"pointer offsets must be integers, got {element_of(offset)}")
+        ptr, offset = self.broadcast_pair(ptr, offset)
+        return self.builder.value(OpCode.ADDPTR, [ptr, offset], ptr.type)
+
+    def unary(self, op: str, x) -> Value:
+        """`op(x)` for neg, invert, not, abs, and the math functions (exp, exp2, log, log2, sqrt,
+        rsqrt, sin, cos, erf, tanh, floor, ceil). Math on integers is done in float32; on float16 and
+        bfloat16 it is done in float32 and rounded back."""
+        x = self.to_value(x)
+        element = element_of(x)
+        if isinstance(element, PointerType):
+            raise CompilationError(f"`{op}` is not defined for pointers")
+        if op == "pos":
+            return x
+        if op == "neg":
+            if element.is_bool:
+                raise CompilationError("cannot negate an int1 value; use `not` or `~`")
+            return self.builder.value(OpCode.NEG, [x], x.type)
+        if op == "invert":
+            if element.is_floating:
+                raise CompilationError(f"`~` needs an integer operand, got {element}")
+            return self.builder.value(OpCode.INVERT, [x], x.type)
+        if op == "not":
+            return self.binary("eq", x, 0) if not element.is_bool else self.builder.value(OpCode.INVERT, [x], x.type)
+        if op == "abs":
+            if element.is_bool or element.kind == "uint":
+                return x
+            return self.builder.value(OpCode.ABS, [x], x.type)
+        if op not in _MATH:
+            raise CompilationError(f"unknown operation `{op}`")
+        if not element.is_floating:
+            x = self.cast(x, float32)
+        elif element.bits == 16:
+            return self.cast(self.unary(op, self.cast(x, float32)), element)
+        return self.builder.value(_MATH[op], [x], x.type)
+
+    def sigmoid(self, x) -> Value:
+        """1 / (1 + exp(-x)), computed in float32 for 16-bit and integer inputs."""
+        x = self.to_value(x)
+        element = element_of(x)
+        wide = self.cast(x, float32) if not element.is_floating or element.bits == 16 else x
+        result = self.binary("truediv", 1.0, self.binary("add", 1.0, self.unary("exp", self.unary("neg", wide))))
+        return self.cast(result, element) if element.is_floating else result
+
+    def fma(self, a, b, c) -> Value:
+        """a * b + c with one rounding, in the promoted float type."""
+        a, b, c = self.to_value(a), self.to_value(b), self.to_value(c)
+        dtype = promotion.promote(promotion.promote(element_of(a), element_of(b)), element_of(c))
+        if not dtype.is_floating:
+            raise CompilationError(f"fma needs floating operands, got {dtype}")
+        shape = self._broadcast_shape(self._broadcast_shape(shape_of(a.type), shape_of(b.type)), shape_of(c.type))
+        a, b, c = (self.broadcast_to(self.cast(v, dtype), shape) for v in (a, b, c))
+        return self.builder.value(OpCode.FMA, [a, b, c], a.type)
+
+    def where(self, condition, a, b) -> Value:
+        """Elementwise `a if condition else b`; condition is converted to int1 (!= 0)."""
+        condition = self.to_condition(condition, allow_block=True)
+        a, b = self._pair(a, b)
+        if element_of(a) != element_of(b):
+            dtype = promotion.promote(element_of(a), element_of(b))
+            a, b = self.cast(a, dtype), self.cast(b, dtype)
+        shape = self._broadcast_shape(shape_of(condition.type), self._broadcast_shape(shape_of(a.type), shape_of(b.type)))
+        condition, a, b = (self.broadcast_to(v, shape) for v in (condition, a, b))
+        return self.builder.value(OpCode.WHERE, [condition, a, b], a.type)
+
+    def to_condition(self, x, allow_block: bool = False) -> Value:
+        """`x` as int1 (`x != 0` unless it already is int1)."""
+        x = self.to_value(x)
+        if isinstance(x.type, BlockType) and not allow_block:
+            raise CompilationError("a block cannot be used as a condition; use dsl.where for elementwise "
+                                   "choices, or reduce it (dsl.max / dsl.sum) to a scalar first")
+        if element_of(x) == int1:
+            return x
+        if isinstance(element_of(x), PointerType):
+            raise CompilationError("a pointer cannot be used as a condition")
+        return self.binary("ne", x, 0)
+
+    def logical(self, op: str, a, b) -> Value:
+        """`a and b` / `a or b` on scalars or int1 blocks (both sides are evaluated)."""
+        a, b = self.to_condition(a, allow_block=True), self.to_condition(b, allow_block=True)
+        return self.binary(op, a, b)

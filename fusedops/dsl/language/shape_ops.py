@@ -1,0 +1,165 @@
+"""Semantics of block creation and shape manipulation (a mixin of `Semantics`)."""
+
+from __future__ import annotations
+
+from ..errors import CompilationError
+from ..ir import OpCode, Value
+from .dtypes import BlockType, DType, int32, shape_of, with_shape
+
+_MAX_BLOCK_NUMEL = 1 << 20
+
+
+def _check_shape(shape, what: str) -> tuple:
+    if isinstance(shape, int):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)):
+        raise CompilationError(f"{what} must be a tuple of constexpr ints, got {shape!r}")
+    shape = tuple(shape)
+    numel = 1
+    for dim in shape:
+        if isinstance(dim, Value):
+            raise CompilationError(f"{what} must be known at compile time (constexpr), got a runtime value")
+        if not isinstance(dim, int) or dim < 1 or dim & (dim - 1):
+            raise CompilationError(f"{what} must be powers of two, got {shape}")
+        numel *= dim
+    if numel > _MAX_BLOCK_NUMEL:
+        raise CompilationError(f"{what} {shape} has {numel} elements; blocks hold at most {_MAX_BLOCK_NUMEL}")
+    return shape
+
+
+class ShapeOps:
+    def program_id(self, axis) -> Value:
+        if axis not in (0, 1, 2):
+            raise CompilationError(f"program_id axis must be 0, 1 or 2, got {axis!r}")
+        return self.builder.value(OpCode.PROGRAM_ID, [], int32, axis=axis)
+
+    def num_programs(self, axis) -> Value:
+        if axis not in (0, 1, 2):
+            raise CompilationError(f"num_programs axis must be 0, 1 or 2, got {axis!r}")
+        return self.builder.value(OpCode.NUM_PROGRAMS, [], int32, axis=axis)
+
+    def arange(self, start, end) -> Value:
+        """int32 block [start, start + 1, ..., end - 1]; end - start a power of two, both constexpr."""
+        if not isinstance(start, int) or not isinstance(end, int) or isinstance(start, bool):
+            raise CompilationError(f"arange bounds must be constexpr ints, got {start!r}, {end!r}")
+        size = end - start
+        if size < 1 or size & (size - 1):
+            raise CompilationError(f"arange(start, end) needs end - start to be a power of two, got {size}")
+        if not (-2**31 <= start and end <= 2**31):
+            raise CompilationError("arange bounds must fit in int32")
+        return self.builder.value(OpCode.ARANGE, [], BlockType((size,), int32), start=start, end=end)
+
+    def full(self, shape, value, dtype) -> Value:
+        """A block of `shape` filled with `value`, of element type `dtype`."""
+        shape = _check_shape(shape, "shape")
+        if not isinstance(dtype, DType):
+            raise CompilationError(f"dtype must be a dsl dtype such as dsl.float32, got {dtype!r}")
+        if isinstance(value, Value):
+            if isinstance(value.type, BlockType):
+                raise CompilationError("full() takes a scalar value")
+            return self.broadcast_to(self.cast(value, dtype), shape)
+        return self.constant(value, dtype, shape)
+
+    def splat(self, x: Value, shape: tuple) -> Value:
+        return self.builder.value(OpCode.SPLAT, [x], BlockType(tuple(shape), x.type))
+
+    def broadcast_to(self, x, shape) -> Value:
+        """`x` stretched to `shape` (NumPy rules); scalars are splatted."""
+        x = self.to_value(x)
+        shape = tuple(shape)
+        current = shape_of(x.type)
+        if current == shape:
+            return x
+        if not shape:
+            raise CompilationError(f"cannot broadcast a block of shape {current} to a scalar")
+        if not current:
+            if x.defining_op is not None and x.defining_op.opcode == OpCode.CONSTANT:
+                return self.constant(x.defining_op.attrs["value"], x.type, shape)
+            return self.splat(x, shape)
+        if len(current) > len(shape):
+            raise CompilationError(f"cannot broadcast shape {current} to {shape}")
+        while len(current) < len(shape):
+            x = self.expand_dims(x, 0)
+            current = shape_of(x.type)
+        for have, want in zip(current, shape):
+            if have != want and have != 1:
+                raise CompilationError(f"cannot broadcast shape {current} to {shape}")
+        return self.builder.value(OpCode.BROADCAST, [x], BlockType(shape, x.type.element))
+
+    def expand_dims(self, x, axis: int) -> Value:
+        x = self.to_value(x)
+        shape = shape_of(x.type)
+        if not isinstance(axis, int) or not -len(shape) - 1 <= axis <= len(shape):
+            raise CompilationError(f"expand_dims axis {axis!r} is out of range for shape {shape}")
+        if axis < 0:
+            axis += len(shape) + 1
+        new_shape = shape[:axis] + (1,) + shape[axis:]
+        return self.builder.value(OpCode.EXPAND_DIMS, [x], with_shape(x.type.scalar, new_shape), axis=axis)
+
+    def reshape(self, x, shape) -> Value:
+        """Row-major reshape to `shape` (same number of elements)."""
+        x = self.to_value(x)
+        shape = _check_shape(shape, "reshape shape")
+        old = shape_of(x.type)
+        old_numel = 1
+        for dim in old:
+            old_numel *= dim
+        new_numel = 1
+        for dim in shape:
+            new_numel *= dim
+        if old_numel != new_numel:
+            raise CompilationError(f"cannot reshape a block of shape {old} into {shape}")
+        if not old:
+            return self.broadcast_to(x, shape)
+        if shape == old:
+            return x
+        return self.builder.value(OpCode.RESHAPE, [x], BlockType(shape, x.type.element))
+
+    def trans(self, x, *dims) -> Value:
+        """Permute dims; with no dims, reverse them (a 2-D transpose)."""
+        x = self.to_value(x)
+        shape = shape_of(x.type)
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = tuple(dims[0])
+        perm = tuple(dims) if dims else tuple(reversed(range(len(shape))))
+        if sorted(perm) != list(range(len(shape))):
+            raise CompilationError(f"trans dims {perm} are not a permutation of the {len(shape)} dims")
+        if perm == tuple(range(len(shape))):
+            return x
+        new_shape = tuple(shape[p] for p in perm)
+        return self.builder.value(OpCode.TRANS, [x], BlockType(new_shape, x.type.element), perm=perm)
+
+    def subscript(self, x, index) -> Value:
+        """`x[...]` with `None` (new axis) and full slices `:` only."""
+        x = self.to_value(x)
+        if not isinstance(index, tuple):
+            index = (index,)
+        axis = 0
+        for item in index:
+            if item is None:
+                x = self.expand_dims(x, axis)
+                axis += 1
+            elif isinstance(item, slice) and item == slice(None, None, None):
+                axis += 1
+            else:
+                raise CompilationError("blocks can only be indexed with None (new axis) and `:`; "
+                                       "use masks and pointer arithmetic to select elements")
+        if axis > len(shape_of(x.type)):
+            raise CompilationError(f"too many indices for a block of shape {shape_of(x.type)}")
+        return x
+
+    def _hint(self, code: OpCode, x, values) -> Value:
+        x = self.to_value(x)
+        if isinstance(values, int):
+            values = (values,)
+        values = tuple(values)
+        rank = max(1, len(shape_of(x.type)))
+        if len(values) != rank or not all(isinstance(v, int) and v >= 1 for v in values):
+            raise CompilationError(f"{code.value} needs {rank} positive constexpr ints, got {values}")
+        return self.builder.value(code, [x], x.type, values=values)
+
+    def multiple_of(self, x, values) -> Value:
+        return self._hint(OpCode.MULTIPLE_OF, x, values)
+
+    def max_contiguous(self, x, values) -> Value:
+        return self._hint(OpCode.MAX_CONTIGUOUS, x, values)

@@ -1,0 +1,1 @@
+"""Runtime: cuda-python driver, jit and specialization, launcher, disk cache, autotuner, knobs."""

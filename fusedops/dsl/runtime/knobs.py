@@ -1,0 +1,102 @@
+"""Every environment setting of fusedops, in one typed place.
+
+`current()` reads the environment each time it is called and returns a frozen `Knobs`; nothing is
+cached at import, so a test (or a user) that changes a variable sees the change on the next call.
+Code that needs a setting takes it from `current()` (or from a `Knobs` passed down to it), never
+from `os.environ` directly.
+
+| variable                | field           | type / default                                          |
+|-------------------------|-----------------|---------------------------------------------------------|
+| FUSEDOPS_INTERPRET      | interpret       | bool, False: run kernels in the NumPy interpreter       |
+| FUSEDOPS_CACHE_DIR      | cache_dir       | Path, ~/.cache/fusedops: on-disk kernel cache           |
+| FUSEDOPS_DISABLE_CACHE  | disable_cache   | bool, False: neither read nor write the disk cache      |
+| FUSEDOPS_DUMP_IR        | dump_ir         | bool, False: print the IR after each pass               |
+| FUSEDOPS_DUMP_DIR       | dump_dir        | Path or None: write the dumps there instead of stderr   |
+| FUSEDOPS_DEFAULT_ARCH   | default_arch    | "sm_<N>[a]" or None (= detect from the current device)  |
+| FUSEDOPS_LIBDEVICE_PATH | libdevice_path  | Path or None (= search the CUDA installation)           |
+
+Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty or unset means False). Any
+other value raises `ValueError` naming the variable, so a typo is loud instead of ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+_ARCH = re.compile(r"sm_[0-9]{2,3}a?")
+
+
+def _parse_bool(variable: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{variable}={text!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def _parse_path(variable: str, text: str) -> Optional[Path]:
+    text = text.strip()
+    return Path(text).expanduser() if text else None
+
+
+def _parse_arch(variable: str, text: str) -> Optional[str]:
+    value = text.strip().lower()
+    if not value:
+        return None
+    if not _ARCH.fullmatch(value):
+        raise ValueError(f"{variable}={text!r} is not a GPU architecture; use a name like sm_80, sm_90 or sm_90a")
+    return value
+
+
+def _knob(variable: str, parse: Callable[[str, str], object], default):
+    """A dataclass field read from `variable` with `parse(variable, text)`; `default` when unset."""
+    return dataclasses.field(default=default, metadata={"variable": variable, "parse": parse})
+
+
+def _default_cache_dir() -> Path:
+    return Path("~/.cache/fusedops").expanduser()
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    """The settings in force; see the module docstring for the variables behind each field."""
+
+    interpret: bool = _knob("FUSEDOPS_INTERPRET", _parse_bool, False)
+    cache_dir: Path = _knob("FUSEDOPS_CACHE_DIR", _parse_path, None)  # None -> _default_cache_dir()
+    disable_cache: bool = _knob("FUSEDOPS_DISABLE_CACHE", _parse_bool, False)
+    dump_ir: bool = _knob("FUSEDOPS_DUMP_IR", _parse_bool, False)
+    dump_dir: Optional[Path] = _knob("FUSEDOPS_DUMP_DIR", _parse_path, None)
+    default_arch: Optional[str] = _knob("FUSEDOPS_DEFAULT_ARCH", _parse_arch, None)
+    libdevice_path: Optional[Path] = _knob("FUSEDOPS_LIBDEVICE_PATH", _parse_path, None)
+
+    def __post_init__(self) -> None:
+        # The home directory is looked up when the settings are built, not at import.
+        if self.cache_dir is None:
+            object.__setattr__(self, "cache_dir", _default_cache_dir())
+
+
+def current(environ: Optional[Mapping[str, str]] = None) -> Knobs:
+    """Read the settings from `environ` (default: `os.environ`) now.
+
+    Raises:
+        ValueError: a variable is set to a value its type does not accept (the message names it).
+    """
+    environ = os.environ if environ is None else environ
+    values = {}
+    for field in dataclasses.fields(Knobs):
+        variable = field.metadata["variable"]
+        if variable in environ:
+            values[field.name] = field.metadata["parse"](variable, environ[variable])
+    return Knobs(**values)
+
+
+def variables() -> tuple[str, ...]:
+    """The names of all environment variables fusedops reads, in field order."""
+    return tuple(field.metadata["variable"] for field in dataclasses.fields(Knobs))

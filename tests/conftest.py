@@ -1,0 +1,50 @@
+"""Test-suite configuration: the GPU tier, deterministic seeds, Hypothesis settings.
+
+- Tests marked `cuda` are skipped when torch sees no CUDA GPU, so `python -m pytest -q tests`
+  runs the CPU tier anywhere; `python -m pytest -q -m cuda tests` runs only the GPU tier.
+- The `seed` fixture gives each test case its own fixed seed (derived from its node id): fresh
+  data per parametrized case, the same data on every run. The global torch/NumPy RNGs are seeded
+  with it too, so a test that draws from them is reproducible as well.
+- Hypothesis runs derandomized (the same examples every run) and without deadlines (the
+  interpreter is slow on a shared 2-core CI machine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import seed_for
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # hypothesis is in the [test] extra; the suite still collects without it
+    _hypothesis_settings = None
+
+if _hypothesis_settings is not None:
+    _hypothesis_settings.register_profile("fusedops", derandomize=True, deadline=None, print_blob=True)
+    _hypothesis_settings.load_profile("fusedops")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This test case's seed; pass it to `helpers.random_tensor`."""
+    return seed_for(request.node.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_rngs(request):
+    value = seed_for(request.node.nodeid)
+    torch.manual_seed(value)
+    np.random.seed(value)
+    yield
