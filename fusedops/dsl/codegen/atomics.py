@@ -1,0 +1,119 @@
+"""Lowering of atomic read-modify-write and compare-and-swap.
+
+LLVM 22's NVPTX back end drops the ordering and scope of `atomicrmw` (TOOLCHAIN.md), so the
+requested semantics are made explicit with fences around a monotonic atomic: release before,
+acquire after, at the requested scope. Masked-off elements and non-owning copies skip the atomic;
+their result is the value 0 (only owners see the old memory value).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir import OpCode
+from ..language.dtypes import BlockType
+from ..target import llvm_types as T
+from .ownership import owner_predicate, owned_registers
+from .registry import lowering
+
+_SCOPE = {"gpu": "device", "cta": "block", "sys": ""}
+
+
+def _rmw_name(kind: str, element) -> str:
+    if element.is_floating:
+        return {"add": "fadd", "max": "fmax", "min": "fmin", "xchg": "xchg"}[kind]
+    if kind in ("max", "min"):
+        return kind if element.is_signed else "u" + kind
+    return kind
+
+
+def _fence(b, ordering: str, scope: str):
+    b.fence(ordering, _SCOPE[scope] or None)
+
+
+def _guarded(ctx, predicate, emit, result_type):
+    """Run `emit()` only where `predicate` holds; 0 elsewhere."""
+    b = ctx.builder
+    if predicate is None:
+        return emit()
+    before = b.block
+    then = b.append_basic_block("atomic.do")
+    join = b.append_basic_block("atomic.join")
+    b.cbranch(predicate, then, join)
+    b.position_at_end(then)
+    value = emit()
+    then_end = b.block
+    b.branch(join)
+    b.position_at_end(join)
+    phi = b.phi(result_type)
+    phi.add_incoming(value, then_end)
+    phi.add_incoming(ir.Constant(result_type, None), before)
+    return phi
+
+
+def _registers(ctx, op, count_masks: bool):
+    pointer = op.operands[0]
+    if isinstance(pointer.type, BlockType):
+        owned = owned_registers(pointer.layout)
+        owner = owner_predicate(ctx, pointer.layout)
+        n = len(ctx.get(pointer))
+        return [r for r in range(n)], owned, owner
+    return [None], None, None
+
+
+def _get(ctx, value, r):
+    lowered = ctx.get(value)
+    return lowered if r is None else lowered[r]
+
+
+@lowering(OpCode.ATOMIC_RMW)
+def _atomic_rmw(ctx, op):
+    b = ctx.builder
+    element = op.operands[0].type.scalar.element
+    ty = T.llvm_type(element)
+    kind, sem, scope = op.attrs["kind"], op.attrs["sem"], op.attrs["scope"]
+    registers, owned, owner = _registers(ctx, op, True)
+    out = []
+    for r in registers:
+        if owned is not None and r not in owned:
+            out.append(ir.Constant(ty, None))
+            continue
+        predicate = _get(ctx, op.operands[2], r) if op.attrs.get("masked") else None
+        if owner is not None:
+            predicate = owner if predicate is None else b.and_(predicate, owner)
+        pointer, value = _get(ctx, op.operands[0], r), _get(ctx, op.operands[1], r)
+
+        def emit(pointer=pointer, value=value):
+            if sem in ("release", "acq_rel"):
+                _fence(b, "release", scope)
+            old = b.atomic_rmw(_rmw_name(kind, element), pointer, value, "monotonic")
+            if sem in ("acquire", "acq_rel"):
+                _fence(b, "acquire", scope)
+            return old
+        out.append(_guarded(ctx, predicate, emit, ty))
+    ctx.set(op.result, out if registers != [None] else out[0])
+
+
+@lowering(OpCode.ATOMIC_CAS)
+def _atomic_cas(ctx, op):
+    b = ctx.builder
+    element = op.operands[0].type.scalar.element
+    ty = T.llvm_type(element)
+    registers, owned, owner = _registers(ctx, op, False)
+    out = []
+    for r in registers:
+        if owned is not None and r not in owned:
+            out.append(ir.Constant(ty, None))
+            continue
+        pointer, compare, value = (_get(ctx, v, r) for v in op.operands)
+
+        def emit(pointer=pointer, compare=compare, value=value):
+            if element.is_floating:
+                int_type = ir.IntType(ty.width if hasattr(ty, "width") else element.bits)
+                result = b.cmpxchg(pointer, b.bitcast(compare, int_type), b.bitcast(value, int_type),
+                                   "acq_rel", "monotonic")
+                return b.bitcast(b.extract_value(result, 0), ty)
+            result = b.cmpxchg(pointer, compare, value, "acq_rel", "monotonic")
+            return b.extract_value(result, 0)
+        out.append(_guarded(ctx, owner, emit, ty))
+    ctx.set(op.result, out if registers != [None] else out[0])

@@ -1,0 +1,88 @@
+"""The state of lowering one kernel to LLVM IR, passed to every lowering rule.
+
+A block value with layout L lowers to the list of LLVM scalars one thread holds, indexed by L's
+register index; a scalar lowers to one LLVM value. `LoweringContext.values` maps IR values to these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from llvmlite import ir
+
+from ..errors import CompilationError
+from ..ir import Value
+from ..target import llvm_types as T
+from . import layout_access
+
+
+@dataclasses.dataclass
+class LoweringContext:
+    module: ir.Module
+    function: ir.Function
+    builder: ir.IRBuilder          # where the op being lowered goes
+    prologue: ir.IRBuilder         # the entry block: per-thread constants computed once
+    arch: str
+    num_warps: int
+    axis_info: Any                 # passes.pointer_analysis result (contiguity, divisibility, constancy)
+    shared_memory: Optional[ir.Value] = None   # `ptr addrspace(3)` to the dynamic shared buffer
+    shared_bytes: int = 0          # dynamic shared memory the kernel needs (the largest scratch use)
+    values: dict = dataclasses.field(default_factory=dict)           # id(Value) -> LLVM value(s)
+    _coordinate_cache: dict = dataclasses.field(default_factory=dict)
+    thread_id: Optional[ir.Value] = None
+    lane_id: Optional[ir.Value] = None
+    warp_id: Optional[ir.Value] = None
+
+    def arch_at_least(self, sm: int) -> bool:
+        """Whether the target's compute capability (sm_90a -> 90) is at least `sm`."""
+        return int(self.arch[3:5]) >= sm
+
+    # -- values ------------------------------------------------------------------------------------
+    def get(self, value: Value):
+        try:
+            return self.values[id(value)]
+        except KeyError:
+            raise CompilationError(f"internal error: {value!r} used before it was lowered") from None
+
+    def set(self, value: Value, lowered) -> None:
+        self.values[id(value)] = lowered
+
+    # -- thread coordinates ------------------------------------------------------------------------
+    def lane_warp_coordinates(self, layout) -> tuple:
+        """Per output dim, the LLVM i32 coordinate that the lane and warp contribute (computed once
+        in the prologue, XOR-combined from the layout's lane and warp bases)."""
+        key = layout_access.cache_key(layout)
+        cached = self._coordinate_cache.get(key)
+        if cached is not None:
+            return cached
+        b = self.prologue
+        rank = len(layout_access.shape(layout))
+        coords = [ir.Constant(T.i32, 0)] * rank
+        for source, bases in ((self.lane_id, layout_access.lane_bases(layout)),
+                              (self.warp_id, layout_access.warp_bases(layout))):
+            for bit, basis in enumerate(bases):
+                if not any(basis):
+                    continue
+                flag = b.and_(b.lshr(source, ir.Constant(T.i32, bit)), ir.Constant(T.i32, 1))
+                for dim, component in enumerate(basis):
+                    if component:
+                        term = b.mul(flag, ir.Constant(T.i32, component))
+                        coords[dim] = b.xor(coords[dim], term)
+        result = tuple(coords)
+        self._coordinate_cache[key] = result
+        return result
+
+    def element_coordinates(self, layout, register: int) -> tuple:
+        """LLVM i32 coordinates of the element that `register` of this thread holds under `layout`."""
+        constant = layout_access.register_coordinates(layout, register)
+        runtime = self.lane_warp_coordinates(layout)
+        out = []
+        for dim, (c, r) in enumerate(zip(constant, runtime)):
+            if c == 0:
+                out.append(r)
+            elif layout_access.register_bits_disjoint(layout, dim):
+                out.append(self.builder.or_(r, ir.Constant(T.i32, c)))
+            else:
+                out.append(self.builder.xor(r, ir.Constant(T.i32, c)))
+        return tuple(out)

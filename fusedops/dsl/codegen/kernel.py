@@ -1,0 +1,71 @@
+"""Lower a laid-out IR function to an LLVM module holding one PTX kernel.
+
+Kernel parameters follow the function's runtime arguments in order: pointers as `ptr addrspace(1)`
+(with `align 16` when the specialization proved it), int1 as i8, other scalars as their LLVM type.
+The entry block ("prologue") computes per-thread constants (thread, lane and warp ids, layout
+coordinates) once; the body follows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llvmlite import ir
+
+from ..ir import Function
+from ..language.dtypes import PointerType
+from ..target import llvm_types as T
+from . import atomics, control, debug, dot, elementwise, memory, reduce, shapes  # noqa: F401  (rules)
+from .context import LoweringContext
+from .control import lower_block
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredKernel:
+    name: str
+    llvm_ir: str
+    shared_bytes: int
+    parameter_types: tuple   # the dsl type of each kernel parameter, in order
+
+
+def _parameter_type(type_):
+    if isinstance(type_, PointerType):
+        return T.pointer(type_.address_space)
+    if type_.is_bool:
+        return T.i8
+    return T.llvm_type(type_)
+
+
+def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -> LoweredKernel:
+    module = ir.Module(name=function.name)
+    param_types = [a.type for a in function.args]
+    fn = ir.Function(module, ir.FunctionType(T.void, [_parameter_type(t) for t in param_types]), function.name)
+    T.mark_kernel(fn, max_threads=32 * num_warps)
+    hints = function.arg_hints or [{}] * len(param_types)
+    for arg, type_, hint, name in zip(fn.args, param_types, hints, function.arg_names):
+        arg.name = name
+        if isinstance(type_, PointerType) and hint.get("divisibility", 1) >= 16:
+            arg.add_attribute("noundef")
+            arg.attributes.align = 16
+
+    prologue_block = fn.append_basic_block("prologue")
+    body_block = fn.append_basic_block("body")
+    prologue = ir.IRBuilder(prologue_block)
+    builder = ir.IRBuilder(body_block)
+    tid_fn = T.declare_intrinsic(module, "llvm.nvvm.read.ptx.sreg.tid.x", T.i32, [])
+    thread_id = prologue.call(tid_fn, [], name="tid")
+    lane_id = prologue.and_(thread_id, ir.Constant(T.i32, 31), name="lane")
+    warp_id = prologue.lshr(thread_id, ir.Constant(T.i32, 5), name="warp")
+
+    ctx = LoweringContext(module=module, function=fn, builder=builder, prologue=prologue, arch=arch,
+                          num_warps=num_warps, axis_info=axis_info, thread_id=thread_id, lane_id=lane_id,
+                          warp_id=warp_id)
+    for value, arg, type_ in zip(function.args, fn.args, param_types):
+        if not isinstance(type_, PointerType) and type_.is_bool:
+            ctx.set(value, prologue.icmp_unsigned("!=", arg, ir.Constant(T.i8, 0)))
+        else:
+            ctx.set(value, arg)
+    lower_block(ctx, function.body)
+    builder.ret_void()
+    prologue.branch(body_block)
+    return LoweredKernel(function.name, str(module), ctx.shared_bytes, tuple(param_types))

@@ -1,0 +1,53 @@
+"""Lowering of the math functions for float32 and float64 (16-bit floats are widened by the
+language before they get here).
+
+Fast and accurate variants: `exp` and `exp2` in float32 use the `ex2.approx.f32` instruction (PTX
+ISA "ex2": max relative error 2^-22 on the full range, plus the rounding of x * log2(e) for `exp`);
+everything else goes to libdevice's correctly rounded or documented-ulp functions (CUDA Math API
+accuracy tables), and float64 always goes to libdevice. sqrt is IEEE (`sqrt.rn`).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..target import llvm_types as T
+
+_LOG2_E = 1.4426950408889634
+
+# name -> (float32 function, float64 function); "llvm." names are LLVM intrinsics, "__nv_" libdevice.
+_FUNCTIONS = {
+    "exp": (None, "__nv_exp"),
+    "exp2": ("llvm.nvvm.ex2.approx.f32", "__nv_exp2"),
+    "log": ("__nv_logf", "__nv_log"),
+    "log2": ("__nv_log2f", "__nv_log2"),
+    "sqrt": ("llvm.sqrt.f32", "llvm.sqrt.f64"),
+    "rsqrt": ("__nv_rsqrtf", "__nv_rsqrt"),
+    "sin": ("__nv_sinf", "__nv_sin"),
+    "cos": ("__nv_cosf", "__nv_cos"),
+    "erf": ("__nv_erff", "__nv_erf"),
+    "tanh": ("__nv_tanhf", "__nv_tanh"),
+    "floor": ("llvm.floor.f32", "llvm.floor.f64"),
+    "ceil": ("llvm.ceil.f32", "llvm.ceil.f64"),
+    "fmod": ("__nv_fmodf", "__nv_fmod"),
+}
+
+
+def _call(ctx, name: str, args):
+    ty = args[0].type
+    fn = T.declare_intrinsic(ctx.module, name, ty, [a.type for a in args])
+    return ctx.builder.call(fn, list(args))
+
+
+def lower_math(ctx, name: str, *args):
+    """`name(*args)` on LLVM float or double scalars."""
+    ty = args[0].type
+    if ty not in (T.f32, T.f64):
+        raise TypeError(f"math function {name} reached codegen with type {ty}; widen 16-bit floats first")
+    f32_name, f64_name = _FUNCTIONS[name]
+    if ty == T.f64:
+        return _call(ctx, f64_name, args)
+    if name == "exp":
+        scaled = ctx.builder.fmul(args[0], ir.Constant(T.f32, _LOG2_E))
+        return _call(ctx, "llvm.nvvm.ex2.approx.f32", [scaled])
+    return _call(ctx, f32_name, args)

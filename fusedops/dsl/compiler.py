@@ -1,0 +1,128 @@
+"""The compiler pipeline: block IR -> passes -> LLVM IR -> PTX, and the compiled kernel object.
+
+    compile_function(function, CompileOptions(arch="sm_90a", num_warps=4)) -> CompiledKernel
+
+The pipeline, top to bottom: target-independent simplification (passes/pipeline.py), layout
+assignment, pointer analysis, lowering to LLVM IR (codegen/), LLVM -O3 and NVPTX (target/). A
+`CompiledKernel` needs no GPU until `launch`; its `asm` holds "ir", "llir" and "ptx".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Optional, Sequence
+
+from .ir import Function, print_function, verify
+from .target import Target, compile_to_ptx
+
+SUPPORTED_NUM_WARPS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """arch: "sm_80", "sm_90" or "sm_90a"; num_warps: threads per program / 32; num_stages: software
+    pipelining depth of loops feeding `dot` (used by the tensor-core path)."""
+
+    arch: str = "sm_90a"
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        if self.num_warps not in SUPPORTED_NUM_WARPS:
+            raise ValueError(f"num_warps must be one of {SUPPORTED_NUM_WARPS}, got {self.num_warps!r}")
+        Target(self.arch)   # validates the arch name
+
+
+class CompiledKernel:
+    """A kernel compiled for one specialization and target.
+
+    asm: {"ir": block IR after the passes, "llir": optimized LLVM IR, "ptx": PTX}.
+    parameter_types: the dsl type of each runtime parameter, in order.
+    Launching needs a CUDA GPU; modules are loaded once per device.
+    """
+
+    def __init__(self, name: str, asm: dict, shared_bytes: int, options: CompileOptions,
+                 parameter_types: tuple, parameter_names: tuple):
+        self.name = name
+        self.asm = asm
+        self.shared_bytes = shared_bytes
+        self.options = options
+        self.num_warps = options.num_warps
+        self.parameter_types = parameter_types
+        self.parameter_names = parameter_names
+        self._launchers: dict = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CompiledKernel({self.name!r}, {self.options.arch}, num_warps={self.num_warps})"
+
+    def launcher(self, device_index: int):
+        launcher = self._launchers.get(device_index)
+        if launcher is None:
+            from .runtime import driver
+            from .runtime.launcher_args import param_kind
+            with self._lock:
+                launcher = self._launchers.get(device_index)
+                if launcher is None:
+                    kernel = driver.load_module(self.asm["ptx"], self.name, device_index)
+                    kinds = [param_kind(t) for t in self.parameter_types]
+                    launcher = driver.KernelLauncher(kernel, kinds, self.num_warps, self.shared_bytes,
+                                                     list(self.parameter_names))
+                    self._launchers[device_index] = launcher
+        return launcher
+
+    def launch(self, grid: Sequence[int], args: Sequence, stream: Optional[int] = None,
+               device_index: int = 0) -> None:
+        """Launch over `grid` (1-3 ints) with `args` (device addresses for pointers, Python scalars)."""
+        from .runtime import driver
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        if stream is None:
+            stream = driver.current_raw_stream(device_index)
+        self.launcher(device_index).launch(grid, stream, args)
+
+
+class _Asm(dict):
+    """The compiled kernel's dumps; "sass" is produced on first access when ptxas and cuobjdump exist."""
+
+    def __init__(self, values: dict, arch: str):
+        super().__init__(values)
+        self._arch = arch
+
+    def __missing__(self, key):
+        if key != "sass":
+            raise KeyError(key)
+        from .target import assemble, sass
+        text = sass(assemble(self["ptx"], self._arch).cubin)
+        if text is None:
+            raise KeyError("sass (needs ptxas and cuobjdump or nvdisasm on the PATH)")
+        self["sass"] = text
+        return text
+
+
+def compile_function(function: Function, options: CompileOptions) -> CompiledKernel:
+    """Compile a frontend-produced IR function (the passes modify it in place).
+
+    The result is cached on disk (runtime/cache.py) under a hash of the frontend IR and the options.
+    """
+    from .codegen.kernel import lower_to_llvm
+    from .passes.manager import run_pipeline
+    from .passes.pipeline import default_pipeline
+    from .runtime import cache, knobs
+
+    verify(function)
+    parameter_types = tuple(a.type for a in function.args)
+    parameter_names = tuple(function.arg_names)
+    key = cache.cache_key(print_function(function), function.arg_hints, options)
+    entry = cache.load(key)
+    if entry is not None:
+        asm = _Asm({"ir": entry["ir"], "llir": entry["llir"], "ptx": entry["ptx"]}, options.arch)
+        return CompiledKernel(entry["name"], asm, int(entry["shared_bytes"]), options, parameter_types,
+                              parameter_names)
+    report = run_pipeline(function, default_pipeline(options.num_warps), dump=knobs.current().dump_ir)
+    axis_info = report.analyses["analyze_pointers"]
+    lowered = lower_to_llvm(function, arch=options.arch, num_warps=options.num_warps, axis_info=axis_info)
+    compiled = compile_to_ptx(lowered.llvm_ir, Target(options.arch))
+    asm = _Asm({"ir": print_function(function), "llir": compiled.llir, "ptx": compiled.ptx}, options.arch)
+    cache.store(key, {"name": lowered.name, "shared_bytes": lowered.shared_bytes, **asm})
+    return CompiledKernel(lowered.name, asm, lowered.shared_bytes, options, parameter_types, parameter_names)

@@ -1,0 +1,6 @@
+"""The frontend: Python AST of a `@dsl.jit` function -> block IR, specialized on a signature."""
+
+from .errors import SourceInfo, parse_function
+from .generator import GeneratedKernel, generate
+
+__all__ = ["generate", "GeneratedKernel", "parse_function", "SourceInfo"]

@@ -1,0 +1,197 @@
+"""Expressions: constants, names, operators, comparisons, boolean logic, conditional expressions,
+subscripts, attributes and tuples.
+
+An expression evaluates to an IR `Value` (runtime) or a Python object (compile time). Operations on
+compile-time operands only are evaluated in Python, with Python's semantics (so `-7 // 2 == -4` for
+constexprs); as soon as one operand is a runtime value the operation is built through `Semantics`,
+with the kernel language's rules (C-style `//` and `%`, weakly typed literals, broadcasting).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import types
+
+from ..errors import CompilationError, UnsupportedError
+from ..ir import Value
+from ..language import core
+from ..language.dtypes import BlockType, shape_of
+from .scope import check_global, is_runtime
+
+_BINARY = {
+    ast.Add: ("add", operator.add), ast.Sub: ("sub", operator.sub), ast.Mult: ("mul", operator.mul),
+    ast.Div: ("truediv", operator.truediv), ast.FloorDiv: ("floordiv", operator.floordiv),
+    ast.Mod: ("mod", operator.mod), ast.BitAnd: ("and", operator.and_), ast.BitOr: ("or", operator.or_),
+    ast.BitXor: ("xor", operator.xor), ast.LShift: ("lshift", operator.lshift),
+    ast.RShift: ("rshift", operator.rshift), ast.Pow: ("pow", operator.pow),
+    ast.MatMult: ("matmul", operator.matmul),
+}
+_COMPARE = {
+    ast.Eq: ("eq", operator.eq), ast.NotEq: ("ne", operator.ne), ast.Lt: ("lt", operator.lt),
+    ast.LtE: ("le", operator.le), ast.Gt: ("gt", operator.gt), ast.GtE: ("ge", operator.ge),
+    ast.Is: (None, operator.is_), ast.IsNot: (None, operator.is_not),
+    ast.In: (None, lambda a, b: a in b), ast.NotIn: (None, lambda a, b: a not in b),
+}
+_UNARY = {ast.USub: ("neg", operator.neg), ast.UAdd: ("pos", operator.pos), ast.Invert: ("invert", operator.invert),
+          ast.Not: ("not", operator.not_)}
+
+
+class BoundMethod:
+    """`x.to`, `x.reshape`, ...: a builtin with its first argument (the block value) bound."""
+
+    __slots__ = ("function", "value")
+
+    def __init__(self, function, value):
+        self.function, self.value = function, value
+
+
+def python_evaluate(symbol: str, function, *operands):
+    """Evaluate a compile-time operation in Python, turning Python's errors into CompilationErrors."""
+    try:
+        return function(*operands)
+    except Exception as e:   # ZeroDivisionError, TypeError, ...: the user's constexpr arithmetic failed
+        shown = ", ".join(repr(o) for o in operands)
+        raise CompilationError(f"compile-time `{symbol}` of {shown} failed: {e}") from None
+
+
+class ExpressionsMixin:
+    def visit_Constant(self, node: ast.Constant):
+        if isinstance(node.value, (bytes, complex)) or node.value is Ellipsis:
+            raise UnsupportedError(f"{type(node.value).__name__} constants are not supported in kernels")
+        return node.value
+
+    def visit_Name(self, node: ast.Name):
+        return self.scope.lookup(node.id)
+
+    def visit_Tuple(self, node):
+        items = []
+        for element in node.elts:
+            if isinstance(element, ast.Starred):
+                value = self.visit(element.value)
+                if isinstance(value, Value) or not isinstance(value, (tuple, list)):
+                    raise CompilationError("only compile-time tuples can be unpacked with `*`")
+                items.extend(value)
+            else:
+                items.append(self.visit(element))
+        return tuple(items)
+
+    visit_List = visit_Tuple
+
+    # -- operators ---------------------------------------------------------------------------------
+    def visit_BinOp(self, node: ast.BinOp):
+        return self.binary_operation(node.op, self.visit(node.left), self.visit(node.right))
+
+    def binary_operation(self, op: ast.operator, left, right):
+        name, function = _BINARY[type(op)]
+        if not is_runtime(left) and not is_runtime(right):
+            return python_evaluate(name, function, left, right)
+        if name == "pow":
+            raise UnsupportedError("`**` is not supported on kernel values; use multiplication, or "
+                                   "dsl.exp2(y * dsl.log2(x)) for x > 0")
+        if name == "matmul":
+            return self.semantic.dot(left, right)
+        return self.semantic.binary(name, self._operand(left), self._operand(right))
+
+    def _operand(self, value):
+        if isinstance(value, core.constexpr):
+            value = value.value
+        if not isinstance(value, Value) and not isinstance(value, (bool, int, float)):
+            raise CompilationError(f"{type(value).__name__} {value!r} cannot be combined with a kernel value")
+        return value
+
+    def visit_UnaryOp(self, node: ast.UnaryOp):
+        operand = self.visit(node.operand)
+        name, function = _UNARY[type(node.op)]
+        if not is_runtime(operand):
+            return python_evaluate(name, function, operand)
+        return self.semantic.unary(name, operand)
+
+    def visit_Compare(self, node: ast.Compare):
+        left = self.visit(node.left)
+        result = None
+        for op, comparator in zip(node.ops, node.comparators):
+            right = self.visit(comparator)
+            current = self._compare(op, left, right)
+            if result is None:
+                result = current
+            elif is_runtime(result) or is_runtime(current):
+                result = self.semantic.logical("and", result, current)
+            else:
+                result = result and current
+            if not is_runtime(result) and not result:
+                return result       # Python stops a chain at the first false comparison
+            left = right
+        return result
+
+    def _compare(self, op: ast.cmpop, left, right):
+        name, function = _COMPARE[type(op)]
+        if not is_runtime(left) and not is_runtime(right):
+            return python_evaluate(type(op).__name__, function, left, right)
+        if name is None:
+            if isinstance(op, (ast.Is, ast.IsNot)):
+                return function(left, right)    # a runtime value is never None nor a constexpr
+            raise CompilationError("`in` / `not in` need compile-time operands")
+        return self.semantic.binary(name, self._operand(left), self._operand(right))
+
+    def visit_BoolOp(self, node: ast.BoolOp):
+        is_and = isinstance(node.op, ast.And)
+        result = self.visit(node.values[0])
+        for operand in node.values[1:]:
+            if not is_runtime(result):
+                if bool(result) != is_and:      # `False and x`, `True or x`: x is not evaluated
+                    return result
+                result = self.visit(operand)
+            else:
+                result = self.semantic.logical("and" if is_and else "or", result, self._operand(self.visit(operand)))
+        return result
+
+    def visit_IfExp(self, node: ast.IfExp):
+        condition = self.visit(node.test)
+        if not is_runtime(condition):
+            return self.visit(node.body if condition else node.orelse)
+        if isinstance(condition.type, BlockType):
+            raise CompilationError("the condition of `a if c else b` is a block; use dsl.where(c, a, b) for an "
+                                   "elementwise choice")
+        body, orelse = self._operand(self.visit(node.body)), self._operand(self.visit(node.orelse))
+        return self.semantic.where(condition, body, orelse)
+
+    # -- subscripts and attributes -----------------------------------------------------------------
+    def visit_Subscript(self, node: ast.Subscript):
+        value = self.visit(node.value)
+        index = self.visit(node.slice)
+        if is_runtime(value):
+            return self.semantic.subscript(value, index)
+        if is_runtime(index) or (isinstance(index, tuple) and any(is_runtime(i) for i in index)):
+            raise CompilationError("a compile-time tuple cannot be indexed with a runtime value; use "
+                                   "dsl.static_range for the loop so that the index is a constexpr")
+        return python_evaluate("[]", operator.getitem, value, index)
+
+    def visit_Slice(self, node: ast.Slice):
+        parts = [self.visit(part) if part is not None else None for part in (node.lower, node.upper, node.step)]
+        if any(is_runtime(part) for part in parts):
+            raise CompilationError("slice bounds must be compile-time values")
+        return slice(*parts)
+
+    def visit_Attribute(self, node: ast.Attribute):
+        value = self.visit(node.value)
+        name = node.attr
+        if is_runtime(value):
+            return self.value_attribute(value, name)
+        if not hasattr(value, name):
+            owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
+            raise CompilationError(f"{owner} has no attribute `{name}`")
+        if name.startswith("__"):
+            raise UnsupportedError(f"cannot read `{name}` in a kernel")
+        result = getattr(value, name)
+        return check_global(f"{ast.unparse(node)}", result) if isinstance(value, types.ModuleType) else result
+
+    def value_attribute(self, value: Value, name: str):
+        if name == "shape":
+            return shape_of(value.type)
+        if name == "dtype":
+            return value.type.scalar
+        if name in core.VALUE_METHODS:
+            return BoundMethod(core.VALUE_METHODS[name], value)
+        methods = ", ".join(f".{m}()" for m in core.VALUE_METHODS)
+        raise CompilationError(f"kernel values have no attribute `{name}`; they have .shape, .dtype and {methods}")

@@ -1,0 +1,247 @@
+"""`for` and `while` loops: unrolling (static_range, compile-time tuples) and IR FOR / WHILE ops
+with loop-carried values (the rules are in control_flow.py's docstring)."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+
+from ..errors import CompilationError, UnsupportedError
+from ..ir import Block, OpCode, Value
+from ..ir.ops import BINARY_ARITH
+from ..language import core, promotion
+from ..language.dtypes import BlockType, DType, shape_of
+from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant
+from .scope import is_runtime
+
+
+def _is_literal_promotion(value: Value, carried_type) -> bool:
+    """Whether `value` is `x <op> literal` whose type differs from x's only because the literal won."""
+    op = value.defining_op
+    if op is None or op.opcode not in BINARY_ARITH or shape_of(value.type) != shape_of(carried_type):
+        return False
+    return any(o.defining_op is not None and o.defining_op.opcode == OpCode.CONSTANT for o in op.operands)
+
+
+class LoopsMixin:
+    # -- for ---------------------------------------------------------------------------------------
+    def visit_For(self, node: ast.For):
+        if node.orelse:
+            raise UnsupportedError("`for ... else` is not supported in kernels")
+        kind, bounds = self._iteration(node.iter)
+        self.loops.append(node)
+        try:
+            if kind == "unroll":
+                for item in bounds:
+                    self.assign_target(node.target, item)
+                    self.compile_statements(node.body)
+            else:
+                if not isinstance(node.target, ast.Name):
+                    raise UnsupportedError("the variable of a `for` loop over range() must be a single name")
+                with self.located(node.iter):
+                    header = self._range_bounds(*bounds)
+                self._compile_loop(node, header)
+        finally:
+            self.loops.pop()
+
+    def _iteration(self, iterator: ast.expr):
+        """("unroll", items) or ("loop", (start, stop, step)) for a `for` loop's iterable."""
+        if isinstance(iterator, ast.Call):
+            function = self.visit(iterator.func)
+            if function is builtins.range or function is core.static_range:
+                with self.located(iterator):
+                    if iterator.keywords or not 1 <= len(iterator.args) <= 3:
+                        raise CompilationError("range() takes 1 to 3 positional arguments")
+                    args = [self.visit(a) for a in iterator.args]
+                    start, stop, step = (0, args[0], 1) if len(args) == 1 else (args + [1])[:3]
+                    if function is builtins.range:
+                        return "loop", (start, stop, step)
+                    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)):
+                        raise CompilationError("dsl.static_range bounds must be constexpr ints; use range() for a "
+                                               "loop with runtime bounds")
+                    if step == 0:
+                        raise CompilationError("dsl.static_range step must not be zero")
+                    return "unroll", range(start, stop, step)
+        value = self.visit(iterator)
+        if not is_runtime(value) and isinstance(value, (tuple, list)):
+            return "unroll", value
+        with self.located(iterator):
+            raise UnsupportedError("a kernel `for` loop iterates over range(...), dsl.static_range(...) or a "
+                                   "compile-time tuple")
+
+    def _range_bounds(self, start, stop, step) -> list:
+        """The three bounds as IR scalars of one integer type (the promotion of the runtime ones, widened
+        for literals that do not fit)."""
+        bounds = (start, stop, step)
+        for value in bounds:
+            if is_runtime(value):
+                if isinstance(value.type, BlockType) or not isinstance(value.type, DType) \
+                        or not value.type.is_integer:
+                    raise CompilationError(f"range() bounds must be integer scalars, got {value.type}")
+            elif not isinstance(value, int):
+                raise CompilationError(f"range() bounds must be integers, got {value!r}")
+        if not is_runtime(step) and step == 0:
+            raise CompilationError("range() step must not be zero")
+        dtype = None
+        for value in bounds:
+            if is_runtime(value):
+                dtype = value.type if dtype is None else promotion.promote(dtype, value.type)
+        for value in bounds:
+            if not is_runtime(value) and (dtype is None or not promotion.literal_fits(value, dtype)):
+                literal = promotion.literal_dtype(value)
+                dtype = literal if dtype is None else promotion.promote(dtype, literal)
+        if dtype.is_bool:
+            dtype = promotion.promote(dtype, promotion.literal_dtype(0))
+        return [self.semantic.cast(self.semantic.to_value(v, dtype), dtype) for v in bounds]
+
+    # -- while -------------------------------------------------------------------------------------
+    def visit_While(self, node: ast.While):
+        if node.orelse:
+            raise UnsupportedError("`while ... else` is not supported in kernels")
+        self.loops.append(node)
+        try:
+            self._compile_loop(node, None)
+        finally:
+            self.loops.pop()
+
+    # -- loop-carried values -----------------------------------------------------------------------
+    def _compile_loop(self, node, header) -> None:
+        """Build the FOR (`header` = [lb, ub, step]) or WHILE (`header` None) op of `node`."""
+        target = node.target.id if isinstance(node, ast.For) else None
+        outermost = self.loops[0]
+        start = (outermost.lineno, outermost.col_offset)
+        names = [n for n in _assigned_names(node.body) if n != target and self.scope.defines(n)
+                 and self.read_at_or_after(n, start)]
+        inits = {n: self.scope.names[n] for n in names}
+        # Compile-time values other than numbers cannot be carried: they must not change in the loop.
+        fixed = {n for n in names if not is_runtime(inits[n]) and not _is_number(inits[n])}
+        retype, cast_back, dropped = {}, set(), set()
+        outer = self.builder.block
+        for _ in range(2 * len(names) + 2):
+            mark = len(outer.ops)
+            carried = [n for n in names if n not in fixed and n not in dropped]
+            init_values = [self._loop_init(inits[n], retype.get(n)) for n in carried]
+            types = [v.type for v in init_values]
+            attempt = self._loop_attempt(node, header, target, carried, types)
+            if attempt is None:      # a while whose condition is a compile-time False
+                del outer.ops[mark:]
+                return
+            regions, body_args, scope = attempt
+            ends = [scope.names.get(n, _MISSING) for n in carried]
+            retry = False
+            for name, arg, end, init in zip(carried, body_args, ends, init_values):
+                if end is _MISSING:
+                    dropped.add(name)    # hidden by the body (e.g. an inner loop's variable): not carried
+                    retry = True
+                elif end is arg:
+                    fixed.add(name)      # unchanged by the body: not carried
+                    retry = True
+                elif not self._carried_type_ok(node, name, arg, end, inits[name], retype, cast_back, scope):
+                    retry = True
+            for name in (n for n in names if n not in carried and n not in dropped):
+                end = scope.names.get(name, _MISSING)
+                if end is not inits[name] and not (not is_runtime(end) and _same_constant(end, inits[name])) \
+                        and end is not _MISSING:
+                    raise CompilationError(f"`{name}` is the compile-time value {inits[name]!r} before the loop but "
+                                           "is reassigned in the loop body; only numbers and kernel values can be "
+                                           "loop-carried")
+            if retry:
+                del outer.ops[mark:]
+                continue
+            self._finish_loop(node, header, regions, carried, init_values, ends, cast_back, scope)
+            return
+        raise CompilationError("the types of the loop-carried variables do not settle")
+
+    def _loop_init(self, init, type_):
+        if is_runtime(init):
+            return init
+        if type_ is None:
+            return self.semantic.to_value(init)
+        return self.semantic.constant(init, _element(type_), shape_of(type_))
+
+    def _carried_type_ok(self, node, name, arg, end, init, retype, cast_back, scope) -> bool:
+        """True when `end` (the body's value of carried `name`) can be yielded for block argument `arg`;
+        False after recording a fix that needs another attempt; raises when the type changed."""
+        if is_runtime(end):
+            if end.type == arg.type:
+                return True
+            if _is_number(init) and isinstance(_element(end.type), DType) \
+                    and promotion.literal_fits(init, _element(end.type)) and retype.get(name) != end.type:
+                retype[name] = end.type           # a literal initial value adopts the body's type
+                return False
+            if _is_literal_promotion(end, arg.type):
+                cast_back.add(name)
+                return True
+            raise CompilationError(
+                f"loop-carried variable `{name}` has type {arg.type} before the loop (line "
+                f"{self.source.location(node).line}) but is assigned a {end.type} in the loop body; its type must not "
+                "change in a loop: give it the final type before the loop (e.g. dsl.zeros(shape, dtype)) or convert "
+                "with .to(dtype)", scope.locations.get(name))
+        if _is_number(end) and isinstance(_element(arg.type), DType) and promotion.literal_fits(end, _element(arg.type)):
+            return True
+        raise CompilationError(f"loop-carried variable `{name}` has type {arg.type} before the loop but becomes "
+                               f"{end!r} in the loop body", scope.locations.get(name))
+
+    def _loop_attempt(self, node, header, target, carried, types):
+        """Compile the loop's regions with the carried names typed `types`; None when a `while`
+        condition is a compile-time False."""
+        regions = []
+        if header is None:
+            before = Block(types, carried)
+            scope = self.scope.copy()
+            for name, arg in zip(carried, before.args):
+                scope.assign(name, arg)
+            saved = self.scope
+            self.scope = scope
+            try:
+                with self.builder.insert_into(before), self.located(node.test):
+                    condition = self.visit(node.test)
+                    if not is_runtime(condition):
+                        if not condition:
+                            return None
+                        raise UnsupportedError("this `while` condition is always true and `break` is not "
+                                               "supported, so the loop could never end")
+                    condition = self.semantic.to_condition(condition)
+                    self.builder.create(OpCode.CONDITION, [condition] + list(before.args), [])
+            finally:
+                self.scope = saved
+            regions.append(before)
+            body = Block(types, carried)
+            body_args = body.args
+        else:
+            body = Block([header[0].type] + types, [target] + carried)
+            body_args = body.args[1:]
+        scope = self.scope.copy()
+        if target is not None:
+            scope.assign(target, body.args[0])
+        for name, arg in zip(carried, body_args):
+            scope.assign(name, arg)
+        self.compile_region(body, scope, node.body)
+        regions.append(body)
+        return regions, body_args, scope
+
+    def _finish_loop(self, node, header, regions, carried, init_values, ends, cast_back, scope) -> None:
+        body = regions[-1]
+        with self.builder.insert_into(body):
+            operands = []
+            for name, init, end in zip(carried, init_values, ends):
+                if name in cast_back:
+                    end = self.semantic.cast(end, _element(init.type))
+                operands.append(self.materialize(end, init.type))
+            self.builder.create(OpCode.YIELD, operands, [])
+        opcode = OpCode.FOR if header is not None else OpCode.WHILE
+        operands = (list(header) if header is not None else []) + list(init_values)
+        op = self.builder.create(opcode, operands, [v.type for v in init_values], regions=regions)
+        for name, result in zip(carried, op.results):
+            self.scope.assign(name, result)
+        line = self.source.location(node).line
+        if isinstance(node, ast.For):
+            self.scope.hide(node.target.id, f"`{node.target.id}` is the variable of the loop at line {line} and is "
+                                            "not defined after the loop")
+        for name in scope.names:
+            if not self.scope.defines(name) and name not in self.scope.hidden:
+                self.scope.hide(name, f"`{name}` is first assigned inside the loop at line {line}, so it is not "
+                                      "defined after the loop; assign it before the loop to carry its value out")
+        for name, reason in scope.hidden.items():
+            if name not in carried and name not in self.scope.hidden:
+                self.scope.hide(name, reason)

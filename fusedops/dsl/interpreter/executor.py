@@ -1,0 +1,100 @@
+"""Runs a block-IR function on the CPU, program instance by program instance.
+
+`Interpreter(function)` prepares the function once (looks up the rule of every op, evaluates constants
+and aranges); `Interpreter.launch(grid, args)` binds the arguments and runs every program of the grid
+in row-major order over (z, y, x), x fastest. Programs run one after another, so atomics are
+sequential and a kernel that is only correct under some interleaving is not detected.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import LaunchError
+from ..ir.core import Block, Function
+from ..ir.ops import TERMINATORS
+from . import rules_block, rules_control, rules_elementwise, rules_memory  # noqa: F401 (register rules)
+from .arguments import bind_arguments
+from .context import RULES, ProgramContext
+
+
+def _static_step(value):
+    def step(ctx, op):
+        return value
+    return step
+
+
+def normalize_grid(grid) -> tuple:
+    """`grid` (1 to 3 non-negative ints, x first) as an (x, y, z) tuple padded with 1s.
+    Raises LaunchError otherwise."""
+    if isinstance(grid, (int, np.integer)):
+        grid = (grid,)
+    try:
+        dims = tuple(grid)
+    except TypeError:
+        raise LaunchError(f"grid must be a tuple of 1 to 3 ints, got {grid!r}") from None
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+                                          and d >= 0 for d in dims):
+        raise LaunchError(f"grid must be a tuple of 1 to 3 non-negative ints, got {grid!r}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+class Interpreter:
+    """A function prepared for interpretation; reuse it across launches (preparation is per function).
+
+    Raises NotImplementedError naming the op code when the function holds an op without a rule.
+    """
+
+    def __init__(self, function: Function):
+        self.function = function
+        self._plans: dict = {}
+        self._prepare(function.body)
+        names = list(function.arg_names)
+        if len(names) != len(function.args):
+            names = [v.name or f"arg{i}" for i, v in enumerate(function.args)]
+        self.arg_names = names
+
+    def _prepare(self, block: Block) -> None:
+        steps, terminator = [], None
+        for op in block.ops:
+            if op.opcode in TERMINATORS:
+                terminator = tuple(op.operands)
+                continue
+            rule = RULES.get(op.opcode)
+            if rule is None:
+                raise NotImplementedError(
+                    f"the interpreter has no rule for op {op.opcode.value!r} (at {op.loc})")
+            function = _static_step(rule.fn(None, op)) if rule.static else rule.fn
+            steps.append((function, op, tuple(op.operands), tuple(op.results), rule.multiple_results))
+            for region in op.regions:
+                self._prepare(region)
+        self._plans[id(block)] = (steps, terminator)
+
+    def launch(self, grid, args: Sequence, *, kernel_name: Optional[str] = None) -> None:
+        """Run the function over `grid` with `args` (one per function argument: a torch.Tensor (or
+        None) for each pointer, a Python/NumPy scalar for each scalar). Tensors are updated in place.
+
+        Raises LaunchError for a bad grid, TypeError/ValueError for bad arguments, InterpreterError for
+        a fault in the kernel (out-of-bounds or misaligned access, failed assertion).
+        """
+        grid = normalize_grid(grid)
+        name = kernel_name or self.function.name
+        bound = bind_arguments(self.function, args, self.arg_names)
+        try:
+            with np.errstate(all="ignore"):   # IEEE results (inf, NaN) are the semantics, not errors
+                for z in range(grid[2]):
+                    for y in range(grid[1]):
+                        for x in range(grid[0]):
+                            ctx = ProgramContext((x, y, z), grid, bound.memory, self._plans, name,
+                                                 self.function, bound.pointer_names)
+                            ctx.run_region(self.function.body, bound.values)
+        finally:
+            bound.finish()
+
+
+def launch(function: Function, grid: tuple, args: Sequence, *, kernel_name: Optional[str] = None) -> None:
+    """Interpret `function` over `grid` with `args`; see `Interpreter.launch`. Prepares the function
+    on every call: callers that launch one function repeatedly should keep an `Interpreter`."""
+    Interpreter(function).launch(grid, args, kernel_name=kernel_name)

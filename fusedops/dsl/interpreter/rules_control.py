@@ -1,0 +1,89 @@
+"""Rules for program ids, structured control flow (for, while, if) and debugging (print, assert)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..ir.ops import OpCode
+from ..language import numerics
+from .context import element_type, register
+
+
+@register(OpCode.PROGRAM_ID)
+def _program_id(ctx, op):
+    return np.asarray(ctx.program_id[op.attrs["axis"]], dtype=np.int32)
+
+
+@register(OpCode.NUM_PROGRAMS)
+def _num_programs(ctx, op):
+    return np.asarray(ctx.grid[op.attrs["axis"]], dtype=np.int32)
+
+
+@register(OpCode.FOR, multiple_results=True)
+def _for(ctx, op, lower, upper, step, *initial):
+    """Python `range(lower, upper, step)` semantics; the induction variable has lower's type."""
+    if int(step) == 0:
+        raise ctx.error(op, "for loop step is zero")
+    body = op.regions[0]
+    induction_type = element_type(op.operands[0].type)
+    carried = list(initial)
+    for i in range(int(lower), int(upper), int(step)):
+        carried = ctx.run_region(body, [numerics.from_python(i, induction_type)] + carried)
+    return carried
+
+
+@register(OpCode.WHILE, multiple_results=True)
+def _while(ctx, op, *initial):
+    """Run the before-region on the carried values; its CONDITION(cond, forwarded...) either ends the
+    loop with `forwarded` as results or passes them to the after-region, whose YIELD is carried."""
+    before, after = op.regions[0], op.regions[1]
+    carried = list(initial)
+    while True:
+        condition, *forwarded = ctx.run_region(before, carried)
+        if not bool(condition):
+            return forwarded
+        carried = ctx.run_region(after, forwarded)
+
+
+@register(OpCode.IF, multiple_results=True)
+def _if(ctx, op, condition):
+    if bool(condition):
+        return ctx.run_region(op.regions[0])
+    return ctx.run_region(op.regions[1]) if len(op.regions) > 1 else []
+
+
+def _format(value: np.ndarray, dtype, as_hex: bool) -> str:
+    value = np.asarray(value)
+    if as_hex:   # the bit pattern, for floats too
+        value = numerics.to_bits(value, dtype)
+        formatter = {"int": lambda v: f"0x{int(v):x}"}
+    else:
+        formatter = None
+    text = np.array2string(value, separator=", ", formatter=formatter, threshold=sys.maxsize,
+                           max_line_width=sys.maxsize)
+    return " ".join(text.split())
+
+
+@register(OpCode.PRINT)
+def _print(ctx, op, *values):
+    """One line per operand: `pid (x, y, z) prefix value`, blocks written on one line."""
+    x, y, z = ctx.program_id
+    prefix = op.attrs.get("prefix", "")
+    as_hex = bool(op.attrs.get("hex"))
+    for operand, value in zip(op.operands, values):
+        text = _format(value, element_type(operand.type), as_hex)
+        print(f"pid ({x}, {y}, {z}) " + (f"{prefix} " if prefix else "") + text)
+
+
+@register(OpCode.ASSERT)
+def _assert(ctx, op, condition):
+    condition = np.asarray(condition)
+    if not condition.all():
+        failed = np.flatnonzero(~condition.reshape(-1).astype(bool))
+        where = ""
+        if condition.ndim:
+            where = f" ({failed.size} of {condition.size} elements false, first at index " \
+                    f"{tuple(int(i) for i in np.unravel_index(failed[0], condition.shape))})"
+        raise ctx.error(op, f"device assertion failed: {op.attrs.get('message', '')}{where}")

@@ -1,0 +1,80 @@
+"""Rules for elementwise ops: arithmetic, comparisons, math, casts, select, and the identity hints.
+
+Every rule defers to `language/numerics.py`, which states the numeric rules.
+"""
+
+from __future__ import annotations
+
+from ..ir.ops import COMPARISON, UNARY_MATH, OpCode
+from ..language import numerics
+from .context import element_type, register
+
+_BINARY = {
+    OpCode.ADD: numerics.add, OpCode.SUB: numerics.sub, OpCode.MUL: numerics.mul,
+    OpCode.DIV: numerics.true_divide, OpCode.IDIV: numerics.int_divide,
+    OpCode.MOD: numerics.remainder, OpCode.AND: numerics.bitwise_and,
+    OpCode.OR: numerics.bitwise_or, OpCode.XOR: numerics.bitwise_xor,
+    OpCode.SHL: numerics.shift_left, OpCode.SHR: numerics.shift_right,
+    OpCode.MINIMUM: numerics.minimum, OpCode.MAXIMUM: numerics.maximum,
+}
+_UNARY = {OpCode.NEG: numerics.negative, OpCode.INVERT: numerics.invert,
+          OpCode.ABS: numerics.absolute}
+
+
+def _binary_rule(function):
+    def rule(ctx, op, a, b):
+        return function(a, b, element_type(op.operands[0].type))
+    return rule
+
+
+def _comparison_rule(predicate: str):
+    def rule(ctx, op, a, b):
+        return numerics.compare(predicate, a, b)
+    return rule
+
+
+def _unary_rule(function):
+    def rule(ctx, op, x):
+        return function(x, element_type(op.operands[0].type))
+    return rule
+
+
+def _math_rule(name: str):
+    def rule(ctx, op, x):
+        return numerics.unary_math(name, x, element_type(op.operands[0].type))
+    return rule
+
+
+for _code, _function in _BINARY.items():
+    register(_code)(_binary_rule(_function))
+for _code in COMPARISON:
+    register(_code)(_comparison_rule(_code.value))
+for _code, _function in _UNARY.items():
+    register(_code)(_unary_rule(_function))
+for _code in UNARY_MATH:
+    register(_code)(_math_rule(_code.value))
+
+
+@register(OpCode.FMA)
+def _fma(ctx, op, a, b, c):
+    return numerics.fma(a, b, c, element_type(op.results[0].type))
+
+
+@register(OpCode.WHERE)
+def _where(ctx, op, condition, a, b):
+    return numerics.where(condition, a, b)
+
+
+@register(OpCode.CAST)
+def _cast(ctx, op, x):
+    return numerics.cast(x, element_type(op.operands[0].type), element_type(op.results[0].type))
+
+
+@register(OpCode.BITCAST)
+def _bitcast(ctx, op, x):
+    return numerics.bitcast(x, element_type(op.operands[0].type), element_type(op.results[0].type))
+
+
+@register(OpCode.MULTIPLE_OF, OpCode.MAX_CONTIGUOUS, OpCode.CONVERT_LAYOUT)
+def _identity(ctx, op, x):
+    return x

@@ -1,0 +1,354 @@
+"""The builtins kernels call: `dsl.load`, `dsl.exp`, `dsl.dot`, ... and `constexpr`, `static_range`.
+
+Each builtin is a plain Python function marked with `@builtin`. Inside a `@dsl.jit` kernel the
+frontend calls it with the keyword `_semantic`, the `Semantics` that builds typed IR; its arguments
+are IR values (runtime scalars and blocks) or Python values (constexprs and literals). Called from
+plain Python (no `_semantic`), a builtin raises `RuntimeError`.
+
+Shapes are tuples of powers of two; "block" below means a value of `BlockType`, "scalar" a value
+of a `DType`/`PointerType`. Literal Python numbers are weakly typed (see `promotion.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ..errors import CompilationError
+
+
+def builtin(fn=None, *, host=False):
+    """Mark `fn` as a kernel builtin: the frontend calls it with `_semantic=`; plain Python cannot
+    (RuntimeError), unless `host`: then `fn` also runs on the host, with `_semantic=None`."""
+    if fn is None:
+        return lambda f: builtin(f, host=host)
+
+    @functools.wraps(fn)
+    def wrapper(*args, _semantic=None, **kwargs):
+        if _semantic is None and not host:
+            raise RuntimeError(f"dsl.{fn.__name__} can only be called inside a @dsl.jit kernel")
+        return fn(*args, _semantic=_semantic, **kwargs)
+
+    wrapper.__dsl_builtin__ = True
+    return wrapper
+
+
+def is_builtin(obj) -> bool:
+    return getattr(obj, "__dsl_builtin__", False) is True
+
+
+class constexpr:
+    """A compile-time value.
+
+    As a parameter annotation (`BLOCK: dsl.constexpr`) it makes the parameter a compile-time
+    constant: the kernel is specialized on its value, which must be a Python int, float, bool,
+    str, None, dsl dtype or a tuple of those. Called, `dsl.constexpr(128)` wraps a value; a module
+    global so wrapped can be read by kernels.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value.value if isinstance(value, constexpr) else value
+
+    def __repr__(self) -> str:
+        return f"constexpr({self.value!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, constexpr) and type(other.value) is type(self.value) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash((constexpr, self.value))
+
+
+class static_range:
+    """`for i in dsl.static_range(start, stop=None, step=1)`: a loop unrolled at compile time.
+
+    The bounds must be constexpr ints; inside the body `i` is a constexpr int, so it can index
+    tuples and feed shapes. Use Python's `range` for a loop that stays a loop in the IR.
+    """
+
+    def __init__(self, start, stop=None, step=1):
+        if stop is None:
+            start, stop = 0, start
+        self.start, self.stop, self.step = start, stop, step
+
+    def __iter__(self):
+        raise RuntimeError("dsl.static_range can only be iterated inside a @dsl.jit kernel")
+
+
+# -- program and block creation ---------------------------------------------------------------------
+@builtin
+def program_id(axis, *, _semantic=None):
+    """The index of this program instance along grid `axis` (0, 1 or 2): an int32 scalar."""
+    return _semantic.program_id(axis)
+
+
+@builtin
+def num_programs(axis, *, _semantic=None):
+    """The number of program instances along grid `axis` (0, 1 or 2): an int32 scalar."""
+    return _semantic.num_programs(axis)
+
+
+@builtin
+def arange(start, end, *, _semantic=None):
+    """The int32 block [start, ..., end - 1]; constexpr bounds, end - start a power of two."""
+    return _semantic.arange(start, end)
+
+
+@builtin
+def zeros(shape, dtype, *, _semantic=None):
+    """A block of `shape` (a tuple of constexpr powers of two) filled with 0 of `dtype`."""
+    return _semantic.full(shape, 0, dtype)
+
+
+@builtin
+def full(shape, value, dtype, *, _semantic=None):
+    """A block of `shape` filled with the scalar `value` (literal or runtime), converted to `dtype`."""
+    return _semantic.full(shape, value, dtype)
+
+
+# -- memory -------------------------------------------------------------------------------------------
+@builtin
+def load(pointer, mask=None, other=None, cache_modifier="", eviction_policy="", *, _semantic=None):
+    """Read memory: `pointer` is a pointer scalar or block; the result has its shape and pointee dtype.
+
+    mask: int1 (or anything `!= 0`) scalar/block broadcast with `pointer`; masked-off lanes do not
+    touch memory and read `other` (default 0). cache_modifier: "", ".ca", ".cg", ".cs", ".cv";
+    eviction_policy: "", "evict_first", "evict_last", "evict_normal".
+    """
+    return _semantic.load(pointer, mask, other, cache_modifier, eviction_policy)
+
+
+@builtin
+def store(pointer, value, mask=None, cache_modifier="", eviction_policy="", *, _semantic=None):
+    """Write `value` (converted to the pointee dtype, broadcast to `pointer`'s shape) where `mask`."""
+    return _semantic.store(pointer, value, mask, cache_modifier, eviction_policy)
+
+
+# -- elementwise --------------------------------------------------------------------------------------
+@builtin
+def where(condition, x, y, *, _semantic=None):
+    """Elementwise `x if condition else y`; the three broadcast together, x and y promote."""
+    return _semantic.where(condition, x, y)
+
+
+@builtin
+def minimum(x, y, *, _semantic=None):
+    """Elementwise minimum of `x` and `y` (promoted, broadcast)."""
+    return _semantic.binary("minimum", x, y)
+
+
+@builtin
+def maximum(x, y, *, _semantic=None):
+    """Elementwise maximum of `x` and `y` (promoted, broadcast)."""
+    return _semantic.binary("maximum", x, y)
+
+
+def _math(name: str, doc: str):
+    def function(x, *, _semantic=None):
+        return _semantic.unary(name, x)
+
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = (f"Elementwise {doc}. Integer inputs are computed in float32; float16 and "
+                        "bfloat16 in float32, rounded back to the input dtype.")
+    return builtin(function)
+
+
+exp = _math("exp", "e**x")
+exp2 = _math("exp2", "2**x")
+log = _math("log", "natural logarithm")
+log2 = _math("log2", "base-2 logarithm")
+sqrt = _math("sqrt", "square root (correctly rounded)")
+rsqrt = _math("rsqrt", "1 / sqrt(x)")
+sin = _math("sin", "sine")
+cos = _math("cos", "cosine")
+erf = _math("erf", "error function")
+tanh = _math("tanh", "hyperbolic tangent")
+floor = _math("floor", "round toward -inf")
+ceil = _math("ceil", "round toward +inf")
+
+
+@builtin
+def abs(x, *, _semantic=None):
+    """Elementwise absolute value, in x's dtype (unsigned and int1 values are returned as is)."""
+    return _semantic.unary("abs", x)
+
+
+@builtin
+def sigmoid(x, *, _semantic=None):
+    """Elementwise 1 / (1 + exp(-x)); integer and 16-bit float inputs are computed in float32."""
+    return _semantic.sigmoid(x)
+
+
+@builtin
+def fma(x, y, z, *, _semantic=None):
+    """Elementwise x * y + z with a single rounding, in the promoted floating dtype."""
+    return _semantic.fma(x, y, z)
+
+
+@builtin(host=True)
+def cdiv(x, div, *, _semantic=None):
+    """Ceiling division (x + div - 1) // div for non-negative x and positive div.
+
+    Evaluated in Python when both are ints: constexprs in a kernel (the result is then a constexpr),
+    or on the host, where `dsl.cdiv(n, BLOCK)` computes a grid size."""
+    if _semantic is None or (isinstance(x, int) and isinstance(div, int)):
+        if div == 0:
+            raise CompilationError("cdiv by zero")
+        return -(-x // div)
+    return _semantic.binary("floordiv", _semantic.binary("sub", _semantic.binary("add", x, div), 1), div)
+
+
+@builtin
+def cast(input, dtype, bitcast=False, *, _semantic=None):
+    """`input` converted to element dtype `dtype` (value conversion; `bitcast=True` reinterprets
+    the bits, which needs equal widths). Float to int truncates toward zero."""
+    return _semantic.cast(input, dtype, bitcast)
+
+
+# -- reductions and scans ----------------------------------------------------------------------------
+@builtin
+def sum(input, axis=None, keep_dims=False, *, _semantic=None):
+    """Sum of a block along `axis` (all axes when None). int1/8/16 accumulate in int32, float16 and
+    bfloat16 in float32; the result has that accumulation dtype."""
+    return _semantic.reduce(input, axis, "sum", keep_dims)
+
+
+@builtin
+def max(input, axis=None, keep_dims=False, *, _semantic=None):
+    """Maximum of a block along `axis` (all axes when None), in the input dtype."""
+    return _semantic.reduce(input, axis, "max", keep_dims)
+
+
+@builtin
+def min(input, axis=None, keep_dims=False, *, _semantic=None):
+    """Minimum of a block along `axis` (all axes when None), in the input dtype."""
+    return _semantic.reduce(input, axis, "min", keep_dims)
+
+
+@builtin
+def argmax(input, axis, keep_dims=False, *, _semantic=None):
+    """int32 index of the maximum along `axis` (the first one on ties)."""
+    return _semantic.argreduce(input, axis, "argmax", keep_dims)
+
+
+@builtin
+def argmin(input, axis, keep_dims=False, *, _semantic=None):
+    """int32 index of the minimum along `axis` (the first one on ties)."""
+    return _semantic.argreduce(input, axis, "argmin", keep_dims)
+
+
+@builtin
+def cumsum(input, axis=0, reverse=False, *, _semantic=None):
+    """Inclusive prefix sum along `axis` (from the end when `reverse`), accumulated as `sum` does."""
+    return _semantic.cumsum(input, axis, reverse)
+
+
+@builtin
+def dot(a, b, acc=None, input_precision=None, out_dtype=None, *, _semantic=None):
+    """Matrix product a (M x K) @ b (K x N) + acc (M x N); M, N, K powers of two.
+
+    a and b share a dtype: float16/bfloat16/float32 accumulate in float32, float64 in float64, int8
+    in int32. input_precision: "ieee" (default) or "tf32" (float32 inputs on tensor cores).
+    """
+    return _semantic.dot(a, b, acc, input_precision, out_dtype)
+
+
+# -- atomics ------------------------------------------------------------------------------------------
+def _atomic(kind: str):
+    def function(pointer, val, mask=None, sem="acq_rel", scope="gpu", *, _semantic=None):
+        return _semantic.atomic_rmw(kind, pointer, val, mask, sem, scope)
+
+    name = f"atomic_{kind}"
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = (f"Atomically apply `{kind}` of `val` to the memory `pointer` points to, where "
+                        "`mask`; returns the old values (pointer's shape). sem: relaxed, acquire, "
+                        "release, acq_rel; scope: cta, gpu, sys.")
+    return builtin(function)
+
+
+atomic_add = _atomic("add")
+atomic_max = _atomic("max")
+atomic_min = _atomic("min")
+atomic_and = _atomic("and")
+atomic_or = _atomic("or")
+atomic_xor = _atomic("xor")
+atomic_xchg = _atomic("xchg")
+
+
+@builtin
+def atomic_cas(pointer, cmp, val, sem="acq_rel", scope="gpu", *, _semantic=None):
+    """Atomically write `val` where memory equals `cmp`; returns the old values."""
+    return _semantic.atomic_cas(pointer, cmp, val, sem, scope)
+
+
+# -- shapes -------------------------------------------------------------------------------------------
+@builtin
+def reshape(input, shape, *, _semantic=None):
+    """Row-major reshape of a block to `shape` (same number of elements)."""
+    return _semantic.reshape(input, shape)
+
+
+@builtin
+def trans(input, *dims, _semantic=None):
+    """Permute the dims of a block (`dims` a permutation); with none, reverse them."""
+    return _semantic.trans(input, *dims)
+
+
+@builtin
+def broadcast_to(input, shape, *, _semantic=None):
+    """`input` stretched to `shape` by NumPy broadcasting (scalars are splatted)."""
+    return _semantic.broadcast_to(input, shape)
+
+
+@builtin
+def expand_dims(input, axis, *, _semantic=None):
+    """`input` with a new size-1 dim at `axis` (negative counts from the end)."""
+    return _semantic.expand_dims(input, axis)
+
+
+@builtin
+def multiple_of(input, values, *, _semantic=None):
+    """Promise the compiler that `input`'s values are multiples of `values` (one int per dim)."""
+    return _semantic.multiple_of(input, values)
+
+
+@builtin
+def max_contiguous(input, values, *, _semantic=None):
+    """Promise the compiler that `input` holds runs of `values` consecutive integers (one per dim)."""
+    return _semantic.max_contiguous(input, values)
+
+
+# -- debugging ----------------------------------------------------------------------------------------
+@builtin
+def device_print(prefix, *args, hex=False, _semantic=None):
+    """Print `prefix` and the values of `args` from every program instance (and thread)."""
+    return _semantic.device_print(prefix, *args, hex=hex)
+
+
+@builtin
+def device_assert(cond, msg="", *, _semantic=None):
+    """Fail the launch with `msg` where `cond` is false (checked by the interpreter; on the GPU a trap)."""
+    return _semantic.device_assert(cond, msg)
+
+
+# Methods of block values (`x.to(dsl.float32)`, `x.reshape(...)`, ...): name -> builtin taking x first.
+@builtin
+def _to(input, dtype, bitcast=False, *, _semantic=None):
+    return _semantic.cast(input, dtype, bitcast)
+
+
+VALUE_METHODS = {
+    "to": _to, "reshape": reshape, "trans": trans, "broadcast_to": broadcast_to,
+    "expand_dims": expand_dims, "sum": sum, "max": max, "min": min, "argmax": argmax,
+    "argmin": argmin, "cumsum": cumsum,
+}
+
+__all__ = [
+    "builtin", "constexpr", "static_range", "program_id", "num_programs", "arange", "zeros", "full",
+    "load", "store", "where", "minimum", "maximum", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs",
+    "sin", "cos", "sigmoid", "erf", "tanh", "floor", "ceil", "fma", "cdiv", "cast", "sum", "max", "min",
+    "argmax", "argmin", "cumsum", "dot", "atomic_add", "atomic_max", "atomic_min", "atomic_and",
+    "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas", "reshape", "trans", "broadcast_to",
+    "expand_dims", "multiple_of", "max_contiguous", "device_print", "device_assert",
+]

@@ -1,0 +1,331 @@
+"""Layout assignment: give every block value a distributed layout and insert `convert_layout` where
+an op needs its operand in another layout.
+
+Rules, applied op by op in program order:
+- Memory ops anchor layouts: a load/store/atomic whose pointer has no layout yet gets the default
+  blocked layout of its shape (coalesced, 16-byte vectors of the narrowest element type the kernel
+  moves at that shape), and its mask, value and `other` follow the pointer's layout.
+- Constants, splats and aranges are *flexible*: they take the layout their first user needs and are
+  recomputed (cloned) for a user that needs another one, which is cheaper than moving data.
+- Elementwise ops keep the layout their operands share, else use the default layout.
+- Reductions produce `slice_layout` of the operand's layout; expand_dims, reshape and trans relabel
+  the operand's layout (free); broadcast results use the default layout and ask for the operand in
+  that layout with the broadcast dims projected away.
+- `dot` (FMA path) keeps the accumulator in the default layout and asks for A and B in layouts that
+  give each thread the rows/columns of its accumulator elements, with K in registers.
+- Loop-carried values keep their initial value's layout; yields are converted to it.
+The pass sets `Value.layout`; scalars keep `None`. Source of the approach: Triton's layout
+propagation and "Linear Layouts" (Zhou et al., 2025), in our own formulation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..ir import Block, Function, Operation, OpCode, Value
+from ..ir.ops import ELEMENTWISE
+from ..language.dtypes import BlockType, PointerType, shape_of
+from ..layouts.blocked import default_blocked
+import fusedops.dsl.layouts.shape_ops as layout_shapes
+from ..layouts.linear import LinearLayout
+from ..layouts.reduction import reduction_plan
+from ..codegen import layout_access
+
+_FLEXIBLE = frozenset({OpCode.CONSTANT, OpCode.SPLAT, OpCode.ARANGE})
+_MEMORY = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS})
+
+
+def _is_block(value: Value) -> bool:
+    return isinstance(value.type, BlockType)
+
+
+def _element_bits(type_) -> int:
+    element = type_.element if isinstance(type_, BlockType) else type_
+    if isinstance(element, PointerType):
+        element = element.element
+    return max(8, element.bits)
+
+
+def project_broadcast(layout: LinearLayout, operand_shape: tuple) -> LinearLayout:
+    """`layout` with the dims where `operand_shape` is 1 (and layout's is not) projected to size 1."""
+    dims = [d for d, (o, s) in enumerate(zip(operand_shape, layout.shape)) if o == 1 and s != 1]
+    bases = {name: [tuple(0 if d in dims else c for d, c in enumerate(v)) for v in layout.bases_of(name)]
+             for name in layout.in_dims}
+    return LinearLayout(bases, tuple(operand_shape))
+
+
+def broadcast_projection(operand_shape: tuple, result_shape: tuple):
+    dims = {d for d, (o, s) in enumerate(zip(operand_shape, result_shape)) if o == 1 and s != 1}
+    return lambda coords: tuple(0 if d in dims else c for d, c in enumerate(coords))
+
+
+def fma_operand_layout(acc: LinearLayout, k: int, operand: int) -> LinearLayout:
+    """The layout of dot operand A (operand=0, M x K) or B (operand=1, K x N) for the FMA path:
+    each thread holds, for every accumulator element (m, n) it owns, row m of A / column n of B,
+    all of K in registers."""
+    keep = 0 if operand == 0 else 1
+    k_bits = k.bit_length() - 1
+    bases = {}
+    for name in acc.in_dims:
+        projected = [(v[keep], 0) if operand == 0 else (0, v[keep]) for v in acc.bases_of(name)]
+        bases[name] = projected
+    k_bases = [(0, 1 << i) if operand == 0 else (1 << i, 0) for i in range(k_bits)]
+    bases["register"] = k_bases + list(bases.get("register", []))
+    shape = (acc.shape[0], k) if operand == 0 else (k, acc.shape[1])
+    return LinearLayout(bases, shape)
+
+
+@dataclasses.dataclass
+class _State:
+    num_warps: int
+    bits_by_shape: dict
+    flexible: dict = dataclasses.field(default_factory=dict)   # id(value) -> {layout: value}
+
+    def default(self, shape) -> LinearLayout:
+        return default_blocked(tuple(shape), self.num_warps, self.bits_by_shape.get(tuple(shape), 32))
+
+
+def _memory_bits(function: Function) -> dict:
+    out = {}
+    for op in function.walk():
+        if op.opcode in _MEMORY and _is_block(op.operands[0]):
+            shape = shape_of(op.operands[0].type)
+            out[shape] = min(out.get(shape, 64), _element_bits(op.operands[0].type))
+    return out
+
+
+def _insert_before(anchor: Operation, new: Operation) -> None:
+    block = anchor.parent
+    new.parent = block
+    block.ops.insert(block.ops.index(anchor), new)
+
+
+def _clone_flexible(value: Value, layout, before: Operation) -> Value:
+    op = value.defining_op
+    clone = Operation(op.opcode, op.operands, [value.type], op.attrs, (), op.loc)
+    clone.results[0].layout = layout
+    _insert_before(before, clone)
+    return clone.results[0]
+
+
+def _materialize(state: _State, value: Value, layout, before: Operation) -> Value:
+    """Give a flexible value `layout`, or a clone of it in that layout."""
+    versions = state.flexible[id(value)]
+    if value.layout is None:
+        value.layout = layout
+        versions[layout] = value
+        return value
+    if layout in versions:
+        found = versions[layout]
+        if found is value or _dominates(found, before):
+            return found
+    clone = _clone_flexible(value, layout, before)
+    versions[layout] = clone
+    return clone
+
+
+def _dominates(value: Value, before: Operation) -> bool:
+    op = value.defining_op
+    block = op.parent
+    current = before
+    while current is not None:
+        if current.parent is block:
+            return block.ops.index(op) < block.ops.index(current)
+        current = current.parent.parent if current.parent is not None else None
+    return False
+
+
+def _convert(value: Value, layout, before: Operation) -> Value:
+    op = Operation(OpCode.CONVERT_LAYOUT, [value], [value.type], {}, (), before.loc)
+    op.results[0].layout = layout
+    _insert_before(before, op)
+    return op.results[0]
+
+
+def _require(state: _State, op: Operation, index: int, layout) -> None:
+    """Make operand `index` of `op` have `layout` (materialize a flexible value or convert)."""
+    value = op.operands[index]
+    if not _is_block(value):
+        return
+    if id(value) in state.flexible:
+        op.operands[index] = _materialize(state, value, layout, op)
+    elif value.layout != layout:
+        op.operands[index] = _convert(value, layout, op)
+
+
+def _anchor(state: _State, op: Operation, index: int):
+    """The layout of operand `index`, fixing a flexible one to the default layout."""
+    value = op.operands[index]
+    if id(value) in state.flexible and value.layout is None:
+        _require(state, op, index, state.default(shape_of(value.type)))
+    return op.operands[index].layout
+
+
+def _assign_op(state: _State, op: Operation) -> None:
+    code = op.opcode
+    results = [r for r in op.results if _is_block(r)]
+    if code in _FLEXIBLE:
+        for r in results:
+            state.flexible[id(r)] = {}
+        return
+    if code in _MEMORY:
+        if not _is_block(op.operands[0]):
+            return
+        layout = _anchor(state, op, 0)
+        for i in range(1, len(op.operands)):
+            _require(state, op, i, layout)
+        for r in results:
+            r.layout = layout
+        return
+    if code in ELEMENTWISE:
+        if not results:
+            return
+        rigid = [v.layout for v in op.operands if _is_block(v) and id(v) not in state.flexible]
+        if rigid and all(layout == rigid[0] for layout in rigid):
+            layout = rigid[0]
+        else:
+            layout = state.default(shape_of(op.result.type))
+        for i in range(len(op.operands)):
+            _require(state, op, i, layout)
+        op.result.layout = layout
+        return
+    if code in (OpCode.REDUCE, OpCode.ARGREDUCE):
+        layout = _anchor(state, op, 0)
+        try:
+            plan = reduction_plan(layout, op.attrs["axis"])
+        except Exception:
+            layout = state.default(shape_of(op.operands[0].type))
+            _require(state, op, 0, layout)
+            plan = reduction_plan(layout, op.attrs["axis"])
+        for r in results:
+            r.layout = plan.result_layout
+        return
+    if code == OpCode.SCAN:
+        layout = _anchor(state, op, 0)
+        op.result.layout = layout
+        return
+    if code == OpCode.EXPAND_DIMS:
+        if _is_block(op.operands[0]):
+            layout = _anchor(state, op, 0)
+            op.result.layout = layout_shapes.expand_dims(layout, op.attrs["axis"])
+        else:
+            op.result.layout = state.default(shape_of(op.result.type))
+        return
+    if code == OpCode.RESHAPE:
+        layout = _anchor(state, op, 0)
+        op.result.layout = layout_shapes.reshape(layout, shape_of(op.result.type))
+        return
+    if code == OpCode.TRANS:
+        layout = _anchor(state, op, 0)
+        op.result.layout = layout_shapes.transpose(layout, op.attrs["perm"])
+        return
+    if code == OpCode.BROADCAST:
+        target = state.default(shape_of(op.result.type))
+        operand = op.operands[0]
+        projected = project_broadcast(target, shape_of(operand.type))
+        if id(operand) in state.flexible or operand.layout is None:
+            _require(state, op, 0, projected)
+        elif layout_access.register_map(operand.layout, target,
+                                        broadcast_projection(shape_of(operand.type), target.shape)) is None:
+            _require(state, op, 0, projected)
+        op.result.layout = target
+        return
+    if code == OpCode.DOT:
+        acc_layout = state.default(shape_of(op.operands[2].type))
+        _require(state, op, 2, acc_layout)
+        k = shape_of(op.operands[0].type)[1]
+        _require(state, op, 0, fma_operand_layout(acc_layout, k, 0))
+        _require(state, op, 1, fma_operand_layout(acc_layout, k, 1))
+        op.result.layout = acc_layout
+        return
+    if code in (OpCode.PRINT, OpCode.ASSERT, OpCode.CONVERT_LAYOUT):
+        for i, v in enumerate(op.operands):
+            if _is_block(v):
+                _anchor(state, op, i)
+        return
+    if code == OpCode.FOR:
+        _assign_loop(state, op, op.operands[3:], op.regions[0].args[1:], op.regions[0], 3)
+        return
+    if code == OpCode.WHILE:
+        _assign_while(state, op)
+        return
+    if code == OpCode.IF:
+        _assign_if(state, op)
+        return
+    for r in results:
+        if r.layout is None:
+            r.layout = state.default(shape_of(r.type))
+
+
+def _init_layouts(state, op, first_index, count):
+    layouts = []
+    for i in range(first_index, first_index + count):
+        if _is_block(op.operands[i]):
+            layouts.append(_anchor(state, op, i))
+        else:
+            layouts.append(None)
+    return layouts
+
+
+def _assign_loop(state, op, inits, args, region: Block, first_index: int):
+    layouts = _init_layouts(state, op, first_index, len(inits))
+    for arg, layout in zip(args, layouts):
+        arg.layout = layout
+    _assign_block(state, region)
+    terminator = region.terminator
+    for i, layout in enumerate(layouts):
+        if layout is not None:
+            _require(state, terminator, i, layout)
+    for result, layout in zip(op.results, layouts):
+        result.layout = layout
+
+
+def _assign_while(state, op):
+    before, after = op.regions
+    layouts = _init_layouts(state, op, 0, len(op.operands))
+    for arg, layout in zip(before.args, layouts):
+        arg.layout = layout
+    _assign_block(state, before)
+    condition = before.terminator
+    forwarded = []
+    for i, value in enumerate(condition.operands[1:], start=1):
+        forwarded.append(_anchor(state, condition, i) if _is_block(value) else None)
+    for arg, layout in zip(after.args, forwarded):
+        arg.layout = layout
+    _assign_block(state, after)
+    for i, layout in enumerate(layouts):
+        if layout is not None:
+            _require(state, after.terminator, i, layout)
+    for result, layout in zip(op.results, forwarded):
+        result.layout = layout
+
+
+def _assign_if(state, op):
+    then_region, else_region = op.regions
+    _assign_block(state, then_region)
+    _assign_block(state, else_region)
+    for i, result in enumerate(op.results):
+        if not _is_block(result):
+            continue
+        layout = _anchor(state, then_region.terminator, i)
+        _require(state, else_region.terminator, i, layout)
+        result.layout = layout
+
+
+def _assign_block(state: _State, block: Block) -> None:
+    for arg in block.args:
+        if _is_block(arg) and arg.layout is None:
+            arg.layout = state.default(shape_of(arg.type))
+    for op in list(block.ops):
+        _assign_op(state, op)
+
+
+def assign_layouts(function: Function, num_warps: int) -> bool:
+    """Set `layout` on every block value of `function` and insert conversions. Returns True."""
+    state = _State(num_warps, _memory_bits(function))
+    _assign_block(state, function.body)
+    for op in function.walk():
+        for r in op.results:
+            if _is_block(r) and r.layout is None:
+                r.layout = state.default(shape_of(r.type))
+    return True

@@ -1,0 +1,25 @@
+"""The compiler's pass pipeline, in order: read it top to bottom.
+
+Run it with `manager.run_pipeline(function, default_pipeline(num_warps))`. An analysis in the list
+(such as `analyze_pointers`) changes nothing; its result is kept in `PipelineReport.analyses` under
+its name, where code generation picks it up.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .layout_assignment import assign_layouts
+from .pointer_analysis import analyze_pointers
+from .simplify import simplify
+
+
+def default_pipeline(num_warps: int) -> list:
+    """The passes every kernel goes through, in order, for a CTA of `num_warps` warps."""
+    layouts = functools.partial(assign_layouts, num_warps=num_warps)
+    layouts.__name__ = "assign_layouts"
+    return [
+        simplify,            # constant folding, CSE, DCE, to a fixed point
+        layouts,             # a distributed layout for every block value; convert_layout where needed
+        analyze_pointers,    # contiguity / divisibility / constancy, for vectorized memory access
+    ]

@@ -1,0 +1,93 @@
+"""The on-disk cache of compiled kernels (`$FUSEDOPS_CACHE_DIR`, default ~/.cache/fusedops).
+
+An entry is one JSON file named by a SHA-256 of everything that changes the generated code: the
+kernel's frontend IR (which covers its source, callees, constexprs and argument types), the
+specialization hints of its arguments (divisibility by 16), the compile options (arch, num_warps, num_stages), the fusedops version, a hash of the
+compiler's own source, and the llvmlite/LLVM version. Entries are written to a temporary file and renamed into place (atomic on
+POSIX), so concurrent writers never leave a partial file; an entry that does not parse is treated
+as missing and rewritten.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from typing import Optional
+
+from .knobs import current as current_knobs
+
+_FORMAT = 1
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """A hash of the compiler's own source (every file of fusedops/dsl): the compiler's version."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(ir_text: str, arg_hints, options) -> str:
+    import llvmlite
+
+    from ... import __version__
+
+    material = json.dumps({
+        "format": _FORMAT, "fusedops": __version__, "compiler": compiler_fingerprint(),
+        "llvmlite": llvmlite.__version__,
+        "arch": options.arch, "num_warps": options.num_warps, "num_stages": options.num_stages,
+        "ir": ir_text, "arg_hints": [sorted((h or {}).items()) for h in arg_hints],
+    }, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _directory() -> Optional[str]:
+    knobs = current_knobs()
+    if knobs.disable_cache:
+        return None
+    return os.path.expanduser(knobs.cache_dir)
+
+
+def load(key: str) -> Optional[dict]:
+    """The cached entry for `key`, or None (missing, disabled, or corrupt)."""
+    directory = _directory()
+    if directory is None:
+        return None
+    path = os.path.join(directory, key[:2], key + ".json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            entry = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != _FORMAT or "ptx" not in entry:
+        return None
+    return entry
+
+
+def store(key: str, entry: dict) -> None:
+    """Write `entry` atomically; failures (read-only disk, full disk) only lose the cache."""
+    directory = _directory()
+    if directory is None:
+        return
+    folder = os.path.join(directory, key[:2])
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(dict(entry, format=_FORMAT), f)
+            os.replace(tmp, os.path.join(folder, key + ".json"))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return

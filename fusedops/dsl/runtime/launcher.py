@@ -1,0 +1,89 @@
+"""Checks and conversions of a launch: the grid, num_warps, devices, the target architecture."""
+
+from __future__ import annotations
+
+import operator
+import re
+
+from ..errors import LaunchError
+
+_GRID_LIMITS = (2**31 - 1, 65535, 65535)
+_ARCH = re.compile(r"sm_[0-9]{2,3}a?")
+
+
+def normalize_grid(grid, kernel: str) -> tuple:
+    """`grid` (1 to 3 non-negative ints) as a 3-tuple.
+
+    Raises:
+        LaunchError: not a tuple of 1-3 ints, a negative entry, or an entry over the CUDA limit
+            (2**31 - 1 along x, 65535 along y and z).
+    """
+    if type(grid) is tuple and 0 < len(grid) <= 3 and all(type(size) is int for size in grid) \
+            and 0 <= grid[0] <= _GRID_LIMITS[0] and all(0 <= size <= 65535 for size in grid[1:]):
+        return grid + (1,) * (3 - len(grid))     # the common case, checked quickly
+    if not isinstance(grid, (tuple, list)):
+        if isinstance(grid, bool) or not hasattr(grid, "__index__"):
+            raise LaunchError(f"the grid of `{kernel}` must be a tuple of 1 to 3 ints (or a callable returning "
+                              f"one), got {type(grid).__name__}")
+        grid = (grid,)
+    if not 1 <= len(grid) <= 3:
+        raise LaunchError(f"the grid of `{kernel}` must have 1 to 3 dimensions, got {len(grid)}: {tuple(grid)}")
+    sizes = []
+    for axis, size in enumerate(grid):
+        if isinstance(size, bool):
+            raise LaunchError(f"grid entry {axis} of `{kernel}` is a bool; pass an int")
+        try:
+            size = operator.index(size)
+        except TypeError:
+            raise LaunchError(f"grid entry {axis} of `{kernel}` must be an int, got {type(size).__name__} "
+                              f"{size!r}") from None
+        if size < 0 or size > _GRID_LIMITS[axis]:
+            raise LaunchError(f"grid entry {axis} of `{kernel}` is {size}; it must be in [0, {_GRID_LIMITS[axis]}]")
+        sizes.append(size)
+    return tuple(sizes) + (1,) * (3 - len(sizes))
+
+
+def check_num_warps(num_warps, num_stages, kernel: str) -> None:
+    """Raises LaunchError unless num_warps is a power of two in 1..32 and num_stages an int >= 1."""
+    if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps not in (1, 2, 4, 8, 16, 32):
+        raise LaunchError(f"num_warps of `{kernel}` must be a power of two from 1 to 32, got {num_warps!r}")
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise LaunchError(f"num_stages of `{kernel}` must be a positive int, got {num_stages!r}")
+
+
+def check_arch(arch: str) -> str:
+    if not isinstance(arch, str) or not _ARCH.fullmatch(arch):
+        raise ValueError(f"target must name a GPU architecture like sm_80, sm_90 or sm_90a, got {arch!r}")
+    return arch
+
+
+def cuda_device(kernel: str, params, values):
+    """The one CUDA device of the tensor arguments (None when there are none).
+
+    Raises:
+        ValueError: a CPU (or other non-CUDA) tensor, naming the argument, or tensors on two devices.
+    """
+    import torch
+
+    device = None
+    for param, value in zip(params, values):
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.device.type != "cuda":
+            raise ValueError(f"argument `{param.name}` of kernel `{kernel}` is a {value.device.type} tensor; "
+                             "compiled kernels need CUDA tensors. Move it with .cuda(), or run the kernel in the "
+                             "interpreter (FUSEDOPS_INTERPRET=1 or interpret=True), which also takes CPU tensors")
+        if device is None:
+            device = value.device
+        elif value.device != device:
+            raise ValueError(f"argument `{param.name}` of kernel `{kernel}` is on {value.device} but an earlier "
+                             f"tensor argument is on {device}; all tensors of a launch must be on one device")
+    return device
+
+
+def device_arch(device) -> str:
+    """The target architecture of a CUDA device: "sm_90a" for compute capability 9.0, else sm_<major><minor>."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")

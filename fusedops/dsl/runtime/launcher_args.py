@@ -1,0 +1,209 @@
+"""Kernel-argument packing for `cuLaunchKernel`, planned once per signature.
+
+`cuLaunchKernel` takes `kernelParams`: an array of N `void*`, the i-th pointing at the bytes of
+argument i (the driver reads each argument's size from the kernel image). The cheapest form
+cuda-python accepts is that array's address as a plain int (TOOLCHAIN.md: 4.1 us per launch on the
+H200 against 5.7 us for `(values, ctypes)` tuples). An `ArgumentPacker` lays out, once, a buffer
+holding the pointer array followed by the argument values, each naturally aligned; a launch then
+costs one `struct.pack_into` of the values.
+
+Thread safety: each thread gets its own buffer (a `threading.local` of the packer), so launches of
+one kernel from several threads do not overwrite each other's arguments. A buffer is reused by
+the next `pack` call of the same thread, which is safe because the driver copies the arguments
+before `cuLaunchKernel` returns.
+
+CPU-only module: it needs neither a GPU nor cuda-python.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import struct
+import threading
+from typing import Optional, Sequence
+
+from fusedops.dsl.errors import LaunchError
+from fusedops.dsl.language import dtypes
+from fusedops.dsl.target.llvm_types import bfloat16_bits
+
+
+class ParamKind(enum.Enum):
+    """How one kernel parameter is passed: (struct format, size in bytes, what a value must be)."""
+
+    POINTER = ("Q", 8, "a device address (int >= 0)")
+    INT1 = ("?", 1, "a bool")
+    INT8 = ("b", 1, "an int in [-2**7, 2**7)")
+    INT16 = ("h", 2, "an int in [-2**15, 2**15)")
+    INT32 = ("i", 4, "an int in [-2**31, 2**31)")
+    INT64 = ("q", 8, "an int in [-2**63, 2**63)")
+    UINT8 = ("B", 1, "an int in [0, 2**8)")
+    UINT16 = ("H", 2, "an int in [0, 2**16)")
+    UINT32 = ("I", 4, "an int in [0, 2**32)")
+    UINT64 = ("Q", 8, "an int in [0, 2**64)")
+    FLOAT16 = ("e", 2, "a float within float16's range")
+    BFLOAT16 = ("H", 2, "a float")  # packed as its bit pattern, see _bfloat16_bits
+    FLOAT32 = ("f", 4, "a float within float32's range")
+    FLOAT64 = ("d", 8, "a float")
+
+    @property
+    def format(self) -> str:
+        return self.value[0]
+
+    @property
+    def size(self) -> int:
+        return self.value[1]
+
+    @property
+    def expected(self) -> str:
+        return self.value[2]
+
+
+_KIND_OF_DTYPE = {
+    "int1": ParamKind.INT1, "int8": ParamKind.INT8, "int16": ParamKind.INT16, "int32": ParamKind.INT32,
+    "int64": ParamKind.INT64, "uint8": ParamKind.UINT8, "uint16": ParamKind.UINT16,
+    "uint32": ParamKind.UINT32, "uint64": ParamKind.UINT64, "float16": ParamKind.FLOAT16,
+    "bfloat16": ParamKind.BFLOAT16, "float32": ParamKind.FLOAT32, "float64": ParamKind.FLOAT64,
+}
+
+
+def param_kind(type_) -> ParamKind:
+    """The ParamKind of a kernel parameter of scalar type `type_` (a DType or a PointerType).
+
+    Raises:
+        TypeError: `type_` is not a scalar kernel-language type.
+    """
+    if isinstance(type_, dtypes.PointerType):
+        return ParamKind.POINTER
+    if isinstance(type_, dtypes.DType):
+        return _KIND_OF_DTYPE[type_.name]
+    raise TypeError(f"a kernel parameter has a scalar dtype or a pointer type, not {type_!r}")
+
+
+
+
+def _aligned(offset: int, alignment: int) -> int:
+    return (offset + alignment - 1) // alignment * alignment
+
+
+class ArgumentPacker:
+    """Packs the arguments of one kernel signature into a `void**` for `cuLaunchKernel`.
+
+    kinds: the ParamKind of each kernel parameter, in order.
+    names: optional parameter names, used in error messages.
+
+    `pack(values) -> int` (an attribute built once by `_build_pack`) writes the values into this
+    thread's buffer and returns the address of its pointer array, to pass as `kernelParams`.
+
+    Buffer layout: [N x 8-byte pointers][values, each at an offset aligned to its size].
+    """
+
+    def __init__(self, kinds: Sequence[ParamKind], names: Optional[Sequence[str]] = None):
+        self.kinds = tuple(kinds)
+        if names is not None and len(names) != len(self.kinds):
+            raise ValueError(f"{len(names)} names for {len(self.kinds)} parameters")
+        self.names = tuple(names) if names is not None else None
+        for index, kind in enumerate(self.kinds):
+            if not isinstance(kind, ParamKind):
+                raise TypeError(f"parameter {index}: expected a ParamKind, got {kind!r}")
+        count = len(self.kinds)
+        self.values_offset = 8 * count
+        offsets, fmt, cursor = [], "<", 0
+        for kind in self.kinds:
+            start = _aligned(cursor, kind.size)
+            fmt += "x" * (start - cursor) + kind.format
+            offsets.append(start)
+            cursor = start + kind.size
+        self.offsets = tuple(offsets)  # of each value, relative to the start of the values
+        self.values_size = cursor
+        self.buffer_size = max(self.values_offset + cursor, 1)
+        self._values_struct = struct.Struct(fmt)
+        self._pointers_struct = struct.Struct(f"<{count}Q")
+        self._convert = tuple(index for index, kind in enumerate(self.kinds) if kind is ParamKind.BFLOAT16)
+        self._local = threading.local()
+        self.pack = self._build_pack()
+
+    def __repr__(self) -> str:
+        return f"ArgumentPacker([{', '.join(kind.name for kind in self.kinds)}])"
+
+    def _thread_buffer(self) -> tuple:
+        buffer = ctypes.create_string_buffer(self.buffer_size)
+        address = ctypes.addressof(buffer)
+        values = address + self.values_offset
+        self._pointers_struct.pack_into(buffer, 0, *(values + offset for offset in self.offsets))
+        slot = self._local.slot = (buffer, address)
+        return slot
+
+    def _build_pack(self):
+        # A closure over locals: about 130 ns cheaper per launch than a method reading attributes.
+        local = self._local
+        new_buffer = self._thread_buffer
+        pack_into = self._values_struct.pack_into
+        values_offset = self.values_offset
+        convert = self._converted if self._convert else None
+        raise_argument_error = self._raise_argument_error
+        has_params = bool(self.kinds)
+
+        def pack(values: Sequence) -> int:
+            """Write `values` into this thread's buffer; return the address of its `void*` array.
+
+            The address stays valid until this thread's next `pack` on this packer (0 when the
+            kernel has no parameters: cuLaunchKernel accepts NULL then).
+
+            Raises:
+                LaunchError: wrong number of values, or a value of the wrong type or out of range
+                    for its parameter; the message names the parameter's index (and name).
+            """
+            try:
+                buffer, address = local.slot
+            except AttributeError:
+                buffer, address = new_buffer()
+            if convert is not None:
+                values = convert(values)
+            try:
+                pack_into(buffer, values_offset, *values)
+            except (struct.error, OverflowError, TypeError):
+                raise_argument_error(values)
+            return address if has_params else 0
+
+        return pack
+
+    def pack_values(self, values: Sequence) -> bytes:
+        """The value bytes that `pack` writes after the pointer array (for tests and debugging)."""
+        if self._convert:
+            values = self._converted(values)
+        try:
+            return self._values_struct.pack(*values)
+        except (struct.error, OverflowError, TypeError):
+            self._raise_argument_error(values)
+
+    def _converted(self, values: Sequence) -> list:
+        # bfloat16 has no struct format: replace those values by their bit patterns first.
+        values = list(values)
+        for index in self._convert:
+            if index < len(values):
+                value = values[index]
+                try:
+                    if isinstance(value, (str, bytes)):  # float() would parse them
+                        raise TypeError(f"expected a float, got {type(value).__name__}")
+                    values[index] = bfloat16_bits(float(value))
+                except (TypeError, ValueError) as error:
+                    raise LaunchError(f"{self._describe(index)}: expected {ParamKind.BFLOAT16.expected}, "
+                                      f"got {values[index]!r} ({error})") from None
+        return values
+
+    def _describe(self, index: int) -> str:
+        name = f" ({self.names[index]})" if self.names else ""
+        return f"argument {index}{name} of kind {self.kinds[index].name.lower()}"
+
+    def _raise_argument_error(self, values: Sequence) -> None:
+        # Slow path, only after the single pack_into failed: find the first bad value.
+        if len(values) != len(self.kinds):
+            raise LaunchError(f"the kernel takes {len(self.kinds)} arguments, got {len(values)}") from None
+        for index, (kind, value) in enumerate(zip(self.kinds, values)):
+            try:
+                struct.pack("<" + kind.format, value)
+            except (struct.error, OverflowError, TypeError) as error:
+                raise LaunchError(f"{self._describe(index)}: expected {kind.expected}, got {value!r} "
+                                  f"({type(value).__name__}: {error})") from None
+        raise LaunchError(f"cannot pack arguments {list(values)!r} for {self!r}") from None

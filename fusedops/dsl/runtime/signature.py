@@ -1,0 +1,167 @@
+"""Specialization: what a launch's arguments tell the compiler, as a hashable key.
+
+Per parameter an `ArgSpec` records either a runtime type (a tensor becomes a pointer to its dtype;
+a Python int int32, int64 or uint64 by its value; a float float32; a bool int1) or a compile-time
+value (a `dsl.constexpr` parameter, a `None` argument, a `dsl.constexpr(...)`-wrapped value). Ints
+equal to 1 become the IR constant 1 and leave the runtime signature; ints divisible by 16 and
+16-byte aligned pointers are recorded as hints (`Function.arg_hints`). `SpecializationKey` adds the
+launch options and the target, and keys the JITFunction's cache of compiled kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from typing import Any, Optional
+
+from ..language import core, dtypes
+from ..language.dtypes import DType, PointerType
+
+NO_DEFAULT = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """A parameter of a `@dsl.jit` function."""
+
+    name: str
+    is_constexpr: bool = False
+    default: Any = NO_DEFAULT
+    do_not_specialize: bool = False     # no equal-to-1 / divisible-by-16 specialization
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not NO_DEFAULT
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    """What the compiler knows about one argument."""
+
+    name: str
+    type: Optional[object] = None        # runtime dsl type; None for a compile-time value
+    value: Any = None                    # the compile-time value (when type is None)
+    value_class: Optional[type] = None   # type(value): keeps True, 1 and 1.0 apart in the key
+    equal_to_one: bool = False           # an int equal to 1: the IR constant 1, not a runtime argument
+    divisible_by_16: bool = False        # an int divisible by 16, or a 16-byte aligned pointer
+
+    @property
+    def is_runtime(self) -> bool:
+        return self.type is not None and not self.equal_to_one
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecializationKey:
+    args: tuple                 # ArgSpec per parameter
+    num_warps: int
+    num_stages: int
+    arch: Optional[str]         # "sm_90a", ...; None in the interpreter
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_dtype(torch_dtype) -> DType:
+    return dtypes.from_torch(torch_dtype)
+
+
+def int_type(value: int) -> DType:
+    """int32, int64 or uint64: the narrowest that holds `value`."""
+    if -2**31 <= value < 2**31:
+        return dtypes.int32
+    if -2**63 <= value < 2**63:
+        return dtypes.int64
+    if 0 <= value < 2**64:
+        return dtypes.uint64
+    raise OverflowError(f"{value} does not fit in 64 bits")
+
+
+def _constexpr_spec(kernel: str, param: Parameter, value) -> ArgSpec:
+    if isinstance(value, list):
+        value = tuple(value)
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"argument `{param.name}` of kernel `{kernel}` is a dsl.constexpr and must be a hashable "
+                        f"Python value (int, float, bool, str, None, dtype, tuple); got {type(value).__name__}") from None
+    if type(value).__module__.startswith(("torch", "numpy")) and not isinstance(value, (DType, PointerType)):
+        raise TypeError(f"argument `{param.name}` of kernel `{kernel}` is a dsl.constexpr and must be a Python "
+                        f"value, got a {type(value).__module__}.{type(value).__name__}")
+    return ArgSpec(param.name, None, value, type(value))
+
+
+def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = False) -> tuple:
+    """One `ArgSpec` per parameter for the bound argument `values`.
+
+    allow_types: also accept dsl types (`dsl.int32`, `dsl.pointer_type(dsl.float16)`) standing for
+    an argument of that type (ahead-of-time compilation).
+
+    Raises:
+        TypeError: naming the argument, for a value that is neither a tensor, a Python scalar, None,
+            nor a constexpr; a constexpr parameter given a non-Python value; an unsupported dtype.
+    """
+    import torch
+
+    specs = []
+    for param, value in zip(params, values):
+        if isinstance(value, core.constexpr):
+            specs.append(_constexpr_spec(kernel, param, value.value))
+        elif param.is_constexpr:
+            specs.append(_constexpr_spec(kernel, param, value))
+        elif value is None:
+            specs.append(ArgSpec(param.name, None, None, type(None)))
+        elif isinstance(value, torch.Tensor):
+            try:
+                element = _tensor_dtype(value.dtype)
+            except TypeError as e:
+                raise TypeError(f"argument `{param.name}` of kernel `{kernel}`: {e}") from None
+            aligned = not param.do_not_specialize and value.data_ptr() % 16 == 0
+            specs.append(ArgSpec(param.name, PointerType(element), divisible_by_16=aligned))
+        elif isinstance(value, bool):
+            specs.append(ArgSpec(param.name, dtypes.int1))
+        elif isinstance(value, int):
+            try:
+                type_ = int_type(value)
+            except OverflowError as e:
+                raise TypeError(f"argument `{param.name}` of kernel `{kernel}`: {e}") from None
+            special = not param.do_not_specialize
+            specs.append(ArgSpec(param.name, type_, equal_to_one=special and value == 1,
+                                 divisible_by_16=special and value % 16 == 0))
+        elif isinstance(value, float):
+            specs.append(ArgSpec(param.name, dtypes.float32))
+        elif allow_types and isinstance(value, (DType, PointerType)):
+            specs.append(ArgSpec(param.name, value))
+        else:
+            expected = "a torch.Tensor, a Python int, float or bool, or None"
+            if allow_types:
+                expected += ", or a dsl type such as dsl.pointer_type(dsl.float16)"
+            raise TypeError(f"argument `{param.name}` of kernel `{kernel}` must be {expected}; "
+                            f"got {type(value).__module__}.{type(value).__qualname__}")
+    return tuple(specs)
+
+
+def fingerprint(params: tuple, values: list) -> Optional[tuple]:
+    """A cheap hashable summary of `values` from which `specialize` would produce the same specs:
+    the launch fast path keys on it. None for an argument only `specialize` can judge (it then
+    raises its TypeError, or handles a rare kind)."""
+    torch = sys.modules.get("torch")
+    tensor = torch.Tensor if torch is not None else ()
+    parts = []
+    for param, value in zip(params, values):
+        cls = type(value)
+        if param.is_constexpr or cls is core.constexpr:
+            parts.append((cls, value))
+        elif cls is int:
+            width = 0 if -2**31 <= value < 2**31 else 1 if -2**63 <= value < 2**63 else 2
+            if param.do_not_specialize:
+                parts.append((int, width))
+            else:
+                parts.append((int, width, value == 1, value % 16 == 0))
+        elif isinstance(value, tensor):
+            # get_device(): -1 for CPU tensors, so a device change is a different fingerprint
+            parts.append((value.dtype, not param.do_not_specialize and value.data_ptr() % 16 == 0,
+                          value.get_device()))
+        elif cls is float or cls is bool or value is None:
+            parts.append(cls)
+        else:
+            return None
+    return tuple(parts)
