@@ -75,11 +75,12 @@ class CompiledKernel:
     def launch(self, grid: Sequence[int], args: Sequence, stream: Optional[int] = None,
                device_index: int = 0) -> None:
         """Launch over `grid` (1-3 ints) with `args` (device addresses for pointers, Python scalars)."""
-        from .runtime import driver
-        grid = tuple(grid) + (1,) * (3 - len(grid))
+        if len(grid) != 3:
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+        launcher = self._launchers.get(device_index) or self.launcher(device_index)
         if stream is None:
-            stream = driver.current_raw_stream(device_index)
-        self.launcher(device_index).launch(grid, stream, args)
+            stream = launcher.stream_of(device_index)
+        launcher.launch(grid, stream, args)
 
 
 class _Asm(dict):

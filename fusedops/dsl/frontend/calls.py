@@ -11,7 +11,7 @@ import inspect
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Value
 from ..language import core
-from ..language.dtypes import BlockType
+from ..language.dtypes import BlockType, DType, PointerType
 from .expressions import BoundMethod
 from .scope import is_jit_function, is_runtime
 
@@ -54,7 +54,9 @@ class CallsMixin:
         handler = _PYTHON_BUILTINS.get(function) if _hashable(function) else None
         if handler is not None:
             return handler(self, args, kwargs, shown)
-        if isinstance(function, type) and not is_runtime(function):
+        if isinstance(function, (DType, PointerType)):
+            raise CompilationError(f"dtypes are not callable; convert with x.to({shown})")
+        if isinstance(function, type):
             raise CompilationError(f"`{shown}` is a class; kernels can only call dsl builtins and @dsl.jit functions")
         raise CompilationError(f"`{shown}` is not a @dsl.jit function; kernels can only call dsl builtins and "
                                "other @dsl.jit functions (decorate it with @dsl.jit to call it from a kernel)")

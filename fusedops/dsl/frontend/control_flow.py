@@ -1,4 +1,5 @@
-"""`if` statements and the rules of control flow (loops are in loops.py): compile-time resolution, IR IF / FOR / WHILE ops and the values they carry.
+"""`if` statements, and the rules of all control flow (loops are compiled by loops.py): compile-time
+resolution, the IR IF / FOR / WHILE ops and the values they carry.
 
 Rules (tests in tests/test_control_flow.py):
 - `if` on a compile-time value compiles only the taken branch, in place.
@@ -9,15 +10,22 @@ Rules (tests in tests/test_control_flow.py):
   statements after it into both branches, so each path ends in a return; the IF merges the
   returned values.
 - `for i in range(a, b, step)` builds a FOR op (even with constexpr bounds), following Python's
-  `range`: no iteration when the range is empty, negative steps count down. `dsl.static_range`
-  and iteration over a compile-time tuple unroll instead.
+  `range`: no iteration when the range is empty, negative steps count down; a constexpr step of 0
+  is a CompilationError, a runtime one an error in the interpreter (undefined on the GPU). The
+  bounds are converted to one integer type, which is the loop variable's. `dsl.static_range` and
+  iteration over a compile-time tuple unroll instead (the loop variable is then a constexpr).
+  The loop variable is not defined after the loop; `break`, `continue` and `return` inside a loop
+  are not supported.
 - Loop-carried values: a name assigned in the body, defined before the loop and read at or after
   the loop's start (in this loop, an enclosing loop, or after). Its type must stay the same:
   a literal initial value (`acc = 0`) adopts the type the body gives it; a body value whose type
   changed only because a literal won the promotion (`x = x + 1.5` with x an int32) is converted
   back, as C's `x += 1.5` would; any other change is a CompilationError naming the variable.
   Names first assigned inside a loop are not defined after it.
-- `while cond:` builds a WHILE op whose before-region evaluates `cond` on the carried values.
+- `while cond:` builds a WHILE op whose before-region evaluates `cond` on the carried values; a
+  compile-time false condition removes the loop, a compile-time true one is an error.
+- A block-valued condition (`if`, `while`, `a if c else b`) is a CompilationError that says to use
+  dsl.where.
 """
 
 from __future__ import annotations

@@ -91,10 +91,6 @@ class StatementsMixin:
         raise UnsupportedError("`continue` is not supported in kernels; put the rest of the loop body under "
                                "an `if`")
 
-    def visit_Return(self, node: ast.Return):
-        # Returns are handled by compile_statements; reaching this means one is nested somewhere else.
-        raise UnsupportedError("`return` is only supported at the end of a function or in an `if` statement")
-
 
 def _describe(value) -> str:
     if isinstance(value, Value):

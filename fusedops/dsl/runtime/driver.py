@@ -175,6 +175,7 @@ def device_context(device_index: Optional[int] = None) -> DeviceContext:
 
 
 @functools.cache
+@functools.cache
 def raw_stream_getter() -> Callable[[int], int]:
     """The cheapest function `device_index -> current CUDA stream handle (int)` torch offers.
 
@@ -310,6 +311,7 @@ class KernelLauncher:
         self.packer = ArgumentPacker(param_kinds, param_names)
         self.num_warps = num_warps
         self.shared_bytes = shared_bytes
+        self.stream_of = raw_stream_getter()    # device index -> torch's current stream handle
         self.launch = self._build_launch()
 
     def _build_launch(self):

@@ -132,7 +132,7 @@ class JITFunction:
         values = self._bind(args, kwargs)
         check_num_warps(num_warps, num_stages, name)
         if interpret is None:
-            interpret = knobs.current().interpret
+            interpret = knobs.interpret_enabled()
         if callable(grid):
             meta = {p.name: (v.value if isinstance(v, core.constexpr) else v) for p, v in zip(self.params, values)}
             meta.update(num_warps=num_warps, num_stages=num_stages)

@@ -1,7 +1,7 @@
 """Every environment setting of fusedops, in one typed place.
 
 `current()` reads the environment each time it is called and returns a frozen `Knobs`; nothing is
-cached at import, so a test (or a user) that changes a variable sees the change on the next call.
+read at import, so a test (or a user) that changes a variable sees the change on the next call.
 Code that needs a setting takes it from `current()` (or from a `Knobs` passed down to it), never
 from `os.environ` directly.
 
@@ -22,6 +22,7 @@ other value raises `ValueError` naming the variable, so a typo is loud instead o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from pathlib import Path
@@ -85,16 +86,39 @@ class Knobs:
 def current(environ: Optional[Mapping[str, str]] = None) -> Knobs:
     """Read the settings from `environ` (default: `os.environ`) now.
 
+    Reading is cheap (launches read it): the raw values are looked up every call and their parse is
+    memoized by value, so a changed variable is seen on the next call.
+
     Raises:
         ValueError: a variable is set to a value its type does not accept (the message names it).
     """
     environ = os.environ if environ is None else environ
+    raw = tuple(environ.get(variable) for _, variable, _ in _FIELDS)
+    return _parse(raw, environ.get("HOME"))
+
+
+def interpret_enabled() -> bool:
+    """`current().interpret`, reading only FUSEDOPS_INTERPRET (the launch path asks this every call)."""
+    return _parse_interpret(os.environ.get("FUSEDOPS_INTERPRET"))
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_interpret(text: Optional[str]) -> bool:
+    return False if text is None else _parse_bool("FUSEDOPS_INTERPRET", text)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(raw: tuple, home: Optional[str]) -> Knobs:
+    # `home` is part of the memo key because the default cache directory is under it.
     values = {}
-    for field in dataclasses.fields(Knobs):
-        variable = field.metadata["variable"]
-        if variable in environ:
-            values[field.name] = field.metadata["parse"](variable, environ[variable])
+    for (name, variable, parse), text in zip(_FIELDS, raw):
+        if text is not None:
+            values[name] = parse(variable, text)
     return Knobs(**values)
+
+
+_FIELDS = tuple((field.name, field.metadata["variable"], field.metadata["parse"])
+                for field in dataclasses.fields(Knobs))
 
 
 def variables() -> tuple[str, ...]:

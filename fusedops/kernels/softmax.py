@@ -1,0 +1,422 @@
+"""Softmax and log-softmax along one dimension: DSL kernels (forward and backward) and launchers.
+
+    y = softmax(x)      = exp(x - max(x)) / sum(exp(x - max(x)))
+    y = log_softmax(x)  = x - max(x) - log(sum(exp(x - max(x))))
+    dx (softmax)        = y * (dy - sum(dy * y))
+    dx (log_softmax)    = dy - exp(y) * sum(dy)
+
+Geometry. A tensor reduced over `dim` is addressed as rows: every index of the other dims is one
+row of `n` elements. `plan_rows` groups the other dims into at most two (size, stride) groups,
+outer and inner, so that row (o, i) of tensor t starts at o * outer_stride[t] + i * inner_stride[t]
+and its k-th element sits k * col_stride[t] further: strided inputs need no copy as long as the
+other dims collapse to two groups (they always do for contiguous tensors, transposes and
+permutations of them; a tensor that does not is copied, see `plan_rows`). Offsets are int64.
+
+Kernels. Each kernel loads a 2-D tile and reduces along one axis (AXIS):
+  - AXIS = 1, "row tiles" [ROWS, BLOCK]: used when the reduced dim is the fastest in memory
+    (col stride 1, the usual `dim=-1`). Several rows per program for short rows.
+  - AXIS = 0, "column tiles" [BLOCK, ROWS]: used when the reduced dim is strided and the inner dims
+    are contiguous (`dim` not last on a contiguous tensor): the tile's contiguous axis runs over
+    ROWS neighbouring rows, so loads stay coalesced and 16-byte vectorized without a transposing
+    copy (a copy would cost a full extra read and write of the tensor).
+  - ONE_PASS: the whole row is one tile, read once. Otherwise the online path of Milakov &
+    Gimelshein, "Online normalizer calculation for softmax" (2018): a first sweep over the row in
+    BLOCK-wide chunks keeps a running max m and a sum s rescaled by exp(m_old - m_new) whenever the
+    max grows; a second sweep writes the outputs. Backward: one sweep for sum(dy * y) (or sum(dy)),
+    one for dx.
+Statistics are computed in ACC (float32, or float64 for float64 tensors in the interpreter).
+
+Configs (`choose_config`): the block is the next power of two >= n up to MAX_ONE_PASS_BLOCK
+elements (register budget: 16384 fp32 values spread over 16 warps is 32 per thread, which ptxas
+fits without spills; see tests/test_softmax.py::test_shipped_configs_assemble_without_spills),
+several rows per program while the row is shorter than ROW_TILE_ELEMENTS, and num_warps so that
+each thread holds about ELEMENTS_PER_THREAD elements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import torch
+
+import fusedops.dsl as dsl
+
+# Longest row read in one pass (elements). Longer rows take the online two-sweep path.
+MAX_ONE_PASS_BLOCK = 16384
+# Short rows are packed into tiles of about this many elements (several rows per program).
+ROW_TILE_ELEMENTS = 2048
+# Elements each thread holds in a one-pass tile: enough 16-byte loads in flight per thread to
+# saturate HBM, few enough registers to keep two or more programs per SM.
+ELEMENTS_PER_THREAD = 16
+MAX_NUM_WARPS = 16
+# Column tiles: rows (contiguous inner elements) per tile, and the tile's element budget.
+MAX_COLUMN_ROWS = 64
+COLUMN_TILE_ELEMENTS = 4096
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------------
+@dsl.jit
+def _program_rows(n_rows, n_inner, inner_blocks, ROWS: dsl.constexpr, AXIS: dsl.constexpr, SPLIT: dsl.constexpr):
+    # -> (outer index, inner index, row mask) of this program's ROWS rows; int64.
+    # AXIS 1: rows pid*ROWS ... of the flattened (outer, inner) row space (SPLIT: inner > 1).
+    # AXIS 0: ROWS consecutive inner indices of one outer index, so that they are contiguous.
+    pid = dsl.program_id(0).to(dsl.int64)
+    if AXIS == 1:
+        rows = pid * ROWS + dsl.arange(0, ROWS)
+        mask = rows < n_rows
+        if SPLIT:
+            outer = rows // n_inner
+            inner = rows - outer * n_inner
+        else:
+            outer = rows
+            inner = rows * 0
+    else:
+        outer = pid // inner_blocks
+        inner = (pid - outer * inner_blocks) * ROWS + dsl.arange(0, ROWS)
+        mask = inner < n_inner
+    return outer, inner, mask
+
+
+@dsl.jit
+def _tile(outer, inner, row_mask, cols, n_cols, outer_stride, inner_stride, col_stride,
+          AXIS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr):
+    # -> (offsets, mask) of the tile of rows (outer, inner) x columns `cols` of one tensor:
+    # [ROWS, BLOCK] for AXIS 1, [BLOCK, ROWS] for AXIS 0.
+    if SPLIT:
+        base = outer * outer_stride + inner * inner_stride
+    else:
+        base = outer * outer_stride
+    if WIDE:
+        col_offsets = cols.to(dsl.int64) * col_stride
+    else:
+        col_offsets = cols * col_stride
+    if AXIS == 1:
+        return base[:, None] + col_offsets[None, :], row_mask[:, None] & (cols[None, :] < n_cols)
+    return col_offsets[:, None] + base[None, :], (cols[:, None] < n_cols) & row_mask[None, :]
+
+
+@dsl.jit
+def _stat(value, ROWS: dsl.constexpr, AXIS: dsl.constexpr, ACC: dsl.constexpr):
+    # A per-row statistic filled with `value`, shaped like a keep_dims reduction along AXIS.
+    if AXIS == 1:
+        return dsl.full((ROWS, 1), value, ACC)
+    return dsl.full((1, ROWS), value, ACC)
+
+
+@dsl.jit
+def _forward_kernel(
+    y_ptr, x_ptr,                                   # (outer, n_cols, inner) through the strides below
+    n_rows, n_cols, n_inner, inner_blocks,          # n_rows = outer * inner; inner_blocks: AXIS 0 only
+    x_outer_stride, x_inner_stride, x_col_stride,   # in elements
+    y_outer_stride, y_inner_stride, y_col_stride,
+    LOG: dsl.constexpr, AXIS: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
+    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr,
+):
+    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, ROWS, AXIS, SPLIT)
+    cols = dsl.arange(0, BLOCK)
+    if ONE_PASS:
+        x_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, x_outer_stride, x_inner_stride,
+                                x_col_stride, AXIS, SPLIT, WIDE)
+        y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
+                             y_col_stride, AXIS, SPLIT, WIDE)
+        x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
+        shifted = x - dsl.max(x, axis=AXIS, keep_dims=True)
+        numerator = dsl.exp(shifted)
+        total = dsl.sum(numerator, axis=AXIS, keep_dims=True)
+        if LOG:
+            y = shifted - dsl.log(total)
+        else:
+            y = numerator * (1.0 / total)
+        dsl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element), mask=mask)
+    else:
+        running_max = _stat(-float("inf"), ROWS, AXIS, ACC)
+        running_sum = _stat(0.0, ROWS, AXIS, ACC)
+        for start in range(0, n_cols, BLOCK):
+            x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
+                                    x_inner_stride, x_col_stride, AXIS, SPLIT, WIDE)
+            x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
+            new_max = dsl.maximum(running_max, dsl.max(x, axis=AXIS, keep_dims=True))
+            # While a row has seen only -inf, shift by 0 instead of -inf: exp(-inf - (-inf)) is NaN.
+            shift = dsl.where(new_max == -float("inf"), 0.0, new_max)
+            running_sum = (running_sum * dsl.exp(running_max - shift)
+                           + dsl.sum(dsl.exp(x - shift), axis=AXIS, keep_dims=True))
+            running_max = new_max
+        if LOG:
+            log_total = running_max + dsl.log(running_sum)
+        else:
+            inverse = 1.0 / running_sum
+        for start in range(0, n_cols, BLOCK):
+            x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
+                                    x_inner_stride, x_col_stride, AXIS, SPLIT, WIDE)
+            y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
+                                 y_inner_stride, y_col_stride, AXIS, SPLIT, WIDE)
+            x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
+            if LOG:
+                y = x - log_total
+            else:
+                y = dsl.exp(x - running_max) * inverse
+            dsl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element), mask=mask)
+
+
+@dsl.jit
+def _backward_kernel(
+    dx_ptr, dy_ptr, y_ptr,                          # (outer, n_cols, inner) through the strides below
+    n_rows, n_cols, n_inner, inner_blocks,
+    dx_outer_stride, dx_inner_stride, dx_col_stride,
+    dy_outer_stride, dy_inner_stride, dy_col_stride,
+    y_outer_stride, y_inner_stride, y_col_stride,
+    LOG: dsl.constexpr, AXIS: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
+    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr,
+):
+    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, ROWS, AXIS, SPLIT)
+    cols = dsl.arange(0, BLOCK)
+    if ONE_PASS:
+        dy_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, dy_outer_stride, dy_inner_stride,
+                                 dy_col_stride, AXIS, SPLIT, WIDE)
+        y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
+                             y_col_stride, AXIS, SPLIT, WIDE)
+        dx_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, dx_outer_stride, dx_inner_stride,
+                              dx_col_stride, AXIS, SPLIT, WIDE)
+        dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
+        y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
+        if LOG:
+            dx = dy - dsl.exp(y) * dsl.sum(dy, axis=AXIS, keep_dims=True)
+        else:
+            dx = y * (dy - dsl.sum(dy * y, axis=AXIS, keep_dims=True))
+        dsl.store(dx_ptr + dx_offsets, dx.to(dx_ptr.dtype.element), mask=mask)
+    else:
+        total = _stat(0.0, ROWS, AXIS, ACC)
+        for start in range(0, n_cols, BLOCK):
+            dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
+                                     dy_inner_stride, dy_col_stride, AXIS, SPLIT, WIDE)
+            dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
+            if LOG:
+                total += dsl.sum(dy, axis=AXIS, keep_dims=True)
+            else:
+                y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
+                                     y_inner_stride, y_col_stride, AXIS, SPLIT, WIDE)
+                y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
+                total += dsl.sum(dy * y, axis=AXIS, keep_dims=True)
+        for start in range(0, n_cols, BLOCK):
+            dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
+                                     dy_inner_stride, dy_col_stride, AXIS, SPLIT, WIDE)
+            y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
+                                 y_inner_stride, y_col_stride, AXIS, SPLIT, WIDE)
+            dx_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, dx_outer_stride,
+                                  dx_inner_stride, dx_col_stride, AXIS, SPLIT, WIDE)
+            dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
+            y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
+            if LOG:
+                dx = dy - dsl.exp(y) * total
+            else:
+                dx = y * (dy - total)
+            dsl.store(dx_ptr + dx_offsets, dx.to(dx_ptr.dtype.element), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Geometry: rows of a reduction over one dim
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+    """The rows of a reduction over one dim, shared by every tensor of one launch.
+
+    Row (o, i), o < outer, i < inner, of tensor t starts at element offset
+    o * strides[t][0] + i * strides[t][1]; its k-th element (k < n_cols) is k * strides[t][2] further.
+    """
+
+    outer: int
+    n_cols: int
+    inner: int
+    strides: tuple      # per tensor: (outer_stride, inner_stride, col_stride), in elements
+
+    @property
+    def n_rows(self) -> int:
+        return self.outer * self.inner
+
+
+def _dim_order(shape: Sequence[int], strides: Sequence[int]) -> list:
+    """The dims from the slowest to the fastest in memory (ties keep the dims' order)."""
+    return sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+
+
+def plan_rows(shape: Sequence[int], dim: int, strides: Sequence[Sequence[int]]) -> Optional[RowLayout]:
+    """Address the rows of a reduction of tensors of `shape` over `dim` through their strides.
+
+    strides: one stride tuple per tensor; the first one's memory order decides how the other dims
+        are grouped. Dims are merged where every tensor allows it (stride_a == size_b * stride_b).
+    Returns None when the other dims do not collapse to two groups in every tensor (e.g. a
+    slice of a slice in two different dims): the caller then copies to contiguous tensors.
+    """
+    n_cols = shape[dim]
+    col_strides = tuple(s[dim] if n_cols > 1 else 1 for s in strides)
+    dims = [d for d in _dim_order(shape, strides[0]) if d != dim and shape[d] > 1]
+    groups = []     # [size, strides per tensor], slowest first
+    for d in dims:
+        if groups and all(g == shape[d] * s[d] for g, s in zip(groups[-1][1], strides)):
+            groups[-1] = [groups[-1][0] * shape[d], tuple(s[d] for s in strides)]
+        else:
+            groups.append([shape[d], tuple(s[d] for s in strides)])
+    if len(groups) > 2:
+        return None
+    zeros = (0,) * len(strides)
+    if not groups:
+        outer, inner = (1, zeros), (1, zeros)
+    elif len(groups) == 1:
+        size, group_strides = groups[0]
+        is_inner = col_strides[0] != 1 and group_strides[0] == 1
+        outer, inner = ((1, zeros), (size, group_strides)) if is_inner else ((size, group_strides), (1, zeros))
+    else:
+        outer, inner = groups
+    per_tensor = tuple((o, i, c) for o, i, c in zip(outer[1], inner[1], col_strides))
+    return RowLayout(outer[0], n_cols, inner[0], per_tensor)
+
+
+def empty_in_order_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized dense tensor shaped like `x` whose dims lie in memory in `x`'s order, so
+    that it groups into rows exactly as `x` does (what empty_like does for dense `x`, extended
+    to sliced ones)."""
+    if x.is_contiguous():
+        return torch.empty(x.shape, dtype=dtype, device=x.device)
+    order = _dim_order(x.shape, x.stride())
+    dense = torch.empty([x.shape[d] for d in order], dtype=dtype, device=x.device)
+    inverse = [order.index(d) for d in range(x.dim())]
+    return dense.permute(inverse)
+
+
+# ------------------------------------------------------------------------------------------------
+# Configs
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """How one launch tiles the rows: the kernels' AXIS, ROWS, BLOCK, ONE_PASS and num_warps."""
+
+    axis: int           # 1: row tiles [rows, block]; 0: column tiles [block, rows]
+    rows: int           # rows per program (power of two)
+    block: int          # columns per tile (power of two): the whole row when one_pass
+    one_pass: bool
+    num_warps: int
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _warps_for(elements: int) -> int:
+    return min(MAX_NUM_WARPS, max(1, elements // (32 * ELEMENTS_PER_THREAD)))
+
+
+def uses_column_tiles(layout: RowLayout) -> bool:
+    """True when the first tensor's reduced dim is strided but its rows are contiguous neighbours."""
+    _, inner_stride, col_stride = layout.strides[0]
+    return layout.inner > 1 and inner_stride == 1 and col_stride != 1
+
+
+def choose_config(layout: RowLayout, max_one_pass_block: Optional[int] = None) -> Config:
+    """The config for `layout`: one pass when the row fits in `max_one_pass_block` elements
+    (default MAX_ONE_PASS_BLOCK), several rows per program for short rows."""
+    limit = MAX_ONE_PASS_BLOCK if max_one_pass_block is None else max_one_pass_block
+    block = _next_power_of_2(layout.n_cols)
+    if uses_column_tiles(layout):
+        # Enough neighbouring rows for 32-byte segments (a DRAM sector) when the whole column fits.
+        row_cap = min(_next_power_of_2(layout.inner), MAX_COLUMN_ROWS)
+        rows = min(row_cap, max(8, COLUMN_TILE_ELEMENTS // block))
+        if rows * block <= limit:
+            return Config(0, rows, block, True, _warps_for(rows * block))
+        rows = min(row_cap, max(1, limit // 8))
+        block = max(1, min(block, COLUMN_TILE_ELEMENTS // rows, limit // rows))
+        return Config(0, rows, block, False, _warps_for(rows * block))
+    if block <= limit:
+        rows = max(1, min(ROW_TILE_ELEMENTS // block, _next_power_of_2(layout.n_rows)))
+        return Config(1, rows, block, True, _warps_for(rows * block))
+    block = limit // 2 if limit >= 2 else 1
+    return Config(1, 1, block, False, _warps_for(block))
+
+
+def shipped_configs() -> list:
+    """Every Config `choose_config` can return with the default limits (for ahead-of-time checks)."""
+    configs = set()
+    for n_cols in [1 << k for k in range(0, 18)]:
+        for inner in (1, 2, 8, 64, 4096):
+            for n_rows in (1, 4096):
+                strides = (n_cols * inner, 1, inner) if inner > 1 else (n_cols, 0, 1)
+                outer = max(1, n_rows // inner)
+                configs.add(choose_config(RowLayout(outer, n_cols, inner, (strides,))))
+    return sorted(configs, key=dataclasses.astuple)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launchers
+# ------------------------------------------------------------------------------------------------
+_INT32_LIMIT = 2**31
+
+
+def _constexprs(layout: RowLayout, config: Config, log: bool, tensors: Sequence[torch.Tensor]) -> dict:
+    # WIDE: column offsets (up to n_cols + block, times the col stride) may pass int32.
+    widest = max(abs(s[2]) for s in layout.strides) * (layout.n_cols + config.block)
+    accumulate = dsl.float64 if any(t.dtype == torch.float64 for t in tensors) else dsl.float32
+    return dict(LOG=log, AXIS=config.axis, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
+                SPLIT=config.axis == 1 and layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ACC=accumulate,
+                num_warps=config.num_warps)
+
+
+def _grid(layout: RowLayout, config: Config) -> tuple:
+    if config.axis == 1:
+        return (dsl.cdiv(layout.n_rows, config.rows),), 1
+    inner_blocks = dsl.cdiv(layout.inner, config.rows)
+    return (layout.outer * inner_blocks,), inner_blocks
+
+
+
+
+
+def softmax_forward(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
+                    max_one_pass_block: Optional[int] = None) -> torch.Tensor:
+    """softmax (log=False) or log_softmax (log=True) of `x` over `dim`, by the DSL kernels.
+
+    x: a float16/bfloat16/float32 tensor on a CUDA device (any float dtype, CPU tensors too, when
+        FUSEDOPS_INTERPRET=1), of rank >= 1, any strides; dim in [0, x.dim()).
+    dtype: the output dtype (default x.dtype); statistics are float32 (float64 for float64).
+    max_one_pass_block: override MAX_ONE_PASS_BLOCK (tests use it to reach the online path).
+    Returns a new tensor shaped like `x`, dense, with its dims in `x`'s memory order.
+    """
+    y = empty_in_order_of(x, dtype or x.dtype)
+    if y.numel() == 0:
+        return y
+    layout = plan_rows(x.shape, dim, (x.stride(), y.stride()))
+    if layout is None:      # other dims do not collapse to two groups: copy (rare; documented above)
+        x = x.contiguous()
+        y = torch.empty(x.shape, dtype=y.dtype, device=x.device)
+        layout = plan_rows(x.shape, dim, (x.stride(), y.stride()))
+    config = choose_config(layout, max_one_pass_block)
+    grid, inner_blocks = _grid(layout, config)
+    x_strides, y_strides = layout.strides
+    _forward_kernel[grid](y, x, layout.n_rows, layout.n_cols, layout.inner, inner_blocks, *x_strides, *y_strides,
+                          **_constexprs(layout, config, log, (x, y)))
+    return y
+
+
+def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, *, log: bool,
+                     dtype: Optional[torch.dtype] = None, max_one_pass_block: Optional[int] = None) -> torch.Tensor:
+    """The gradient of softmax (log=False) or log_softmax (log=True) with respect to its input.
+
+    dy: the gradient of the output, y: the output (same shape, any strides, e.g. an expanded
+    dy); dim in [0, y.dim()); dtype: dx's dtype (default y.dtype, e.g. the input's dtype when the
+    forward cast it up). Returns dx, dense, with its dims in y's memory order.
+    """
+    dx = empty_in_order_of(y, dtype or y.dtype)
+    if dx.numel() == 0:
+        return dx
+    layout = plan_rows(y.shape, dim, (y.stride(), dy.stride(), dx.stride()))
+    if layout is None:
+        dy, y = dy.contiguous(), y.contiguous()
+        dx = torch.empty(y.shape, dtype=dx.dtype, device=y.device)
+        layout = plan_rows(y.shape, dim, (y.stride(), dy.stride(), dx.stride()))
+    config = choose_config(layout, max_one_pass_block)
+    grid, inner_blocks = _grid(layout, config)
+    y_strides, dy_strides, dx_strides = layout.strides
+    _backward_kernel[grid](dx, dy, y, layout.n_rows, layout.n_cols, layout.inner, inner_blocks,
+                           *dx_strides, *dy_strides, *y_strides, **_constexprs(layout, config, log, (dy, y, dx)))
+    return dx
