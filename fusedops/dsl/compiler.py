@@ -120,7 +120,7 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
         asm = _Asm({"ir": entry["ir"], "llir": entry["llir"], "ptx": entry["ptx"]}, options.arch)
         return CompiledKernel(entry["name"], asm, int(entry["shared_bytes"]), options, parameter_types,
                               parameter_names)
-    report = run_pipeline(function, default_pipeline(options.num_warps), dump=knobs.current().dump_ir)
+    report = run_pipeline(function, default_pipeline(options.num_warps, options.arch, options.num_stages), dump=knobs.current().dump_ir)
     axis_info = report.analyses["analyze_pointers"]
     lowered = lower_to_llvm(function, arch=options.arch, num_warps=options.num_warps, axis_info=axis_info)
     compiled = compile_to_ptx(lowered.llvm_ir, Target(options.arch))

@@ -44,47 +44,56 @@ import fusedops.dsl as dsl
 
 # Longest row read in one pass (elements). Longer rows take the online two-sweep path.
 MAX_ONE_PASS_BLOCK = 16384
-# Short rows are packed into tiles of about this many elements (several rows per program).
+# Chunk of a row per step of the online path.
+ONLINE_BLOCK = 8192
+# Rows shorter than MIN_ROW_BLOCK are packed several per program, ROW_TILE_ELEMENTS elements in all.
+MIN_ROW_BLOCK = 1024
 ROW_TILE_ELEMENTS = 2048
 # Elements each thread holds in a one-pass tile: enough 16-byte loads in flight per thread to
 # saturate HBM, few enough registers to keep two or more programs per SM.
 ELEMENTS_PER_THREAD = 16
+MIN_NUM_WARPS = 4
 MAX_NUM_WARPS = 16
-# Column tiles: rows (contiguous inner elements) per tile, and the tile's element budget.
-MAX_COLUMN_ROWS = 64
+# Column tiles: neighbouring rows per tile (8: 16 bytes of fp16, 64 when there are that many), and
+# the tile's size in the online path.
+COLUMN_ROWS = (8, 64)
 COLUMN_TILE_ELEMENTS = 4096
 
 
 # ------------------------------------------------------------------------------------------------
 # Kernels
 # ------------------------------------------------------------------------------------------------
+# TILE (a constexpr string) says how a program's tile covers rows:
+#   "row":     one row, a 1-D block [BLOCK] (ROWS == 1): long rows, and every online launch;
+#   "rows":    ROWS rows, [ROWS, BLOCK], reduced along axis 1: short rows with col stride 1;
+#   "columns": ROWS neighbouring rows of one outer index, [BLOCK, ROWS], reduced along axis 0.
+# "row" is not the ROWS == 1 case of "rows" because a 1-D tile needs no layout conversion of its
+# offsets (see the module docstring).
+
+
 @dsl.jit
-def _program_rows(n_rows, n_inner, inner_blocks, ROWS: dsl.constexpr, AXIS: dsl.constexpr, SPLIT: dsl.constexpr):
-    # -> (outer index, inner index, row mask) of this program's ROWS rows; int64.
-    # AXIS 1: rows pid*ROWS ... of the flattened (outer, inner) row space (SPLIT: inner > 1).
-    # AXIS 0: ROWS consecutive inner indices of one outer index, so that they are contiguous.
+def _program_rows(n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.constexpr, SPLIT: dsl.constexpr):
+    # -> (outer index, inner index, row mask) of this program's rows, int64: scalars for "row",
+    # (ROWS,) blocks otherwise. SPLIT: rows have an inner index (inner > 1; always for "columns").
     pid = dsl.program_id(0).to(dsl.int64)
-    if AXIS == 1:
-        rows = pid * ROWS + dsl.arange(0, ROWS)
-        mask = rows < n_rows
-        if SPLIT:
-            outer = rows // n_inner
-            inner = rows - outer * n_inner
-        else:
-            outer = rows
-            inner = rows * 0
-    else:
+    if TILE == "columns":
         outer = pid // inner_blocks
         inner = (pid - outer * inner_blocks) * ROWS + dsl.arange(0, ROWS)
-        mask = inner < n_inner
-    return outer, inner, mask
+        return outer, inner, inner < n_inner
+    if TILE == "row":
+        rows = pid
+    else:
+        rows = pid * ROWS + dsl.arange(0, ROWS)
+    if SPLIT:
+        outer = rows // n_inner
+        return outer, rows - outer * n_inner, rows < n_rows
+    return rows, rows * 0, rows < n_rows
 
 
 @dsl.jit
 def _tile(outer, inner, row_mask, cols, n_cols, outer_stride, inner_stride, col_stride,
-          AXIS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr):
-    # -> (offsets, mask) of the tile of rows (outer, inner) x columns `cols` of one tensor:
-    # [ROWS, BLOCK] for AXIS 1, [BLOCK, ROWS] for AXIS 0.
+          TILE: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr):
+    # -> (offsets, mask) of one tensor's tile: rows (outer, inner) x columns `cols`.
     if SPLIT:
         base = outer * outer_stride + inner * inner_stride
     else:
@@ -93,15 +102,34 @@ def _tile(outer, inner, row_mask, cols, n_cols, outer_stride, inner_stride, col_
         col_offsets = cols.to(dsl.int64) * col_stride
     else:
         col_offsets = cols * col_stride
-    if AXIS == 1:
+    if TILE == "row":
+        return base + col_offsets, cols < n_cols
+    if TILE == "rows":
         return base[:, None] + col_offsets[None, :], row_mask[:, None] & (cols[None, :] < n_cols)
     return col_offsets[:, None] + base[None, :], (cols[:, None] < n_cols) & row_mask[None, :]
 
 
 @dsl.jit
-def _stat(value, ROWS: dsl.constexpr, AXIS: dsl.constexpr, ACC: dsl.constexpr):
-    # A per-row statistic filled with `value`, shaped like a keep_dims reduction along AXIS.
-    if AXIS == 1:
+def _row_max(x, TILE: dsl.constexpr):
+    # The max of every row of the tile, shaped to broadcast against it.
+    if TILE == "rows":
+        return dsl.max(x, axis=1, keep_dims=True)
+    return dsl.max(x, axis=0, keep_dims=True)
+
+
+@dsl.jit
+def _row_sum(x, TILE: dsl.constexpr):
+    if TILE == "rows":
+        return dsl.sum(x, axis=1, keep_dims=True)
+    return dsl.sum(x, axis=0, keep_dims=True)
+
+
+@dsl.jit
+def _row_stat(value, TILE: dsl.constexpr, ROWS: dsl.constexpr, ACC: dsl.constexpr):
+    # A per-row statistic filled with `value`, shaped like `_row_max`'s result.
+    if TILE == "row":
+        return dsl.full((1,), value, ACC)
+    if TILE == "rows":
         return dsl.full((ROWS, 1), value, ACC)
     return dsl.full((1, ROWS), value, ACC)
 
@@ -109,40 +137,39 @@ def _stat(value, ROWS: dsl.constexpr, AXIS: dsl.constexpr, ACC: dsl.constexpr):
 @dsl.jit
 def _forward_kernel(
     y_ptr, x_ptr,                                   # (outer, n_cols, inner) through the strides below
-    n_rows, n_cols, n_inner, inner_blocks,          # n_rows = outer * inner; inner_blocks: AXIS 0 only
+    n_rows, n_cols, n_inner, inner_blocks,          # n_rows = outer * inner; inner_blocks: "columns" only
     x_outer_stride, x_inner_stride, x_col_stride,   # in elements
     y_outer_stride, y_inner_stride, y_col_stride,
-    LOG: dsl.constexpr, AXIS: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
+    LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr,
 ):
-    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, ROWS, AXIS, SPLIT)
+    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         x_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, x_outer_stride, x_inner_stride,
-                                x_col_stride, AXIS, SPLIT, WIDE)
+                                x_col_stride, TILE, SPLIT, WIDE)
         y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
-                             y_col_stride, AXIS, SPLIT, WIDE)
+                             y_col_stride, TILE, SPLIT, WIDE)
         x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
-        shifted = x - dsl.max(x, axis=AXIS, keep_dims=True)
+        shifted = x - _row_max(x, TILE)
         numerator = dsl.exp(shifted)
-        total = dsl.sum(numerator, axis=AXIS, keep_dims=True)
+        total = _row_sum(numerator, TILE)
         if LOG:
             y = shifted - dsl.log(total)
         else:
             y = numerator * (1.0 / total)
         dsl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element), mask=mask)
     else:
-        running_max = _stat(-float("inf"), ROWS, AXIS, ACC)
-        running_sum = _stat(0.0, ROWS, AXIS, ACC)
+        running_max = _row_stat(-float("inf"), TILE, ROWS, ACC)
+        running_sum = _row_stat(0.0, TILE, ROWS, ACC)
         for start in range(0, n_cols, BLOCK):
             x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
-                                    x_inner_stride, x_col_stride, AXIS, SPLIT, WIDE)
+                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
-            new_max = dsl.maximum(running_max, dsl.max(x, axis=AXIS, keep_dims=True))
+            new_max = dsl.maximum(running_max, _row_max(x, TILE))
             # While a row has seen only -inf, shift by 0 instead of -inf: exp(-inf - (-inf)) is NaN.
             shift = dsl.where(new_max == -float("inf"), 0.0, new_max)
-            running_sum = (running_sum * dsl.exp(running_max - shift)
-                           + dsl.sum(dsl.exp(x - shift), axis=AXIS, keep_dims=True))
+            running_sum = running_sum * dsl.exp(running_max - shift) + _row_sum(dsl.exp(x - shift), TILE)
             running_max = new_max
         if LOG:
             log_total = running_max + dsl.log(running_sum)
@@ -150,9 +177,9 @@ def _forward_kernel(
             inverse = 1.0 / running_sum
         for start in range(0, n_cols, BLOCK):
             x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
-                                    x_inner_stride, x_col_stride, AXIS, SPLIT, WIDE)
+                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE)
             y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                 y_inner_stride, y_col_stride, AXIS, SPLIT, WIDE)
+                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
             if LOG:
                 y = x - log_total
@@ -168,45 +195,45 @@ def _backward_kernel(
     dx_outer_stride, dx_inner_stride, dx_col_stride,
     dy_outer_stride, dy_inner_stride, dy_col_stride,
     y_outer_stride, y_inner_stride, y_col_stride,
-    LOG: dsl.constexpr, AXIS: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
+    LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr,
 ):
-    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, ROWS, AXIS, SPLIT)
+    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         dy_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, dy_outer_stride, dy_inner_stride,
-                                 dy_col_stride, AXIS, SPLIT, WIDE)
+                                 dy_col_stride, TILE, SPLIT, WIDE)
         y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
-                             y_col_stride, AXIS, SPLIT, WIDE)
+                             y_col_stride, TILE, SPLIT, WIDE)
         dx_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, dx_outer_stride, dx_inner_stride,
-                              dx_col_stride, AXIS, SPLIT, WIDE)
+                              dx_col_stride, TILE, SPLIT, WIDE)
         dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
         y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
         if LOG:
-            dx = dy - dsl.exp(y) * dsl.sum(dy, axis=AXIS, keep_dims=True)
+            dx = dy - dsl.exp(y) * _row_sum(dy, TILE)
         else:
-            dx = y * (dy - dsl.sum(dy * y, axis=AXIS, keep_dims=True))
+            dx = y * (dy - _row_sum(dy * y, TILE))
         dsl.store(dx_ptr + dx_offsets, dx.to(dx_ptr.dtype.element), mask=mask)
     else:
-        total = _stat(0.0, ROWS, AXIS, ACC)
+        total = _row_stat(0.0, TILE, ROWS, ACC)
         for start in range(0, n_cols, BLOCK):
             dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
-                                     dy_inner_stride, dy_col_stride, AXIS, SPLIT, WIDE)
+                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE)
             dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
             if LOG:
-                total += dsl.sum(dy, axis=AXIS, keep_dims=True)
+                total += _row_sum(dy, TILE)
             else:
                 y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                     y_inner_stride, y_col_stride, AXIS, SPLIT, WIDE)
+                                     y_inner_stride, y_col_stride, TILE, SPLIT, WIDE)
                 y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
-                total += dsl.sum(dy * y, axis=AXIS, keep_dims=True)
+                total += _row_sum(dy * y, TILE)
         for start in range(0, n_cols, BLOCK):
             dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
-                                     dy_inner_stride, dy_col_stride, AXIS, SPLIT, WIDE)
+                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE)
             y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                 y_inner_stride, y_col_stride, AXIS, SPLIT, WIDE)
+                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE)
             dx_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, dx_outer_stride,
-                                  dx_inner_stride, dx_col_stride, AXIS, SPLIT, WIDE)
+                                  dx_inner_stride, dx_col_stride, TILE, SPLIT, WIDE)
             dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
             y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
             if LOG:
@@ -291,10 +318,10 @@ def empty_in_order_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """How one launch tiles the rows: the kernels' AXIS, ROWS, BLOCK, ONE_PASS and num_warps."""
+    """How one launch tiles the rows: the kernels' TILE, ROWS, BLOCK, ONE_PASS and num_warps."""
 
-    axis: int           # 1: row tiles [rows, block]; 0: column tiles [block, rows]
-    rows: int           # rows per program (power of two)
+    tile: str           # "row" [block], "rows" [rows, block] or "columns" [block, rows]
+    rows: int           # rows per program (power of two; 1 for "row")
     block: int          # columns per tile (power of two): the whole row when one_pass
     one_pass: bool
     num_warps: int
@@ -305,7 +332,7 @@ def _next_power_of_2(n: int) -> int:
 
 
 def _warps_for(elements: int) -> int:
-    return min(MAX_NUM_WARPS, max(1, elements // (32 * ELEMENTS_PER_THREAD)))
+    return min(MAX_NUM_WARPS, max(MIN_NUM_WARPS, elements // (32 * ELEMENTS_PER_THREAD)))
 
 
 def uses_column_tiles(layout: RowLayout) -> bool:
@@ -316,34 +343,35 @@ def uses_column_tiles(layout: RowLayout) -> bool:
 
 def choose_config(layout: RowLayout, max_one_pass_block: Optional[int] = None) -> Config:
     """The config for `layout`: one pass when the row fits in `max_one_pass_block` elements
-    (default MAX_ONE_PASS_BLOCK), several rows per program for short rows."""
+    (default MAX_ONE_PASS_BLOCK; a power of two), several rows per program for short rows."""
     limit = MAX_ONE_PASS_BLOCK if max_one_pass_block is None else max_one_pass_block
     block = _next_power_of_2(layout.n_cols)
     if uses_column_tiles(layout):
-        # Enough neighbouring rows for 32-byte segments (a DRAM sector) when the whole column fits.
-        row_cap = min(_next_power_of_2(layout.inner), MAX_COLUMN_ROWS)
-        rows = min(row_cap, max(8, COLUMN_TILE_ELEMENTS // block))
+        rows = COLUMN_ROWS[-1] if layout.inner >= COLUMN_ROWS[-1] else COLUMN_ROWS[0]
+        if rows * block > limit and COLUMN_ROWS[0] * block <= limit:
+            rows = COLUMN_ROWS[0]
         if rows * block <= limit:
-            return Config(0, rows, block, True, _warps_for(rows * block))
-        rows = min(row_cap, max(1, limit // 8))
-        block = max(1, min(block, COLUMN_TILE_ELEMENTS // rows, limit // rows))
-        return Config(0, rows, block, False, _warps_for(rows * block))
-    if block <= limit:
-        rows = max(1, min(ROW_TILE_ELEMENTS // block, _next_power_of_2(layout.n_rows)))
-        return Config(1, rows, block, True, _warps_for(rows * block))
-    block = limit // 2 if limit >= 2 else 1
-    return Config(1, 1, block, False, _warps_for(block))
+            return Config("columns", rows, block, True, _warps_for(rows * block))
+        block = max(1, min(COLUMN_TILE_ELEMENTS, limit) // rows)
+        return Config("columns", rows, block, False, _warps_for(rows * block))
+    if block > limit:
+        block = max(1, min(ONLINE_BLOCK, limit))
+        return Config("row", 1, block, False, _warps_for(block))
+    if block < MIN_ROW_BLOCK:
+        return Config("rows", ROW_TILE_ELEMENTS // block, block, True, _warps_for(ROW_TILE_ELEMENTS))
+    return Config("row", 1, block, True, _warps_for(block))
 
 
 def shipped_configs() -> list:
-    """Every Config `choose_config` can return with the default limits (for ahead-of-time checks)."""
+    """Every Config `choose_config` returns with the default limits, over all row lengths up to
+    2^20, row tiles and column tiles (the set the ahead-of-time PTX check compiles)."""
     configs = set()
-    for n_cols in [1 << k for k in range(0, 18)]:
-        for inner in (1, 2, 8, 64, 4096):
-            for n_rows in (1, 4096):
-                strides = (n_cols * inner, 1, inner) if inner > 1 else (n_cols, 0, 1)
-                outer = max(1, n_rows // inner)
-                configs.add(choose_config(RowLayout(outer, n_cols, inner, (strides,))))
+    for n_cols in [1 << k for k in range(21)]:
+        for inner in (1, 2, 4, 8, 16, 32, 64, 128):
+            shape, dim = (4, n_cols, inner), 1
+            strides = (n_cols * inner, inner, 1)
+            layout = plan_rows(shape, dim, (strides,))
+            configs.add(choose_config(layout))
     return sorted(configs, key=dataclasses.astuple)
 
 
@@ -357,13 +385,13 @@ def _constexprs(layout: RowLayout, config: Config, log: bool, tensors: Sequence[
     # WIDE: column offsets (up to n_cols + block, times the col stride) may pass int32.
     widest = max(abs(s[2]) for s in layout.strides) * (layout.n_cols + config.block)
     accumulate = dsl.float64 if any(t.dtype == torch.float64 for t in tensors) else dsl.float32
-    return dict(LOG=log, AXIS=config.axis, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
-                SPLIT=config.axis == 1 and layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ACC=accumulate,
+    return dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
+                SPLIT=layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ACC=accumulate,
                 num_warps=config.num_warps)
 
 
 def _grid(layout: RowLayout, config: Config) -> tuple:
-    if config.axis == 1:
+    if config.tile != "columns":
         return (dsl.cdiv(layout.n_rows, config.rows),), 1
     inner_blocks = dsl.cdiv(layout.inner, config.rows)
     return (layout.outer * inner_blocks,), inner_blocks

@@ -27,7 +27,9 @@ class LoweringContext:
     num_warps: int
     axis_info: Any                 # passes.pointer_analysis result (contiguity, divisibility, constancy)
     shared_memory: Optional[ir.Value] = None   # `ptr addrspace(3)` to the dynamic shared buffer
-    shared_bytes: int = 0          # dynamic shared memory the kernel needs (the largest scratch use)
+    shared_bytes: int = 0          # dynamic shared memory the kernel needs (buffers + the largest scratch use)
+    scratch_offset: int = 0        # bytes of live shared buffers (pipelining) that scratch uses start after
+    live_buffers: dict = dataclasses.field(default_factory=dict)     # id(local_alloc result) -> end byte
     values: dict = dataclasses.field(default_factory=dict)           # id(Value) -> LLVM value(s)
     _coordinate_cache: dict = dataclasses.field(default_factory=dict)
     thread_id: Optional[ir.Value] = None

@@ -4,7 +4,7 @@ int8) multiply-adds in k order.
 The layout pass gives A and B the layouts of `passes.layout_assignment.fma_operand_layout`: A's
 register k + (r << log2 K) holds A[m(r), k] for accumulator register r, and B's the matching B[k,
 n(r)], so each accumulator register is a chain of K fused multiply-adds on the thread's own registers.
-Tensor cores (mma.sync / wgmma) replace this path for float16/bfloat16 in the matmul issue.
+A dot that the layout pass put on tensor cores (attr engine = "mma") lowers in `mma.py`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,15 @@ from llvmlite import ir
 from ..ir import OpCode
 from ..target import llvm_types as T
 from .elementwise import convert
+from .mma import lower_mma_dot
 from .registry import lowering
 
 
 @lowering(OpCode.DOT)
 def _dot(ctx, op):
+    if op.attrs.get("engine") == "mma":
+        lower_mma_dot(ctx, op)
+        return
     a, b, acc = op.operands
     k = a.type.shape[1]
     k_bits = k.bit_length() - 1

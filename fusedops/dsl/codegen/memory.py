@@ -37,11 +37,22 @@ def _contiguous_registers(layout) -> int:
     return count
 
 
-def _vector_width(ctx, op, pointer, mask, element_bytes: int) -> int:
+def _widths(ctx, pointer, mask, element_bytes: int) -> tuple:
+    """(vector width the pointer allows, width over which the mask is also constant)."""
     if not isinstance(pointer.type, BlockType):
-        return 1
-    width = vector_width(ctx.axis_info, pointer, mask, element_bytes)
-    return max(1, min(width, _contiguous_registers(pointer.layout)))
+        return 1, 1
+    registers = _contiguous_registers(pointer.layout)
+    width = max(1, min(vector_width(ctx.axis_info, pointer, None, element_bytes), registers))
+    if mask is None:
+        return width, width
+    return width, max(1, min(vector_width(ctx.axis_info, pointer, mask, element_bytes), width))
+
+
+def _all(b, predicates):
+    result = predicates[0]
+    for predicate in predicates[1:]:
+        result = b.and_(result, predicate)
+    return result
 
 
 def _pack(b, scalars, vector_type):
@@ -61,6 +72,10 @@ def _from_memory(b, value, element):
 
 @lowering(OpCode.LOAD)
 def _load(ctx, op):
+    """Groups of `width` registers load as one vector. Where the mask is constant only over
+    `mask_width` < `width` elements (e.g. `offsets < n` with n not a multiple of 16), the vector
+    load runs when the whole group is in bounds and per-sub-group loads cover a partial group; both
+    are predicated, so interior groups still move 16 bytes per instruction."""
     b = ctx.builder
     pointer = op.operands[0]
     mask = op.operands[1] if op.attrs.get("masked") else None
@@ -68,65 +83,94 @@ def _load(ctx, op):
     element = pointer.type.scalar.element
     memory_type = T.llvm_memory_type(element)
     size = element.itemsize
-    pointers = ctx.get(pointer)
     if not isinstance(pointer.type, BlockType):
-        ctx.set(op.result, _load_group(ctx, [pointers], ctx.get(mask) if mask else None,
-                                       [ctx.get(other)] if other else None, element, memory_type, size, 1)[0])
+        loaded = _load_vector(ctx, ctx.get(pointer), ctx.get(mask) if mask else None,
+                              [ctx.get(other)] if other else None, element, memory_type, 1)
+        ctx.set(op.result, loaded[0])
         return
+    pointers = ctx.get(pointer)
     masks = ctx.get(mask) if mask is not None else None
-    others = ctx.get(other) if other is not None else None
-    width = _vector_width(ctx, op, pointer, mask, size)
+    others = ctx.get(other) if other is not None else [None] * len(pointers)
+    width, mask_width = _widths(ctx, pointer, mask, size)
     out = []
     for start in range(0, len(pointers), width):
-        group_others = others[start:start + width] if others is not None else None
-        out.extend(_load_group(ctx, [pointers[start]], masks[start] if masks else None, group_others,
-                               element, memory_type, size, width))
+        group_others = others[start:start + width]
+        if masks is None or mask_width == width:
+            out.extend(_load_vector(ctx, pointers[start], masks[start] if masks else None,
+                                    group_others, element, memory_type, width))
+            continue
+        sub_masks = [masks[j] for j in range(start, start + width, mask_width)]
+        whole = _all(b, sub_masks)
+        partial = []
+        for j, sub_mask in zip(range(start, start + width, mask_width), sub_masks):
+            predicate = b.and_(sub_mask, b.not_(whole))
+            partial.extend(_load_vector(ctx, pointers[j], predicate, others[j:j + mask_width], element,
+                                        memory_type, mask_width))
+        out.extend(_load_vector(ctx, pointers[start], whole, partial, element, memory_type, width))
     ctx.set(op.result, out)
 
 
-def _load_group(ctx, first_pointer, mask, others, element, memory_type, size, width):
+def _load_vector(ctx, pointer, mask, others, element, memory_type, width):
+    """`width` consecutive elements from `pointer` (aligned to their total size); where `mask` is
+    false, `others` (None entries: zero)."""
     b = ctx.builder
-    pointer = first_pointer[0]
-    align = size * width
+    nbytes = element.itemsize * width
     vector_type = ir.VectorType(memory_type, width)
     if mask is None:
-        loaded = b.load(pointer, typ=vector_type, align=align)
+        loaded = b.load(pointer, typ=vector_type, align=nbytes)
     else:
-        if others is not None:
+        if others is not None and all(o is not None for o in others):
             passthru = _pack(b, [_to_memory(b, o, element) for o in others], vector_type)
         else:
             passthru = ir.Constant(vector_type, None)
-        loaded = predicated_load(b, pointer, mask, passthru, vector_type, align)
+        loaded = predicated_load(b, pointer, mask, passthru, vector_type, nbytes)
     return [_from_memory(b, b.extract_element(loaded, ir.Constant(T.i32, i)), element) for i in range(width)]
 
 
 @lowering(OpCode.STORE)
 def _store(ctx, op):
+    """The mirror of `_load`: vector stores where the group is whole, sub-group stores otherwise;
+    only owners of replicated elements store."""
     b = ctx.builder
     pointer, value = op.operands[0], op.operands[1]
     mask = op.operands[2] if op.attrs.get("masked") else None
     element = pointer.type.scalar.element
-    memory_type = T.llvm_memory_type(element)
-    size = element.itemsize
     if not isinstance(pointer.type, BlockType):
-        groups = [([ctx.get(pointer)], [ctx.get(value)], ctx.get(mask) if mask else None, 1)]
-        owner = None
-    else:
-        width = _vector_width(ctx, op, pointer, mask, size)
-        pointers, values = ctx.get(pointer), ctx.get(value)
-        masks = ctx.get(mask) if mask is not None else None
-        owned = owned_registers(pointer.layout)
-        groups = [([pointers[s]], values[s:s + width], masks[s] if masks else None, width)
-                  for s in range(0, len(pointers), width) if s in owned]
-        owner = owner_predicate(ctx, pointer.layout)
-    for first_pointer, group_values, group_mask, width in groups:
-        predicate = group_mask
-        if owner is not None:
-            predicate = owner if predicate is None else b.and_(predicate, owner)
-        vector_type = ir.VectorType(memory_type, width)
-        packed = _pack(b, [_to_memory(b, v, element) for v in group_values], vector_type)
-        align = size * width
-        if predicate is None:
-            b.store(packed, first_pointer[0], align=align)
+        _store_vector(ctx, ctx.get(pointer), [ctx.get(value)], ctx.get(mask) if mask else None, element)
+        return
+    width, mask_width = _widths(ctx, pointer, mask, element.itemsize)
+    pointers, values = ctx.get(pointer), ctx.get(value)
+    masks = ctx.get(mask) if mask is not None else None
+    owned = owned_registers(pointer.layout)
+    owner = owner_predicate(ctx, pointer.layout)
+    for start in range(0, len(pointers), width):
+        if start not in owned:
             continue
-        predicated_store(b, first_pointer[0], predicate, packed, align)
+        if masks is None or mask_width == width:
+            predicate = _and_optional(b, masks[start] if masks else None, owner)
+            _store_vector(ctx, pointers[start], values[start:start + width], predicate, element)
+            continue
+        sub_masks = [masks[j] for j in range(start, start + width, mask_width)]
+        whole = _all(b, sub_masks)
+        _store_vector(ctx, pointers[start], values[start:start + width], _and_optional(b, whole, owner), element)
+        for j, sub_mask in zip(range(start, start + width, mask_width), sub_masks):
+            predicate = _and_optional(b, b.and_(sub_mask, b.not_(whole)), owner)
+            _store_vector(ctx, pointers[j], values[j:j + mask_width], predicate, element)
+
+
+def _and_optional(b, a, c):
+    if a is None:
+        return c
+    return a if c is None else b.and_(a, c)
+
+
+def _store_vector(ctx, pointer, values, predicate, element):
+    b = ctx.builder
+    width = len(values)
+    nbytes = element.itemsize * width
+    vector_type = ir.VectorType(T.llvm_memory_type(element), width)
+    packed = _pack(b, [_to_memory(b, v, element) for v in values], vector_type)
+    if predicate is None:
+        b.store(packed, pointer, align=nbytes)
+    else:
+        predicated_store(b, pointer, predicate, packed, nbytes)

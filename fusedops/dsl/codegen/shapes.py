@@ -3,7 +3,7 @@ expand_dims, reshape, trans and convert_layout.
 
 Shape ops whose result layout is a relabeling of the operand's (the layout pass arranges that) are
 register permutations; `convert_layout` between layouts that put elements in other threads goes
-through shared memory (see `shared.py`).
+through shared memory (see `shared.py`; to an mma dot operand: an ldmatrix tile, see `mma.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..errors import CompilationError
 from ..ir import OpCode
 from ..language.dtypes import BlockType
 from ..target import llvm_types as T
-from . import layout_access
+from . import layout_access, mma
 from .registry import lowering
 from .shared import exchange_through_shared
 
@@ -125,5 +125,8 @@ def _convert_layout(ctx, op):
     registers = ctx.get(op.operands[0])
     if mapping is not None:
         ctx.set(op.result, [registers[i] for i in mapping])
+        return
+    if mma.can_stage_operand(op):
+        mma.convert_to_dot_operand(ctx, op)
         return
     ctx.set(op.result, exchange_through_shared(ctx, registers, source, target, op.result.type.element))

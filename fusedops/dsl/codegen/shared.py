@@ -1,9 +1,10 @@
 """Shared-memory scratch: the dynamic buffer, CTA barriers, and moving a block between layouts.
 
-Every op that needs scratch space uses the one dynamic shared buffer from offset 0 with the
-protocol: barrier, write, barrier, read. The leading barrier keeps a write from overtaking the reads
-of the previous use, so scratch uses never overlap in time and the buffer's size is the largest
-single use (`ctx.shared_bytes`).
+Every op that needs scratch space uses the one dynamic shared buffer from `ctx.scratch_offset`
+(0, or the end of the shared buffers a pipelined loop keeps alive around it) with the protocol:
+barrier, write, barrier, read. The leading barrier keeps a write from overtaking the reads of the
+previous use, so scratch uses never overlap in time and the buffer's size is the live buffers plus
+the largest single use (`ctx.shared_bytes`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,20 @@ def shared_base(ctx):
 
 
 def reserve(ctx, nbytes: int) -> None:
-    ctx.shared_bytes = max(ctx.shared_bytes, (nbytes + 15) // 16 * 16)
+    """Make the scratch region (from ctx.scratch_offset) at least `nbytes` long."""
+    ctx.shared_bytes = max(ctx.shared_bytes, ctx.scratch_offset + (nbytes + 15) // 16 * 16)
+
+
+def scratch_base(ctx):
+    """The `ptr addrspace(3)` where scratch space starts (after the live pipelining buffers)."""
+    if not ctx.scratch_offset:
+        return shared_base(ctx)
+    return ctx.builder.gep(shared_base(ctx), [ir.Constant(T.i32, ctx.scratch_offset)], source_etype=T.i8)
 
 
 def element_pointer(ctx, memory_type, index):
-    """Pointer to element `index` (LLVM i32) of `memory_type` in the shared buffer."""
-    return ctx.builder.gep(shared_base(ctx), [index], source_etype=memory_type)
+    """Pointer to element `index` (LLVM i32) of `memory_type` in the scratch region."""
+    return ctx.builder.gep(scratch_base(ctx), [index], source_etype=memory_type)
 
 
 def linear_index(ctx, coords, shape):

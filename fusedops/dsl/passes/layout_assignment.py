@@ -6,14 +6,23 @@ Rules, applied op by op in program order:
   blocked layout of its shape (coalesced, 16-byte vectors of the narrowest element type the kernel
   moves at that shape), and its mask, value and `other` follow the pointer's layout.
 - Constants, splats and aranges are *flexible*: they take the layout their first user needs and are
-  recomputed (cloned) for a user that needs another one, which is cheaper than moving data.
+  recomputed (cloned) for a user that needs another one, which is cheaper than moving data. So are
+  cheap elementwise ops (integer and pointer arithmetic, comparisons, casts), expand_dims and
+  broadcasts whose block operands are all flexible: index computations such as
+  `ptr + rows[:, None] * stride + cols[None, :]` are then computed directly in the layout of the
+  load or store that uses them, instead of being moved between layouts through shared memory.
 - Elementwise ops keep the layout their operands share, else use the default layout.
 - Reductions produce `slice_layout` of the operand's layout; expand_dims, reshape and trans relabel
   the operand's layout (free); broadcast results use the default layout and ask for the operand in
   that layout with the broadcast dims projected away.
-- `dot` (FMA path) keeps the accumulator in the default layout and asks for A and B in layouts that
-  give each thread the rows/columns of its accumulator elements, with K in registers.
-- Loop-carried values keep their initial value's layout; yields are converted to it.
+- `dot` on tensor cores (`dot_layouts.uses_tensor_cores`: fp16/bf16 on sm_80+) puts the accumulator
+  in the mma accumulator layout and asks for A and B in the mma operand layouts; the conversions it
+  inserts carry `dot_operand` = 0 / 1 (codegen stages them through swizzled shared memory and reads
+  them with ldmatrix). The FMA path keeps the accumulator in the default layout and asks for A and
+  B in layouts that give each thread the rows/columns of its accumulator elements, K in registers.
+- Loop-carried values keep their initial value's layout, except that a carried value used as a
+  tensor-core `dot` accumulator in the loop is carried in the mma accumulator layout (so the loop
+  does not convert it every trip); yields are converted to the carried layout.
 The pass sets `Value.layout`; scalars keep `None`. Source of the approach: Triton's layout
 propagation and "Linear Layouts" (Zhou et al., 2025), in our own formulation.
 """
@@ -23,16 +32,19 @@ from __future__ import annotations
 import dataclasses
 
 from ..ir import Block, Function, Operation, OpCode, Value
-from ..ir.ops import ELEMENTWISE
+from ..ir.ops import ELEMENTWISE, UNARY_MATH
 from ..language.dtypes import BlockType, PointerType, shape_of
 from ..layouts.blocked import default_blocked
 import fusedops.dsl.layouts.shape_ops as layout_shapes
 from ..layouts.linear import LinearLayout
 from ..layouts.reduction import reduction_plan
 from ..codegen import layout_access
+from .dot_layouts import mma_dot_layouts, uses_tensor_cores
 
 _FLEXIBLE = frozenset({OpCode.CONSTANT, OpCode.SPLAT, OpCode.ARANGE})
 _MEMORY = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS})
+# Elementwise ops cheap enough to recompute in every layout a user needs (see the module docstring).
+_REMATERIALIZABLE = ELEMENTWISE - UNARY_MATH - frozenset({OpCode.DIV, OpCode.FMA})
 
 
 def _is_block(value: Value) -> bool:
@@ -79,7 +91,9 @@ def fma_operand_layout(acc: LinearLayout, k: int, operand: int) -> LinearLayout:
 class _State:
     num_warps: int
     bits_by_shape: dict
+    arch: object = None                                         # "sm_90a"...; None: FMA dots only
     flexible: dict = dataclasses.field(default_factory=dict)   # id(value) -> {layout: value}
+    preferred: dict = dataclasses.field(default_factory=dict)  # id(loop block arg) -> carried layout
 
     def default(self, shape) -> LinearLayout:
         return default_blocked(tuple(shape), self.num_warps, self.bits_by_shape.get(tuple(shape), 32))
@@ -100,12 +114,33 @@ def _insert_before(anchor: Operation, new: Operation) -> None:
     block.ops.insert(block.ops.index(anchor), new)
 
 
-def _clone_flexible(value: Value, layout, before: Operation) -> Value:
+def _clone_flexible(state: _State, value: Value, layout, before: Operation) -> Value:
     op = value.defining_op
-    clone = Operation(op.opcode, op.operands, [value.type], op.attrs, (), op.loc)
+    clone = Operation(op.opcode, list(op.operands), [value.type], dict(op.attrs), (), op.loc)
     clone.results[0].layout = layout
     _insert_before(before, clone)
+    _materialize_operands(state, clone, layout)
     return clone.results[0]
+
+
+def _operand_layout(op: Operation, index: int, layout):
+    """The layout operand `index` of a flexible op needs for its result to have `layout`."""
+    operand_shape = shape_of(op.operands[index].type)
+    if op.opcode == OpCode.EXPAND_DIMS:
+        axis = op.attrs["axis"]
+        bases = {name: [tuple(c for d, c in enumerate(v) if d != axis) for v in layout.bases_of(name)]
+                 for name in layout.in_dims}
+        return LinearLayout(bases, operand_shape)
+    if op.opcode == OpCode.BROADCAST:
+        return project_broadcast(layout, operand_shape)
+    return layout
+
+
+def _materialize_operands(state: _State, op: Operation, layout) -> None:
+    """Materialize the flexible block operands of flexible `op` (result in `layout`) before it."""
+    for index, operand in enumerate(op.operands):
+        if _is_block(operand):
+            op.operands[index] = _materialize(state, operand, _operand_layout(op, index, layout), op)
 
 
 def _materialize(state: _State, value: Value, layout, before: Operation) -> Value:
@@ -114,14 +149,28 @@ def _materialize(state: _State, value: Value, layout, before: Operation) -> Valu
     if value.layout is None:
         value.layout = layout
         versions[layout] = value
+        _materialize_operands(state, value.defining_op, layout)
         return value
     if layout in versions:
         found = versions[layout]
         if found is value or _dominates(found, before):
             return found
-    clone = _clone_flexible(value, layout, before)
+    clone = _clone_flexible(state, value, layout, before)
     versions[layout] = clone
+    state.flexible[id(clone)] = versions      # a clone is flexible too, with the same versions
     return clone
+
+
+def _is_flexible_composite(state: _State, op: Operation) -> bool:
+    """A cheap op whose block operands are all flexible (so it can be recomputed in any layout)."""
+    if len(op.results) != 1 or not _is_block(op.result):
+        return False
+    if op.opcode not in _REMATERIALIZABLE and op.opcode not in (OpCode.EXPAND_DIMS, OpCode.BROADCAST):
+        return False
+    blocks = [v for v in op.operands if _is_block(v)]
+    if op.opcode == OpCode.EXPAND_DIMS and not blocks:
+        return True
+    return bool(blocks) and all(id(v) in state.flexible for v in blocks)
 
 
 def _dominates(value: Value, before: Operation) -> bool:
@@ -164,7 +213,7 @@ def _anchor(state: _State, op: Operation, index: int):
 def _assign_op(state: _State, op: Operation) -> None:
     code = op.opcode
     results = [r for r in op.results if _is_block(r)]
-    if code in _FLEXIBLE:
+    if code in _FLEXIBLE or _is_flexible_composite(state, op):
         for r in results:
             state.flexible[id(r)] = {}
         return
@@ -230,6 +279,17 @@ def _assign_op(state: _State, op: Operation) -> None:
             _require(state, op, 0, projected)
         op.result.layout = target
         return
+    if code == OpCode.DOT and uses_tensor_cores(op, state.arch):
+        layouts = mma_dot_layouts(op, state.num_warps)
+        for index, layout in ((2, layouts[2]), (0, layouts[0]), (1, layouts[1])):
+            before = op.operands[index]
+            _require(state, op, index, layout)
+            converted = op.operands[index]
+            if index < 2 and converted is not before and converted.defining_op.opcode == OpCode.CONVERT_LAYOUT:
+                converted.defining_op.attrs["dot_operand"] = index
+        op.attrs["engine"] = "mma"
+        op.result.layout = layouts[2]
+        return
     if code == OpCode.DOT:
         acc_layout = state.default(shape_of(op.operands[2].type))
         _require(state, op, 2, acc_layout)
@@ -257,18 +317,35 @@ def _assign_op(state: _State, op: Operation) -> None:
             r.layout = state.default(shape_of(r.type))
 
 
-def _init_layouts(state, op, first_index, count):
+def _init_layouts(state, op, first_index, count, args=()):
     layouts = []
     for i in range(first_index, first_index + count):
-        if _is_block(op.operands[i]):
+        arg = args[i - first_index] if i - first_index < len(args) else None
+        preferred = state.preferred.get(id(arg)) if arg is not None else None
+        if _is_block(op.operands[i]) and preferred is not None:
+            _require(state, op, i, preferred)
+            layouts.append(preferred)
+        elif _is_block(op.operands[i]):
             layouts.append(_anchor(state, op, i))
         else:
             layouts.append(None)
     return layouts
 
 
+def _prefer_mma_accumulators(state: _State, function: Function) -> None:
+    """Record the mma accumulator layout for loop block arguments used as tensor-core dot accumulators."""
+    for op in function.walk():
+        if op.opcode != OpCode.DOT or not uses_tensor_cores(op, state.arch):
+            continue
+        acc = op.operands[2]
+        owner = acc.owner
+        if isinstance(owner, Block) and owner.parent is not None and owner.parent.opcode == OpCode.FOR \
+                and acc.index > 0:
+            state.preferred[id(acc)] = mma_dot_layouts(op, state.num_warps)[2]
+
+
 def _assign_loop(state, op, inits, args, region: Block, first_index: int):
-    layouts = _init_layouts(state, op, first_index, len(inits))
+    layouts = _init_layouts(state, op, first_index, len(inits), args)
     for arg, layout in zip(args, layouts):
         arg.layout = layout
     _assign_block(state, region)
@@ -320,9 +397,13 @@ def _assign_block(state: _State, block: Block) -> None:
         _assign_op(state, op)
 
 
-def assign_layouts(function: Function, num_warps: int) -> bool:
-    """Set `layout` on every block value of `function` and insert conversions. Returns True."""
-    state = _State(num_warps, _memory_bits(function))
+def assign_layouts(function: Function, num_warps: int, arch=None) -> bool:
+    """Set `layout` on every block value of `function` and insert conversions. Returns True.
+
+    arch: the target ("sm_80", "sm_90a", ...); tensor-core dots need sm_80+, None means FMA dots.
+    """
+    state = _State(num_warps, _memory_bits(function), arch)
+    _prefer_mma_accumulators(state, function)
     _assign_block(state, function.body)
     for op in function.walk():
         for r in op.results:

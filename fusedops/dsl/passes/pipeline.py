@@ -14,9 +14,10 @@ from .pointer_analysis import analyze_pointers
 from .simplify import simplify
 
 
-def default_pipeline(num_warps: int) -> list:
-    """The passes every kernel goes through, in order, for a CTA of `num_warps` warps."""
-    layouts = functools.partial(assign_layouts, num_warps=num_warps)
+def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
+    """The passes every kernel goes through, in order, for a CTA of `num_warps` warps on `arch`
+    ("sm_80", "sm_90a", ...; None: no target, so `dot` stays on the FMA path)."""
+    layouts = functools.partial(assign_layouts, num_warps=num_warps, arch=arch)
     layouts.__name__ = "assign_layouts"
     return [
         simplify,            # constant folding, CSE, DCE, to a fixed point

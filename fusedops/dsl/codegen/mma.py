@@ -1,0 +1,217 @@
+"""Tensor-core lowering: `dot` on `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` and its operands
+staged through swizzled shared memory and read with `ldmatrix`.
+
+Layouts come from the layout pass (`passes/dot_layouts.py`): the accumulator is in the mma
+accumulator layout, A and B in the mma operand layouts, all for the same warp grid (wm, wn). So in
+every thread, accumulator register c + 4 * (j + repN * i) is element c of the 16x8 tile (i, j); A
+register e + 8 * (kk + repK * i) is element e of the 16x16 tile (i, kk); B register
+e + 4 * (kk + repK * j) is element e of the 16x8 tile (kk, j) (`layouts/mma.py`), and one mma per
+(kk, i, j) does the work. Operand registers 2p and 2p+1 are one 32-bit fragment register.
+
+A `convert_layout` to a dot operand (attr `dot_operand`) stores the block, in its own (blocked)
+layout, into a tile laid out by `layouts.mma_shared.mma_operand_shared` (16-byte vector stores,
+XOR-swizzled 16-byte chunks) and reads it back with `ldmatrix.x4` (`.trans` when the tile is
+contiguous along M for A or N for B), following `layouts.mma_shared.ldmatrix_plan`. The pipelined
+path (`pipelining.py`) writes the same tiles with cp.async and reads them with the same plans.
+
+Intrinsics (TOOLCHAIN.md section 2): f16 inputs take `<2 x half>` operands; bf16 inputs take i32.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..errors import CompilationError
+from ..language.dtypes import bfloat16, float16
+from ..layouts.mma_shared import ldmatrix_plan, mma_operand_shared
+from ..layouts.shared import shared_offsets
+from ..layouts.swizzle import contiguous_dim
+from ..layouts.vectorize import vector_width
+from ..passes.dot_layouts import mma_dot_layouts, mma_warps
+from ..target import llvm_types as T
+from .ownership import owned_registers
+from .shared import barrier, reserve, scratch_base
+
+_MMA_INTRINSIC = {float16: "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+                  bfloat16: "llvm.nvvm.mma.m16n8k16.row.col.bf16"}
+
+
+# -- offsets: thread part (lane, warp bits; computed once) XOR a constant per access ---------------------
+
+def thread_offset(ctx, lane_bases, warp_bases):
+    """(LLVM i32 computed in the prologue, mask of the bits it can have): the XOR of the bases of
+    this thread's set lane and warp bits."""
+    key = ("shared-offset", tuple(lane_bases), tuple(warp_bases))
+    cached = ctx._coordinate_cache.get(key)
+    if cached is not None:
+        return cached
+    b = ctx.prologue
+    value = ir.Constant(T.i32, 0)
+    mask = 0
+    for source, bases in ((ctx.lane_id, lane_bases), (ctx.warp_id, warp_bases)):
+        for bit, basis in enumerate(bases):
+            if not basis:
+                continue
+            flag = b.and_(b.lshr(source, ir.Constant(T.i32, bit)), ir.Constant(T.i32, 1))
+            value = b.xor(value, b.mul(flag, ir.Constant(T.i32, basis)))
+            mask |= basis
+    result = (value, mask)
+    ctx._coordinate_cache[key] = result
+    return result
+
+
+def combine_offset(ctx, thread, constant: int):
+    """thread ^ constant, as an add where their bits cannot overlap (so it folds into addressing)."""
+    value, mask = thread
+    b = ctx.builder
+    low, high = constant & mask, constant & ~mask
+    if low:
+        value = b.xor(value, ir.Constant(T.i32, low))
+    if high:
+        value = b.add(value, ir.Constant(T.i32, high))
+    return value
+
+
+def byte_pointer(ctx, base, byte_offset):
+    return ctx.builder.gep(base, [byte_offset], source_etype=T.i8)
+
+
+# -- storing a block into a shared tile ------------------------------------------------------------------
+
+def tile_store_groups(layout, shared, element_bits: int) -> tuple:
+    """(width, [(first register, byte offset)], lane byte bases, warp byte bases) of storing a
+    distributed `layout` into the shared tile `shared`, `width` elements per vector."""
+    offsets = shared_offsets(layout, shared)
+    width = vector_width(offsets, 0, element_bits)
+    size = element_bits // 8
+    owned = owned_registers(layout)
+    groups = [(r, offsets.apply(register=r)[0] * size) for r in range(0, layout.num_registers, width) if r in owned]
+    lanes = tuple(offsets.apply(lane=1 << b)[0] * size for b in range(layout.in_dim_bits("lane")))
+    warps = tuple(offsets.apply(warp=1 << b)[0] * size for b in range(layout.in_dim_bits("warp")))
+    return width, groups, lanes, warps
+
+
+def store_tile(ctx, registers, layout, shared, element, base) -> None:
+    """Store a thread's `registers` (block in `layout`) into the tile `shared` at `base`."""
+    bits = element.bits
+    width, groups, lanes, warps = tile_store_groups(layout, shared, bits)
+    thread = thread_offset(ctx, lanes, warps)
+    b = ctx.builder
+    memory_type = T.llvm_memory_type(element)
+    vector_type = ir.VectorType(memory_type, width)
+    for first, constant in groups:
+        value = ir.Constant(vector_type, ir.Undefined)
+        for i in range(width):
+            value = b.insert_element(value, registers[first + i], ir.Constant(T.i32, i))
+        b.store(value, byte_pointer(ctx, base, combine_offset(ctx, thread, constant)), align=width * bits // 8)
+
+
+# -- ldmatrix --------------------------------------------------------------------------------------------
+
+def _ldmatrix(ctx, count: int, trans: bool, pointer):
+    name = f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if trans else ''}.b16"
+    result = T.i32 if count == 1 else ir.LiteralStructType([T.i32] * count)
+    fn = T.declare_intrinsic(ctx.module, name, result, [T.pointer(3)])
+    call = ctx.builder.call(fn, [pointer])
+    return [call] if count == 1 else [ctx.builder.extract_value(call, q) for q in range(count)]
+
+
+def _split_word(ctx, word, element):
+    b = ctx.builder
+    pair = b.bitcast(word, ir.VectorType(T.llvm_type(element), 2))
+    return [b.extract_element(pair, ir.Constant(T.i32, i)) for i in range(2)]
+
+
+class OperandLoader:
+    """Reads an mma operand (layout `operand`) from a shared tile laid out as `shared` with ldmatrix.
+
+    `load(ctx, base)` returns the thread's registers of the operand, from the tile at `base`
+    (a `ptr addrspace(3)`). The per-thread part of the addresses is computed once in the prologue.
+    """
+
+    def __init__(self, operand, shared, element):
+        self.operand = operand
+        self.element = element
+        self.plan = ldmatrix_plan(operand, shared, element.bits)
+
+    def load(self, ctx, base) -> list:
+        plan, size = self.plan, self.element.bits // 8
+        thread = thread_offset(ctx, [o * size for o in plan.lane_offsets], [o * size for o in plan.warp_offsets])
+        registers = [None] * self.operand.num_registers
+        for instruction in plan.instructions:
+            pointer = byte_pointer(ctx, base, combine_offset(ctx, thread, instruction.offset * size))
+            for register, word in zip(instruction.registers, _ldmatrix(ctx, plan.count, plan.trans, pointer)):
+                registers[register], registers[register + 1] = _split_word(ctx, word, self.element)
+        return registers
+
+
+def operand_tile(shape, source_layout, element) -> object:
+    """The shared tile layout for staging a dot operand of `shape` stored from `source_layout`: the
+    tile is contiguous along the dim the source holds as vectors (so the stores are 16-byte)."""
+    return mma_operand_shared(shape, element.bits, contiguous_dim(source_layout, element.bits))
+
+
+def can_stage_operand(op) -> bool:
+    """Whether a dot-operand `convert_layout` can go through an ldmatrix tile (16-bit elements)."""
+    return op.attrs.get("dot_operand") is not None and op.result.type.element in _MMA_INTRINSIC
+
+
+def convert_to_dot_operand(ctx, op) -> None:
+    """Lower `convert_layout {dot_operand}`: scratch tile store, barrier, ldmatrix."""
+    source = op.operands[0]
+    element = op.result.type.element
+    shape = tuple(op.result.type.shape)
+    shared = operand_tile(shape, source.layout, element)
+    loader = OperandLoader(op.result.layout, shared, element)
+    reserve(ctx, op.result.type.numel * element.bits // 8)
+    barrier(ctx)
+    base = scratch_base(ctx)
+    store_tile(ctx, ctx.get(source), source.layout, shared, element, base)
+    barrier(ctx)
+    ctx.set(op.result, loader.load(ctx, base))
+
+
+# -- mma.sync --------------------------------------------------------------------------------------------
+
+def _pack(ctx, low, high, element):
+    b = ctx.builder
+    pair_type = ir.VectorType(T.llvm_type(element), 2)
+    pair = b.insert_element(ir.Constant(pair_type, ir.Undefined), low, ir.Constant(T.i32, 0))
+    pair = b.insert_element(pair, high, ir.Constant(T.i32, 1))
+    return b.bitcast(pair, T.i32) if element == bfloat16 else pair
+
+
+def lower_mma_dot(ctx, op) -> None:
+    """`dot` with A, B and the accumulator in the mma layouts (see the module docstring)."""
+    a, b_operand, acc = op.operands
+    expected = mma_dot_layouts(op, ctx.num_warps)
+    if (a.layout, b_operand.layout, acc.layout) != expected:
+        raise CompilationError("internal error: a tensor-core dot whose operands are not in the mma layouts", op.loc)
+    if not ctx.arch_at_least(80):
+        raise CompilationError(f"internal error: mma.sync needs sm_80+, the target is {ctx.arch}", op.loc)
+    element = a.type.element
+    m, k = a.type.shape
+    n = acc.type.shape[1]
+    wm, wn = mma_warps((m, n), ctx.num_warps)
+    rep_m, rep_n, rep_k = max(1, m // (16 * wm)), max(1, n // (8 * wn)), k // 16
+    a_regs, b_regs, acc_regs = ctx.get(a), ctx.get(b_operand), list(ctx.get(acc))
+    operand_type = T.i32 if element == bfloat16 else ir.VectorType(T.f16, 2)
+    fn = T.declare_intrinsic(ctx.module, _MMA_INTRINSIC[element], ir.LiteralStructType([T.f32] * 4),
+                             [operand_type] * 6 + [T.f32] * 4)
+    packed = {}
+
+    def word(regs, index, key):
+        if key not in packed:
+            packed[key] = _pack(ctx, regs[index], regs[index + 1], element)
+        return packed[key]
+
+    bld = ctx.builder
+    for kk in range(rep_k):
+        for i in range(rep_m):
+            a_words = [word(a_regs, 2 * p + 8 * (kk + rep_k * i), ("a", kk, i, p)) for p in range(4)]
+            for j in range(rep_n):
+                b_words = [word(b_regs, 2 * p + 4 * (kk + rep_k * j), ("b", kk, j, p)) for p in range(2)]
+                base = 4 * (j + rep_n * i)
+                result = bld.call(fn, a_words + b_words + acc_regs[base:base + 4])
+                acc_regs[base:base + 4] = [bld.extract_value(result, c) for c in range(4)]
+    ctx.set(op.result, acc_regs)

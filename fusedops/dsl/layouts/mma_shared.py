@@ -1,0 +1,190 @@
+"""Shared memory for mma.sync operands: the swizzled tile layout and the `ldmatrix` address plan.
+
+A dot operand travels global memory -> shared memory (in the tile's contiguous order) -> registers
+in the mma operand layout (`mma.mma_operand_a` / `mma_operand_b`), read with
+`ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16` (PTX ISA 9.7.14.5.15 "ldmatrix"):
+  - lanes 8q..8q+7 give the row addresses of 8x8 matrix q (16 contiguous, 16-byte aligned bytes each);
+  - without .trans, lane t receives elements (row t/4, columns 2(t%4), 2(t%4)+1) of each matrix, one
+    32-bit register per matrix; with .trans, elements (rows 2(t%4), 2(t%4)+1, column t/4).
+In the mma fragments (PTX ISA 9.7.14.5.8) a thread's 32-bit operand register p holds two elements
+that are adjacent along K (the *pair* dim: register bit 0, lane bits 0-1 = K steps 1, 2, 4), at the
+row/column given by lane bits 2-4 (the *group* dim: M for A, N for B). So when the shared tile is
+contiguous along the pair dim, each matrix row is 8 consecutive K values and no transpose is needed;
+when it is contiguous along the group dim (A stored M-contiguous, or B stored N-contiguous, the
+usual row-major B), `.trans` is used.
+
+The shared tile layout is `swizzled_shared` with 16-byte chunks (vec = 8 16-bit elements): the 8
+rows one matrix reads, and the rows a warp's 16-byte stores touch, land in distinct bank groups
+(the "mma swizzle" of Triton's shared encoding for mma operands, derived here from the bank model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from .linear import LANE, OFFSET, REGISTER, WARP, LinearLayout, log2_exact
+from .shared import swizzled_shared
+
+CHUNK_BYTES = 16          # one ldmatrix row, one cp.async / st.shared.v4
+_WAVEFRONT_BYTES = 128    # 32 banks x 4 bytes
+
+
+def mma_operand_shared(shape: Sequence[int], element_bits: int, contiguous_dim: int) -> LinearLayout:
+    """The swizzled shared layout of a 2-D operand tile stored contiguous along `contiguous_dim`.
+
+    Rows are cut into 16-byte chunks; the chunk index is XORed with the row's phase, where
+    per_phase = max(1, 128 / row_bytes) rows share a phase and max_phase = min(8 / per_phase,
+    chunks per row) phases exist. Any 8 consecutive rows then cover 8 distinct 16-byte bank groups.
+    Raises ValueError for a rank other than 2 or a row narrower than one chunk.
+    """
+    shape = tuple(shape)
+    if len(shape) != 2 or contiguous_dim not in (0, 1):
+        raise ValueError(f"an mma operand tile is 2-D, got shape {shape} and contiguous dim {contiguous_dim}")
+    vec = CHUNK_BYTES * 8 // element_bits
+    cols = shape[contiguous_dim]
+    log2_exact(cols, "tile dim")
+    if cols < vec:
+        raise ValueError(f"the contiguous dim of an mma operand tile needs at least {vec} elements, got {shape}")
+    row_bytes = cols * element_bits // 8
+    per_phase = max(1, _WAVEFRONT_BYTES // row_bytes)
+    max_phase = max(1, min(8 // per_phase, cols // vec))
+    order = (contiguous_dim, 1 - contiguous_dim)
+    return swizzled_shared(shape, vec, per_phase, max_phase, order)
+
+
+def shared_contiguous_dim(shared: LinearLayout) -> int:
+    """The dim that offset bit 0 of a shared layout steps along."""
+    first = shared.bases_of(OFFSET)[0]
+    return next(d for d, c in enumerate(first) if c)
+
+
+@dataclasses.dataclass(frozen=True)
+class LdmatrixInstruction:
+    """One ldmatrix: `offset` is lane 0 / warp 0's row offset (elements); word q of the result holds
+    operand registers registers[q] (low half) and registers[q] + 1 (high half)."""
+
+    offset: int
+    registers: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class LdmatrixPlan:
+    """How a warp loads an mma operand tile from shared memory with ldmatrix.
+
+    The row address (element offset) lane l of warp w gives to instruction i is
+        instructions[i].offset ^ XOR(lane_offsets[b] for set bits b of l) ^ XOR(warp_offsets[b] ...).
+    count: matrices per instruction (4, 2 or 1: `.x4`, `.x2`, `.x1`); trans: use `.trans`.
+    """
+
+    count: int
+    trans: bool
+    lane_offsets: tuple
+    warp_offsets: tuple
+    instructions: tuple
+
+    def lane_offset(self, lane: int) -> int:
+        return _xor_bits(self.lane_offsets, lane)
+
+    def warp_offset(self, warp: int) -> int:
+        return _xor_bits(self.warp_offsets, warp)
+
+
+def _xor_bits(bases, index: int) -> int:
+    out = 0
+    for bit, basis in enumerate(bases):
+        if index >> bit & 1:
+            out ^= basis
+    return out
+
+
+def _dim_of(basis) -> int:
+    nonzero = [d for d, c in enumerate(basis) if c]
+    return nonzero[0] if len(nonzero) == 1 else -1
+
+
+def _check_fragment(operand: LinearLayout) -> tuple:
+    """(pair dim, group dim) of an mma operand layout; ValueError when it is not one."""
+    registers, lanes = operand.bases_of(REGISTER), operand.bases_of(LANE)
+    if len(registers) < 2 or len(lanes) != 5:
+        raise ValueError(f"not an mma operand layout: {operand!r}")
+    pair, group = _dim_of(registers[0]), _dim_of(lanes[2])
+    expected = [(pair, 1), (pair, 2), (pair, 4), (group, 1), (group, 2), (group, 4)]
+    actual = [(_dim_of(v), v[_dim_of(v)] if _dim_of(v) >= 0 else 0)
+              for v in (registers[0], lanes[0], lanes[1], lanes[2], lanes[3], lanes[4])]
+    if pair < 0 or group < 0 or pair == group or actual != expected:
+        raise ValueError(f"not an mma operand layout (pair dim K in register bit 0 and lane bits 0-1, "
+                         f"rows in lane bits 2-4): {operand!r}")
+    return pair, group
+
+
+def ldmatrix_plan(operand: LinearLayout, shared: LinearLayout, element_bits: int = 16) -> LdmatrixPlan:
+    """The ldmatrix plan that loads `operand` (an mma operand layout) from the tile `shared`.
+
+    Works for A and B and either contiguous dim of the tile (see the module docstring). Raises
+    ValueError when the element is not 16 bits, the layout is not an mma operand layout, or the
+    tile does not keep each matrix row in one aligned 16-byte chunk.
+    """
+    if element_bits != 16:
+        raise ValueError(f"ldmatrix moves 16-bit elements, got {element_bits}-bit")
+    if operand.shape != shared.shape:
+        raise ValueError(f"operand {operand.shape} and shared tile {shared.shape} differ")
+    pair, group = _check_fragment(operand)
+    trans = shared_contiguous_dim(shared) != pair
+    inverse = shared.invert()
+    word_bits = len(operand.bases_of(REGISTER)) - 1       # 32-bit words p: register = 2p + half
+    q_bits = min(2, word_bits)
+
+    def offset(register=0, lane=0, warp=0) -> int:
+        coords = operand.apply(register=register, lane=lane, warp=warp)
+        return inverse.apply(**dict(zip(operand.out_dims, coords)))[0]
+
+    def row_start(instruction_lane: int) -> int:
+        r, q = instruction_lane & 7, (instruction_lane >> 3) & ((1 << q_bits) - 1)
+        if trans:    # row r of the stored matrix is K = r: register half bit r & 1, lane bits 0-1 r >> 1
+            return offset(register=(r & 1) | (q << 1), lane=r >> 1)
+        return offset(register=q << 1, lane=r << 2)      # row r is group index r, pair index 0
+
+    lane_offsets = tuple(row_start(1 << b) for b in range(5))
+    warp_offsets = tuple(offset(warp=1 << b) for b in range(operand.in_dim_bits(WARP)))
+    instructions = []
+    for t in range(1 << (word_bits - q_bits)):
+        base = t << q_bits
+        instructions.append(LdmatrixInstruction(
+            offset=offset(register=base << 1),
+            registers=tuple((base | q) << 1 for q in range(1 << q_bits))))
+    plan = LdmatrixPlan(1 << q_bits, trans, lane_offsets, warp_offsets, tuple(instructions))
+    _check_rows(plan, operand, shared)
+    return plan
+
+
+def _check_rows(plan: LdmatrixPlan, operand: LinearLayout, shared: LinearLayout) -> None:
+    """Every row address is 16-byte aligned and its 8 elements are the ones the fragment expects."""
+    vec = 8
+    lanes_used = 8 * plan.count
+    for instruction in plan.instructions:
+        for lane in range(lanes_used):
+            start = instruction.offset ^ plan.lane_offset(lane)
+            if start % vec:
+                raise ValueError(f"ldmatrix row at element offset {start} is not 16-byte aligned")
+    simulated = simulate_ldmatrix(plan, shared, warp=0)
+    for (register, lane), coords in simulated.items():
+        if operand.apply(register=register, lane=lane, warp=0) != coords:
+            raise ValueError("ldmatrix plan does not reproduce the operand layout (internal error)")
+
+
+def simulate_ldmatrix(plan: LdmatrixPlan, shared: LinearLayout, warp: int = 0) -> dict:
+    """{(operand register, lane): coords} that warp `warp` receives by executing `plan` on a tile
+    whose element at offset o is `shared.apply(offset=o)` (PTX ldmatrix semantics; for tests)."""
+    out = {}
+    for instruction in plan.instructions:
+        for q, register in enumerate(instruction.registers):
+            rows = [instruction.offset ^ plan.lane_offset(8 * q + r) ^ plan.warp_offset(warp) for r in range(8)]
+            for lane in range(32):
+                for half in range(2):
+                    if plan.trans:
+                        row, col = 2 * (lane % 4) + half, lane // 4
+                    else:
+                        row, col = lane // 4, 2 * (lane % 4) + half
+                    out[(register + half, lane)] = shared.apply(offset=rows[row] + col)
+    return out
