@@ -13,7 +13,10 @@ __version__ = "0.1.0"
 
 # name -> "module:attribute". A constant table; add one line per public op as it lands, e.g.
 # "softmax": "fusedops.kernels.softmax:softmax".
-_LAZY_EXPORTS: dict[str, str] = {}
+_LAZY_EXPORTS: dict[str, str] = {
+    "softmax": "fusedops.functional:softmax",
+    "log_softmax": "fusedops.functional:log_softmax",
+}
 
 
 def __getattr__(name: str):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Callable, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 from .cases import BenchCase
 
@@ -43,6 +43,19 @@ def names(case: BenchCase, *, compile: bool = False, triton: bool = False, extra
     if triton and case.triton is not None:
         result.append(TRITON)
     return tuple(result)
+
+
+def available(cases: Sequence[BenchCase]) -> Tuple[List[BenchCase], List[str]]:
+    """The cases whose fusedops op exists, and one line per reason for leaving the others out
+    ("skipped softmax, softmax_backward: fusedops.softmax is not available yet (...)")."""
+    kept, reasons = [], {}
+    for case in cases:
+        try:
+            resolve(case, FUSEDOPS)
+            kept.append(case)
+        except Unavailable as reason:
+            reasons.setdefault(str(reason), []).append(case.name)
+    return kept, [f"skipped {', '.join(names)}: {reason}" for reason, names in reasons.items()]
 
 
 def resolve(case: BenchCase, provider: str) -> Callable:

@@ -1,290 +1,258 @@
-"""LayerNorm and RMSNorm kernels, forward and backward, in the DSL (one set of kernels for both ops).
+"""Launchers of the LayerNorm/RMSNorm kernels (norm_kernels.py): layouts, configurations, grids.
 
-Both ops normalize each row of a (M, N) matrix x (the leading dims flattened into M rows, the
-normalized dims into N columns):
+The tensors here are already flattened to (M, N) row matrices by `as_rows` (M rows, N normalized
+columns); argument checking and torch's dtype rules live in fusedops.autograd.norms. Every function
+takes `interpret` (None: follow FUSEDOPS_INTERPRET) and an optional config that overrides the
+heuristics (tests use it to force the looped and split paths at small sizes; bench/layernorm.py to
+sweep configurations).
 
-    LayerNorm:  mean = sum(x) / N,  rstd = 1 / sqrt(sum((x - mean)^2) / N + eps),  xhat = (x - mean) * rstd
-    RMSNorm:                        rstd = 1 / sqrt(sum(x^2) / N + eps),           xhat = x * rstd
-    y = xhat * weight + bias        (weight and bias optional; RMSNorm has no bias)
-
-The constexpr SUBTRACT_MEAN selects LayerNorm (True) or RMSNorm (False). Statistics, eps and all
-arithmetic are in the accumulation dtype: float32 for 16- and 32-bit inputs, float64 for float64 (it is
-the element type of the rstd buffer). The forward saves mean (LayerNorm) and rstd per row.
-
-Backward, with g = dy * weight (dy without weight) and c1 = sum(xhat * g) / N, c2 = sum(g) / N:
-
-    dx = rstd * (g - xhat * c1 - c2)      (RMSNorm: rstd * (g - xhat * c1))
-    dweight = sum over rows of dy * xhat,    dbias = sum over rows of dy
-
-dweight and dbias are reduced in two stages with no atomics, so results are bitwise reproducible for
-a given shape and device: each program owns a contiguous group of rows and writes its column sums to
-its own row of a (num_programs, N) float32 partial buffer; `column_sum_kernel` then adds the rows of
-that buffer up in a fixed order.
-
-Kernels and when the launchers (norm_launch.py) use them:
-- `forward_kernel`: a (BLOCK_ROWS, BLOCK_N) tile of whole rows in registers, one pass over memory.
-  Used while the padded row fits (see norm_launch.forward_config).
-- `forward_looped_kernel`: one row per program in BLOCK_N-column chunks: a first pass keeps per-lane
-  Welford statistics (count, mean, M2) that are merged exactly at the end, a second pass normalizes.
-- `backward_fused_kernel`: a program walks its row group BLOCK_ROWS rows at a time with whole rows in
-  registers and keeps its dweight/dbias column sums in registers (x and dy are read once).
-- `backward_partials_kernel` + `backward_input_kernel`: the split backward for rows too long to keep
-  in registers next to the column sums. The first kernel tiles (row group, column chunk); it reads x
-  and dy once to produce the dweight/dbias partials and each row's c1/c2 restricted to its chunk. The
-  second sums a row's chunk contributions to c1/c2 and writes dx (x and dy are read a second time).
-- `column_sum_kernel`: the second stage of the dweight/dbias reduction.
-
-Addressing: row r, column c of x is at x_ptr + r * x_row_stride + c * x_col_stride, with the row
-offset computed in int64 (tensors may hold more than 2**31 elements); column offsets stay int32 (the
-launcher guarantees (N - 1) * |col stride| < 2**31). Padded lanes (columns >= N, rows >= M) load 0
-and are excluded from every statistic with explicit masks. Output and statistics buffers are
+Layouts: an input is passed to the kernels with its row and column strides, so transposed batches,
+sliced columns and expanded (stride-0) tensors such as the gradient of `y.sum()` are read in place.
+A copy is made only when the flattened (M, N) view has no single row stride and column stride (e.g.
+normalized dims that are not collapsible, torch.Tensor.view would fail), or when column offsets
+would not fit in int32. weight and bias are made contiguous (N elements, negligible). Outputs are
 contiguous.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Optional
+
+import torch
+
 import fusedops.dsl as dsl
+from fusedops.kernels import norm_kernels as K
+
+_INT32_LIMIT = 2**31
+# In the interpreter (CPU tensors) the grid of the backward is sized as for a small GPU of this many
+# SMs: the interpreter's cost grows with the number of programs, not with their size.
+_INTERPRETER_SMS = 4
 
 
-@dsl.jit
-def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
-                   n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
-                   SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr):
-    # x_ptr: (n_rows, n_cols) strided; y_ptr: (n_rows, n_cols) unit column stride; weight_ptr, bias_ptr:
-    # (n_cols,) contiguous or None; mean_ptr (LayerNorm only, else None), rstd_ptr: (n_rows,) float32/64.
-    # One program per BLOCK_ROWS rows; BLOCK_N >= n_cols.
-    acc_dtype = rstd_ptr.dtype.element
-    rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
-    cols = dsl.arange(0, BLOCK_N)
-    row_mask = rows < n_rows
-    col_mask = cols < n_cols
-    mask = row_mask[:, None] & col_mask[None, :]
-    rows64 = rows.to(dsl.int64)
-    x = dsl.load(x_ptr + rows64[:, None] * x_row_stride + cols[None, :] * x_col_stride, mask=mask, other=0.0)
-    x = x.to(acc_dtype)
-    if SUBTRACT_MEAN:
-        mean = dsl.sum(x, axis=1) / n_cols
-        x = dsl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
-    y = x * rstd[:, None]
-    if weight_ptr is not None:
-        y = y * dsl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)[None, :]
-    if bias_ptr is not None:
-        y = y + dsl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)[None, :]
-    dsl.store(y_ptr + rows64[:, None] * y_row_stride + cols[None, :], y, mask=mask)
-    if SUBTRACT_MEAN:
-        dsl.store(mean_ptr + rows, mean, mask=row_mask)
-    dsl.store(rstd_ptr + rows, rstd, mask=row_mask)
+@dataclasses.dataclass(frozen=True)
+class ForwardConfig:
+    """Tiling of the forward. looped=False: forward_kernel, (block_rows, block_n) tiles of whole rows
+    (block_n >= N). looped=True: forward_looped_kernel, one row per program in block_n-column chunks."""
+
+    looped: bool
+    block_rows: int
+    block_n: int
+    num_warps: int
 
 
-@dsl.jit
-def forward_looped_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
-                          n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
-                          SUBTRACT_MEAN: dsl.constexpr, BLOCK_N: dsl.constexpr):
-    # Arguments as forward_kernel; one program per row, any n_cols, BLOCK_N columns at a time.
-    acc_dtype = rstd_ptr.dtype.element
-    row = dsl.program_id(0)
-    x_row = x_ptr + row.to(dsl.int64) * x_row_stride
-    y_row = y_ptr + row.to(dsl.int64) * y_row_stride
-    lanes = dsl.arange(0, BLOCK_N)
-    n_chunks = dsl.cdiv(n_cols, BLOCK_N)
-    # Pass 1. LayerNorm: lane j runs Welford's update over the columns j, j + BLOCK_N, ... it owns;
-    # every chunk but the last is full, so a lane valid in chunk k has seen exactly k + 1 values.
-    # RMSNorm: lane-wise sums of squares.
-    count = dsl.zeros((BLOCK_N,), acc_dtype)
-    lane_mean = dsl.zeros((BLOCK_N,), acc_dtype)
-    lane_m2 = dsl.zeros((BLOCK_N,), acc_dtype)
-    for chunk in range(0, n_chunks):
-        cols = chunk * BLOCK_N + lanes
-        mask = cols < n_cols
-        x = dsl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(acc_dtype)
-        if SUBTRACT_MEAN:
-            count += dsl.where(mask, 1.0, 0.0)
-            delta = x - lane_mean
-            lane_mean += dsl.where(mask, delta / (chunk + 1.0), 0.0)
-            lane_m2 += dsl.where(mask, delta * (x - lane_mean), 0.0)
-        else:
-            lane_m2 += x * x
-    if SUBTRACT_MEAN:
-        # Merge the lanes (Chan et al.'s pairwise formula, summed over all lanes at once):
-        # M2 = sum(M2_j) + sum(n_j * (mean_j - mean)^2), mean = sum(n_j * mean_j) / N.
-        mean = dsl.sum(count * lane_mean, axis=0) / n_cols
-        spread = lane_mean - mean
-        variance = (dsl.sum(lane_m2, axis=0) + dsl.sum(count * spread * spread, axis=0)) / n_cols
-        dsl.store(mean_ptr + row, mean)
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+    """Tiling of the backward.
+
+    split=False: backward_fused_kernel over (block_rows, block_n) tiles of whole rows (block_n >= N),
+    programs_per_sm programs per SM, each owning a contiguous group of rows.
+    split=True: backward_partials_kernel over (block_rows, block_n) tiles of (row group, column chunk)
+    with programs_per_sm programs per SM, then backward_input_kernel over (input_block_rows,
+    input_block_n) tiles with input_num_warps.
+    """
+
+    split: bool
+    block_rows: int
+    block_n: int
+    num_warps: int
+    programs_per_sm: int
+    input_block_rows: int = 1
+    input_block_n: int = 1
+    input_num_warps: int = 4
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of statistics and sums: float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def forward_config(n_cols: int, dtype: torch.dtype) -> ForwardConfig:
+    """Whole rows in registers while the padded row is at most 64 KiB of input (32768 16-bit, 16384
+    float32, 8192 float64 columns; ptxas keeps these without spills), else the looped kernel. About 16
+    columns per thread (8 for float64), at most 32 warps."""
+    block_n = _next_power_of_2(n_cols)
+    acc_bytes = accumulation_dtype(dtype).itemsize
+    if block_n * dtype.itemsize <= 64 * 1024:
+        num_warps = min(32, max(4, block_n * acc_bytes // 2048))
+        return ForwardConfig(looped=False, block_rows=max(1, 2048 // block_n), block_n=block_n,
+                             num_warps=num_warps)
+    return ForwardConfig(looped=True, block_rows=1, block_n=16384 // acc_bytes, num_warps=8)
+
+
+def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
+    """The fused backward while the padded row is at most 16 KiB of input (8192 16-bit, 4096 float32,
+    2048 float64 columns) at 16 columns per thread (8 for float64): it keeps about eight registers per
+    column (x, dy, their products and the two column sums). Longer rows take the split backward."""
+    block_n = _next_power_of_2(n_cols)
+    acc_bytes = accumulation_dtype(dtype).itemsize
+    if block_n * dtype.itemsize <= 16 * 1024:
+        num_warps = min(16, max(4, block_n * acc_bytes // 2048))
+        return BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n,
+                              num_warps=num_warps, programs_per_sm=max(1, 16 // num_warps))
+    return BackwardConfig(split=True, block_rows=8 // acc_bytes, block_n=1024, num_warps=4, programs_per_sm=4,
+                          input_block_rows=1, input_block_n=4096, input_num_warps=8)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _INTERPRETER_SMS
+
+
+def as_rows(t: torch.Tensor, n_rows: int, n_cols: int) -> torch.Tensor:
+    """`t` (its trailing dims holding N = n_cols elements) as an (n_rows, n_cols) strided view,
+    or as a contiguous copy when no such view exists (see the module docstring)."""
+    try:
+        rows = t.view(n_rows, n_cols)
+    except RuntimeError:
+        return t.reshape(n_rows, n_cols).contiguous()
+    if (n_cols - 1) * rows.stride(1) >= _INT32_LIMIT:
+        return rows.contiguous()
+    return rows
+
+
+def _contiguous_or_none(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.reshape(-1).contiguous()
+
+
+def _check_rows(n_rows: int) -> None:
+    if n_rows >= _INT32_LIMIT:
+        raise ValueError(f"{n_rows} rows: at most {_INT32_LIMIT - 1} rows are supported (row indices are int32)")
+
+
+def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, *,
+                 subtract_mean: bool, config: Optional[ForwardConfig] = None, interpret: Optional[bool] = None):
+    """LayerNorm (subtract_mean=True) or RMSNorm forward of the rows of `x`.
+
+    Args:
+        x: (M, N) float16/bfloat16/float32/float64, any strides.
+        weight, bias: (N,) or None (any floating dtype; converted on load).
+        eps: added to the variance (mean square) in the accumulation dtype.
+
+    Returns:
+        (y, mean, rstd): y (M, N) contiguous in x's dtype; mean (M,) (None for RMSNorm) and rstd (M,) in
+        the accumulation dtype (float32, float64 for float64 x).
+    """
+    n_rows, n_cols = x.shape
+    _check_rows(n_rows)
+    acc = accumulation_dtype(x.dtype)
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    mean = torch.empty(n_rows, dtype=acc, device=x.device) if subtract_mean else None
+    rstd = torch.empty(n_rows, dtype=acc, device=x.device)
+    if n_rows == 0 or n_cols == 0:
+        return y, mean, rstd
+    weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
+    config = config or forward_config(n_cols, x.dtype)
+    args = (y, mean, rstd, x, weight, bias, n_rows, n_cols, x.stride(0), x.stride(1), y.stride(0), float(eps))
+    if config.looped:
+        K.forward_looped_kernel[(n_rows,)](*args, SUBTRACT_MEAN=subtract_mean, BLOCK_N=config.block_n,
+                                           num_warps=config.num_warps, interpret=interpret)
     else:
-        variance = dsl.sum(lane_m2, axis=0) / n_cols
-    rstd = 1.0 / dsl.sqrt(variance + eps)
-    dsl.store(rstd_ptr + row, rstd)
-    # Pass 2: normalize (the row is read again, usually from L2).
-    for chunk in range(0, n_chunks):
-        cols = chunk * BLOCK_N + lanes
-        mask = cols < n_cols
-        x = dsl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(acc_dtype)
-        if SUBTRACT_MEAN:
-            x = x - mean
-        y = x * rstd
-        if weight_ptr is not None:
-            y = y * dsl.load(weight_ptr + cols, mask=mask, other=0.0).to(acc_dtype)
-        if bias_ptr is not None:
-            y = y + dsl.load(bias_ptr + cols, mask=mask, other=0.0).to(acc_dtype)
-        dsl.store(y_row + cols, y, mask=mask)
+        if config.block_n < n_cols:
+            raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
+        K.forward_kernel[(dsl.cdiv(n_rows, config.block_rows),)](
+            *args, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+            num_warps=config.num_warps, interpret=interpret)
+    return y, mean, rstd
 
 
-@dsl.jit
-def _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask,
-                     x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                     SUBTRACT_MEAN: dsl.constexpr):
-    # (xhat, dy, g = dy * weight, rstd) of a (rows, cols) tile, in the accumulation dtype; every
-    # masked-off element of xhat, dy and g is 0 (x and dy load 0 there and rstd loads 0 on padded rows).
-    acc_dtype = rstd_ptr.dtype.element
-    mask = row_mask[:, None] & col_mask[None, :]
-    rows64 = rows.to(dsl.int64)
-    x = dsl.load(x_ptr + rows64[:, None] * x_row_stride + cols[None, :] * x_col_stride, mask=mask, other=0.0)
-    dy = dsl.load(dy_ptr + rows64[:, None] * dy_row_stride + cols[None, :] * dy_col_stride, mask=mask, other=0.0)
-    rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-    x = x.to(acc_dtype)
-    if SUBTRACT_MEAN:
-        mean = dsl.load(mean_ptr + rows, mask=row_mask, other=0.0)
-        x = dsl.where(mask, x - mean[:, None], 0.0)
-    xhat = x * rstd[:, None]
-    dy = dy.to(acc_dtype)
-    g = dy
-    if weight_ptr is not None:
-        g = dy * dsl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)[None, :]
-    return xhat, dy, g, rstd
+def _row_groups(n_rows: int, block_rows: int, target_programs: int) -> tuple:
+    """(rows_per_program, number of groups): about `target_programs` contiguous groups of rows, each a
+    multiple of block_rows rows."""
+    tiles = dsl.cdiv(n_rows, block_rows)
+    tiles_per_group = dsl.cdiv(tiles, max(1, min(tiles, target_programs)))
+    rows_per_program = tiles_per_group * block_rows
+    return rows_per_program, dsl.cdiv(n_rows, rows_per_program)
 
 
-@dsl.jit
-def backward_fused_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr,
-                          rstd_ptr, n_rows, n_cols, rows_per_program, x_row_stride, x_col_stride, dy_row_stride,
-                          dy_col_stride, dx_row_stride,
-                          SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr):
-    # x_ptr, dy_ptr: (n_rows, n_cols) strided; dx_ptr: (n_rows, n_cols) unit column stride, or None;
-    # weight_ptr: (n_cols,) or None; mean_ptr (LayerNorm, else None), rstd_ptr: (n_rows,) from the forward;
-    # d{weight,bias}_partial_ptr: (num_programs, n_cols) contiguous float32/64, or None (not wanted).
-    # Program p owns rows [p * rows_per_program, (p + 1) * rows_per_program); BLOCK_N >= n_cols.
-    acc_dtype = rstd_ptr.dtype.element
-    pid = dsl.program_id(0)
-    row_start = pid * rows_per_program
-    row_end = dsl.minimum(row_start + rows_per_program, n_rows)
-    cols = dsl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    dweight_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
-    dbias_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
-    for first in range(row_start, row_end, BLOCK_ROWS):
-        rows = first + dsl.arange(0, BLOCK_ROWS)
-        row_mask = rows < row_end
-        xhat, dy, g, rstd = _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask,
-                                             col_mask, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                                             SUBTRACT_MEAN)
-        if dx_ptr is not None:
-            c1 = dsl.sum(xhat * g, axis=1) / n_cols
-            dx = g - xhat * c1[:, None]
-            if SUBTRACT_MEAN:
-                dx = dx - (dsl.sum(g, axis=1) / n_cols)[:, None]
-            dsl.store(dx_ptr + rows.to(dsl.int64)[:, None] * dx_row_stride + cols[None, :], dx * rstd[:, None],
-                      mask=row_mask[:, None] & col_mask[None, :])
-        dweight_sum += dy * xhat
-        dbias_sum += dy
-    partial = pid.to(dsl.int64) * n_cols + cols
-    if dweight_partial_ptr is not None:
-        dsl.store(dweight_partial_ptr + partial, dsl.sum(dweight_sum, axis=0), mask=col_mask)
-    if dbias_partial_ptr is not None:
-        dsl.store(dbias_partial_ptr + partial, dsl.sum(dbias_sum, axis=0), mask=col_mask)
+def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: Optional[torch.Tensor],
+                  rstd: torch.Tensor, *, subtract_mean: bool, input_grad: bool, weight_grad: bool, bias_grad: bool,
+                  bias_dtype: Optional[torch.dtype] = None, config: Optional[BackwardConfig] = None,
+                  interpret: Optional[bool] = None):
+    """Gradients of norm_forward.
+
+    Args:
+        dy, x: (M, N), any strides (dy may be expanded, stride 0); dy has x's dtype.
+        weight: (N,) or None; mean (LayerNorm; else None), rstd: (M,) as returned by norm_forward.
+        input_grad, weight_grad, bias_grad: which gradients to compute (weight_grad needs a weight).
+        bias_dtype: the dtype of dbias (the bias's).
+
+    Returns:
+        (dx, dweight, dbias): dx (M, N) contiguous in x's dtype, dweight (N,) in weight's dtype, dbias
+        (N,) in bias_dtype; None for a gradient that was not asked for. dweight and dbias are
+        deterministic: per-program partial sums reduced in a fixed order.
+    """
+    n_rows, n_cols = x.shape
+    device, acc = x.device, rstd.dtype
+    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=device) if input_grad else None
+    dweight = torch.empty(n_cols, dtype=weight.dtype, device=device) if weight_grad else None
+    dbias = torch.empty(n_cols, dtype=bias_dtype, device=device) if bias_grad else None
+    if n_rows == 0 or n_cols == 0:
+        for grad in (dweight, dbias):
+            if grad is not None:
+                grad.zero_()
+        return dx, dweight, dbias
+    weight = _contiguous_or_none(weight)
+    config = config or backward_config(n_cols, x.dtype)
+    target_programs = _sm_count(device) * config.programs_per_sm
+    strides = (x.stride(0), x.stride(1), dy.stride(0), dy.stride(1))
+    tiling = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+                  num_warps=config.num_warps, interpret=interpret)
+    if not config.split:
+        if config.block_n < n_cols:
+            raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
+        rows_per_program, groups = _row_groups(n_rows, config.block_rows, target_programs)
+        dweight_partial, dbias_partial = _partials(groups, n_cols, acc, device, weight_grad, bias_grad)
+        K.backward_fused_kernel[(groups,)](dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd, n_rows,
+                                           n_cols, rows_per_program, *strides, n_cols, **tiling)
+    else:
+        chunks = dsl.cdiv(n_cols, config.block_n)
+        rows_per_program, groups = _row_groups(n_rows, config.block_rows, max(1, target_programs // chunks))
+        dweight_partial, dbias_partial = _partials(groups, n_cols, acc, device, weight_grad, bias_grad)
+        c1_partial = torch.empty((n_rows, chunks), dtype=acc, device=device) if input_grad else None
+        c2_partial = torch.empty((n_rows, chunks), dtype=acc, device=device) if input_grad and subtract_mean \
+            else None
+        K.backward_partials_kernel[(groups * chunks,)](c1_partial, c2_partial, dweight_partial, dbias_partial, dy, x,
+                                                       weight, mean, rstd, n_rows, n_cols, rows_per_program,
+                                                       *strides, **tiling)
+        if input_grad:
+            grid = (dsl.cdiv(n_rows, config.input_block_rows) * dsl.cdiv(n_cols, config.input_block_n),)
+            K.backward_input_kernel[grid](dx, dy, x, weight, mean, rstd, c1_partial, c2_partial, n_rows, n_cols,
+                                          chunks, *strides, n_cols, SUBTRACT_MEAN=subtract_mean,
+                                          BLOCK_ROWS=config.input_block_rows, BLOCK_N=config.input_block_n,
+                                          BLOCK_CHUNKS=min(_next_power_of_2(chunks), 64),
+                                          num_warps=config.input_num_warps, interpret=interpret)
+    if weight_grad or bias_grad:
+        _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret)
+    return dx, dweight, dbias
 
 
-@dsl.jit
-def backward_partials_kernel(c1_partial_ptr, c2_partial_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr,
-                             weight_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, rows_per_program, x_row_stride,
-                             x_col_stride, dy_row_stride, dy_col_stride,
-                             SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr):
-    # Split backward, first kernel. Program p = group * n_chunks + chunk (n_chunks = cdiv(n_cols, BLOCK_N))
-    # owns rows [group * rows_per_program, ...) and columns [chunk * BLOCK_N, ...). Writes
-    # c1_partial[row, chunk] = sum over its columns of xhat * g and c2_partial[row, chunk] = sum of g
-    # ((n_rows, n_chunks) contiguous float32/64; None when dx is not wanted; c2 LayerNorm only) and the
-    # group's column sums to d{weight,bias}_partial[group, cols] ((num_groups, n_cols), or None).
-    acc_dtype = rstd_ptr.dtype.element
-    pid = dsl.program_id(0)
-    n_chunks = dsl.cdiv(n_cols, BLOCK_N)
-    group = pid // n_chunks
-    chunk = pid % n_chunks
-    row_start = group * rows_per_program
-    row_end = dsl.minimum(row_start + rows_per_program, n_rows)
-    cols = chunk * BLOCK_N + dsl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    dweight_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
-    dbias_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
-    for first in range(row_start, row_end, BLOCK_ROWS):
-        rows = first + dsl.arange(0, BLOCK_ROWS)
-        row_mask = rows < row_end
-        xhat, dy, g, rstd = _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask,
-                                             col_mask, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                                             SUBTRACT_MEAN)
-        c_partial = rows.to(dsl.int64) * n_chunks + chunk
-        if c1_partial_ptr is not None:
-            dsl.store(c1_partial_ptr + c_partial, dsl.sum(xhat * g, axis=1), mask=row_mask)
-        if c2_partial_ptr is not None:
-            dsl.store(c2_partial_ptr + c_partial, dsl.sum(g, axis=1), mask=row_mask)
-        dweight_sum += dy * xhat
-        dbias_sum += dy
-    partial = group.to(dsl.int64) * n_cols + cols
-    if dweight_partial_ptr is not None:
-        dsl.store(dweight_partial_ptr + partial, dsl.sum(dweight_sum, axis=0), mask=col_mask)
-    if dbias_partial_ptr is not None:
-        dsl.store(dbias_partial_ptr + partial, dsl.sum(dbias_sum, axis=0), mask=col_mask)
+def _partials(groups: int, n_cols: int, dtype: torch.dtype, device, weight_grad: bool, bias_grad: bool) -> tuple:
+    def buffer(wanted):
+        return torch.empty((groups, n_cols), dtype=dtype, device=device) if wanted else None
+    return buffer(weight_grad), buffer(bias_grad)
 
 
-@dsl.jit
-def backward_input_kernel(dx_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr, c1_partial_ptr, c2_partial_ptr,
-                          n_rows, n_cols, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, dx_row_stride,
-                          SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
-                          BLOCK_CHUNKS: dsl.constexpr):
-    # Split backward, second kernel: dx of one (BLOCK_ROWS, BLOCK_N) tile per program, program
-    # p = row_tile * n_chunks + chunk. c{1,2}_partial_ptr: (n_rows, n_chunks) from backward_partials_kernel.
-    acc_dtype = rstd_ptr.dtype.element
-    pid = dsl.program_id(0)
-    n_chunks = dsl.cdiv(n_cols, BLOCK_N)
-    rows = (pid // n_chunks) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
-    cols = (pid % n_chunks) * BLOCK_N + dsl.arange(0, BLOCK_N)
-    row_mask = rows < n_rows
-    col_mask = cols < n_cols
-    c_rows = rows.to(dsl.int64)[:, None] * n_chunks
-    c1 = dsl.zeros((BLOCK_ROWS, BLOCK_CHUNKS), acc_dtype)
-    c2 = dsl.zeros((BLOCK_ROWS, BLOCK_CHUNKS), acc_dtype)
-    for first in range(0, n_chunks, BLOCK_CHUNKS):
-        chunks = first + dsl.arange(0, BLOCK_CHUNKS)
-        c_mask = row_mask[:, None] & (chunks < n_chunks)[None, :]
-        c1 += dsl.load(c1_partial_ptr + c_rows + chunks[None, :], mask=c_mask, other=0.0)
-        if SUBTRACT_MEAN:
-            c2 += dsl.load(c2_partial_ptr + c_rows + chunks[None, :], mask=c_mask, other=0.0)
-    xhat, dy, g, rstd = _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask,
-                                         col_mask, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                                         SUBTRACT_MEAN)
-    dx = g - xhat * (dsl.sum(c1, axis=1) / n_cols)[:, None]
-    if SUBTRACT_MEAN:
-        dx = dx - (dsl.sum(c2, axis=1) / n_cols)[:, None]
-    dsl.store(dx_ptr + rows.to(dsl.int64)[:, None] * dx_row_stride + cols[None, :], dx * rstd[:, None],
-              mask=row_mask[:, None] & col_mask[None, :])
-
-
-@dsl.jit
-def column_sum_kernel(out_ptr, partial_ptr, out2_ptr, partial2_ptr, n_partials, n_cols,
-                      BLOCK_P: dsl.constexpr, BLOCK_N: dsl.constexpr):
-    # out[c] = sum over p of partial[p, c], adding BLOCK_P rows at a time in a fixed order (deterministic);
-    # the same for (out2, partial2) when they are not None. partial: (n_partials, n_cols) contiguous
-    # float32/64; out: (n_cols,) contiguous, any float dtype. One program per BLOCK_N columns.
-    cols = dsl.program_id(0) * BLOCK_N + dsl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    total = dsl.zeros((BLOCK_P, BLOCK_N), partial_ptr.dtype.element)
-    total2 = dsl.zeros((BLOCK_P, BLOCK_N), partial_ptr.dtype.element)
-    for first in range(0, n_partials, BLOCK_P):
-        parts = first + dsl.arange(0, BLOCK_P)
-        offsets = parts.to(dsl.int64)[:, None] * n_cols + cols[None, :]
-        mask = (parts < n_partials)[:, None] & col_mask[None, :]
-        total += dsl.load(partial_ptr + offsets, mask=mask, other=0.0)
-        if partial2_ptr is not None:
-            total2 += dsl.load(partial2_ptr + offsets, mask=mask, other=0.0)
-    dsl.store(out_ptr + cols, dsl.sum(total, axis=0), mask=col_mask)
-    if out2_ptr is not None:
-        dsl.store(out2_ptr + cols, dsl.sum(total2, axis=0), mask=col_mask)
+def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> None:
+    """dweight = dweight_partial.sum(0) and dbias = dbias_partial.sum(0), in one launch."""
+    if dweight is None:
+        dweight, dweight_partial, dbias, dbias_partial = dbias, dbias_partial, None, None
+    n_partials, n_cols = dweight_partial.shape
+    # About 2048 elements per program: as many partial rows at once as possible (the loop over them is
+    # latency-bound), and enough column blocks to spread over the SMs.
+    block_p = min(_next_power_of_2(n_partials), 128)
+    block_n = min(max(2048 // block_p, 16), _next_power_of_2(n_cols))
+    K.column_sum_kernel[(dsl.cdiv(n_cols, block_n),)](dweight, dweight_partial, dbias, dbias_partial, n_partials,
+                                                     n_cols, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
+                                                     interpret=interpret)

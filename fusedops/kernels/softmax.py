@@ -331,8 +331,14 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _warps_for(elements: int) -> int:
-    return min(MAX_NUM_WARPS, max(MIN_NUM_WARPS, elements // (32 * ELEMENTS_PER_THREAD)))
+def _warps_for(elements: int, per_thread: int = ELEMENTS_PER_THREAD) -> int:
+    return min(MAX_NUM_WARPS, max(MIN_NUM_WARPS, elements // (32 * per_thread)))
+
+
+def _column_warps(elements: int) -> int:
+    # Not 8: at 8 warps ptxas caps the axis-0 reductions' cross-warp step at 64 registers and
+    # spills (fp16 forward); 4 and 16 warps assemble without spills.
+    return MIN_NUM_WARPS if elements <= 2048 else MAX_NUM_WARPS
 
 
 def uses_column_tiles(layout: RowLayout) -> bool:
@@ -351,9 +357,9 @@ def choose_config(layout: RowLayout, max_one_pass_block: Optional[int] = None) -
         if rows * block > limit and COLUMN_ROWS[0] * block <= limit:
             rows = COLUMN_ROWS[0]
         if rows * block <= limit:
-            return Config("columns", rows, block, True, _warps_for(rows * block))
+            return Config("columns", rows, block, True, _column_warps(rows * block))
         block = max(1, min(COLUMN_TILE_ELEMENTS, limit) // rows)
-        return Config("columns", rows, block, False, _warps_for(rows * block))
+        return Config("columns", rows, block, False, _column_warps(rows * block))
     if block > limit:
         block = max(1, min(ONLINE_BLOCK, limit))
         return Config("row", 1, block, False, _warps_for(block))

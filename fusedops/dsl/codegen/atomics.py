@@ -3,7 +3,8 @@
 LLVM 22's NVPTX back end drops the ordering and scope of `atomicrmw` (TOOLCHAIN.md), so the
 requested semantics are made explicit with fences around a monotonic atomic: release before,
 acquire after, at the requested scope. Masked-off elements and non-owning copies skip the atomic;
-their result is the value 0 (only owners see the old memory value).
+their result is the value 0 (only owners see the old memory value). A scalar atomic runs once per
+program, in thread 0, and its result is broadcast to every thread.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..language.dtypes import BlockType
 from ..target import llvm_types as T
 from .ownership import owner_predicate, owned_registers
 from .registry import lowering
+from .shared import barrier, element_pointer, reserve
 
 _SCOPE = {"gpu": "device", "cta": "block", "sys": ""}
 
@@ -58,7 +60,21 @@ def _registers(ctx, op, count_masks: bool):
         owner = owner_predicate(ctx, pointer.layout)
         n = len(ctx.get(pointer))
         return [r for r in range(n)], owned, owner
-    return [None], None, None
+    # A scalar atomic happens once per program: thread 0 does it (see `_broadcast_scalar`).
+    first_thread = ctx.prologue.icmp_unsigned("==", ctx.thread_id, ir.Constant(T.i32, 0))
+    return [None], None, first_thread
+
+
+def _broadcast_scalar(ctx, value):
+    """Thread 0's `value` in every thread of the program, through shared memory."""
+    b = ctx.builder
+    reserve(ctx, 8)
+    slot = element_pointer(ctx, value.type, ir.Constant(T.i32, 0))
+    barrier(ctx)
+    with b.if_then(b.icmp_unsigned("==", ctx.thread_id, ir.Constant(T.i32, 0))):
+        b.store(value, slot)
+    barrier(ctx)
+    return b.load(slot, typ=value.type)
 
 
 def _get(ctx, value, r):
@@ -91,7 +107,7 @@ def _atomic_rmw(ctx, op):
                 _fence(b, "acquire", scope)
             return old
         out.append(_guarded(ctx, predicate, emit, ty))
-    ctx.set(op.result, out if registers != [None] else out[0])
+    ctx.set(op.result, out if registers != [None] else _broadcast_scalar(ctx, out[0]))
 
 
 @lowering(OpCode.ATOMIC_CAS)
@@ -116,4 +132,4 @@ def _atomic_cas(ctx, op):
             result = b.cmpxchg(pointer, compare, value, "acq_rel", "monotonic")
             return b.extract_value(result, 0)
         out.append(_guarded(ctx, owner, emit, ty))
-    ctx.set(op.result, out if registers != [None] else out[0])
+    ctx.set(op.result, out if registers != [None] else _broadcast_scalar(ctx, out[0]))

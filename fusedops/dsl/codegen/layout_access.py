@@ -34,31 +34,15 @@ def num_registers(layout) -> int:
     return 1 << len(register_bases(layout))
 
 
-def _xor(bases, index: int, rank: int) -> tuple:
-    out = [0] * rank
-    bit = 0
-    while index:
-        if index & 1:
-            out = [a ^ b for a, b in zip(out, bases[bit])]
-        index >>= 1
-        bit += 1
-    return tuple(out)
-
-
 @functools.lru_cache(maxsize=4096)
-def _register_table(key) -> tuple:
-    shape_, registers, _, _ = key
-    return tuple(_xor(registers, r, len(shape_)) for r in range(1 << len(registers)))
+def register_table(layout) -> tuple:
+    """The coordinates each register contributes (the XOR of its set bits' bases), in register order."""
+    return tuple(tuple(layout.apply(register=r)) for r in range(num_registers(layout)))
 
 
 def register_coordinates(layout, register: int) -> tuple:
-    """The coordinates register `register` contributes (XOR of its set bits' bases)."""
-    return _register_table(cache_key(layout))[register]
-
-
-def register_table(layout) -> tuple:
-    """register_coordinates for every register, in register order."""
-    return _register_table(cache_key(layout))
+    """The coordinates register `register` contributes (with lane 0 and warp 0)."""
+    return register_table(layout)[register]
 
 
 def register_bits_disjoint(layout, dim: int) -> bool:

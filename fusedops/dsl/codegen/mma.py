@@ -8,11 +8,13 @@ register e + 8 * (kk + repK * i) is element e of the 16x16 tile (i, kk); B regis
 e + 4 * (kk + repK * j) is element e of the 16x8 tile (kk, j) (`layouts/mma.py`), and one mma per
 (kk, i, j) does the work. Operand registers 2p and 2p+1 are one 32-bit fragment register.
 
-A `convert_layout` to a dot operand (attr `dot_operand`) stores the block, in its own (blocked)
-layout, into a tile laid out by `layouts.mma_shared.mma_operand_shared` (16-byte vector stores,
-XOR-swizzled 16-byte chunks) and reads it back with `ldmatrix.x4` (`.trans` when the tile is
-contiguous along M for A or N for B), following `layouts.mma_shared.ldmatrix_plan`. The pipelined
-path (`pipelining.py`) writes the same tiles with cp.async and reads them with the same plans.
+A `convert_layout` to a dot operand (attr `dot_operand`) becomes a `StagedOperand`: the dot stores
+its operands, in their own (blocked) layouts, into scratch tiles laid out by
+`layouts.mma_shared.mma_operand_shared` (16-byte vector stores, XOR-swizzled 16-byte chunks), then
+reads them back one 16-wide K slice at a time with `ldmatrix.x4` (`.trans` when the tile is
+contiguous along M for A or N for B; `layouts.mma_shared.ldmatrix_plan`) right before that slice's
+mmas, so only one slice of the operands is held in registers. The pipelined path (`pipelining.py`)
+writes the same tiles with cp.async and its `local_load` gives the dot a `StagedOperand` too.
 
 Intrinsics (TOOLCHAIN.md section 2): f16 inputs take `<2 x half>` operands; bf16 inputs take i32.
 """
@@ -125,24 +127,44 @@ def _split_word(ctx, word, element):
 class OperandLoader:
     """Reads an mma operand (layout `operand`) from a shared tile laid out as `shared` with ldmatrix.
 
-    `load(ctx, base)` returns the thread's registers of the operand, from the tile at `base`
-    (a `ptr addrspace(3)`). The per-thread part of the addresses is computed once in the prologue.
+    `load(ctx, base, registers, k_slice)` fills, in the list `registers`, the thread's operand
+    registers of one 16-wide K slice from the tile at `base` (a `ptr addrspace(3)`). The per-thread
+    part of the addresses is computed once in the prologue.
     """
 
     def __init__(self, operand, shared, element):
         self.operand = operand
+        self.shared = shared
         self.element = element
         self.plan = ldmatrix_plan(operand, shared, element.bits)
 
-    def load(self, ctx, base) -> list:
+    @property
+    def tile_bytes(self) -> int:
+        return self.operand.numel * self.element.bits // 8
+
+    def load(self, ctx, base, registers: list, k_slice: int) -> None:
         plan, size = self.plan, self.element.bits // 8
         thread = thread_offset(ctx, [o * size for o in plan.lane_offsets], [o * size for o in plan.warp_offsets])
-        registers = [None] * self.operand.num_registers
-        for instruction in plan.instructions:
+        for instruction in plan.slice(k_slice):
             pointer = byte_pointer(ctx, base, combine_offset(ctx, thread, instruction.offset * size))
             for register, word in zip(instruction.registers, _ldmatrix(ctx, plan.count, plan.trans, pointer)):
                 registers[register], registers[register + 1] = _split_word(ctx, word, self.element)
-        return registers
+
+
+class StagedOperand:
+    """A dot operand that lives in a shared tile; the dot reads it slice by slice with ldmatrix
+    (interleaved with its mmas, which keeps only one K slice of the operands in registers).
+
+    `base` is the tile's `ptr addrspace(3)`, or None while the tile still has to be written from
+    `source` registers (a `convert_layout {dot_operand}`: the dot stages its operands together).
+    Only the `dot` that the layout or pipelining pass made its user reads this value.
+    """
+
+    def __init__(self, loader: OperandLoader, base=None, source=None, source_layout=None):
+        self.loader = loader
+        self.base = base
+        self.source = source
+        self.source_layout = source_layout
 
 
 def operand_tile(shape, source_layout, element) -> object:
@@ -157,18 +179,29 @@ def can_stage_operand(op) -> bool:
 
 
 def convert_to_dot_operand(ctx, op) -> None:
-    """Lower `convert_layout {dot_operand}`: scratch tile store, barrier, ldmatrix."""
+    """Lower `convert_layout {dot_operand}`: record the staging; the dot writes the tile."""
     source = op.operands[0]
     element = op.result.type.element
-    shape = tuple(op.result.type.shape)
-    shared = operand_tile(shape, source.layout, element)
+    shared = operand_tile(tuple(op.result.type.shape), source.layout, element)
     loader = OperandLoader(op.result.layout, shared, element)
-    reserve(ctx, op.result.type.numel * element.bits // 8)
+    ctx.set(op.result, StagedOperand(loader, source=ctx.get(source), source_layout=source.layout))
+
+
+def _stage(ctx, operands) -> None:
+    """Write the tiles of the operands still in registers into scratch: barrier, stores, barrier."""
+    pending = [o for o in operands if isinstance(o, StagedOperand) and o.base is None]
+    if not pending:
+        return
+    reserve(ctx, sum(o.loader.tile_bytes for o in pending))
     barrier(ctx)
-    base = scratch_base(ctx)
-    store_tile(ctx, ctx.get(source), source.layout, shared, element, base)
+    offset = 0
+    for staged in pending:
+        base = byte_pointer(ctx, scratch_base(ctx), ir.Constant(T.i32, offset))
+        loader = staged.loader
+        store_tile(ctx, staged.source, staged.source_layout, loader.shared, loader.element, base)
+        staged.base, staged.source = base, None
+        offset += loader.tile_bytes
     barrier(ctx)
-    ctx.set(op.result, loader.load(ctx, base))
 
 
 # -- mma.sync --------------------------------------------------------------------------------------------
@@ -179,6 +212,22 @@ def _pack(ctx, low, high, element):
     pair = b.insert_element(ir.Constant(pair_type, ir.Undefined), low, ir.Constant(T.i32, 0))
     pair = b.insert_element(pair, high, ir.Constant(T.i32, 1))
     return b.bitcast(pair, T.i32) if element == bfloat16 else pair
+
+
+def mma_schedule(m: int, n: int, k: int, num_warps: int) -> list:
+    """The mma.sync instructions of an (M, N, K) dot, in issue order: tuples (kk, a_registers (8),
+    b_registers (4), acc_registers (4)) of thread-local register indices (fragment elements a0..a7,
+    b0..b3, c0..c3 of PTX ISA 9.7.14.5.8), K slice by K slice."""
+    wm, wn = mma_warps((m, n), num_warps)
+    rep_m, rep_n, rep_k = max(1, m // (16 * wm)), max(1, n // (8 * wn)), k // 16
+    out = []
+    for kk in range(rep_k):
+        for i in range(rep_m):
+            for j in range(rep_n):
+                out.append((kk, tuple(e + 8 * (kk + rep_k * i) for e in range(8)),
+                            tuple(e + 4 * (kk + rep_k * j) for e in range(4)),
+                            tuple(c + 4 * (j + rep_n * i) for c in range(4))))
+    return out
 
 
 def lower_mma_dot(ctx, op) -> None:
@@ -192,26 +241,30 @@ def lower_mma_dot(ctx, op) -> None:
     element = a.type.element
     m, k = a.type.shape
     n = acc.type.shape[1]
-    wm, wn = mma_warps((m, n), ctx.num_warps)
-    rep_m, rep_n, rep_k = max(1, m // (16 * wm)), max(1, n // (8 * wn)), k // 16
-    a_regs, b_regs, acc_regs = ctx.get(a), ctx.get(b_operand), list(ctx.get(acc))
+    a_value, b_value, acc_regs = ctx.get(a), ctx.get(b_operand), list(ctx.get(acc))
+    _stage(ctx, (a_value, b_value))
+    a_regs = [None] * a.layout.num_registers if isinstance(a_value, StagedOperand) else a_value
+    b_regs = [None] * b_operand.layout.num_registers if isinstance(b_value, StagedOperand) else b_value
     operand_type = T.i32 if element == bfloat16 else ir.VectorType(T.f16, 2)
     fn = T.declare_intrinsic(ctx.module, _MMA_INTRINSIC[element], ir.LiteralStructType([T.f32] * 4),
                              [operand_type] * 6 + [T.f32] * 4)
-    packed = {}
-
-    def word(regs, index, key):
-        if key not in packed:
-            packed[key] = _pack(ctx, regs[index], regs[index + 1], element)
-        return packed[key]
-
     bld = ctx.builder
-    for kk in range(rep_k):
-        for i in range(rep_m):
-            a_words = [word(a_regs, 2 * p + 8 * (kk + rep_k * i), ("a", kk, i, p)) for p in range(4)]
-            for j in range(rep_n):
-                b_words = [word(b_regs, 2 * p + 4 * (kk + rep_k * j), ("b", kk, j, p)) for p in range(2)]
-                base = 4 * (j + rep_n * i)
-                result = bld.call(fn, a_words + b_words + acc_regs[base:base + 4])
-                acc_regs[base:base + 4] = [bld.extract_value(result, c) for c in range(4)]
+    words: dict = {}
+    loaded_slice = None
+
+    def pack(regs, registers):
+        key = (id(regs), registers[0])
+        if key not in words:
+            words[key] = [_pack(ctx, regs[r], regs[r + 1], element) for r in registers[::2]]
+        return words[key]
+
+    for kk, a_registers, b_registers, acc_registers in mma_schedule(m, n, k, ctx.num_warps):
+        if kk != loaded_slice:     # ldmatrix one K slice of the staged operands, just before its mmas
+            for value, regs in ((a_value, a_regs), (b_value, b_regs)):
+                if isinstance(value, StagedOperand):
+                    value.loader.load(ctx, value.base, regs, kk)
+            loaded_slice = kk
+        first = acc_registers[0]
+        result = bld.call(fn, pack(a_regs, a_registers) + pack(b_regs, b_registers) + acc_regs[first:first + 4])
+        acc_regs[first:first + 4] = [bld.extract_value(result, c) for c in range(4)]
     ctx.set(op.result, acc_regs)

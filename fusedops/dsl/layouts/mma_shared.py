@@ -62,10 +62,12 @@ def shared_contiguous_dim(shared: LinearLayout) -> int:
 @dataclasses.dataclass(frozen=True)
 class LdmatrixInstruction:
     """One ldmatrix: `offset` is lane 0 / warp 0's row offset (elements); word q of the result holds
-    operand registers registers[q] (low half) and registers[q] + 1 (high half)."""
+    operand registers registers[q] (low half) and registers[q] + 1 (high half), all in the 16-wide
+    K slice `k_slice` of the operand."""
 
     offset: int
     registers: tuple
+    k_slice: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,7 @@ class LdmatrixPlan:
     The row address (element offset) lane l of warp w gives to instruction i is
         instructions[i].offset ^ XOR(lane_offsets[b] for set bits b of l) ^ XOR(warp_offsets[b] ...).
     count: matrices per instruction (4, 2 or 1: `.x4`, `.x2`, `.x1`); trans: use `.trans`.
+    Each instruction reads one 16-wide K slice, so a dot can load slice kk just before its mmas.
     """
 
     count: int
@@ -89,6 +92,10 @@ class LdmatrixPlan:
     def warp_offset(self, warp: int) -> int:
         return _xor_bits(self.warp_offsets, warp)
 
+    def slice(self, k_slice: int) -> tuple:
+        """The instructions that read K slice `k_slice`."""
+        return tuple(i for i in self.instructions if i.k_slice == k_slice)
+
 
 def _xor_bits(bases, index: int) -> int:
     out = 0
@@ -96,6 +103,11 @@ def _xor_bits(bases, index: int) -> int:
         if index >> bit & 1:
             out ^= basis
     return out
+
+
+def _scatter(value: int, positions) -> int:
+    """Bit b of `value` moved to bit positions[b]."""
+    return sum(1 << p for b, p in enumerate(positions) if value >> b & 1)
 
 
 def _dim_of(basis) -> int:
@@ -118,6 +130,20 @@ def _check_fragment(operand: LinearLayout) -> tuple:
     return pair, group
 
 
+def _matrix_bits(operand: LinearLayout, pair: int) -> list:
+    """The word bits (register bit - 1) whose matrices one instruction loads together: the K + 8 bit
+    and the first bit along M/N (so an instruction stays inside one 16-wide K slice), at most 2."""
+    chosen = []
+    for word_bit, basis in enumerate(operand.bases_of(REGISTER)[1:]):
+        along_pair = _dim_of(basis) == pair
+        if (along_pair and basis[pair] == 8) or (not along_pair and not any(
+                _dim_of(operand.bases_of(REGISTER)[1 + b]) != pair for b in chosen)):
+            chosen.append(word_bit)
+        if len(chosen) == 2:
+            break
+    return chosen
+
+
 def ldmatrix_plan(operand: LinearLayout, shared: LinearLayout, element_bits: int = 16) -> LdmatrixPlan:
     """The ldmatrix plan that loads `operand` (an mma operand layout) from the tile `shared`.
 
@@ -133,27 +159,31 @@ def ldmatrix_plan(operand: LinearLayout, shared: LinearLayout, element_bits: int
     trans = shared_contiguous_dim(shared) != pair
     inverse = shared.invert()
     word_bits = len(operand.bases_of(REGISTER)) - 1       # 32-bit words p: register = 2p + half
-    q_bits = min(2, word_bits)
+    matrix_bits = _matrix_bits(operand, pair)
+    rest = [b for b in range(word_bits) if b not in matrix_bits]
+    q_mask = (1 << len(matrix_bits)) - 1
 
     def offset(register=0, lane=0, warp=0) -> int:
         coords = operand.apply(register=register, lane=lane, warp=warp)
         return inverse.apply(**dict(zip(operand.out_dims, coords)))[0]
 
     def row_start(instruction_lane: int) -> int:
-        r, q = instruction_lane & 7, (instruction_lane >> 3) & ((1 << q_bits) - 1)
+        r, q = instruction_lane & 7, (instruction_lane >> 3) & q_mask
+        word = _scatter(q, matrix_bits)
         if trans:    # row r of the stored matrix is K = r: register half bit r & 1, lane bits 0-1 r >> 1
-            return offset(register=(r & 1) | (q << 1), lane=r >> 1)
-        return offset(register=q << 1, lane=r << 2)      # row r is group index r, pair index 0
+            return offset(register=(r & 1) | (word << 1), lane=r >> 1)
+        return offset(register=word << 1, lane=r << 2)      # row r is group index r, pair index 0
 
     lane_offsets = tuple(row_start(1 << b) for b in range(5))
     warp_offsets = tuple(offset(warp=1 << b) for b in range(operand.in_dim_bits(WARP)))
     instructions = []
-    for t in range(1 << (word_bits - q_bits)):
-        base = t << q_bits
+    for t in range(1 << len(rest)):
+        base = _scatter(t, rest)
         instructions.append(LdmatrixInstruction(
             offset=offset(register=base << 1),
-            registers=tuple((base | q) << 1 for q in range(1 << q_bits))))
-    plan = LdmatrixPlan(1 << q_bits, trans, lane_offsets, warp_offsets, tuple(instructions))
+            registers=tuple((base | _scatter(q, matrix_bits)) << 1 for q in range(1 << len(matrix_bits))),
+            k_slice=operand.apply(register=base << 1)[pair] // 16))
+    plan = LdmatrixPlan(1 << len(matrix_bits), trans, lane_offsets, warp_offsets, tuple(instructions))
     _check_rows(plan, operand, shared)
     return plan
 
