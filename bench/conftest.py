@@ -24,7 +24,8 @@ def pytest_addoption(parser):
     group.addoption("--bench-ops", default=None, metavar="OP[,OP...]", help="comma-separated cases (default: all)")
     group.addoption("--bench-dtype", default=None, metavar="DTYPE[,DTYPE...]", help="among fp16, bf16, fp32")
     group.addoption("--bench-compile", action="store_true", help="also torch.compile")
-    group.addoption("--bench-triton", action="store_true", help="also the Triton references (bench/triton_reference.py)")
+    group.addoption("--bench-triton", action="store_true",
+                    help="also the Triton references (bench/triton_reference.py)")
 
 
 def _split(text):
@@ -70,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def settings(request) -> runner.Settings:
+def run_settings(request) -> runner.Settings:
     return bench_settings(request.config)
 
 

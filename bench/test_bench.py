@@ -15,9 +15,10 @@ import torch
 from fusedops.bench import providers, timing
 
 
-def test_bench(benchmark, bench_point, settings, workload_for):
+def test_bench(benchmark, bench_point, run_settings, workload_for):
     point, provider = bench_point
     try:
+        providers.resolve(point.case, providers.FUSEDOPS)    # as the CLI: no fusedops op, no case
         fn = providers.resolve(point.case, provider)
     except providers.Unavailable as reason:
         pytest.skip(str(reason))
@@ -36,8 +37,8 @@ def test_bench(benchmark, bench_point, settings, workload_for):
         run()
         torch.cuda.synchronize()
 
-    benchmark.pedantic(call, setup=setup, rounds=settings.repeats, warmup_rounds=settings.warmup)
-    ms = statistics.median(timing.gpu_times_ms(run, warmup=0, repeats=settings.repeats))
+    benchmark.pedantic(call, setup=setup, rounds=run_settings.repeats, warmup_rounds=run_settings.warmup)
+    ms = statistics.median(timing.gpu_times_ms(run, warmup=0, repeats=run_settings.repeats))
     unit = point.case.unit
     benchmark.extra_info.update({"case": point.case.name, "shape": point.case.label(point.shape),
                                  "provider": provider, "cuda_event_ms": ms,

@@ -14,8 +14,11 @@ __version__ = "0.1.0"
 # name -> "module:attribute". A constant table; add one line per public op as it lands, e.g.
 # "softmax": "fusedops.kernels.softmax:softmax".
 _LAZY_EXPORTS: dict[str, str] = {
+    "matmul": "fusedops.functional:matmul",
     "softmax": "fusedops.functional:softmax",
     "log_softmax": "fusedops.functional:log_softmax",
+    "layer_norm": "fusedops.functional:layer_norm",
+    "rms_norm": "fusedops.functional:rms_norm",
 }
 
 
@@ -25,7 +28,9 @@ def __getattr__(name: str):
     if target is None:
         raise AttributeError(f"module 'fusedops' has no attribute {name!r}")
     module_name, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
+    value = getattr(importlib.import_module(module_name), attribute)
+    globals()[name] = value   # later lookups are plain attribute reads (ops are called per step)
+    return value
 
 
 def __dir__() -> list[str]:

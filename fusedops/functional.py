@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from fusedops.autograd import norms as _norms
 from fusedops.autograd.softmax import SoftmaxFunction
 from fusedops.dsl.runtime import knobs
 from fusedops.kernels.softmax import softmax_forward
@@ -26,7 +27,7 @@ def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
     """Whether an op on `x` (reading/writing `dtypes`) runs the fusedops kernels."""
     if x.is_cuda:
         return all(d in _KERNEL_DTYPES for d in dtypes)
-    return x.device.type == "cpu" and knobs.current().interpret
+    return x.device.type == "cpu" and knobs.interpret_enabled()
 
 
 def normalize_dim(name: str, dim, ndim: int) -> int:
@@ -101,3 +102,111 @@ def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) 
     if input.requires_grad and torch.is_grad_enabled():
         return SoftmaxFunction.apply(input, dim, log, kernel_dtype)
     return softmax_forward(input, dim, log=log, dtype=kernel_dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# layer_norm, rms_norm
+# ------------------------------------------------------------------------------------------------
+def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+    """Layer normalization over the trailing dims `normalized_shape`, like
+    `torch.nn.functional.layer_norm`: (x - mean) / sqrt(var + eps) * weight + bias, with the biased
+    variance, per row of the flattened leading dims.
+
+    Args:
+        input: float16/bfloat16/float32/float64 tensor whose trailing dims equal normalized_shape, any
+            strides (expanded and transposed inputs are read in place where the flattened rows have one
+            stride; otherwise copied once).
+        normalized_shape: an int or a sequence of ints.
+        weight, bias: tensors shaped normalized_shape with input's dtype, or None (each independently).
+        eps: added to the variance; statistics are float32 (float64 for float64 input).
+    Returns:
+        A contiguous tensor shaped and typed like input.
+    Raises:
+        TypeError: input not floating, or weight/bias dtype differs from input's (named in the message;
+            torch's CUDA kernel rejects that too).
+        ValueError: empty normalized_shape, mismatched shapes, parameters on another device.
+
+    fp16/bf16/fp32 CUDA tensors run the fusedops kernels (forward, and backward when a gradient is
+    needed, with deterministic dweight/dbias); float64 on CUDA and CPU tensors run torch's op, unless
+    FUSEDOPS_INTERPRET=1 runs the kernels in the interpreter. Under CUDA autocast the inputs are cast to
+    float32 first and the result is float32, as torch's autocast does for layer_norm.
+    """
+    if isinstance(input, torch.Tensor) and input.is_cuda and torch.is_autocast_enabled("cuda"):
+        # CUDA autocast runs layer_norm in float32 (it is on torch's "autocast to float32" list).
+        input, weight, bias = (t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                               for t in (input, weight, bias))
+    shape = _norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
+    params = [p for p in (weight, bias) if p is not None]
+    if not _runs_kernels(input, input.dtype):
+        return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *params)):
+        return _norms.LayerNormFunction.apply(input, shape, weight, bias, float(eps))
+    return _norms.norm(input, shape, weight, bias, float(eps), subtract_mean=True)
+
+
+def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+             eps: Optional[float] = None) -> torch.Tensor:
+    """Root-mean-square normalization over the trailing dims `normalized_shape`, like
+    `torch.nn.functional.rms_norm`: x / sqrt(mean(x^2) + eps) * weight.
+
+    Args:
+        input: as for layer_norm.
+        normalized_shape: an int or a sequence of ints.
+        weight: a tensor shaped normalized_shape of any floating dtype, or None.
+        eps: None means what torch uses: the machine epsilon of the accumulation dtype (float32's for
+            float16/bfloat16/float32 input, float64's for float64 input).
+    Returns:
+        A contiguous tensor shaped and typed like input (whatever weight's dtype).
+    Raises:
+        TypeError: input or weight not floating. ValueError: as for layer_norm.
+
+    Dispatch as for layer_norm (a float64 weight on CUDA also runs torch's op).
+    """
+    shape = _norms.check_rms_norm_arguments(input, normalized_shape, weight)
+    dtypes = (input.dtype,) if weight is None else (input.dtype, weight.dtype)
+    if not _runs_kernels(input, *dtypes):
+        return torch.nn.functional.rms_norm(input, shape, weight, eps)
+    eps = _norms.default_rms_norm_eps(input.dtype) if eps is None else float(eps)
+    if torch.is_grad_enabled() and (input.requires_grad or (weight is not None and weight.requires_grad)):
+        return _norms.RMSNormFunction.apply(input, shape, weight, eps)
+    return _norms.norm(input, shape, weight, None, eps, subtract_mean=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# matmul (with a fused epilogue)
+# ------------------------------------------------------------------------------------------------
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None,
+           out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """activation(a @ b + bias) in one kernel, with torch.matmul's shape rules.
+
+    Args:
+        a: (..., M, K) or (K,); b: (..., K, N) or (K,); one floating dtype; the batch dims broadcast
+            (a 2-D operand is shared by every batch without a copy); any strides: transposed and
+            strided views are read in place. Any M, N, K >= 0 (K = 0 gives activation(bias), or 0).
+        bias: (N,) tensor of any floating dtype, added in float32, or None.
+        activation: None, "relu", "gelu" (erf), "gelu_tanh" or "silu", applied in float32.
+        out_dtype: the result dtype (default a's): float16, bfloat16 or float32.
+    Returns:
+        A contiguous tensor of shape broadcast(batch) + (M, N) (dims of 1-D operands dropped).
+    Raises:
+        TypeError: non-tensors, mismatched or non-floating dtypes. ValueError: shapes that do not
+        multiply, a bad bias, an unknown activation, operands on two devices.
+
+    float16/bfloat16 CUDA tensors run the fusedops kernel (tensor cores, fp32 accumulation;
+    autograd through fusedops.autograd.matmul.MatmulFunction). Other CUDA dtypes and CPU tensors
+    run torch ops, unless FUSEDOPS_INTERPRET=1 runs the kernel in the interpreter (any float dtype).
+    """
+    from fusedops.autograd import matmul as _matmul
+
+    _matmul.check_arguments(a, b, bias, activation, out_dtype)
+    if a.is_cuda:
+        runs = a.dtype in (torch.float16, torch.bfloat16) and (out_dtype or a.dtype) in _KERNEL_DTYPES
+    else:
+        runs = a.device.type == "cpu" and knobs.interpret_enabled()
+    if not runs:
+        return _matmul.reference(a, b, bias, activation, out_dtype)
+    tensors = (a, b) + ((bias,) if bias is not None else ())
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _matmul.MatmulFunction.apply(a, b, bias, activation, out_dtype)
+    return _matmul.forward_kernel(a, b, bias, activation, out_dtype)

@@ -5,7 +5,7 @@ With a CUDA GPU it benchmarks every op of the case table (cases.py) against nati
 executes the library's kernels through the interpreter and compiles them to PTX. The exit status is
 0 on success, 1 when a check failed (or nothing ran), 2 for a usage error.
 
-    python -m fusedops.bench --quick --out bench-results     # on a GPU: < 1 minute on an H200
+    python -m fusedops.bench --quick --out bench-results     # on a GPU; meant to take < 1 minute on an H200
     python -m fusedops.bench --ops softmax,layer_norm --dtype fp16,bf16
     python -m fusedops.bench --selfcheck                     # the CPU self-check, GPU or not
 """
@@ -34,13 +34,14 @@ def _parser() -> argparse.ArgumentParser:
                     "through the interpreter when there is no GPU.",
     )
     parser.add_argument("--ops", metavar="OP[,OP...]",
-                        help="comma-separated cases to run (default: all); see the list in the error message "
-                             "of an unknown name, or fusedops/bench/cases.py")
+                        help="comma-separated cases to run, e.g. softmax,matmul_backward (default: all; an "
+                             "unknown name lists the valid ones)")
     parser.add_argument("--dtype", metavar="DTYPE[,DTYPE...]",
                         help="comma-separated dtypes among fp16, bf16, fp32 (default: each op's own; "
                              "with --quick its first)")
     parser.add_argument("--quick", action="store_true",
-                        help="a few shapes per op, one dtype, fewer timed runs (under a minute on an H200)")
+                        help="one or two shapes per op, one dtype, fewer timed runs "
+                             "(meant to take under a minute on an H200)")
     parser.add_argument("--out", metavar="DIR", default="bench-results",
                         help="directory for results.csv/json/md and one PNG per op (default: %(default)s)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the PyTorch version")
@@ -58,9 +59,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
     parser = _parser()
     args = parser.parse_args(argv)
-    args.ops = _comma_list(parser, "--ops", args.ops, list(CASES_BY_NAME), "ops") if args.ops is not None else None
-    args.dtypes = (tuple(DTYPE_NAMES[name] for name in _comma_list(parser, "--dtype", args.dtype, list(DTYPE_NAMES), "dtypes"))
-                   if args.dtype is not None else None)
+    if args.ops is not None:
+        args.ops = _comma_list(parser, "--ops", args.ops, list(CASES_BY_NAME), "ops")
+    args.dtypes = None
+    if args.dtype is not None:
+        names = _comma_list(parser, "--dtype", args.dtype, list(DTYPE_NAMES), "dtypes")
+        args.dtypes = tuple(DTYPE_NAMES[name] for name in names)
     return args
 
 

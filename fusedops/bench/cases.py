@@ -57,7 +57,6 @@ class BenchCase:
     name: str                       # unique; what --ops takes: "softmax", "softmax_backward"
     op: str                         # the op: one plot per op, forward and backward together
     backward: bool                  # time the backward pass (autograd) instead of the forward
-    fusedops_path: str              # "softmax", "nn.Linear": the attribute of `fusedops` used
     dims: Tuple[str, ...]           # names of the shape's entries: ("M", "N")
     shapes: Tuple[Shape, ...]       # full run
     quick_shapes: Tuple[Shape, ...]
@@ -76,6 +75,11 @@ class BenchCase:
     triton: Optional[str] = None    # function of bench/triton_reference.py (forward cases only)
     compile: bool = True            # offer torch.compile(torch_fn) with --compile
 
+    @property
+    def fusedops_path(self) -> str:
+        """The attribute of `fusedops` the case uses ("softmax", "nn.Linear")."""
+        return getattr(self.fusedops, "path", self.name)
+
     def label(self, shape: Shape) -> str:
         """"M=8192 N=4096"; a true flag shows its name ("causal"), a false one nothing."""
         parts = []
@@ -91,15 +95,19 @@ class BenchCase:
         return (self.reference_fn or self.torch_fn)(*inputs, **options)
 
 
-def library(path: str, adapt: Optional[Callable] = None) -> Callable[[], Callable]:
-    """A resolver of `fusedops.<path>` ("softmax", "nn.Linear"), wrapped as `adapt(target, *inputs,
-    **options)` when `adapt` is given. Resolving raises ImportError or AttributeError while the
-    attribute does not exist."""
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """The resolver of `fusedops.<path>` ("softmax", "nn.Linear"): calling it returns the attribute,
+    wrapped as `adapt(attribute, *inputs, **options)` when `adapt` is given, and raises ImportError
+    or AttributeError while the attribute does not exist."""
 
-    def resolve() -> Callable:
+    path: str
+    adapt: Optional[Callable] = None
+
+    def __call__(self) -> Callable:
         target = importlib.import_module("fusedops")
         name = "fusedops"
-        for part in path.split("."):
+        for part in self.path.split("."):
             name = f"{name}.{part}"
             try:
                 target = getattr(target, part)
@@ -108,9 +116,7 @@ def library(path: str, adapt: Optional[Callable] = None) -> Callable[[], Callabl
                 if importlib.util.find_spec(name) is None:
                     raise
                 target = importlib.import_module(name)
-        return functools.partial(adapt, target) if adapt is not None else target
-
-    return resolve
+        return functools.partial(self.adapt, target) if self.adapt is not None else target
 
 
 # -- inputs -----------------------------------------------------------------------------------------
@@ -194,8 +200,12 @@ def _naive_softmax(x):
 
 @functools.lru_cache(maxsize=None)
 def _meta_linear(module_class, in_features: int, out_features: int):
-    # one parameterless shell per size; the parameters are passed per call (functional_call)
-    return module_class(in_features, out_features, bias=True, device="meta")
+    # One shell per size, its parameters passed per call (functional_call): on the meta device when
+    # the class takes `device` as torch.nn.Linear does (no memory, no initialization).
+    try:
+        return module_class(in_features, out_features, bias=True, device="meta")
+    except TypeError:
+        return module_class(in_features, out_features, bias=True)
 
 
 def _linear_module(module_class, x, weight, bias):
@@ -219,7 +229,7 @@ _NORM_COLUMNS = (1000, 1024, 2048, 4096, 4097, 8192, 16384, 32768)
 _ROWS_SELFCHECK = ((3, 17), (4, 1000), (2, 20000))    # 20000 > one block: the looped paths
 _MATMUL_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 11008, 4096), (8192, 4096, 11008),
                   (8192, 14336, 4096), (8192, 4096, 14336))
-_LINEAR_SHAPES = ((8192, 4096, 4096), (8192, 11008, 4096), (8192, 4096, 11008), (8192, 14336, 4096))
+_LINEAR_SHAPES = ((4096, 4096, 4096), (8192, 4096, 4096), (8192, 11008, 4096), (8192, 4096, 11008), (8192, 14336, 4096))
 _MATMUL_SELFCHECK = ((17, 33, 40), (64, 48, 32))
 # 16k tokens (B*S), H*E = 2048
 _ATTENTION_SHAPES = tuple((16384 // s, 2048 // e, s, e, causal)
@@ -244,51 +254,52 @@ def _op(name: str, *, work_forward, work_backward=None, triton: Optional[str] = 
 
 
 CASES: Tuple[BenchCase, ...] = (
-    *_op("softmax", fusedops_path="softmax", dims=("M", "N"), unit="GB/s",
+    *_op("softmax", dims=("M", "N"), unit="GB/s",
          shapes=tuple((_M, n) for n in _SOFTMAX_COLUMNS), quick_shapes=((_M, 4096),),
          selfcheck_shapes=_ROWS_SELFCHECK, dtypes=_FLOAT, make_inputs=_rows_inputs,
          torch_fn=lambda x: torch.softmax(x, dim=-1),
-         fusedops=library("softmax", lambda f, x: f(x, dim=-1)),
+         fusedops=Library("softmax", lambda f, x: f(x, dim=-1)),
          work_forward=_rows_bytes(2), work_backward=_rows_bytes(3),   # read y, dy; write dx
-         extra_providers={"torch-naive": _naive_softmax}, triton="softmax"),
-    *_op("log_softmax", fusedops_path="log_softmax", dims=("M", "N"), unit="GB/s",
+         # the naive version's fp16 backward is not accurate enough to pass the check: forward only
+         extra_providers={"torch-naive": _naive_softmax}, extra_backward=False, triton="softmax"),
+    *_op("log_softmax", dims=("M", "N"), unit="GB/s",
          shapes=tuple((_M, n) for n in _SOFTMAX_COLUMNS), quick_shapes=((_M, 4096),),
          selfcheck_shapes=_ROWS_SELFCHECK, dtypes=_FLOAT, make_inputs=_rows_inputs,
          torch_fn=lambda x: torch.log_softmax(x, dim=-1),
-         fusedops=library("log_softmax", lambda f, x: f(x, dim=-1)),
+         fusedops=Library("log_softmax", lambda f, x: f(x, dim=-1)),
          work_forward=_rows_bytes(2), work_backward=_rows_bytes(3)),
-    *_op("layer_norm", fusedops_path="layer_norm", dims=("M", "N"), unit="GB/s",
+    *_op("layer_norm", dims=("M", "N"), unit="GB/s",
          shapes=tuple((_M, n) for n in _NORM_COLUMNS), quick_shapes=((_M, 4096),),
          selfcheck_shapes=_ROWS_SELFCHECK, dtypes=_FLOAT, make_inputs=_norm_inputs(with_bias=True),
          torch_fn=lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b),
-         fusedops=library("layer_norm", lambda f, x, w, b: f(x, x.shape[-1:], w, b)),
+         fusedops=Library("layer_norm", lambda f, x, w, b: f(x, x.shape[-1:], w, b)),
          grad_inputs=(0, 1, 2),
          # forward: read x, w, b; write y. backward: read x, dy, w, mean, rstd; write dx, dw, db
          work_forward=_norm_bytes(2, 2, 0), work_backward=_norm_bytes(3, 3, 8), triton="layer_norm"),
-    *_op("rms_norm", fusedops_path="rms_norm", dims=("M", "N"), unit="GB/s",
+    *_op("rms_norm", dims=("M", "N"), unit="GB/s",
          shapes=tuple((_M, n) for n in _NORM_COLUMNS), quick_shapes=((_M, 4096),),
          selfcheck_shapes=_ROWS_SELFCHECK, dtypes=_FLOAT, make_inputs=_norm_inputs(with_bias=False),
          torch_fn=lambda x, w: F.rms_norm(x, x.shape[-1:], w),
-         fusedops=library("rms_norm", lambda f, x, w: f(x, x.shape[-1:], w)),
+         fusedops=Library("rms_norm", lambda f, x, w: f(x, x.shape[-1:], w)),
          grad_inputs=(0, 1),
          # forward: read x, w; write y. backward: read x, dy, w, rstd; write dx, dw
          work_forward=_norm_bytes(2, 1, 0), work_backward=_norm_bytes(3, 2, 4)),
-    *_op("matmul", fusedops_path="matmul", dims=("M", "N", "K"), unit="TFLOP/s",
+    *_op("matmul", dims=("M", "N", "K"), unit="TFLOP/s",
          shapes=_MATMUL_SHAPES, quick_shapes=((4096, 4096, 4096),), selfcheck_shapes=_MATMUL_SELFCHECK,
          dtypes=_HALF, make_inputs=_matmul_inputs, torch_fn=torch.matmul,
-         fusedops=library("matmul"), grad_inputs=(0, 1),
+         fusedops=Library("matmul"), grad_inputs=(0, 1),
          work_forward=_matmul_flops(1), work_backward=_matmul_flops(2), triton="matmul"),
-    *_op("linear", fusedops_path="nn.Linear", dims=("M", "N", "K"), unit="TFLOP/s",
+    *_op("linear", dims=("M", "N", "K"), unit="TFLOP/s",
          shapes=_LINEAR_SHAPES, quick_shapes=((4096, 4096, 4096),), selfcheck_shapes=_MATMUL_SELFCHECK,
          dtypes=_HALF, make_inputs=_linear_inputs, torch_fn=F.linear,
-         fusedops=library("nn.Linear", _linear_module), grad_inputs=(0, 1, 2),
+         fusedops=Library("nn.Linear", _linear_module), grad_inputs=(0, 1, 2),
          work_forward=_matmul_flops(1), work_backward=_matmul_flops(2)),
-    *_op("attention", fusedops_path="scaled_dot_product_attention", dims=("B", "H", "S", "E", "causal"),
+    *_op("attention", dims=("B", "H", "S", "E", "causal"),
          unit="TFLOP/s", shapes=_ATTENTION_SHAPES, quick_shapes=_ATTENTION_QUICK,
          selfcheck_shapes=_ATTENTION_SELFCHECK, dtypes=_HALF, make_inputs=_attention_inputs,
          options=_attention_options,
          torch_fn=lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-         fusedops=library("scaled_dot_product_attention", lambda f, q, k, v, causal: f(q, k, v, is_causal=causal)),
+         fusedops=Library("scaled_dot_product_attention", lambda f, q, k, v, causal: f(q, k, v, is_causal=causal)),
          reference_fn=references.attention, reference_grads=references.attention_grads, grad_inputs=(0, 1, 2),
          work_forward=_attention_flops(1.0), work_backward=_attention_flops(2.5),
          extra_providers={"torch-flash": _sdpa_backend("FLASH_ATTENTION"),

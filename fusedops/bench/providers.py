@@ -87,7 +87,8 @@ def resolve(case: BenchCase, provider: str) -> Callable:
     for name, fn in case.extra_providers:
         if name == provider:
             return fn
-    raise Unavailable(f"{case.name} has no provider {provider!r}; it has {', '.join(names(case, compile=True, triton=True))}")
+    offered = ", ".join(names(case, compile=True, triton=True))
+    raise Unavailable(f"{case.name} has no provider {provider!r}; it has {offered}")
 
 
 def _triton_module():

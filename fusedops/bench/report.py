@@ -121,11 +121,12 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] = TABLE_COLUMNS, *
         return tabulate(body, headers=list(columns), tablefmt="github" if markdown else "simple",
                         disable_numparse=True)
     widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(columns)]
-    separator = "|" if markdown else "  "
-    lines = [separator.join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines.append(separator.join(("-" * w) for w in widths))
-    lines += [separator.join(v.ljust(w) for v, w in zip(r, widths)) for r in body]
-    return "\n".join(line.rstrip() for line in lines)
+
+    def line(cells) -> str:
+        padded = [cell.ljust(width) for cell, width in zip(cells, widths)]
+        return f"| {' | '.join(padded)} |" if markdown else "  ".join(padded).rstrip()
+
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 
 # -- plots --------------------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def plot_op(op: str, rows: Sequence[dict], path: Path, ceiling: Optional[float] 
         ax.set_xticks(range(len(shapes)), [s.replace(" ", "\n") for s in shapes], fontsize=7)
         ax.set_ylabel(unit)
         ax.set_title(f"{case} ({dtype})")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     return path

@@ -103,10 +103,19 @@ def measure_point(point: Point, names: Sequence[str], timer: Timer, *, ceiling: 
     """Check and time `point` for each provider in `names` (torch first); one row per provider.
 
     A provider that cannot run here (providers.Unavailable) gives no row, only a message through
-    `say`; one that raises gives a
-    row with check "error" and the exception in `note`; one whose result is wrong is not timed.
+    `say`; one that raises gives a row with check "error" and the exception in `note`; one whose
+    result is wrong is not timed. When the inputs or the reference cannot be made (out of memory,
+    a GPU left in an error state by an earlier crash), the point is one fusedops "error" row.
     """
-    workload = Workload(point.case, point.shape, point.dtype, device)
+    try:
+        workload = Workload(point.case, point.shape, point.dtype, device)
+    except Exception as exc:  # nothing can be checked at this point: that is a failure, not a crash
+        row = _row(point, providers.FUSEDOPS)
+        row.update(check="error", note=f"inputs or reference: {_one_line(exc)}")
+        say(f"{point.case.name} [{row['shape']}, {row['dtype']}]: error: {row['note']}")
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+        return [row]
     rows = []
     for name in names:
         row = _row(point, name)
@@ -171,9 +180,10 @@ def write_outputs(rows: Sequence[dict], settings: Settings, ceilings: timing.Cei
     stamp = dict(env, copy_GB_per_s=ceilings.copy_gb_per_s, gemm_fp16_TFLOP_per_s=ceilings.gemm_tflop_per_s)
     paths = report.write_rows(rows, str(out), "results", stamp)
     markdown = out / "results.md"
-    markdown.write_text(f"{env['gpu']}, driver {env['driver']}, torch {env['torch']}, fusedops {env['fusedops']}; "
-                        f"ceilings: device-to-device copy {ceilings.copy_gb_per_s:.0f} GB/s, cuBLAS fp16 GEMM "
-                        f"{ceilings.gemm_tflop_per_s:.0f} TFLOP/s\n\n" + report.format_table(rows, markdown=True) + "\n")
+    heading = (f"{env['gpu']}, driver {env['driver']}, torch {env['torch']}, fusedops {env['fusedops']}; "
+               f"ceilings: device-to-device copy {ceilings.copy_gb_per_s:.0f} GB/s, "
+               f"cuBLAS fp16 GEMM {ceilings.gemm_tflop_per_s:.0f} TFLOP/s")
+    markdown.write_text(f"{heading}\n\n{report.format_table(rows, markdown=True)}\n")
     paths.append(markdown)
     op_of = {case.name: case.op for case in settings.cases}
     for op in dict.fromkeys(op_of.values()):

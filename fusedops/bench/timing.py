@@ -97,14 +97,21 @@ class Ceilings:
         raise ValueError(f"no ceiling for the unit {unit!r}; expected 'GB/s' or 'TFLOP/s'")
 
 
-def measure_ceilings(*, warmup: int = 5, repeats: int = 30) -> Ceilings:
-    """Time a COPY_BYTES device-to-device copy and an fp16 GEMM_SIZE^3 torch.matmul on the current GPU."""
+def _copy_ms(warmup: int, repeats: int) -> float:
     source = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
-    copy_ms = gpu_time_ms(lambda: target.copy_(source), warmup=warmup, repeats=repeats)
-    del source, target
+    return gpu_time_ms(lambda: target.copy_(source), warmup=warmup, repeats=repeats)
+
+
+def _gemm_ms(warmup: int, repeats: int) -> float:
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.float16)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.float16)
-    gemm_ms = gpu_time_ms(lambda: torch.matmul(a, b), warmup=warmup, repeats=repeats)
+    return gpu_time_ms(lambda: torch.matmul(a, b), warmup=warmup, repeats=repeats)
+
+
+def measure_ceilings(*, warmup: int = 5, repeats: int = 30) -> Ceilings:
+    """Time a COPY_BYTES device-to-device copy and an fp16 GEMM_SIZE^3 torch.matmul on the current GPU."""
+    copy_ms = _copy_ms(warmup, repeats)
+    gemm_ms = _gemm_ms(warmup, repeats)
     return Ceilings(copy_gb_per_s=2 * COPY_BYTES / copy_ms / 1e6,
                     gemm_tflop_per_s=2 * GEMM_SIZE**3 / gemm_ms / 1e9)

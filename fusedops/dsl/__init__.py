@@ -13,10 +13,11 @@ from .language.core import (abs, arange, argmax, argmin, atomic_add, atomic_and,
                             static_range, store, sum, tanh, trans, where, zeros)
 from .language.dtypes import (BlockType, DType, PointerType, bfloat16, float16, float32, float64, int1, int8,
                               int16, int32, int64, pointer_type, uint8, uint16, uint32, uint64)
+from .runtime.autotune import Autotuner, Config, autotune
 from .runtime.jit import JITFunction, jit
 
 __all__ = [
-    "jit", "JITFunction", "constexpr", "static_range",
+    "jit", "JITFunction", "constexpr", "static_range", "autotune", "Autotuner", "Config",
     "CompilationError", "UnsupportedError", "LaunchError", "InterpreterError",
     "DType", "PointerType", "BlockType", "pointer_type",
     "int1", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

@@ -32,6 +32,8 @@ Kernels and when the launchers (norms.py) use them:
   in registers next to the column sums. The first kernel tiles (row group, column chunk); it reads x
   and dy once to produce the dweight/dbias partials and each row's c1/c2 restricted to its chunk. The
   second sums a row's chunk contributions to c1/c2 and writes dx (x and dy are read a second time).
+  Both row loops are `_group_column_sums`; with PREFETCH it issues the next row block's loads before
+  reducing the current one, so that a program keeps two blocks of loads in flight.
 - `column_sum_kernel`: the second stage of the dweight/dbias reduction.
 
 Addressing: row r, column c of x is at x_ptr + r * x_row_stride + c * x_col_stride, with the row
@@ -132,62 +134,92 @@ def forward_looped_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
 
 
 @dsl.jit
-def _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask,
-                     x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                     SUBTRACT_MEAN: dsl.constexpr):
-    # (xhat, dy, g = dy * weight, rstd) of a (rows, cols) tile, in the accumulation dtype; every
-    # masked-off element of xhat, dy and g is 0 (x and dy load 0 there and rstd loads 0 on padded rows).
-    acc_dtype = rstd_ptr.dtype.element
+def _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask,
+               x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, SUBTRACT_MEAN: dsl.constexpr):
+    # The (rows, cols) tiles of x and dy in their own dtype and the rows' mean and rstd; 0 where masked
+    # off (a masked-off row's rstd of 0 zeroes its xhat). For RMSNorm `mean` is rstd, unused.
     mask = row_mask[:, None] & col_mask[None, :]
     rows64 = rows.to(dsl.int64)
     x = dsl.load(x_ptr + rows64[:, None] * x_row_stride + cols[None, :] * x_col_stride, mask=mask, other=0.0)
     dy = dsl.load(dy_ptr + rows64[:, None] * dy_row_stride + cols[None, :] * dy_col_stride, mask=mask, other=0.0)
     rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-    x = x.to(acc_dtype)
+    mean = rstd
     if SUBTRACT_MEAN:
         mean = dsl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+    return x, dy, mean, rstd
+
+
+@dsl.jit
+def _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
+    # (xhat, dy, g = dy * weight) of a tile from _load_tile, in the accumulation dtype (rstd's); weight:
+    # the (BLOCK_N,) weight in its own dtype, or None. Masked-off elements of all three are 0.
+    acc_dtype = rstd.dtype
+    x = x.to(acc_dtype)
+    if SUBTRACT_MEAN:
         x = dsl.where(mask, x - mean[:, None], 0.0)
     xhat = x * rstd[:, None]
     dy = dy.to(acc_dtype)
     g = dy
-    if weight_ptr is not None:
-        g = dy * dsl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)[None, :]
-    return xhat, dy, g, rstd
+    if weight is not None:
+        g = dy * weight.to(acc_dtype)[None, :]
+    return xhat, dy, g
 
 
 @dsl.jit
-def backward_fused_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr,
-                          rstd_ptr, n_rows, n_cols, rows_per_program, x_row_stride, x_col_stride, dy_row_stride,
-                          dy_col_stride, dx_row_stride,
-                          SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr):
-    # x_ptr, dy_ptr: (n_rows, n_cols) strided; dx_ptr: (n_rows, n_cols) unit column stride, or None;
-    # weight_ptr: (n_cols,) or None; mean_ptr (LayerNorm, else None), rstd_ptr: (n_rows,) from the forward;
-    # d{weight,bias}_partial_ptr: (num_programs, n_cols) contiguous float32/64, or None (not wanted).
-    # Program p owns rows [p * rows_per_program, (p + 1) * rows_per_program); BLOCK_N >= n_cols.
+def _group_column_sums(dx_ptr, c1_partial_ptr, c2_partial_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr,
+                       x_ptr, weight_ptr, mean_ptr, rstd_ptr, row_start, row_end, cols, n_cols, partial_row,
+                       c_column, n_c_columns, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
+                       dx_row_stride, SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr,
+                       BLOCK_N: dsl.constexpr, PREFETCH: dsl.constexpr):
+    # The row loop of both backward kernels: walks rows [row_start, row_end) BLOCK_ROWS at a time over
+    # the columns `cols`, adds dy * xhat and dy into column sums stored at the end to
+    # d{weight,bias}_partial[partial_row, cols], and per row block either
+    #   - writes dx (dx_ptr not None; `cols` must then cover the whole row), or
+    #   - writes the row sums of xhat * g and g restricted to `cols` to c{1,2}_partial[row, c_column]
+    #     (rows of n_c_columns; c1_partial_ptr not None).
+    # PREFETCH: the next row block's loads are issued before this one is reduced (two blocks in flight).
     acc_dtype = rstd_ptr.dtype.element
-    pid = dsl.program_id(0)
-    row_start = pid * rows_per_program
-    row_end = dsl.minimum(row_start + rows_per_program, n_rows)
-    cols = dsl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     dweight_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
     dbias_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
+    if PREFETCH:
+        rows = row_start + dsl.arange(0, BLOCK_ROWS)
+        x, dy, mean, rstd = _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, rows < row_end, col_mask,
+                                       x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, SUBTRACT_MEAN)
     for first in range(row_start, row_end, BLOCK_ROWS):
         rows = first + dsl.arange(0, BLOCK_ROWS)
         row_mask = rows < row_end
-        xhat, dy, g, rstd = _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask,
-                                             col_mask, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                                             SUBTRACT_MEAN)
+        if PREFETCH:
+            next_rows = rows + BLOCK_ROWS
+            x_next, dy_next, mean_next, rstd_next = _load_tile(
+                x_ptr, dy_ptr, mean_ptr, rstd_ptr, next_rows, cols, next_rows < row_end, col_mask,
+                x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, SUBTRACT_MEAN)
+        else:
+            x, dy, mean, rstd = _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask,
+                                           x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, SUBTRACT_MEAN)
+        mask = row_mask[:, None] & col_mask[None, :]
+        weight = None
+        if weight_ptr is not None:     # reloaded per row block (L1 hits): fewer registers held across the loop
+            weight = dsl.load(weight_ptr + cols, mask=col_mask, other=0.0)
+        xhat, dy_acc, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
+        # Accumulated first, so that dy is dead before the row reductions (fewer live registers).
+        dweight_sum += dy_acc * xhat
+        dbias_sum += dy_acc
         if dx_ptr is not None:
             c1 = dsl.sum(xhat * g, axis=1) / n_cols
             dx = g - xhat * c1[:, None]
             if SUBTRACT_MEAN:
                 dx = dx - (dsl.sum(g, axis=1) / n_cols)[:, None]
             dsl.store(dx_ptr + rows.to(dsl.int64)[:, None] * dx_row_stride + cols[None, :], dx * rstd[:, None],
-                      mask=row_mask[:, None] & col_mask[None, :])
-        dweight_sum += dy * xhat
-        dbias_sum += dy
-    partial = pid.to(dsl.int64) * n_cols + cols
+                      mask=mask)
+        if c1_partial_ptr is not None:
+            c_offsets = rows.to(dsl.int64) * n_c_columns + c_column
+            dsl.store(c1_partial_ptr + c_offsets, dsl.sum(xhat * g, axis=1), mask=row_mask)
+            if SUBTRACT_MEAN:
+                dsl.store(c2_partial_ptr + c_offsets, dsl.sum(g, axis=1), mask=row_mask)
+        if PREFETCH:
+            x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
+    partial = partial_row.to(dsl.int64) * n_cols + cols
     if dweight_partial_ptr is not None:
         dsl.store(dweight_partial_ptr + partial, dsl.sum(dweight_sum, axis=0), mask=col_mask)
     if dbias_partial_ptr is not None:
@@ -195,44 +227,41 @@ def backward_fused_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr
 
 
 @dsl.jit
+def backward_fused_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr,
+                          rstd_ptr, n_rows, n_cols, rows_per_program, x_row_stride, x_col_stride, dy_row_stride,
+                          dy_col_stride, dx_row_stride, SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr,
+                          BLOCK_N: dsl.constexpr, PREFETCH: dsl.constexpr):
+    # x_ptr, dy_ptr: (n_rows, n_cols) strided; dx_ptr: (n_rows, n_cols) unit column stride, or None;
+    # weight_ptr: (n_cols,) or None; mean_ptr (LayerNorm, else None), rstd_ptr: (n_rows,) from the forward;
+    # d{weight,bias}_partial_ptr: (num_programs, n_cols) contiguous float32/64, or None (not wanted).
+    # Program p owns rows [p * rows_per_program, (p + 1) * rows_per_program); BLOCK_N >= n_cols.
+    pid = dsl.program_id(0)
+    row_start = pid * rows_per_program
+    _group_column_sums(dx_ptr, None, None, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr, weight_ptr,
+                       mean_ptr, rstd_ptr, row_start, dsl.minimum(row_start + rows_per_program, n_rows),
+                       dsl.arange(0, BLOCK_N), n_cols, pid, 0, 0, x_row_stride, x_col_stride, dy_row_stride,
+                       dy_col_stride, dx_row_stride, SUBTRACT_MEAN, BLOCK_ROWS, BLOCK_N, PREFETCH)
+
+
+@dsl.jit
 def backward_partials_kernel(c1_partial_ptr, c2_partial_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr,
                              weight_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, rows_per_program, x_row_stride,
-                             x_col_stride, dy_row_stride, dy_col_stride,
-                             SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr):
+                             x_col_stride, dy_row_stride, dy_col_stride, SUBTRACT_MEAN: dsl.constexpr,
+                             BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr, PREFETCH: dsl.constexpr):
     # Split backward, first kernel. Program p = group * n_chunks + chunk (n_chunks = cdiv(n_cols, BLOCK_N))
     # owns rows [group * rows_per_program, ...) and columns [chunk * BLOCK_N, ...). Writes
     # c1_partial[row, chunk] = sum over its columns of xhat * g and c2_partial[row, chunk] = sum of g
     # ((n_rows, n_chunks) contiguous float32/64; None when dx is not wanted; c2 LayerNorm only) and the
     # group's column sums to d{weight,bias}_partial[group, cols] ((num_groups, n_cols), or None).
-    acc_dtype = rstd_ptr.dtype.element
     pid = dsl.program_id(0)
     n_chunks = dsl.cdiv(n_cols, BLOCK_N)
     group = pid // n_chunks
     chunk = pid % n_chunks
     row_start = group * rows_per_program
-    row_end = dsl.minimum(row_start + rows_per_program, n_rows)
-    cols = chunk * BLOCK_N + dsl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    dweight_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
-    dbias_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
-    for first in range(row_start, row_end, BLOCK_ROWS):
-        rows = first + dsl.arange(0, BLOCK_ROWS)
-        row_mask = rows < row_end
-        xhat, dy, g, rstd = _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask,
-                                             col_mask, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                                             SUBTRACT_MEAN)
-        c_partial = rows.to(dsl.int64) * n_chunks + chunk
-        if c1_partial_ptr is not None:
-            dsl.store(c1_partial_ptr + c_partial, dsl.sum(xhat * g, axis=1), mask=row_mask)
-        if c2_partial_ptr is not None:
-            dsl.store(c2_partial_ptr + c_partial, dsl.sum(g, axis=1), mask=row_mask)
-        dweight_sum += dy * xhat
-        dbias_sum += dy
-    partial = group.to(dsl.int64) * n_cols + cols
-    if dweight_partial_ptr is not None:
-        dsl.store(dweight_partial_ptr + partial, dsl.sum(dweight_sum, axis=0), mask=col_mask)
-    if dbias_partial_ptr is not None:
-        dsl.store(dbias_partial_ptr + partial, dsl.sum(dbias_sum, axis=0), mask=col_mask)
+    _group_column_sums(None, c1_partial_ptr, c2_partial_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr,
+                       weight_ptr, mean_ptr, rstd_ptr, row_start, dsl.minimum(row_start + rows_per_program, n_rows),
+                       chunk * BLOCK_N + dsl.arange(0, BLOCK_N), n_cols, group, chunk, n_chunks, x_row_stride,
+                       x_col_stride, dy_row_stride, dy_col_stride, 0, SUBTRACT_MEAN, BLOCK_ROWS, BLOCK_N, PREFETCH)
 
 
 @dsl.jit
@@ -251,6 +280,8 @@ def backward_input_kernel(dx_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr,
     cols = (pid % n_column_tiles) * BLOCK_N + dsl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
     col_mask = cols < n_cols
+    x, dy, mean, rstd = _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask,
+                                   x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, SUBTRACT_MEAN)
     c_rows = rows.to(dsl.int64)[:, None] * n_partial_chunks
     c1 = dsl.zeros((BLOCK_ROWS, BLOCK_CHUNKS), acc_dtype)
     c2 = dsl.zeros((BLOCK_ROWS, BLOCK_CHUNKS), acc_dtype)
@@ -260,14 +291,15 @@ def backward_input_kernel(dx_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr,
         c1 += dsl.load(c1_partial_ptr + c_rows + chunks[None, :], mask=c_mask, other=0.0)
         if SUBTRACT_MEAN:
             c2 += dsl.load(c2_partial_ptr + c_rows + chunks[None, :], mask=c_mask, other=0.0)
-    xhat, dy, g, rstd = _normalized_tile(x_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask,
-                                         col_mask, x_row_stride, x_col_stride, dy_row_stride, dy_col_stride,
-                                         SUBTRACT_MEAN)
+    weight = None
+    if weight_ptr is not None:
+        weight = dsl.load(weight_ptr + cols, mask=col_mask, other=0.0)
+    mask = row_mask[:, None] & col_mask[None, :]
+    xhat, dy, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
     dx = g - xhat * (dsl.sum(c1, axis=1) / n_cols)[:, None]
     if SUBTRACT_MEAN:
         dx = dx - (dsl.sum(c2, axis=1) / n_cols)[:, None]
-    dsl.store(dx_ptr + rows.to(dsl.int64)[:, None] * dx_row_stride + cols[None, :], dx * rstd[:, None],
-              mask=row_mask[:, None] & col_mask[None, :])
+    dsl.store(dx_ptr + rows.to(dsl.int64)[:, None] * dx_row_stride + cols[None, :], dx * rstd[:, None], mask=mask)
 
 
 @dsl.jit

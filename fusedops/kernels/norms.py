@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -51,6 +51,8 @@ class BackwardConfig:
     split=True: backward_partials_kernel over (block_rows, block_n) tiles of (row group, column chunk)
     with programs_per_sm programs per SM, then backward_input_kernel over (input_block_rows,
     input_block_n) tiles with input_num_warps.
+    prefetch: the row loop loads the next row block before reducing the current one (twice the bytes
+    in flight, more registers).
     """
 
     split: bool
@@ -58,6 +60,7 @@ class BackwardConfig:
     block_n: int
     num_warps: int
     programs_per_sm: int
+    prefetch: bool = False
     input_block_rows: int = 1
     input_block_n: int = 1
     input_num_warps: int = 4
@@ -94,9 +97,10 @@ def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
     if block_n * dtype.itemsize <= 16 * 1024:
         num_warps = min(16, max(4, block_n * acc_bytes // 2048))
         return BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n,
-                              num_warps=num_warps, programs_per_sm=max(1, 16 // num_warps))
+                              num_warps=num_warps, programs_per_sm=max(1, 16 // num_warps),
+                              prefetch=num_warps <= 8)
     return BackwardConfig(split=True, block_rows=8 // acc_bytes, block_n=1024, num_warps=4, programs_per_sm=4,
-                          input_block_rows=1, input_block_n=4096, input_num_warps=8)
+                          prefetch=True, input_block_rows=1, input_block_n=4096, input_num_warps=8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,13 +136,15 @@ def _check_rows(n_rows: int) -> None:
 
 
 def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, *,
-                 subtract_mean: bool, config: Optional[ForwardConfig] = None, interpret: Optional[bool] = None):
+                 subtract_mean: bool, config: Optional[ForwardConfig] = None, interpret: Optional[bool] = None,
+                 allocate: Callable = torch.empty):
     """LayerNorm (subtract_mean=True) or RMSNorm forward of the rows of `x`.
 
     Args:
         x: (M, N) float16/bfloat16/float32/float64, any strides.
         weight, bias: (N,) or None (any floating dtype; converted on load).
         eps: added to the variance (mean square) in the accumulation dtype.
+        allocate: makes every output, called as torch.empty(shape, dtype=, device=) (tests poison them).
 
     Returns:
         (y, mean, rstd): y (M, N) contiguous in x's dtype; mean (M,) (None for RMSNorm) and rstd (M,) in
@@ -147,9 +153,9 @@ def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional
     n_rows, n_cols = x.shape
     _check_rows(n_rows)
     acc = accumulation_dtype(x.dtype)
-    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    mean = torch.empty(n_rows, dtype=acc, device=x.device) if subtract_mean else None
-    rstd = torch.empty(n_rows, dtype=acc, device=x.device)
+    y = allocate((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    mean = allocate((n_rows,), dtype=acc, device=x.device) if subtract_mean else None
+    rstd = allocate((n_rows,), dtype=acc, device=x.device)
     if n_rows == 0 or n_cols == 0:
         return y, mean, rstd
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
@@ -179,7 +185,7 @@ def _row_groups(n_rows: int, block_rows: int, target_programs: int) -> tuple:
 def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: Optional[torch.Tensor],
                   rstd: torch.Tensor, *, subtract_mean: bool, input_grad: bool, weight_grad: bool, bias_grad: bool,
                   bias_dtype: Optional[torch.dtype] = None, config: Optional[BackwardConfig] = None,
-                  interpret: Optional[bool] = None):
+                  interpret: Optional[bool] = None, allocate: Callable = torch.empty):
     """Gradients of norm_forward.
 
     Args:
@@ -187,6 +193,7 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tens
         weight: (N,) or None; mean (LayerNorm; else None), rstd: (M,) as returned by norm_forward.
         input_grad, weight_grad, bias_grad: which gradients to compute (weight_grad needs a weight).
         bias_dtype: the dtype of dbias (the bias's).
+        allocate: makes every output and scratch buffer, as in norm_forward.
 
     Returns:
         (dx, dweight, dbias): dx (M, N) contiguous in x's dtype, dweight (N,) in weight's dtype, dbias
@@ -195,9 +202,9 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tens
     """
     n_rows, n_cols = x.shape
     device, acc = x.device, rstd.dtype
-    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=device) if input_grad else None
-    dweight = torch.empty(n_cols, dtype=weight.dtype, device=device) if weight_grad else None
-    dbias = torch.empty(n_cols, dtype=bias_dtype, device=device) if bias_grad else None
+    dx = allocate((n_rows, n_cols), dtype=x.dtype, device=device) if input_grad else None
+    dweight = allocate((n_cols,), dtype=weight.dtype, device=device) if weight_grad else None
+    dbias = allocate((n_cols,), dtype=bias_dtype, device=device) if bias_grad else None
     if n_rows == 0 or n_cols == 0:
         for grad in (dweight, dbias):
             if grad is not None:
@@ -208,21 +215,22 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tens
     target_programs = _sm_count(device) * config.programs_per_sm
     strides = (x.stride(0), x.stride(1), dy.stride(0), dy.stride(1))
     tiling = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
-                  num_warps=config.num_warps, interpret=interpret)
+                  PREFETCH=config.prefetch, num_warps=config.num_warps, interpret=interpret)
     if not config.split:
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
         rows_per_program, groups = _row_groups(n_rows, config.block_rows, target_programs)
-        dweight_partial, dbias_partial = _partials(groups, n_cols, acc, device, weight_grad, bias_grad)
+        dweight_partial, dbias_partial = (allocate((groups, n_cols), dtype=acc, device=device) if wanted else None
+                                          for wanted in (weight_grad, bias_grad))
         K.backward_fused_kernel[(groups,)](dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd, n_rows,
                                            n_cols, rows_per_program, *strides, n_cols, **tiling)
     else:
         chunks = dsl.cdiv(n_cols, config.block_n)
         rows_per_program, groups = _row_groups(n_rows, config.block_rows, max(1, target_programs // chunks))
-        dweight_partial, dbias_partial = _partials(groups, n_cols, acc, device, weight_grad, bias_grad)
-        c1_partial = torch.empty((n_rows, chunks), dtype=acc, device=device) if input_grad else None
-        c2_partial = torch.empty((n_rows, chunks), dtype=acc, device=device) if input_grad and subtract_mean \
-            else None
+        dweight_partial, dbias_partial = (allocate((groups, n_cols), dtype=acc, device=device) if wanted else None
+                                          for wanted in (weight_grad, bias_grad))
+        c1_partial = allocate((n_rows, chunks), dtype=acc, device=device) if input_grad else None
+        c2_partial = allocate((n_rows, chunks), dtype=acc, device=device) if input_grad and subtract_mean else None
         K.backward_partials_kernel[(groups * chunks,)](c1_partial, c2_partial, dweight_partial, dbias_partial, dy, x,
                                                        weight, mean, rstd, n_rows, n_cols, rows_per_program,
                                                        *strides, **tiling)
@@ -236,12 +244,6 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tens
     if weight_grad or bias_grad:
         _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret)
     return dx, dweight, dbias
-
-
-def _partials(groups: int, n_cols: int, dtype: torch.dtype, device, weight_grad: bool, bias_grad: bool) -> tuple:
-    def buffer(wanted):
-        return torch.empty((groups, n_cols), dtype=dtype, device=device) if wanted else None
-    return buffer(weight_grad), buffer(bias_grad)
 
 
 def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> None:

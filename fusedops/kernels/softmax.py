@@ -12,48 +12,52 @@ and its k-th element sits k * col_stride[t] further: strided inputs need no copy
 other dims collapse to two groups (they always do for contiguous tensors, transposes and
 permutations of them; a tensor that does not is copied, see `plan_rows`). Offsets are int64.
 
-Kernels. Each kernel loads a 2-D tile and reduces along one axis (AXIS):
-  - AXIS = 1, "row tiles" [ROWS, BLOCK]: used when the reduced dim is the fastest in memory
-    (col stride 1, the usual `dim=-1`). Several rows per program for short rows.
-  - AXIS = 0, "column tiles" [BLOCK, ROWS]: used when the reduced dim is strided and the inner dims
-    are contiguous (`dim` not last on a contiguous tensor): the tile's contiguous axis runs over
-    ROWS neighbouring rows, so loads stay coalesced and 16-byte vectorized without a transposing
-    copy (a copy would cost a full extra read and write of the tensor).
-  - ONE_PASS: the whole row is one tile, read once. Otherwise the online path of Milakov &
-    Gimelshein, "Online normalizer calculation for softmax" (2018): a first sweep over the row in
-    BLOCK-wide chunks keeps a running max m and a sum s rescaled by exp(m_old - m_new) whenever the
-    max grows; a second sweep writes the outputs. Backward: one sweep for sum(dy * y) (or sum(dy)),
-    one for dx.
-Statistics are computed in ACC (float32, or float64 for float64 tensors in the interpreter).
+Tiles. A program loads a tile of rows and reduces each row (the TILE constexpr):
+  - "rows": ROWS rows as [ROWS, BLOCK], reduced along axis 1: the reduced dim is the fastest in
+    memory (col stride 1, the usual `dim=-1`), or neither layout is contiguous. One row per
+    program from 1024 elements on (and in the online path), several for shorter rows.
+  - "columns": ROWS neighbouring rows of one outer index as [BLOCK, ROWS], reduced along axis 0:
+    used when the reduced dim is strided and the inner dims are contiguous (`dim` not last on a
+    contiguous tensor). The tile's contiguous axis runs over neighbouring rows, so loads stay
+    coalesced and vectorized with no transposing copy (which would cost a full extra read and
+    write of the tensor).
+One pass (ONE_PASS): the whole row is one tile, read once. Otherwise the online path of Milakov &
+Gimelshein, "Online normalizer calculation for softmax" (2018): a first sweep over the row in
+BLOCK-wide chunks keeps a running max m and a sum s rescaled by exp(m_old - m_new) whenever the
+max grows; a second sweep writes the outputs. The backward sweeps once for sum(dy * y) (or
+sum(dy)), once for dx. Statistics are in ACC: float32 (float64 for float64 tensors, which only
+the interpreter runs).
 
-Configs (`choose_config`): the block is the next power of two >= n up to MAX_ONE_PASS_BLOCK
-elements (register budget: 16384 fp32 values spread over 16 warps is 32 per thread, which ptxas
-fits without spills; see tests/test_softmax.py::test_shipped_configs_assemble_without_spills),
-several rows per program while the row is shorter than ROW_TILE_ELEMENTS, and num_warps so that
-each thread holds about ELEMENTS_PER_THREAD elements.
+Configs (`choose_config`, a small table): BLOCK is the next power of two >= n; the forward reads
+rows of up to MAX_ONE_PASS_BLOCK 2-byte elements in one pass (32 warps, 32 per thread), the
+backward (two tensors in registers), fp32 rows and column tiles up to MAX_ONE_PASS_TILE; num_warps
+by block from ROW_NUM_WARPS. The limits are what ptxas fits in registers without spilling
+(tests/test_softmax.py::test_shipped_configs_assemble_without_spills checks every config);
+`bench/softmax.py --sweep` times the alternatives on a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence
 
 import torch
 
 import fusedops.dsl as dsl
 
-# Longest row read in one pass (elements). Longer rows take the online two-sweep path.
-MAX_ONE_PASS_BLOCK = 16384
+# Longest row the forward reads in one pass (elements); longer rows take the online path.
+MAX_ONE_PASS_BLOCK = 32768
+# Largest one-pass tile of the backward (dy and y in registers) and of column tiles.
+MAX_ONE_PASS_TILE = 16384
 # Chunk of a row per step of the online path.
 ONLINE_BLOCK = 8192
+# num_warps of a one-row tile by its block: 8 to 32 elements per thread, i.e. one to four 16-byte
+# fp16 loads in flight, and at most 64 registers at 32 warps (what 1024 threads may use).
+ROW_NUM_WARPS = {1024: 4, 2048: 4, 4096: 8, 8192: 16, 16384: 16, 32768: 32}
 # Rows shorter than MIN_ROW_BLOCK are packed several per program, ROW_TILE_ELEMENTS elements in all.
 MIN_ROW_BLOCK = 1024
 ROW_TILE_ELEMENTS = 2048
-# Elements each thread holds in a one-pass tile: enough 16-byte loads in flight per thread to
-# saturate HBM, few enough registers to keep two or more programs per SM.
-ELEMENTS_PER_THREAD = 16
-MIN_NUM_WARPS = 4
-MAX_NUM_WARPS = 16
 # Column tiles: neighbouring rows per tile (8: 16 bytes of fp16, 64 when there are that many), and
 # the tile's size in the online path.
 COLUMN_ROWS = (8, 64)
@@ -63,27 +67,21 @@ COLUMN_TILE_ELEMENTS = 4096
 # ------------------------------------------------------------------------------------------------
 # Kernels
 # ------------------------------------------------------------------------------------------------
-# TILE (a constexpr string) says how a program's tile covers rows:
-#   "row":     one row, a 1-D block [BLOCK] (ROWS == 1): long rows, and every online launch;
-#   "rows":    ROWS rows, [ROWS, BLOCK], reduced along axis 1: short rows with col stride 1;
+# TILE (a constexpr string) says how a program's tile covers rows (see "Tiles" above):
+#   "rows":    ROWS rows, [ROWS, BLOCK], reduced along axis 1;
 #   "columns": ROWS neighbouring rows of one outer index, [BLOCK, ROWS], reduced along axis 0.
-# "row" is not the ROWS == 1 case of "rows" because a 1-D tile needs no layout conversion of its
-# offsets (see the module docstring).
 
 
 @dsl.jit
 def _program_rows(n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.constexpr, SPLIT: dsl.constexpr):
-    # -> (outer index, inner index, row mask) of this program's rows, int64: scalars for "row",
-    # (ROWS,) blocks otherwise. SPLIT: rows have an inner index (inner > 1; always for "columns").
+    # -> (outer index, inner index, row mask) of this program's ROWS rows, (ROWS,) int64 blocks.
+    # SPLIT: rows have an inner index (inner > 1; always for "columns").
     pid = dsl.program_id(0).to(dsl.int64)
     if TILE == "columns":
         outer = pid // inner_blocks
         inner = (pid - outer * inner_blocks) * ROWS + dsl.arange(0, ROWS)
         return outer, inner, inner < n_inner
-    if TILE == "row":
-        rows = pid
-    else:
-        rows = pid * ROWS + dsl.arange(0, ROWS)
+    rows = pid * ROWS + dsl.arange(0, ROWS)
     if SPLIT:
         outer = rows // n_inner
         return outer, rows - outer * n_inner, rows < n_rows
@@ -92,18 +90,22 @@ def _program_rows(n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.
 
 @dsl.jit
 def _tile(outer, inner, row_mask, cols, n_cols, outer_stride, inner_stride, col_stride,
-          TILE: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr):
+          TILE: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr):
     # -> (offsets, mask) of one tensor's tile: rows (outer, inner) x columns `cols`.
+    # ALIGN: a power of two dividing the strides that start each contiguous run (row strides for
+    # "rows", outer and col strides for "columns"), so that e.g. rows of 1000 fp16 elements
+    # still get 16-byte vectors (the launcher only specializes strides divisible by 16).
     if SPLIT:
         base = outer * outer_stride + inner * inner_stride
     else:
         base = outer * outer_stride
+    base = dsl.multiple_of(base, ALIGN)
     if WIDE:
         col_offsets = cols.to(dsl.int64) * col_stride
     else:
         col_offsets = cols * col_stride
-    if TILE == "row":
-        return base + col_offsets, cols < n_cols
+    if TILE == "columns":
+        col_offsets = dsl.multiple_of(col_offsets, ALIGN)
     if TILE == "rows":
         return base[:, None] + col_offsets[None, :], row_mask[:, None] & (cols[None, :] < n_cols)
     return col_offsets[:, None] + base[None, :], (cols[:, None] < n_cols) & row_mask[None, :]
@@ -127,8 +129,6 @@ def _row_sum(x, TILE: dsl.constexpr):
 @dsl.jit
 def _row_stat(value, TILE: dsl.constexpr, ROWS: dsl.constexpr, ACC: dsl.constexpr):
     # A per-row statistic filled with `value`, shaped like `_row_max`'s result.
-    if TILE == "row":
-        return dsl.full((1,), value, ACC)
     if TILE == "rows":
         return dsl.full((ROWS, 1), value, ACC)
     return dsl.full((1, ROWS), value, ACC)
@@ -141,15 +141,15 @@ def _forward_kernel(
     x_outer_stride, x_inner_stride, x_col_stride,   # in elements
     y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
-    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr,
+    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
 ):
     outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         x_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, x_outer_stride, x_inner_stride,
-                                x_col_stride, TILE, SPLIT, WIDE)
+                                x_col_stride, TILE, SPLIT, WIDE, ALIGN)
         y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
-                             y_col_stride, TILE, SPLIT, WIDE)
+                             y_col_stride, TILE, SPLIT, WIDE, ALIGN)
         x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
         shifted = x - _row_max(x, TILE)
         numerator = dsl.exp(shifted)
@@ -164,25 +164,26 @@ def _forward_kernel(
         running_sum = _row_stat(0.0, TILE, ROWS, ACC)
         for start in range(0, n_cols, BLOCK):
             x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
-                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE)
+                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE, ALIGN)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
             new_max = dsl.maximum(running_max, _row_max(x, TILE))
             # While a row has seen only -inf, shift by 0 instead of -inf: exp(-inf - (-inf)) is NaN.
             shift = dsl.where(new_max == -float("inf"), 0.0, new_max)
             running_sum = running_sum * dsl.exp(running_max - shift) + _row_sum(dsl.exp(x - shift), TILE)
             running_max = new_max
+        # x - max is exact; adding log(sum) to the max first would round at the max's magnitude.
         if LOG:
-            log_total = running_max + dsl.log(running_sum)
+            log_total = dsl.log(running_sum)
         else:
             inverse = 1.0 / running_sum
         for start in range(0, n_cols, BLOCK):
             x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
-                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE)
+                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE, ALIGN)
             y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE)
+                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
             if LOG:
-                y = x - log_total
+                y = (x - running_max) - log_total
             else:
                 y = dsl.exp(x - running_max) * inverse
             dsl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element), mask=mask)
@@ -196,17 +197,17 @@ def _backward_kernel(
     dy_outer_stride, dy_inner_stride, dy_col_stride,
     y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
-    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr,
+    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
 ):
     outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         dy_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, dy_outer_stride, dy_inner_stride,
-                                 dy_col_stride, TILE, SPLIT, WIDE)
+                                 dy_col_stride, TILE, SPLIT, WIDE, ALIGN)
         y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
-                             y_col_stride, TILE, SPLIT, WIDE)
+                             y_col_stride, TILE, SPLIT, WIDE, ALIGN)
         dx_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, dx_outer_stride, dx_inner_stride,
-                              dx_col_stride, TILE, SPLIT, WIDE)
+                              dx_col_stride, TILE, SPLIT, WIDE, ALIGN)
         dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
         y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
         if LOG:
@@ -218,22 +219,22 @@ def _backward_kernel(
         total = _row_stat(0.0, TILE, ROWS, ACC)
         for start in range(0, n_cols, BLOCK):
             dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
-                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE)
+                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE, ALIGN)
             dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
             if LOG:
                 total += _row_sum(dy, TILE)
             else:
                 y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                     y_inner_stride, y_col_stride, TILE, SPLIT, WIDE)
+                                     y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN)
                 y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
                 total += _row_sum(dy * y, TILE)
         for start in range(0, n_cols, BLOCK):
             dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
-                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE)
+                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE, ALIGN)
             y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE)
+                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN)
             dx_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, dx_outer_stride,
-                                  dx_inner_stride, dx_col_stride, TILE, SPLIT, WIDE)
+                                  dx_inner_stride, dx_col_stride, TILE, SPLIT, WIDE, ALIGN)
             dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
             y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
             if LOG:
@@ -320,8 +321,8 @@ def empty_in_order_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Config:
     """How one launch tiles the rows: the kernels' TILE, ROWS, BLOCK, ONE_PASS and num_warps."""
 
-    tile: str           # "row" [block], "rows" [rows, block] or "columns" [block, rows]
-    rows: int           # rows per program (power of two; 1 for "row")
+    tile: str           # "rows" [rows, block] or "columns" [block, rows]
+    rows: int           # rows per program (power of two)
     block: int          # columns per tile (power of two): the whole row when one_pass
     one_pass: bool
     num_warps: int
@@ -331,14 +332,10 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _warps_for(elements: int, per_thread: int = ELEMENTS_PER_THREAD) -> int:
-    return min(MAX_NUM_WARPS, max(MIN_NUM_WARPS, elements // (32 * per_thread)))
-
-
 def _column_warps(elements: int) -> int:
     # Not 8: at 8 warps ptxas caps the axis-0 reductions' cross-warp step at 64 registers and
     # spills (fp16 forward); 4 and 16 warps assemble without spills.
-    return MIN_NUM_WARPS if elements <= 2048 else MAX_NUM_WARPS
+    return 4 if elements <= 2048 else 16
 
 
 def uses_column_tiles(layout: RowLayout) -> bool:
@@ -347,38 +344,51 @@ def uses_column_tiles(layout: RowLayout) -> bool:
     return layout.inner > 1 and inner_stride == 1 and col_stride != 1
 
 
-def choose_config(layout: RowLayout, max_one_pass_block: Optional[int] = None) -> Config:
-    """The config for `layout`: one pass when the row fits in `max_one_pass_block` elements
-    (default MAX_ONE_PASS_BLOCK; a power of two), several rows per program for short rows."""
-    limit = MAX_ONE_PASS_BLOCK if max_one_pass_block is None else max_one_pass_block
+def choose_config(layout: RowLayout, *, backward: bool = False, element_bytes: int = 2,
+                  max_one_pass_block: Optional[int] = None) -> Config:
+    """The config for `layout` (see the module docstring).
+
+    backward: the backward kernel holds two tensors per element, so its one-pass limit is lower.
+    element_bytes: the input's element size; MAX_ONE_PASS_BLOCK is for 2-byte inputs (a 32768
+        fp32 log_softmax row spills at 32 warps).
+    max_one_pass_block: overrides every one-pass limit (a power of two; tests use it to reach the
+        online path with small tensors).
+    """
     block = _next_power_of_2(layout.n_cols)
+    tile_limit = MAX_ONE_PASS_TILE if max_one_pass_block is None else max_one_pass_block
     if uses_column_tiles(layout):
         rows = COLUMN_ROWS[-1] if layout.inner >= COLUMN_ROWS[-1] else COLUMN_ROWS[0]
-        if rows * block > limit and COLUMN_ROWS[0] * block <= limit:
+        if rows * block > tile_limit and COLUMN_ROWS[0] * block <= tile_limit:
             rows = COLUMN_ROWS[0]
-        if rows * block <= limit:
+        if rows * block <= tile_limit:
             return Config("columns", rows, block, True, _column_warps(rows * block))
-        block = max(1, min(COLUMN_TILE_ELEMENTS, limit) // rows)
+        block = max(1, min(COLUMN_TILE_ELEMENTS, tile_limit) // rows)
         return Config("columns", rows, block, False, _column_warps(rows * block))
-    if block > limit:
-        block = max(1, min(ONLINE_BLOCK, limit))
-        return Config("row", 1, block, False, _warps_for(block))
+    row_limit = tile_limit if backward or element_bytes > 2 or max_one_pass_block is not None else MAX_ONE_PASS_BLOCK
+    if block > row_limit:
+        block = min(ONLINE_BLOCK, row_limit)
+        return Config("rows", 1, block, False, ROW_NUM_WARPS.get(block, 4))
     if block < MIN_ROW_BLOCK:
-        return Config("rows", ROW_TILE_ELEMENTS // block, block, True, _warps_for(ROW_TILE_ELEMENTS))
-    return Config("row", 1, block, True, _warps_for(block))
+        return Config("rows", ROW_TILE_ELEMENTS // block, block, True, ROW_NUM_WARPS[MIN_ROW_BLOCK])
+    return Config("rows", 1, block, True, ROW_NUM_WARPS[block])
 
 
 def shipped_configs() -> list:
-    """Every Config `choose_config` returns with the default limits, over all row lengths up to
-    2^20, row tiles and column tiles (the set the ahead-of-time PTX check compiles)."""
-    configs = set()
+    """Every Config the dispatcher picks with the default limits, over row lengths 1 ... 2^20 in
+    row and column tiles: sorted (direction, config, element sizes) triples, direction being
+    "forward" or "backward" and element sizes the input element sizes (2, 4) it is picked for.
+    The ahead-of-time PTX check compiles this set."""
+    picked: dict = {}
     for n_cols in [1 << k for k in range(21)]:
         for inner in (1, 2, 4, 8, 16, 32, 64, 128):
-            shape, dim = (4, n_cols, inner), 1
-            strides = (n_cols * inner, inner, 1)
-            layout = plan_rows(shape, dim, (strides,))
-            configs.add(choose_config(layout))
-    return sorted(configs, key=dataclasses.astuple)
+            layout = plan_rows((4, n_cols, inner), 1, ((n_cols * inner, inner, 1),))
+            for backward in (False, True):
+                for element_bytes in (2, 4):
+                    config = choose_config(layout, backward=backward, element_bytes=element_bytes)
+                    key = ("backward" if backward else "forward", config)
+                    picked.setdefault(key, set()).add(element_bytes)
+    return sorted(((direction, config, tuple(sorted(sizes))) for (direction, config), sizes in picked.items()),
+                  key=lambda entry: (entry[0], dataclasses.astuple(entry[1])))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -387,70 +397,103 @@ def shipped_configs() -> list:
 _INT32_LIMIT = 2**31
 
 
-def _constexprs(layout: RowLayout, config: Config, log: bool, tensors: Sequence[torch.Tensor]) -> dict:
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """Everything a launch derives from shapes, strides and dtypes. Cached, so that a launch's
+    host work is one dictionary lookup."""
+
+    layout: RowLayout
+    config: Config
+    grid: tuple
+    arguments: tuple        # n_rows, n_cols, n_inner, inner_blocks, then the strides in kernel order
+    constexprs: dict        # the kernel's constexprs and num_warps
+
+
+def _run_alignment(layout: RowLayout, config: Config) -> int:
+    """The largest power of two up to 16 dividing where every contiguous run of a tile starts:
+    row starts for "rows"; for "columns", outer and col strides and the run's first inner index,
+    a multiple of `rows`."""
+    def divisor(stride: int) -> int:
+        return 16 if stride == 0 else min(16, stride & -stride)
+
+    starts = [s[0] for s in layout.strides]
+    if config.tile == "columns":
+        starts += [s[2] for s in layout.strides] + [config.rows]
+    elif layout.inner > 1:
+        starts += [s[1] for s in layout.strides]
+    return min(divisor(abs(stride)) for stride in starts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward: bool, log: bool,
+                 config: Optional[Config], max_one_pass_block: Optional[int]) -> Optional[_Launch]:
+    # strides, dtypes: (x, y) for the forward, (y, dy, dx) for the backward (the first tensor's
+    # memory order groups the rows); the kernels take strides in (x, y) and (dx, dy, y) order.
+    layout = plan_rows(shape, dim, strides)
+    if layout is None:
+        return None
+    if config is None:
+        config = choose_config(layout, backward=backward, element_bytes=dtypes[0].itemsize,
+                               max_one_pass_block=max_one_pass_block)
+    if config.tile != "columns":
+        inner_blocks = 1
+        grid = (dsl.cdiv(layout.n_rows, config.rows),)
+    else:
+        inner_blocks = dsl.cdiv(layout.inner, config.rows)
+        grid = (layout.outer * inner_blocks,)
     # WIDE: column offsets (up to n_cols + block, times the col stride) may pass int32.
     widest = max(abs(s[2]) for s in layout.strides) * (layout.n_cols + config.block)
-    accumulate = dsl.float64 if any(t.dtype == torch.float64 for t in tensors) else dsl.float32
-    return dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
-                SPLIT=layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ACC=accumulate,
-                num_warps=config.num_warps)
-
-
-def _grid(layout: RowLayout, config: Config) -> tuple:
-    if config.tile != "columns":
-        return (dsl.cdiv(layout.n_rows, config.rows),), 1
-    inner_blocks = dsl.cdiv(layout.inner, config.rows)
-    return (layout.outer * inner_blocks,), inner_blocks
-
-
-
+    accumulate = dsl.float64 if torch.float64 in dtypes else dsl.float32
+    constexprs = dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
+                      SPLIT=layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ALIGN=_run_alignment(layout, config),
+                      ACC=accumulate, num_warps=config.num_warps)
+    kernel_order = layout.strides[::-1] if backward else layout.strides
+    arguments = (layout.n_rows, layout.n_cols, layout.inner, inner_blocks,
+                 *[stride for per_tensor in kernel_order for stride in per_tensor])
+    return _Launch(layout, config, grid, arguments, constexprs)
 
 
 def softmax_forward(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
-                    max_one_pass_block: Optional[int] = None) -> torch.Tensor:
+                    config: Optional[Config] = None, max_one_pass_block: Optional[int] = None) -> torch.Tensor:
     """softmax (log=False) or log_softmax (log=True) of `x` over `dim`, by the DSL kernels.
 
     x: a float16/bfloat16/float32 tensor on a CUDA device (any float dtype, CPU tensors too, when
         FUSEDOPS_INTERPRET=1), of rank >= 1, any strides; dim in [0, x.dim()).
     dtype: the output dtype (default x.dtype); statistics are float32 (float64 for float64).
-    max_one_pass_block: override MAX_ONE_PASS_BLOCK (tests use it to reach the online path).
+    config: use this Config instead of `choose_config`'s (benchmark sweeps).
+    max_one_pass_block: override the one-pass limits (tests use it to reach the online path).
     Returns a new tensor shaped like `x`, dense, with its dims in `x`'s memory order.
     """
     y = empty_in_order_of(x, dtype or x.dtype)
     if y.numel() == 0:
         return y
-    layout = plan_rows(x.shape, dim, (x.stride(), y.stride()))
-    if layout is None:      # other dims do not collapse to two groups: copy (rare; documented above)
+    options = ((x.dtype, y.dtype), False, log, config, max_one_pass_block)
+    launch = _plan_launch(x.shape, dim, (x.stride(), y.stride()), *options)
+    if launch is None:      # other dims do not collapse to two row groups: copy (see plan_rows)
         x = x.contiguous()
         y = torch.empty(x.shape, dtype=y.dtype, device=x.device)
-        layout = plan_rows(x.shape, dim, (x.stride(), y.stride()))
-    config = choose_config(layout, max_one_pass_block)
-    grid, inner_blocks = _grid(layout, config)
-    x_strides, y_strides = layout.strides
-    _forward_kernel[grid](y, x, layout.n_rows, layout.n_cols, layout.inner, inner_blocks, *x_strides, *y_strides,
-                          **_constexprs(layout, config, log, (x, y)))
+        launch = _plan_launch(x.shape, dim, (x.stride(), y.stride()), *options)
+    _forward_kernel[launch.grid](y, x, *launch.arguments, **launch.constexprs)
     return y
 
 
-def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, *, log: bool,
-                     dtype: Optional[torch.dtype] = None, max_one_pass_block: Optional[int] = None) -> torch.Tensor:
+def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
+                     config: Optional[Config] = None, max_one_pass_block: Optional[int] = None) -> torch.Tensor:
     """The gradient of softmax (log=False) or log_softmax (log=True) with respect to its input.
 
-    dy: the gradient of the output, y: the output (same shape, any strides, e.g. an expanded
-    dy); dim in [0, y.dim()); dtype: dx's dtype (default y.dtype, e.g. the input's dtype when the
-    forward cast it up). Returns dx, dense, with its dims in y's memory order.
+    dy: the gradient of the output; y: the output (same shape; any strides, e.g. an expanded
+    dy); dim in [0, y.dim()); dtype: dx's dtype (default y.dtype; the input's dtype when the
+    forward cast it up); config, max_one_pass_block: as for `softmax_forward`.
+    Returns dx, dense, with its dims in y's memory order.
     """
     dx = empty_in_order_of(y, dtype or y.dtype)
     if dx.numel() == 0:
         return dx
-    layout = plan_rows(y.shape, dim, (y.stride(), dy.stride(), dx.stride()))
-    if layout is None:
+    options = ((y.dtype, dy.dtype, dx.dtype), True, log, config, max_one_pass_block)
+    launch = _plan_launch(y.shape, dim, (y.stride(), dy.stride(), dx.stride()), *options)
+    if launch is None:
         dy, y = dy.contiguous(), y.contiguous()
         dx = torch.empty(y.shape, dtype=dx.dtype, device=y.device)
-        layout = plan_rows(y.shape, dim, (y.stride(), dy.stride(), dx.stride()))
-    config = choose_config(layout, max_one_pass_block)
-    grid, inner_blocks = _grid(layout, config)
-    y_strides, dy_strides, dx_strides = layout.strides
-    _backward_kernel[grid](dx, dy, y, layout.n_rows, layout.n_cols, layout.inner, inner_blocks,
-                           *dx_strides, *dy_strides, *y_strides, **_constexprs(layout, config, log, (dy, y, dx)))
+        launch = _plan_launch(y.shape, dim, (y.stride(), dy.stride(), dx.stride()), *options)
+    _backward_kernel[launch.grid](dx, dy, y, *launch.arguments, **launch.constexprs)
     return dx

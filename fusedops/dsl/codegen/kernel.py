@@ -15,7 +15,7 @@ from llvmlite import ir
 from ..ir import Function
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
-from . import atomics, control, debug, dot, elementwise, memory, reduce, shapes  # noqa: F401  (rules)
+from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes  # noqa: F401  (rules)
 from .context import LoweringContext
 from .control import lower_block
 

@@ -80,11 +80,16 @@ def byte_pointer(ctx, base, byte_offset):
 
 # -- storing a block into a shared tile ------------------------------------------------------------------
 
-def tile_store_groups(layout, shared, element_bits: int) -> tuple:
+def tile_store_groups(layout, shared, element_bits: int, width=None) -> tuple:
     """(width, [(first register, byte offset)], lane byte bases, warp byte bases) of storing a
-    distributed `layout` into the shared tile `shared`, `width` elements per vector."""
+    distributed `layout` into the shared tile `shared`, `width` elements per vector (default: the
+    widest the two layouts allow)."""
     offsets = shared_offsets(layout, shared)
-    width = vector_width(offsets, 0, element_bits)
+    widest = vector_width(offsets, 0, element_bits)
+    if width is None:
+        width = widest
+    elif widest % width:
+        raise CompilationError(f"internal error: a {width}-element shared store where {widest} is the widest")
     size = element_bits // 8
     owned = owned_registers(layout)
     groups = [(r, offsets.apply(register=r)[0] * size) for r in range(0, layout.num_registers, width) if r in owned]

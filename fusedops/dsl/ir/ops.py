@@ -35,7 +35,13 @@ Operand conventions (checked by `verifier.py`):
 | IF | cond (scalar int1) | - | region 0 (then), region 1 (else), each ends in YIELD |
 | YIELD | values... | - | terminator |
 | CONDITION | cond, forwarded... | - | terminator of a WHILE's before-region |
-| CONVERT_LAYOUT | x | - | x's type, a new layout (inserted by the layout pass) |
+| CONVERT_LAYOUT | x | - | x's type, a new layout (inserted by the layout pass; `dot_operand` 0/1 when it feeds a tensor-core dot) |
+| LOCAL_ALLOC | - | contiguous_dim | `SharedBufferType`: num_buffers tiles in shared memory (inserted by pipelining) |
+| LOCAL_DEALLOC | buffer | - | - (the buffer's last use: waits for its pending async copies) |
+| ASYNC_COPY | buffer, index (int32), ptr [, mask] | masked, width | - (cp.async of tile `index` from global; masked-off elements are zero) |
+| ASYNC_COMMIT | - | - | - (closes a group of async copies) |
+| ASYNC_WAIT | - | pending | - (waits until at most `pending` groups are in flight, then a CTA barrier) |
+| LOCAL_LOAD | buffer, index (int32) | - | block of the tile's shape and element (a dot operand) |
 """
 
 from __future__ import annotations
@@ -118,6 +124,12 @@ class OpCode(enum.Enum):
     CONDITION = "condition"
     # inserted by passes
     CONVERT_LAYOUT = "convert_layout"
+    LOCAL_ALLOC = "local_alloc"
+    LOCAL_DEALLOC = "local_dealloc"
+    ASYNC_COPY = "async_copy"
+    ASYNC_COMMIT = "async_commit"
+    ASYNC_WAIT = "async_wait"
+    LOCAL_LOAD = "local_load"
 
 
 BINARY_ARITH = frozenset({
@@ -145,6 +157,7 @@ INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode
 SIDE_EFFECTS = frozenset({
     OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT,
     OpCode.YIELD, OpCode.CONDITION,
+    OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT,
 })
 CONTROL_FLOW = frozenset({OpCode.FOR, OpCode.WHILE, OpCode.IF})
 TERMINATORS = frozenset({OpCode.YIELD, OpCode.CONDITION})

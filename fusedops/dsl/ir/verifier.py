@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..language.dtypes import BlockType, DType, PointerType, int1, int32, shape_of
 from .core import Block, Function, Operation
+from .shared_buffer import SharedBufferType
 from .ops import (BINARY_ARITH, COMPARISON, CONTROL_FLOW, FLOAT_ONLY, INTEGER_ONLY, UNARY, OpCode)
 
 
@@ -86,6 +87,20 @@ def _check_types(op: Operation) -> None:
         carried = [v.type for v in op.operands[3:]]
         expect([a.type for a in body.args[1:]] == carried and outs == carried, "for carried types")
         expect([v.type for v in body.terminator.operands] == carried, "for yield types")
+    elif code == OpCode.LOCAL_ALLOC:
+        expect(not ins and len(outs) == 1 and isinstance(outs[0], SharedBufferType), "local_alloc makes one buffer")
+    elif code in (OpCode.LOCAL_LOAD, OpCode.ASYNC_COPY, OpCode.LOCAL_DEALLOC):
+        expect(bool(ins) and isinstance(ins[0], SharedBufferType), f"{code.value} takes a shared buffer first")
+        buffer = ins[0]
+        if code != OpCode.LOCAL_DEALLOC:
+            expect(ins[1] == int32, f"{code.value} takes an int32 buffer index")
+        if code == OpCode.LOCAL_LOAD:
+            expect(outs == [BlockType(buffer.tile_shape, buffer.element)], "local_load gives a block of one tile")
+        if code == OpCode.ASYNC_COPY:
+            pointer = _element(ins[2])
+            expect(isinstance(pointer, PointerType) and pointer.element == buffer.element
+                   and shape_of(ins[2]) == buffer.tile_shape, "async_copy pointers must match the tile")
+            expect(len(ins) == 3 + bool(op.attrs.get("masked")), "async_copy operand count does not match masked")
     elif code == OpCode.IF:
         expect(ins == [int1], "if condition must be a scalar int1")
         for region in op.regions:
@@ -106,7 +121,7 @@ def _verify_block(block: Block, defined: set, function: Function) -> None:
                 if region.terminator is None:
                     _fail(op, "each region must end in yield or condition")
         for result in op.results:
-            if not isinstance(result.type, (DType, PointerType, BlockType)):
+            if not isinstance(result.type, (DType, PointerType, BlockType, SharedBufferType)):
                 _fail(op, f"result type {result.type!r} is not a dsl type")
         _check_types(op)
         for region in op.regions:

@@ -4,7 +4,12 @@ an op needs its operand in another layout.
 Rules, applied op by op in program order:
 - Memory ops anchor layouts: a load/store/atomic whose pointer has no layout yet gets the default
   blocked layout of its shape (coalesced, 16-byte vectors of the narrowest element type the kernel
-  moves at that shape), and its mask, value and `other` follow the pointer's layout.
+  moves at that shape) along the dim the pointer analysis finds its addresses contiguous in (so a
+  transposed view is read along its columns), and its mask, value and `other` follow the
+  pointer's layout. A store of a value whose layout holds every element once with pairs along the
+  contiguous last dim (the mma accumulator) stores from that layout instead of converting it.
+- An elementwise op whose operands disagree only because of broadcast operands re-does those
+  broadcasts in the other operands' layout (a bias row is moved, not the accumulator).
 - Constants, splats and aranges are *flexible*: they take the layout their first user needs and are
   recomputed (cloned) for a user that needs another one, which is cheaper than moving data. So are
   cheap elementwise ops (integer and pointer arithmetic, comparisons, casts), expand_dims and
@@ -39,6 +44,8 @@ import fusedops.dsl.layouts.shape_ops as layout_shapes
 from ..layouts.linear import LinearLayout
 from ..layouts.reduction import reduction_plan
 from ..codegen import layout_access
+from .dce import eliminate_dead_code
+from .pointer_analysis import analyze_pointers
 from .dot_layouts import mma_dot_layouts, uses_tensor_cores
 
 _FLEXIBLE = frozenset({OpCode.CONSTANT, OpCode.SPLAT, OpCode.ARANGE})
@@ -92,6 +99,7 @@ class _State:
     num_warps: int
     bits_by_shape: dict
     arch: object = None                                         # "sm_90a"...; None: FMA dots only
+    axis_info: object = None                                    # pointer analysis of the input IR
     flexible: dict = dataclasses.field(default_factory=dict)   # id(value) -> {layout: value}
     preferred: dict = dataclasses.field(default_factory=dict)  # id(loop block arg) -> carried layout
 
@@ -202,6 +210,84 @@ def _require(state: _State, op: Operation, index: int, layout) -> None:
         op.operands[index] = _convert(value, layout, op)
 
 
+def _contiguous_dim(state: _State, pointer: Value) -> int:
+    """The dim along which the pointer analysis proved the longest runs of consecutive addresses
+    (the last dim on ties, and when nothing is known)."""
+    rank = len(shape_of(pointer.type))
+    info = state.axis_info.get(pointer) if state.axis_info is not None else None
+    if info is None or rank < 2:
+        return rank - 1
+    best = max(info.contiguity)
+    return rank - 1 if best <= 1 or info.contiguity[-1] == best else info.contiguity.index(best)
+
+
+def _memory_layout(state: _State, pointer: Value):
+    """The coalesced blocked layout for a block of pointers: 16-byte vectors along the dim its
+    addresses are contiguous in (a transposed view is read along its contiguous dim)."""
+    shape = shape_of(pointer.type)
+    dim = _contiguous_dim(state, pointer)
+    if dim == len(shape) - 1:
+        return state.default(shape)
+    perm = tuple(d for d in range(len(shape)) if d != dim) + (dim,)
+    permuted = default_blocked(tuple(shape[d] for d in perm), state.num_warps, state.bits_by_shape.get(shape, 32))
+    inverse = tuple(perm.index(d) for d in range(len(shape)))
+    return layout_shapes.transpose(permuted, inverse)
+
+
+def _stores_in_place(state: _State, op: Operation) -> bool:
+    """A store whose value's layout is fine to store from directly: every element is held once
+    (no replicated threads or registers) and threads hold pairs along the contiguous last dim, as
+    the mma accumulator does; converting it to a blocked layout would cost a shared-memory trip."""
+    if op.opcode != OpCode.STORE:
+        return False
+    value = op.operands[1]
+    if not _is_block(value) or id(value) in state.flexible or value.layout is None:
+        return False
+    layout = value.layout
+    if any(not any(v) for name in layout.in_dims for v in layout.bases_of(name)):
+        return False
+    registers = layout.bases_of("register")
+    rank = layout.rank
+    pairs = bool(registers) and registers[0] == tuple(1 if d == rank - 1 else 0 for d in range(rank))
+    return pairs and _contiguous_dim(state, op.operands[0]) == rank - 1
+
+
+def _anchor_memory(state: _State, op: Operation):
+    """The layout of a memory op: its pointer's, fixing a flexible pointer to `_memory_layout` (or
+    to the stored value's layout, see `_stores_in_place`)."""
+    pointer = op.operands[0]
+    if id(pointer) in state.flexible and pointer.layout is None:
+        layout = op.operands[1].layout if _stores_in_place(state, op) else _memory_layout(state, pointer)
+        _require(state, op, 0, layout)
+    return op.operands[0].layout
+
+
+def _rebroadcast_operands(state: _State, op: Operation):
+    """For an elementwise op whose operands disagree, where all but broadcast results agree on one
+    layout L: re-do those broadcasts in L (moving the small un-broadcast block, not the big one)
+    and return L; None otherwise. `acc + bias[None, :]` keeps `acc` in its mma layout this way."""
+    def broadcast_result(v):
+        return v.defining_op is not None and v.defining_op.opcode == OpCode.BROADCAST
+    blocks = [v for v in op.operands if _is_block(v) and id(v) not in state.flexible]
+    others = {v.layout for v in blocks if not broadcast_result(v)}
+    if len(others) != 1:
+        return None
+    (layout,) = others
+    for index, value in enumerate(op.operands):
+        if _is_block(value) and id(value) not in state.flexible and broadcast_result(value) \
+                and value.layout != layout:
+            source = value.defining_op
+            small = source.operands[0]
+            if small.defining_op is not None and small.defining_op.opcode == OpCode.CONVERT_LAYOUT:
+                small = small.defining_op.operands[0]       # convert from the original, not twice
+            clone = Operation(OpCode.BROADCAST, [small], [value.type], dict(source.attrs), (), source.loc)
+            clone.results[0].layout = layout
+            _insert_before(op, clone)
+            _require(state, clone, 0, project_broadcast(layout, shape_of(source.operands[0].type)))
+            op.operands[index] = clone.results[0]
+    return layout
+
+
 def _anchor(state: _State, op: Operation, index: int):
     """The layout of operand `index`, fixing a flexible one to the default layout."""
     value = op.operands[index]
@@ -220,7 +306,7 @@ def _assign_op(state: _State, op: Operation) -> None:
     if code in _MEMORY:
         if not _is_block(op.operands[0]):
             return
-        layout = _anchor(state, op, 0)
+        layout = _anchor_memory(state, op)
         for i in range(1, len(op.operands)):
             _require(state, op, i, layout)
         for r in results:
@@ -233,7 +319,7 @@ def _assign_op(state: _State, op: Operation) -> None:
         if rigid and all(layout == rigid[0] for layout in rigid):
             layout = rigid[0]
         else:
-            layout = state.default(shape_of(op.result.type))
+            layout = _rebroadcast_operands(state, op) or state.default(shape_of(op.result.type))
         for i in range(len(op.operands)):
             _require(state, op, i, layout)
         op.result.layout = layout
@@ -402,11 +488,12 @@ def assign_layouts(function: Function, num_warps: int, arch=None) -> bool:
 
     arch: the target ("sm_80", "sm_90a", ...); tensor-core dots need sm_80+, None means FMA dots.
     """
-    state = _State(num_warps, _memory_bits(function), arch)
+    state = _State(num_warps, _memory_bits(function), arch, analyze_pointers(function))
     _prefer_mma_accumulators(state, function)
     _assign_block(state, function.body)
     for op in function.walk():
         for r in op.results:
             if _is_block(r) and r.layout is None:
                 r.layout = state.default(shape_of(r.type))
+    eliminate_dead_code(function)     # broadcasts and conversions that re-done broadcasts replaced
     return True

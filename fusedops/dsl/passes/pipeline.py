@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from .layout_assignment import assign_layouts
+from .pipelining import pipeline_loops
 from .pointer_analysis import analyze_pointers
 from .simplify import simplify
 
@@ -19,8 +20,11 @@ def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
     ("sm_80", "sm_90a", ...; None: no target, so `dot` stays on the FMA path)."""
     layouts = functools.partial(assign_layouts, num_warps=num_warps, arch=arch)
     layouts.__name__ = "assign_layouts"
+    pipelining = functools.partial(pipeline_loops, num_stages=num_stages)
+    pipelining.__name__ = "pipeline_loops"
     return [
         simplify,            # constant folding, CSE, DCE, to a fixed point
         layouts,             # a distributed layout for every block value; convert_layout where needed
+        pipelining,          # loads feeding tensor-core dots in loops -> cp.async ring, num_stages deep
         analyze_pointers,    # contiguity / divisibility / constancy, for vectorized memory access
     ]

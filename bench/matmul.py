@@ -1,0 +1,163 @@
+"""Matmul: fusedops.matmul (tensor cores via mma.sync, autotuned) against torch.matmul (cuBLAS) and a
+Triton 3.6 tutorial-style kernel (bench/triton_reference.py), in the same run.
+
+    python bench/matmul.py [--out DIR] [--quick] [--dtypes fp16,bf16] [--shapes 4096x4096x4096,...]
+                           [--epilogue] [--no-triton]
+
+Shapes (M x N x K): 4096^3, 8192^3 and LLM projections at M = 8192 tokens with N, K in
+{4096, 11008, 14336} (up: N = 11008 / 14336, K = 4096; down: N = 4096, K = 11008 / 14336).
+For each shape and dtype it reports ms (median of CUDA-event timings, L2 flushed before each run),
+TFLOP/s (2 M N K / time) and the ratio to torch.matmul. --epilogue also times
+activation(a @ b + bias) fused (fusedops.matmul(a, b, bias, "gelu")) against torch's unfused ops.
+The first fusedops call per shape autotunes (compiles every config once, then times them); that is
+outside the timed region. Results: a table on stdout, matmul.csv / matmul.json (rows stamped with
+the GPU, torch and fusedops versions, and the config the autotuner chose) and matmul.png in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from timing import gpu_time_ms, write_rows  # noqa: E402
+
+import fusedops  # noqa: E402
+from fusedops.kernels import matmul as K  # noqa: E402
+
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 4096), (8192, 11008, 4096), (8192, 4096, 11008),
+          (8192, 14336, 4096), (8192, 4096, 14336)]
+QUICK_SHAPES = [(4096, 4096, 4096), (8192, 11008, 4096)]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _triton():
+    try:
+        import triton_reference
+        return triton_reference
+    except ImportError:     # triton not installed
+        return None
+
+
+def _inputs(shape, dtype):
+    m, n, k = shape
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(m, k, device="cuda", dtype=dtype, generator=generator)
+    b = torch.randn(k, n, device="cuda", dtype=dtype, generator=generator) * k ** -0.5
+    bias = torch.randn(n, device="cuda", dtype=dtype, generator=generator)
+    return a, b, bias
+
+
+def _error(x, ref):
+    return float(torch.linalg.vector_norm(x.float() - ref) / torch.linalg.vector_norm(ref))
+
+
+def bench_shape(shape, dtype_name, triton, epilogue, repeats):
+    dtype = DTYPES[dtype_name]
+    a, b, bias = _inputs(shape, dtype)
+    m, n, k = shape
+    flops = 2.0 * m * n * k
+    providers = {"torch": lambda: torch.matmul(a, b), "fusedops": lambda: fusedops.matmul(a, b)}
+    if triton is not None:
+        providers["triton"] = lambda: triton.matmul(a, b)
+    if epilogue:
+        providers["torch+gelu"] = lambda: torch.nn.functional.gelu(torch.addmm(bias, a, b))
+        providers["fusedops+gelu"] = lambda: fusedops.matmul(a, b, bias, "gelu")
+    reference = torch.matmul(a.float(), b.float())
+    rows, torch_ms = [], None
+    for provider, fn in providers.items():
+        out = fn()      # compiles / autotunes outside the timed region
+        ref = torch.nn.functional.gelu(reference + bias.float()) if provider.endswith("gelu") else reference
+        ms = gpu_time_ms(fn, warmup=3, repeats=repeats)
+        if provider == "torch":
+            torch_ms = ms
+        row = {"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider, "ms": ms,
+               "TFLOP/s": flops / ms / 1e9, "rel_error": _error(out, ref)}
+        row["vs torch"] = torch_ms / ms if torch_ms else None
+        if provider.startswith("fusedops"):
+            key = K.tuned_matmul_kernel.key_of((None, a, b, bias, m, n, k), {})
+            chosen = K.tuned_matmul_kernel.best.get(key)
+            row["config"] = str(chosen) if chosen else str(K.SMALL_CONFIG)
+        rows.append(row)
+    return rows
+
+
+def print_table(rows):
+    columns = ["dtype", "M", "N", "K", "provider", "ms", "TFLOP/s", "vs torch", "rel_error"]
+    print("  ".join(f"{c:>10}" for c in columns))
+    for row in rows:
+        cells = []
+        for c in columns:
+            value = row.get(c)
+            if isinstance(value, float):
+                value = f"{value:.2f}x" if c == "vs torch" else (f"{value:.2e}" if c == "rel_error" else f"{value:.3f}")
+            cells.append(f"{'' if value is None else value:>10}")
+        print("  ".join(cells))
+    for row in rows:
+        if row.get("config"):
+            print(f"{row['dtype']} {row['M']}x{row['N']}x{row['K']} {row['provider']}: {row['config']}")
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    dtypes = sorted({r["dtype"] for r in rows})
+    figure, axes = plt.subplots(1, len(dtypes), figsize=(8 * len(dtypes), 4.5), squeeze=False)
+    for axis, dtype in zip(axes[0], dtypes):
+        shapes = list(dict.fromkeys(f"{r['M']}x{r['N']}x{r['K']}" for r in rows if r["dtype"] == dtype))
+        providers = list(dict.fromkeys(r["provider"] for r in rows if r["dtype"] == dtype))
+        width = 0.8 / len(providers)
+        for i, provider in enumerate(providers):
+            points = {f"{r['M']}x{r['N']}x{r['K']}": r["TFLOP/s"] for r in rows
+                      if r["dtype"] == dtype and r["provider"] == provider}
+            axis.bar([x + i * width for x in range(len(shapes))], [points.get(s, 0) for s in shapes], width,
+                     label=provider)
+        axis.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
+        axis.set_xticklabels(shapes, rotation=30, ha="right", fontsize=8)
+        axis.set_ylabel("TFLOP/s")
+        axis.set_title(f"matmul {dtype} on {torch.cuda.get_device_name()}")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench-results", help="directory for CSV/JSON/PNG results")
+    parser.add_argument("--quick", action="store_true", help=f"fp16 only, shapes {QUICK_SHAPES}, fewer repeats")
+    parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated: fp16, bf16")
+    parser.add_argument("--shapes", default=None, help="comma-separated MxNxK (default: the issue's list)")
+    parser.add_argument("--epilogue", action="store_true", help="also time bias + gelu fused vs torch")
+    parser.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench/matmul.py needs a CUDA GPU")
+    dtypes = ["fp16"] if args.quick else args.dtypes.split(",")
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        shapes = QUICK_SHAPES if args.quick else SHAPES
+    triton = None if args.no_triton else _triton()
+    repeats = 10 if args.quick else 30
+    rows = []
+    for dtype_name in dtypes:
+        for shape in shapes:
+            rows.extend(bench_shape(shape, dtype_name, triton, args.epilogue, repeats))
+            print_table(rows[-(3 if triton else 2) - (2 if args.epilogue else 0):])
+    print()
+    print_table(rows)
+    write_rows(rows, args.out, "matmul")
+    plot(rows, os.path.join(args.out, "matmul.png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""Softmax: fusedops against torch.softmax, the naive composed eager version and torch.compile.
+
+    python bench/softmax.py [--out DIR] [--quick] [--dtypes fp16,bf16] [--ns 1024,...] [--log]
+                            [--no-compile] [--sweep] [--details]
+
+For M = 8192 rows and N in {1024, ..., 32768, 1000, 50257}, fp16 and bf16, it times
+  forward   y = softmax(x)                      bytes: x read + y written      = 2 M N s
+  backward  dx from (dy, y) alone               bytes: dy, y read + dx written = 3 M N s
+  fwd+bwd   y = softmax(x); y.backward(dy)      bytes: 5 M N s
+(s = element size: the least traffic each pass needs) and reports GB/s. In the same run it times a
+device-to-device copy of as many bytes (copy_ms) and reports each provider's fraction of that
+bandwidth (copy_ms / ms), and its speedup over torch. Results: a table on stdout, softmax.csv /
+softmax.json (rows stamped with GPU, torch and fusedops versions) and softmax.png under --out.
+
+--sweep also times the forward and backward over alternative fusedops configs (tile, block,
+num_warps, one pass or online) at each N: the data to retune kernels/softmax.py's table.
+--details prints, per N, the config the dispatcher picks, its registers and spills (ptxas), the
+theoretical occupancy and the 128-bit global loads/stores in its SASS (cuobjdump).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from timing import gpu_time_ms, write_rows  # noqa: E402
+
+import fusedops  # noqa: E402
+from fusedops.kernels import softmax as K  # noqa: E402
+
+M = 8192
+DEVICE = "cuda"
+NS = [1024, 2048, 4096, 8192, 16384, 32768, 1000, 50257]
+QUICK_NS = [1024, 4096, 32768, 50257]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+PASS_BYTES = {"forward": 2, "backward": 3, "fwd+bwd": 5}     # tensors of M x N moved per pass
+
+
+# ------------------------------------------------------------------------------------------------
+# Providers: each returns {pass: fn() -> None} for one (x, dy) pair
+# ------------------------------------------------------------------------------------------------
+def _naive_forward(x, log):
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    if log:
+        return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+    numerator = shifted.exp()
+    return numerator / numerator.sum(dim=-1, keepdim=True)
+
+
+def _naive_backward(dy, y, log):
+    if log:
+        return dy - y.exp() * dy.sum(dim=-1, keepdim=True)
+    return y * (dy - (dy * y).sum(dim=-1, keepdim=True))
+
+
+def _fwd_bwd(forward, x, dy):
+    def run():
+        x.grad = None
+        forward(x).backward(dy)
+    return run
+
+
+def providers(x, dy, log, use_compile):
+    """{provider: {pass: fn}} for input x (requires_grad) and output gradient dy."""
+    torch_forward = (lambda t: torch.log_softmax(t, -1)) if log else (lambda t: torch.softmax(t, -1))
+    ours_forward = (lambda t: fusedops.log_softmax(t, -1)) if log else (lambda t: fusedops.softmax(t, -1))
+    with torch.no_grad():
+        y = torch_forward(x)
+    backward_op = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    result = {
+        "fusedops": {
+            "forward": lambda: ours_forward(x.detach()),
+            "backward": lambda: K.softmax_backward(dy, y, x.dim() - 1, log=log),
+            "fwd+bwd": _fwd_bwd(ours_forward, x, dy),
+        },
+        "torch": {
+            "forward": lambda: torch_forward(x.detach()),
+            "backward": lambda: backward_op(dy, y, -1, x.dtype),
+            "fwd+bwd": _fwd_bwd(torch_forward, x, dy),
+        },
+        "naive eager": {
+            "forward": lambda: _naive_forward(x.detach(), log),
+            "backward": lambda: _naive_backward(dy, y, log),
+            "fwd+bwd": _fwd_bwd(lambda t: _naive_forward(t, log), x, dy),
+        },
+    }
+    if use_compile:
+        compiled_forward = torch.compile(lambda t: _naive_forward(t, log), dynamic=False)
+        compiled_backward = torch.compile(lambda g, out: _naive_backward(g, out, log), dynamic=False)
+        compiled_training = torch.compile(lambda t: _naive_forward(t, log), dynamic=False)
+        result["torch.compile"] = {
+            "forward": lambda: compiled_forward(x.detach()),
+            "backward": lambda: compiled_backward(dy, y),
+            "fwd+bwd": _fwd_bwd(compiled_training, x, dy),
+        }
+    return result, y
+
+
+def check(x, dy, y_reference, log):
+    """fusedops against torch (loosely: a sanity check, the test suite is the real one)."""
+    ours = (fusedops.log_softmax if log else fusedops.softmax)(x.detach(), -1)
+    error = (ours.float() - y_reference.float()).abs().max().item()
+    scale = y_reference.float().abs().max().item()
+    if not error <= 2e-2 * scale:
+        raise AssertionError(f"fusedops differs from torch by {error:.3e} (max |y| {scale:.3e})")
+
+
+# ------------------------------------------------------------------------------------------------
+# Measurements
+# ------------------------------------------------------------------------------------------------
+def copy_ms(nbytes: int) -> float:
+    """A device-to-device copy moving `nbytes` (half read, half written)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    return gpu_time_ms(lambda: dst.copy_(src))
+
+
+def bench_shape(dtype_name, n, log, use_compile, repeats):
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(M, n, device=DEVICE, dtype=dtype).mul_(3).requires_grad_()
+    dy = torch.randn(M, n, device=DEVICE, dtype=dtype)
+    table, y = providers(x, dy, log, use_compile)
+    check(x, dy, y, log)
+    op = "log_softmax" if log else "softmax"
+    rows = []
+    element = x.element_size()
+    for pass_name, tensors in PASS_BYTES.items():
+        nbytes = tensors * M * n * element
+        reference_ms = copy_ms(nbytes)
+        times = {name: gpu_time_ms(fns[pass_name], repeats=repeats) for name, fns in table.items()}
+        for name, ms in times.items():
+            rows.append({"op": op, "pass": pass_name, "M": M, "N": n, "dtype": dtype_name, "provider": name,
+                         "ms": ms, "GB/s": nbytes / ms / 1e6, "copy_GB/s": nbytes / reference_ms / 1e6,
+                         "fraction_of_copy": reference_ms / ms, "speedup_vs_torch": times["torch"] / ms})
+    return rows
+
+
+def sweep_rows(dtype_name, n, log, repeats):
+    """fusedops forward and backward over alternative configs at one N (row tiles)."""
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(M, n, device=DEVICE, dtype=dtype).mul_(3)
+    dy = torch.randn_like(x)
+    y = K.softmax_forward(x, 1, log=log)
+    block = K._next_power_of_2(n)
+    per_thread = range(4, 65)       # elements per thread worth trying
+    candidates = [K.Config("rows", 1, block, True, w) for w in (4, 8, 16, 32)
+                  if block <= 32768 and block // (32 * w) in per_thread]
+    candidates += [K.Config("rows", 1, b, False, w) for b in (2048, 4096, 8192, 16384) if b < block
+                   for w in (4, 8, 16) if b // (32 * w) in per_thread]
+    if block < 2048:
+        candidates += [K.Config("rows", r, block, True, w) for r in (2, 4) for w in (4, 8)]
+    rows = []
+    for config in candidates:
+        for pass_name, fn in (("forward", lambda: K.softmax_forward(x, 1, log=log, config=config)),
+                              ("backward", lambda: K.softmax_backward(dy, y, 1, log=log, config=config))):
+            try:
+                ms = gpu_time_ms(fn, repeats=repeats)
+            except Exception as error:      # a config that does not compile or launch: report, go on
+                rows.append({"op": "sweep", "pass": pass_name, "N": n, "dtype": dtype_name, "config": str(config),
+                             "error": f"{type(error).__name__}: {error}"[:200]})
+                continue
+            tensors = PASS_BYTES[pass_name]
+            rows.append({"op": "sweep", "pass": pass_name, "N": n, "dtype": dtype_name, "config": str(config),
+                         "ms": ms, "GB/s": tensors * M * n * x.element_size() / ms / 1e6})
+    return rows
+
+
+def details(dtype_name, n):
+    """The config picked at (M, n), registers, spills, occupancy and SASS vector widths."""
+    from fusedops.dsl.target import assemble
+
+    dtype = DTYPES[dtype_name]
+    x = torch.empty(M, n, device="cuda", dtype=dtype)
+    lines = []
+    for direction, kernel, tensors in (("forward", K._forward_kernel, (x, x)), ("backward", K._backward_kernel,
+                                                                               (x, x, x))):
+        strides = tuple(t.stride() for t in tensors)
+        dtypes = tuple(t.dtype for t in tensors)
+        launch = K._plan_launch(x.shape, 1, strides, dtypes, direction == "backward", False, None, None)
+        arch = "sm_%d%d" % torch.cuda.get_device_capability()
+        arch = arch + "a" if arch == "sm_90" else arch
+        compiled = kernel.compile(*tensors, *launch.arguments, target=arch, **launch.constexprs)
+        resources = assemble(compiled.asm["ptx"], arch)
+        threads = 32 * launch.config.num_warps
+        by_registers = 65536 // max(1, resources.registers * threads)
+        blocks = max(0, min(by_registers, 2048 // threads, 32))
+        try:
+            sass = compiled.asm["sass"]
+            widths = f"LDG.128 {sass.count('LDG.E.128')}, STG.128 {sass.count('STG.E.128')}, " \
+                     f"LDG.64 {sass.count('LDG.E.64')}, LDG.32 {sass.count('LDG.E ')}"
+        except KeyError as error:
+            widths = f"(no SASS: {error})"
+        lines.append(f"{dtype_name} N={n} {direction}: {launch.config}, {resources.registers} registers, "
+                     f"{resources.spill_bytes} B spilled, {blocks} blocks/SM = {blocks * threads / 2048:.0%} "
+                     f"occupancy (by registers and threads), {widths}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+# ------------------------------------------------------------------------------------------------
+def print_table(rows):
+    header = f"{'pass':8} {'dtype':5} {'N':>6} {'provider':14} {'ms':>9} {'GB/s':>8} {'of copy':>8} {'vs torch':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['pass']:8} {r['dtype']:5} {r['N']:>6} {r['provider']:14} {r['ms']:9.4f} {r['GB/s']:8.0f} "
+              f"{r['fraction_of_copy']:8.1%} {r['speedup_vs_torch']:7.2f}x")
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    dtypes = sorted({r["dtype"] for r in rows})
+    passes = list(PASS_BYTES)
+    figure, axes = plt.subplots(len(dtypes), len(passes), figsize=(6 * len(passes), 4 * len(dtypes)), squeeze=False)
+    for i, dtype in enumerate(dtypes):
+        for j, pass_name in enumerate(passes):
+            axis = axes[i][j]
+            subset = [r for r in rows if r["dtype"] == dtype and r["pass"] == pass_name]
+            ns = sorted({r["N"] for r in subset})
+            for provider in dict.fromkeys(r["provider"] for r in subset):
+                points = {r["N"]: r["GB/s"] for r in subset if r["provider"] == provider}
+                axis.plot(range(len(ns)), [points.get(n) for n in ns], marker="o", label=provider)
+            copy = {r["N"]: r["copy_GB/s"] for r in subset}
+            axis.plot(range(len(ns)), [copy[n] for n in ns], linestyle="--", color="gray", label="d2d copy")
+            axis.set_xticks(range(len(ns)), [str(n) for n in ns], rotation=45)
+            axis.set_title(f"{rows[0]['op']} {pass_name}, {dtype}, M={M}")
+            axis.set_xlabel("N")
+            axis.set_ylabel("GB/s")
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench-results", help="directory for CSV/JSON/PNG results")
+    parser.add_argument("--quick", action="store_true", help=f"fp16 only, N in {QUICK_NS}, fewer repeats")
+    parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated: fp16, bf16")
+    parser.add_argument("--ns", default=None, help="comma-separated N values (default: the issue's list)")
+    parser.add_argument("--log", action="store_true", help="benchmark log_softmax instead of softmax")
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles per shape)")
+    parser.add_argument("--sweep", action="store_true", help="also time alternative fusedops configs")
+    parser.add_argument("--details", action="store_true", help="print config, registers, occupancy, SASS widths")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to benchmark")
+        return 0
+    dtypes = ["fp16"] if args.quick else args.dtypes.split(",")
+    ns = [int(n) for n in args.ns.split(",")] if args.ns else (QUICK_NS if args.quick else NS)
+    repeats = 10 if args.quick else 30
+    name = "log_softmax" if args.log else "softmax"
+    print(f"{name}: M={M}, N={ns}, {dtypes}, on {torch.cuda.get_device_name()}", flush=True)
+    rows = []
+    for dtype_name in dtypes:
+        for n in ns:
+            rows += bench_shape(dtype_name, n, args.log, not args.no_compile, repeats)
+            print(f"  {dtype_name} N={n} done", flush=True)
+    print_table(rows)
+    write_rows(rows, args.out, name)
+    plot(rows, os.path.join(args.out, name + ".png"))
+    if args.details:
+        for dtype_name in dtypes:
+            for n in ns:
+                print("\n".join(details(dtype_name, n)))
+    if args.sweep:
+        sweep = []
+        for dtype_name in dtypes:
+            for n in ns:
+                sweep += sweep_rows(dtype_name, n, args.log, repeats)
+        for r in sweep:
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+        write_rows(sweep, args.out, name + "_sweep")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""`fusedops.matmul`'s argument handling, its torch reference, and its autograd Function.
+
+    C = activation(A @ B + bias)         Z = A @ B + bias (the pre-activation)
+    dZ = dC * activation'(Z);  dA = dZ @ B^T;  dB = A^T @ dZ;  dbias = sum of dZ over all rows
+
+Shapes follow torch.matmul for 1-D, 2-D and batched operands: a (..., M, K), b (..., K, N), the
+batch dims broadcast (an operand without batch dims, or with batch size 1, is shared by every
+batch via a batch stride of 0, without a copy). Operands with more than one batch dim are
+flattened to one (a copy when their strides do not allow a view).
+
+The forward runs one fused kernel. When a gradient is needed and an activation is fused, the
+forward keeps Z: it runs the kernel without the activation, applies the activation with torch,
+and saves Z for activation'(Z) (recomputing Z in the backward would cost another matmul). The
+gradient matmuls run the same kernel on transposed views (no copies).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from fusedops.kernels import matmul as kernels
+
+ACTIVATIONS = kernels.ACTIVATIONS
+
+
+def check_arguments(a, b, bias, activation, out_dtype) -> None:
+    """Raise TypeError / ValueError the way torch.matmul would for bad operands (named in messages)."""
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"fusedops.matmul(): argument '{name}' must be a torch.Tensor, not {type(value).__name__}")
+        if value.dim() == 0:
+            raise ValueError(f"fusedops.matmul(): both arguments need at least 1 dimension, '{name}' is 0-d")
+    if a.dtype != b.dtype:
+        raise TypeError(f"fusedops.matmul(): expected a and b to have the same dtype, got {a.dtype} and {b.dtype}")
+    if not a.dtype.is_floating_point:
+        raise TypeError(f"fusedops.matmul(): expected floating-point operands, got {a.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"fusedops.matmul(): a is on {a.device} but b is on {b.device}")
+    k_a, k_b = a.shape[-1], (b.shape[0] if b.dim() == 1 else b.shape[-2])
+    if k_a != k_b:
+        raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
+                         f"({k_a} != {k_b})")
+    n = 1 if b.dim() == 1 else b.shape[-1]
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != n:
+            raise ValueError(f"fusedops.matmul(): bias must be a 1-D tensor of {n} elements, got "
+                             f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+        if not bias.dtype.is_floating_point or bias.device != a.device:
+            raise ValueError(f"fusedops.matmul(): bias must be a floating tensor on {a.device}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"fusedops.matmul(): activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
+        raise TypeError(f"fusedops.matmul(): out_dtype must be a floating-point torch.dtype, got {out_dtype!r}")
+
+
+def apply_activation(z: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+    """activation(z) with torch ops (the reference, and the forward when Z is kept for backward)."""
+    if activation is None:
+        return z
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(z)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    return torch.nn.functional.silu(z)
+
+
+def activation_grad(z: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+    """d activation / dz at z (float32 or wider)."""
+    if activation == "relu":
+        return (z > 0).to(z.dtype)
+    if activation == "gelu":
+        cdf = 0.5 * (1.0 + torch.erf(z * (1.0 / math.sqrt(2.0))))
+        return cdf + z * torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    if activation == "gelu_tanh":
+        c = math.sqrt(2.0 / math.pi)
+        inner = c * (z + 0.044715 * z ** 3)
+        t = torch.tanh(inner)
+        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * z * z)
+    s = torch.sigmoid(z)
+    return s * (1.0 + z * (1.0 - s))
+
+
+def reference(a, b, bias=None, activation=None, out_dtype=None) -> torch.Tensor:
+    """The same op with torch ops (CPU tensors, unsupported dtypes)."""
+    z = torch.matmul(a, b)
+    if bias is not None:
+        z = z + bias.to(z.dtype)
+    return apply_activation(z, activation).to(out_dtype or a.dtype)
+
+
+# -- shapes --------------------------------------------------------------------------------------------
+
+def _as_3d(x: torch.Tensor, batch_shape: tuple) -> torch.Tensor:
+    """x (..., R, C) broadcast to batch_shape and viewed as (batch, R, C) (batch stride 0 when x has
+    no batch dims or only ones)."""
+    matrix = x.shape[-2:]
+    if x.dim() == 2 or all(s == 1 for s in x.shape[:-2]):
+        return x.reshape(1, *matrix) if x.dim() != 3 else x
+    x = x.expand(*batch_shape, *matrix)
+    return x.reshape(-1, *matrix)
+
+
+def forward_kernel(a, b, bias, activation, out_dtype) -> torch.Tensor:
+    """The kernel path with torch.matmul's shape rules (see the module docstring)."""
+    a_vector, b_vector = a.dim() == 1, b.dim() == 1
+    a2 = a.unsqueeze(0) if a_vector else a
+    b2 = b.unsqueeze(-1) if b_vector else b
+    batch_shape = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    a3, b3 = _as_3d(a2, batch_shape), _as_3d(b2, batch_shape)
+    c = kernels.matmul(a3, b3, bias, activation, out_dtype or a.dtype)
+    m, n = a2.shape[-2], b2.shape[-1]
+    c = c.reshape(*batch_shape, m, n)
+    if a_vector:
+        c = c.squeeze(-2)
+    if b_vector:
+        c = c.squeeze(-1)
+    return c
+
+
+def _sum_to(gradient: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Reduce a broadcast gradient back to `shape` (torch's sum_to_size for leading batch dims)."""
+    while gradient.dim() > len(shape):
+        gradient = gradient.sum(0)
+    return gradient.sum_to_size(shape) if gradient.shape != shape else gradient
+
+
+class MatmulFunction(torch.autograd.Function):
+    """activation(a @ b + bias) with gradients for a, b and bias (double backward unsupported).
+
+    forward(a, b, bias, activation, out_dtype): a, b with torch.matmul's shapes and one float
+    dtype (float16/bfloat16 on the GPU); bias (N,) or None; returns C of out_dtype (default a's).
+    """
+
+    @staticmethod
+    def forward(ctx, a, b, bias, activation, out_dtype):
+        out_dtype = out_dtype or a.dtype
+        if activation is None:
+            c, z = forward_kernel(a, b, bias, None, out_dtype), None
+        else:
+            wide = torch.float64 if a.dtype == torch.float64 else torch.float32
+            z = forward_kernel(a, b, bias, None, wide)
+            c = apply_activation(z, activation).to(out_dtype)
+        ctx.save_for_backward(a, b, z)
+        ctx.activation = activation
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return c
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dc):
+        a, b, z = ctx.saved_tensors
+        if ctx.activation is None:
+            dz = dc.to(a.dtype)
+        else:
+            dz = (dc.to(z.dtype) * activation_grad(z, ctx.activation)).to(a.dtype)
+        a2 = a.unsqueeze(0) if a.dim() == 1 else a
+        b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+        dz2 = dz
+        if a.dim() == 1:
+            dz2 = dz2.unsqueeze(-2)
+        if b.dim() == 1:
+            dz2 = dz2.unsqueeze(-1)
+        da = db = dbias = None
+        if ctx.needs_input_grad[0]:
+            da = _sum_to(forward_kernel(dz2, b2.transpose(-1, -2), None, None, a.dtype), a2.shape).reshape(a.shape)
+        if ctx.needs_input_grad[1]:
+            if b2.dim() == 2 and dz2.dim() > 2:     # b shared by every batch: one (K, rows) @ (rows, N)
+                rows_a = a2.expand(*dz2.shape[:-2], *a2.shape[-2:]).reshape(-1, a2.shape[-1])
+                db = forward_kernel(rows_a.transpose(0, 1), dz2.reshape(-1, dz2.shape[-1]), None, None, b.dtype)
+            else:
+                db = _sum_to(forward_kernel(a2.transpose(-1, -2), dz2, None, None, b.dtype), b2.shape)
+            db = db.reshape(b.shape)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            dbias = dz2.reshape(-1, dz2.shape[-1]).to(torch.float64 if dz.dtype == torch.float64 else torch.float32)
+            dbias = dbias.sum(0).to(ctx.bias_dtype)
+        return da, db, dbias, None, None

@@ -1,0 +1,181 @@
+"""torch.autograd.Functions for layer_norm and rms_norm (kernels: fusedops/kernels/norms.py), and the
+argument checks that give them torch's semantics.
+
+The input's trailing dims (normalized_shape) are flattened into N columns and its leading dims into
+M rows, as a strided view wherever torch can express one (kernels.norms.as_rows). The forward saves
+x (that view), weight, and the per-row statistics (LayerNorm: mean and rstd; RMSNorm: rstd) in
+float32 (float64 for float64 inputs); the backward recomputes xhat from them.
+
+Dtype rules, as torch's:
+- layer_norm: weight and bias must have the input's dtype. (torch's CPU kernel also accepts float32
+  weight/bias with a float16/bfloat16 input, but its CUDA kernel, the one these kernels replace,
+  rejects that; we reject it on every device so that a model behaves the same on both.)
+- rms_norm: weight may be any floating dtype; the output has the input's dtype. eps=None means
+  torch.finfo of the accumulation dtype: float32's epsilon for float16/bfloat16/float32 inputs,
+  float64's for float64 (what torch computes; its documentation says finfo(x.dtype), which differs
+  for 16-bit inputs).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from fusedops.kernels import norms as kernels
+
+_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
+    """`normalized_shape` (an int or a sequence of ints, as torch.nn.LayerNorm accepts) as a tuple."""
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
+        shape = tuple(normalized_shape)
+        if all(isinstance(d, numbers.Integral) for d in shape):
+            return tuple(int(d) for d in shape)
+    raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+
+
+def _check_input(name: str, x, normalized_shape: Tuple[int, ...]) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"fusedops.{name}(): argument 'input' must be a torch.Tensor, not {type(x).__name__}")
+    if x.dtype not in _FLOATING:
+        raise TypeError(f"fusedops.{name}(): the input has dtype {x.dtype}; supported: float16, bfloat16, float32, "
+                        "float64")
+    if len(normalized_shape) == 0:
+        raise ValueError(f"fusedops.{name}(): expected normalized_shape to be at least 1-dimensional, i.e., "
+                         "containing at least one element, but got normalized_shape = []")
+    if tuple(x.shape[x.dim() - len(normalized_shape):]) != normalized_shape or x.dim() < len(normalized_shape):
+        raise ValueError(f"fusedops.{name}(): given normalized_shape={list(normalized_shape)}, expected input with "
+                         f"shape [*, {', '.join(map(str, normalized_shape))}], but got input of size "
+                         f"{list(x.shape)}")
+
+
+def _check_parameter(name: str, role: str, p: Optional[torch.Tensor], x: torch.Tensor,
+                     normalized_shape: Tuple[int, ...], same_dtype: bool) -> None:
+    if p is None:
+        return
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"fusedops.{name}(): argument '{role}' must be a torch.Tensor or None, not "
+                        f"{type(p).__name__}")
+    if tuple(p.shape) != normalized_shape:
+        raise ValueError(f"fusedops.{name}(): expected {role} to be of same shape as normalized_shape, but got "
+                         f"{role} of shape {list(p.shape)} and normalized_shape = {list(normalized_shape)}")
+    if p.device != x.device:
+        raise ValueError(f"fusedops.{name}(): {role} is on {p.device} but the input is on {x.device}")
+    if same_dtype and p.dtype != x.dtype:
+        raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype} but the input has dtype {x.dtype}; they "
+                        f"must be the same (torch.nn.functional.{name} rejects mixed dtypes on CUDA too): "
+                        f"convert one of them")
+    if not same_dtype and p.dtype not in _FLOATING:
+        raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype}; it must be a floating dtype (input: "
+                        f"{x.dtype})")
+
+
+def check_layer_norm_arguments(x, normalized_shape, weight, bias) -> Tuple[int, ...]:
+    """normalized_shape as a tuple, after checking the arguments as torch does.
+
+    Raises:
+        TypeError: a non-tensor, a non-floating input, or a weight/bias whose dtype is not the input's.
+        ValueError: an empty normalized_shape, shapes that do not match, parameters on another device.
+    """
+    normalized_shape = normalized_shape_tuple(normalized_shape)
+    _check_input("layer_norm", x, normalized_shape)
+    _check_parameter("layer_norm", "weight", weight, x, normalized_shape, same_dtype=True)
+    _check_parameter("layer_norm", "bias", bias, x, normalized_shape, same_dtype=True)
+    return normalized_shape
+
+
+def check_rms_norm_arguments(x, normalized_shape, weight) -> Tuple[int, ...]:
+    """normalized_shape as a tuple, after checking the arguments as torch does (weight: any floating
+    dtype). Raises as check_layer_norm_arguments."""
+    normalized_shape = normalized_shape_tuple(normalized_shape)
+    _check_input("rms_norm", x, normalized_shape)
+    _check_parameter("rms_norm", "weight", weight, x, normalized_shape, same_dtype=False)
+    return normalized_shape
+
+
+def default_rms_norm_eps(dtype: torch.dtype) -> float:
+    """The eps torch's rms_norm uses when eps is None: the epsilon of the accumulation dtype."""
+    return torch.finfo(kernels.accumulation_dtype(dtype)).eps
+
+
+def _rows(x: torch.Tensor, normalized_shape: Tuple[int, ...]) -> torch.Tensor:
+    n_cols = math.prod(normalized_shape)
+    n_rows = math.prod(x.shape[:x.dim() - len(normalized_shape)])
+    return kernels.as_rows(x, n_rows, n_cols)
+
+
+def norm(x: torch.Tensor, normalized_shape: Tuple[int, ...], weight: Optional[torch.Tensor],
+         bias: Optional[torch.Tensor], eps: float, *, subtract_mean: bool) -> torch.Tensor:
+    """The forward alone (no autograd graph): y shaped like x, contiguous, in x's dtype."""
+    y, _, _ = kernels.norm_forward(_rows(x, normalized_shape), weight, bias, eps, subtract_mean=subtract_mean)
+    return y.view(x.shape)
+
+
+def _forward(ctx, x, normalized_shape, weight, bias, eps, subtract_mean: bool) -> torch.Tensor:
+    rows = _rows(x, normalized_shape)
+    y, mean, rstd = kernels.norm_forward(rows, weight, bias, eps, subtract_mean=subtract_mean)
+    ctx.save_for_backward(rows, weight, mean, rstd)
+    ctx.input_shape = x.shape
+    ctx.normalized_shape = normalized_shape
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.subtract_mean = subtract_mean
+    return y.view(x.shape)
+
+
+def _backward(ctx, dy, input_grad: bool, weight_grad: bool, bias_grad: bool) -> tuple:
+    rows, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight, dbias = kernels.norm_backward(
+        kernels.as_rows(dy, *rows.shape), rows, weight, mean, rstd, subtract_mean=ctx.subtract_mean,
+        input_grad=input_grad, weight_grad=weight_grad, bias_grad=bias_grad, bias_dtype=ctx.bias_dtype)
+    return (None if dx is None else dx.view(ctx.input_shape),
+            None if dweight is None else dweight.view(ctx.normalized_shape),
+            None if dbias is None else dbias.view(ctx.normalized_shape))
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """forward(x, normalized_shape, weight, bias, eps) -> y: LayerNorm over the trailing dims of x.
+
+    x: float16/bfloat16/float32 CUDA tensor (any floating dtype on the CPU under FUSEDOPS_INTERPRET=1),
+    any strides; normalized_shape: a tuple of ints, x's trailing dims; weight, bias: shaped
+    normalized_shape, x's dtype, or None; eps: float. Arguments are checked by the caller
+    (check_layer_norm_arguments). Returns y shaped like x, contiguous, in x's dtype. Gradients: dx in
+    x's dtype, dweight/dbias in theirs, deterministic. Double backward is not supported (the backward
+    is a kernel): it raises RuntimeError.
+    """
+
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, bias, eps):
+        return _forward(ctx, x, normalized_shape, weight, bias, eps, subtract_mean=True)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        needs = ctx.needs_input_grad
+        dx, dweight, dbias = _backward(ctx, dy, needs[0], needs[2], needs[3])
+        return dx, None, dweight, dbias, None
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """forward(x, normalized_shape, weight, eps) -> y: RMSNorm over the trailing dims of x.
+
+    As LayerNormFunction, without bias; weight may have any floating dtype (y has x's dtype, dweight
+    weight's); eps is a float (check_rms_norm_arguments and default_rms_norm_eps give torch's rules).
+    """
+
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, eps):
+        return _forward(ctx, x, normalized_shape, weight, None, eps, subtract_mean=False)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        needs = ctx.needs_input_grad
+        dx, dweight, _ = _backward(ctx, dy, needs[0], needs[2], False)
+        return dx, None, dweight, None

@@ -1,0 +1,234 @@
+"""`dsl.autotune(configs, key)`: pick the fastest launch configuration of a kernel per problem key.
+
+    @dsl.autotune(configs=[dsl.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=4, num_stages=3), ...],
+                  key=["M", "N", "K"])
+    @dsl.jit
+    def kernel(..., M, N, K, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr): ...
+
+    kernel[grid](...)          # grid may be a function of the meta-parameters, as for @dsl.jit
+
+On the first launch with a new key (the values of the `key` arguments, the dtypes of the tensor
+arguments and the device), every config is launched with the real arguments and timed with CUDA
+events; the fastest is used from then on and recorded, through an atomic write, in a JSON file in
+the cache directory ($FUSEDOPS_CACHE_DIR/autotune/), so later processes skip the search. A config
+whose compilation or launch fails (e.g. it needs more shared memory than the device has) is
+skipped, not fatal, and one whose kernel spills registers to local memory is chosen only when
+every config spills.
+In the interpreter the first config that fits is used without timing (times mean nothing there).
+
+Tuning launches the kernel several times on the caller's arguments: use it for kernels whose
+outputs do not depend on their previous contents (no accumulation into an output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+from ..errors import CompilationError, LaunchError, UnsupportedError
+from . import knobs
+
+TUNING_WARMUP = 2
+TUNING_REPS = 8
+_SKIPPED = (CompilationError, LaunchError, UnsupportedError)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One launch configuration: constexpr values (`kwargs`), num_warps and num_stages."""
+
+    kwargs: Mapping
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        object.__setattr__(self, "kwargs", tuple(sorted(dict(self.kwargs).items())))
+
+    @property
+    def constexprs(self) -> dict:
+        return dict(self.kwargs)
+
+    def __str__(self) -> str:
+        values = ", ".join(f"{k}={v}" for k, v in self.kwargs)
+        return f"Config({values}, num_warps={self.num_warps}, num_stages={self.num_stages})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """The outcome of trying one config: its time in ms and whether it spills registers, or why it
+    was skipped (ms is None then)."""
+
+    config: Config
+    ms: Optional[float]
+    spills: bool = False
+    skipped: Optional[str] = None
+
+
+class Autotuner:
+    """A kernel wrapped by `autotune`; launch it as `tuner[grid](*args, **kwargs)`.
+
+    `best` maps a key to the chosen Config; `measurements` to what tuning measured (this process).
+    """
+
+    def __init__(self, fn, configs: Sequence[Config], key: Sequence[str]):
+        if not configs:
+            raise ValueError("autotune needs at least one Config")
+        self.fn = fn
+        self.configs = tuple(configs)
+        self.key = tuple(key)
+        names = [p.name for p in fn.params]
+        unknown = [k for k in self.key if k not in names]
+        if unknown:
+            raise TypeError(f"autotune key names {unknown}, which are not parameters of `{fn.__name__}`")
+        self._names = names
+        self.best: dict = {}
+        self.measurements: dict = {}
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    def __repr__(self) -> str:
+        return f"<dsl.autotune {self.fn!r}, {len(self.configs)} configs>"
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.run(grid, *args, **kwargs)
+
+    # -- keys and the on-disk record ----------------------------------------------------------------
+    def key_of(self, args: Sequence, kwargs: Mapping) -> str:
+        """The tuning key of a launch: key argument values, tensor dtypes, device."""
+        values = dict(zip(self._names, args))
+        values.update(kwargs)
+        parts = [f"{name}={values.get(name)!r}" for name in self.key]
+        device = "cpu"
+        for name in self._names:
+            value = values.get(name)
+            if hasattr(value, "dtype") and hasattr(value, "data_ptr"):
+                parts.append(f"{name}:{value.dtype}")
+                device = str(value.device)
+        if device.startswith("cuda"):
+            import torch
+
+            device = torch.cuda.get_device_name(torch.device(device))
+        parts.append(device)
+        return "|".join(parts)
+
+    def _record_path(self) -> Optional[Path]:
+        settings = knobs.current()
+        if settings.disable_cache:
+            return None
+        try:
+            source = "".join(self.fn.source.lines)
+        except (OSError, TypeError, AttributeError):    # no retrievable source: name and configs only
+            source = ""
+        digest = hashlib.sha256((source + "\n".join(map(str, self.configs))).encode()).hexdigest()[:16]
+        name = f"{self.fn.fn.__module__}.{self.fn.fn.__qualname__}-{digest}.json"
+        return Path(settings.cache_dir).expanduser() / "autotune" / name
+
+    def _load_record(self) -> None:
+        self._loaded = True
+        path = self._record_path()
+        if path is None or not path.is_file():
+            return
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        for key, index in record.items():
+            if isinstance(index, int) and 0 <= index < len(self.configs):
+                self.best.setdefault(key, self.configs[index])
+
+    def _save_record(self) -> None:
+        path = self._record_path()
+        if path is None:
+            return
+        record = {key: self.configs.index(config) for key, config in self.best.items()}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_file():
+                try:
+                    old = json.loads(path.read_text())
+                    record = {**{k: v for k, v in old.items() if isinstance(v, int)}, **record}
+                except ValueError:
+                    pass
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
+            with os.fdopen(handle, "w") as file:
+                json.dump(record, file, indent=1, sort_keys=True)
+            os.replace(temporary, path)
+        except OSError:
+            pass      # an unwritable cache only costs a re-tune in the next process
+
+    # -- choosing ------------------------------------------------------------------------------------
+    def select(self, key: str, measure: Callable[[Config], tuple]) -> Config:
+        """The config for `key`: recorded, or the fastest by `measure(config) -> (ms, spills)`,
+        preferring configs that do not spill registers; a config whose measure raises a
+        compilation/launch error is skipped. Records the choice."""
+        with self._lock:
+            if not self._loaded:
+                self._load_record()
+            found = self.best.get(key)
+            if found is not None:
+                return found
+            results = []
+            for config in self.configs:
+                try:
+                    ms, spills = measure(config)
+                    results.append(Measurement(config, float(ms), bool(spills)))
+                except _SKIPPED as error:
+                    reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+                    results.append(Measurement(config, None, skipped=reason))
+            self.measurements[key] = results
+            timed = [m for m in results if m.ms is not None]
+            if not timed:
+                reasons = "; ".join(f"{m.config}: {m.skipped}" for m in results)
+                raise LaunchError(f"autotune of `{self.fn.__name__}`: no config could run ({reasons})")
+            best = min(timed, key=lambda m: (m.spills, m.ms)).config
+            self.best[key] = best
+            self._save_record()
+            return best
+
+    def run(self, grid, *args, interpret: Optional[bool] = None, **kwargs):
+        """Launch with the best config for this launch's key (tuning it first if needed)."""
+        if interpret is None:
+            interpret = knobs.current().interpret
+        if interpret:
+            config = self.configs[0]
+        else:
+            key = self.key_of(args, kwargs)
+            config = self.best.get(key) or self.select(key, lambda c: self._measure(grid, args, kwargs, c))
+        self.fn.run(grid, *args, num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret,
+                    **kwargs, **config.constexprs)
+
+    def _measure(self, grid, args, kwargs, config: Config) -> tuple:
+        """(ms per launch of `config` by CUDA events, whether its kernel spills to local memory)."""
+        import torch
+
+        def launch():
+            self.fn.run(grid, *args, num_warps=config.num_warps, num_stages=config.num_stages, interpret=False,
+                        **kwargs, **config.constexprs)
+
+        launch()          # compiles, loads and checks the launch
+        values = self.fn._bind(args, {**kwargs, **config.constexprs})
+        entry, _, device_index = self.fn._lookup(values, config.num_warps, config.num_stages, "cuda")
+        spills = entry.compiled.launcher(device_index).kernel.local_bytes > 0
+        for _ in range(TUNING_WARMUP):
+            launch()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(TUNING_REPS):
+            launch()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / TUNING_REPS, spills
+
+
+def autotune(configs: Sequence[Config], key: Sequence[str]):
+    """Decorate a `@dsl.jit` kernel to pick the fastest of `configs` per value of the `key`
+    arguments (see the module docstring). Raises TypeError for key names that are not parameters."""
+    def decorator(fn):
+        return Autotuner(fn, configs, key)
+    return decorator

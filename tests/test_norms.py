@@ -1,0 +1,539 @@
+"""layer_norm and rms_norm: kernels (fusedops/kernels/norm_kernels.py, norms.py), autograd Functions,
+the public functions and the nn modules.
+
+CPU tier: the kernels run in the interpreter (FUSEDOPS_INTERPRET=1) against torch in float64, forward
+and every gradient, at odd shapes, every affine combination, multi-dim normalized_shape, strided and
+expanded inputs, forced looped/split paths; gradcheck in float64; torch's argument and dtype rules;
+modules against torch.nn; every shipped GPU configuration compiles for sm_90a and ptxas accepts it
+without spills. GPU tier (`-m cuda`): many shapes, poisoned outputs and scratch buffers, > 2**31
+elements, > 65535 programs, determinism.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedops
+import fusedops.nn
+from fusedops.autograd import norms as autograd_norms
+from fusedops.dsl.target import assemble, ptxas_available
+from fusedops.kernels import norm_kernels as K
+from fusedops.kernels import norms
+from helpers import assert_close, poison, random_tensor
+
+LAYER_NORM, RMS_NORM = "layer_norm", "rms_norm"
+# Affine combinations: (weight, bias); RMSNorm has no bias.
+AFFINE = [(True, True), (True, False), (False, True), (False, False)]
+# Tolerances of sums over rows/columns in 16-bit outputs: the default per-dtype ones.
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+
+
+def _inputs(shape, normalized_shape, dtype, seed, weight, bias, device="cpu"):
+    x = random_tensor(shape, dtype, device, seed)
+    w = random_tensor(normalized_shape, dtype, device, seed + 1, scale=0.5) + 1 if weight else None
+    b = random_tensor(normalized_shape, dtype, device, seed + 2) if bias else None
+    dy = random_tensor(shape, dtype, device, seed + 3)
+    return x, w, b, dy
+
+
+def _reference(op, x, normalized_shape, w, b, eps, dy):
+    """(y, dx, dweight, dbias) computed by torch in float64 from the same (rounded) values."""
+    leaves = [None if t is None else t.detach().double().requires_grad_() for t in (x, w, b)]
+    xd, wd, bd = leaves
+    if op == LAYER_NORM:
+        y = F.layer_norm(xd, normalized_shape, wd, bd, eps)
+    else:
+        y = F.rms_norm(xd, normalized_shape, wd, eps)
+    y.backward(dy.double())
+    return (y.detach(),) + tuple(None if t is None else t.grad for t in leaves)
+
+
+def _run(op, x, normalized_shape, w, b, eps, dy):
+    """(y, dx, dweight, dbias) from fusedops' public function and autograd."""
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
+    xr, wr, br = leaves
+    if op == LAYER_NORM:
+        y = fusedops.layer_norm(xr, normalized_shape, wr, br, eps)
+    else:
+        y = fusedops.rms_norm(xr, normalized_shape, wr, eps)
+    y.backward(dy)
+    return (y.detach(),) + tuple(None if t is None else t.grad for t in leaves)
+
+
+def _compare(op, normalized_shape, actual, expected, dtype):
+    """assert_close of (y, dx, dweight, dbias) against the float64 (y, dx, dweight, dbias)."""
+    n_cols = math.prod(normalized_shape)
+    if op == LAYER_NORM and n_cols == 1:
+        # One column: x - mean = 0 exactly, so dx = dweight = 0 (torch's float64 gives rounding noise,
+        # which a norm-relative comparison cannot handle).
+        expected = tuple(torch.zeros_like(e) if e is not None and i in (1, 2) else e for i, e in enumerate(expected))
+    # RMSNorm of one column: dx = rstd * g * eps / (x^2 + eps) comes from 1 - xhat^2 with xhat^2 ~ 1,
+    # ill-conditioned in any precision below the reference's; only its finiteness is checked.
+    skip_dx = op == RMS_NORM and n_cols == 1
+    for name, a, e in zip(("y", "dx", "dweight", "dbias"), actual, expected):
+        assert (a is None) == (e is None), name
+        if name == "dx" and skip_dx:
+            assert torch.isfinite(a).all()
+        elif a is not None:
+            assert a.dtype == dtype and a.shape == e.shape, name
+            assert_close(a, e, dtype)
+
+
+def _check(op, shape, normalized_shape, dtype, seed, weight=True, bias=True, eps=1e-5):
+    bias = bias and op == LAYER_NORM
+    x, w, b, dy = _inputs(shape, normalized_shape, dtype, seed, weight, bias)
+    actual = _run(op, x, normalized_shape, w, b, eps, dy)
+    reference_eps = eps if eps is not None else autograd_norms.default_rms_norm_eps(dtype)
+    _compare(op, normalized_shape, actual, _reference(op, x, normalized_shape, w, b, reference_eps, dy), dtype)
+
+
+# -- CPU tier: the kernels in the interpreter ---------------------------------------------------------
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("weight, bias", AFFINE)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (7, 37), (2, 3, 100)])
+def test_matches_float64_every_affine_combination(interpret, op, weight, bias, shape, seed):
+    if op == RMS_NORM and bias:
+        pytest.skip("RMSNorm has no bias")
+    _check(op, shape, shape[-1:], torch.float32, seed, weight, bias)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("dtype", HALF_DTYPES + [torch.float64])
+@pytest.mark.parametrize("shape", [(5, 129), (33, 8)])
+def test_matches_float64_other_dtypes(interpret, op, dtype, shape, seed):
+    _check(op, shape, shape[-1:], dtype, seed)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_multi_dim_normalized_shape_and_int_shape(interpret, op, seed):
+    _check(op, (3, 5, 7), (5, 7), torch.float32, seed)
+    x = random_tensor((4, 9), torch.float32, "cpu", seed)
+    function = fusedops.layer_norm if op == LAYER_NORM else fusedops.rms_norm
+    assert torch.equal(function(x, 9), function(x, (9,)))
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("dtype, prefetch", [(torch.float32, False), (torch.bfloat16, True)])
+def test_looped_forward_and_split_backward(interpret, monkeypatch, op, dtype, prefetch, seed):
+    # Force the long-row paths at a small size: 16-column chunks (so 57 columns end in a partial
+    # chunk), 2-row tiles, 8-column dx tiles.
+    monkeypatch.setattr(norms, "forward_config", lambda n, d: norms.ForwardConfig(True, 1, 16, 4))
+    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+        True, 2, 16, 4, programs_per_sm=1, prefetch=prefetch, input_block_rows=2, input_block_n=8,
+        input_num_warps=4))
+    _check(op, (9, 57), (57,), dtype, seed)
+    _check(op, (5, 16), (16,), dtype, seed + 7, weight=False)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_fused_backward_without_prefetch(interpret, monkeypatch, op, seed):
+    # The shipped configurations prefetch up to 8 warps and not at 16: both loops are tested.
+    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+        False, 2, 64, 4, programs_per_sm=1, prefetch=False))
+    _check(op, (7, 50), (50,), torch.float32, seed)
+
+
+def test_split_backward_sums_more_chunks_than_one_block(interpret, monkeypatch, seed):
+    # 70 chunks of 1 column > BLOCK_CHUNKS = 64: backward_input_kernel loops over the c1/c2 partials.
+    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+        True, 1, 1, 1, programs_per_sm=1, input_block_rows=1, input_block_n=32, input_num_warps=1))
+    _check(LAYER_NORM, (3, 70), (70,), torch.float32, seed)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("weight, bias", AFFINE)
+def test_gradcheck_float64(interpret, op, weight, bias, seed):
+    if op == RMS_NORM and bias:
+        pytest.skip("RMSNorm has no bias")
+    x, w, b, _ = _inputs((3, 2, 5), (2, 5), torch.float64, seed, weight, bias)
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+
+    def function(*args):
+        values = iter(args)
+        xx = next(values)
+        ww = next(values) if weight else None
+        if op == LAYER_NORM:
+            return fusedops.layer_norm(xx, (2, 5), ww, next(values) if bias else None)
+        return fusedops.rms_norm(xx, (2, 5), ww)
+
+    assert torch.autograd.gradcheck(function, tuple(leaves))
+
+
+def test_gradcheck_float64_split_path(interpret, monkeypatch, seed):
+    monkeypatch.setattr(norms, "forward_config", lambda n, d: norms.ForwardConfig(True, 1, 4, 1))
+    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+        True, 2, 4, 1, programs_per_sm=1, prefetch=True, input_block_rows=1, input_block_n=4, input_num_warps=1))
+    x, w, b, _ = _inputs((3, 11), (11,), torch.float64, seed, True, True)
+    assert torch.autograd.gradcheck(lambda *a: fusedops.layer_norm(a[0], (11,), a[1], a[2]),
+                                    (x.requires_grad_(), w.requires_grad_(), b.requires_grad_()))
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_row_of_zeros_with_tiny_eps_in_float16_gives_no_nan(interpret, op, seed):
+    # The variance (0) + eps (1e-12, below float16's range) is formed in float32: rstd = 1e6, y = bias.
+    # dx of that row is rstd * (g - mean(g)), about 1e6: it overflows float16 to inf (as torch's does),
+    # but nothing is NaN, and the other rows are unaffected.
+    x, w, b, dy = _inputs((4, 40), (40,), torch.float16, seed, True, op == LAYER_NORM)
+    x[1] = 0
+    y, dx, dw, db = _run(op, x, (40,), w, b, 1e-12, dy)
+    for t in (y, dx, dw, db):
+        assert t is None or not torch.isnan(t).any()
+    assert torch.isfinite(y).all() and torch.isfinite(dw).all() and (db is None or torch.isfinite(db).all())
+    assert torch.equal(y[1], b if b is not None else torch.zeros_like(y[1]))
+    expected = _reference(op, x, (40,), w, b, 1e-12, dy)
+    assert_close(dx[[0, 2, 3]], expected[1][[0, 2, 3]], torch.float16)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_more_than_65535_rows(interpret, op, seed):
+    # Several rows per program keep the interpreter cheap; the GPU tier launches > 65535 programs.
+    _check(op, (65537, 4), (4,), torch.float32, seed)
+
+
+def test_strided_inputs_are_read_in_place(seed):
+    base = random_tensor((6, 40), torch.float32, "cpu", seed)
+    sliced = base[:, ::2]                                   # column stride 2
+    assert norms.as_rows(sliced, 6, 20).data_ptr() == sliced.data_ptr()
+    transposed = base.t()                                   # (40, 6): row stride 1, column stride 40
+    assert norms.as_rows(transposed, 40, 6).stride() == (1, 40)
+    broadcast = base[:1].expand(5, 40)                      # stride-0 rows (an expanded gradient)
+    assert norms.as_rows(broadcast, 5, 40).stride() == (0, 1)
+    batch = random_tensor((3, 4, 8), torch.float32, "cpu", seed).transpose(0, 1)   # rows not one stride
+    rows = norms.as_rows(batch, 12, 8)
+    assert rows.is_contiguous() and torch.equal(rows, batch.reshape(12, 8))
+
+
+def _check_views(op, x, w, b, dtype):
+    """Forward and gradients on strided/expanded views of x, with dy = the stride-0 gradient of sum()."""
+    n_rows, n_cols = x.shape
+    views = (x[:, ::2],                                                    # column stride 2
+             x.t().contiguous().t(),                                       # row stride 1, column stride M
+             x.view(2, n_rows // 2, n_cols).transpose(0, 1),               # rows without one stride: copied
+             x[:1].expand(4, n_cols))                                      # row stride 0
+    function = fusedops.layer_norm if op == LAYER_NORM else fusedops.rms_norm
+    for view in views:
+        n = view.shape[-1]
+        leaf = view.detach().requires_grad_()
+        weight = w[:n].detach().requires_grad_()
+        bias = None if b is None else b[:n]
+        y = function(leaf, (n,), weight, *(() if bias is None else (bias,)))
+        y.sum().backward()                              # dy: ones expanded with stride 0
+        eps = 1e-5 if op == LAYER_NORM else autograd_norms.default_rms_norm_eps(dtype)
+        expected = _reference(op, view, (n,), weight, bias, eps, torch.ones_like(view))
+        assert_close(y, expected[0], dtype)
+        assert_close(leaf.grad, expected[1], dtype)
+        assert_close(weight.grad, expected[2], dtype)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_non_contiguous_inputs_and_expanded_grad_output(interpret, op, seed):
+    x, w, b, _ = _inputs((6, 80), (80,), torch.float32, seed, True, op == LAYER_NORM)
+    _check_views(op, x, w, b, torch.float32)
+
+
+def test_dweight_and_dbias_only(interpret, seed):
+    # x without requires_grad: no dx kernel output; the partial sums alone.
+    x, w, b, dy = _inputs((9, 33), (33,), torch.float32, seed, True, True)
+    w.requires_grad_(), b.requires_grad_()
+    fusedops.layer_norm(x, (33,), w, b).backward(dy)
+    _, _, dw, db = _reference(LAYER_NORM, x, (33,), w, b, 1e-5, dy)
+    assert_close(w.grad, dw, torch.float32)
+    assert_close(b.grad, db, torch.float32)
+
+
+def test_empty_inputs(interpret):
+    for op in (fusedops.layer_norm, fusedops.rms_norm):
+        x = torch.zeros((0, 5), requires_grad=True)
+        w = torch.ones(5, requires_grad=True)
+        y = op(x, (5,), w)
+        assert y.shape == (0, 5)
+        y.sum().backward()
+        assert torch.equal(w.grad, torch.zeros(5))
+
+
+def test_rms_norm_default_eps_is_torchs(interpret):
+    # torch uses the epsilon of the accumulation dtype (float32 for float16 input), not finfo(float16).
+    x = torch.full((2, 4), 1e-2, dtype=torch.float16)
+    assert autograd_norms.default_rms_norm_eps(torch.float16) == torch.finfo(torch.float32).eps
+    assert_close(fusedops.rms_norm(x, (4,)), F.rms_norm(x.double(), (4,), eps=torch.finfo(torch.float32).eps),
+                 torch.float16)
+    assert torch.equal(fusedops.rms_norm(x, (4,)), F.rms_norm(x, (4,)).to(torch.float16))
+
+
+def test_rms_norm_accepts_a_weight_of_another_dtype(interpret, seed):
+    x = random_tensor((3, 24), torch.bfloat16, "cpu", seed)
+    w = random_tensor((24,), torch.float32, "cpu", seed + 1).requires_grad_()
+    y = fusedops.rms_norm(x, (24,), w)
+    assert y.dtype == torch.bfloat16
+    y.backward(torch.ones_like(y))
+    assert w.grad.dtype == torch.float32
+    wd = w.detach().double().requires_grad_()
+    F.rms_norm(x.double(), (24,), wd, torch.finfo(torch.float32).eps).sum().backward()
+    assert_close(w.grad, wd.grad, torch.bfloat16)
+
+
+# -- argument checking (no kernel runs) ---------------------------------------------------------------
+@pytest.mark.parametrize("weight_dtype, bias_dtype", [(torch.float32, None), (None, torch.float32),
+                                                      (torch.float16, torch.bfloat16)])
+def test_layer_norm_rejects_mixed_dtypes_naming_both(weight_dtype, bias_dtype):
+    x = torch.zeros(2, 3, dtype=torch.float16)
+    w = None if weight_dtype is None else torch.ones(3, dtype=weight_dtype)
+    b = None if bias_dtype is None else torch.ones(3, dtype=bias_dtype)
+    offending = w if weight_dtype not in (None, torch.float16) else b
+    with pytest.raises(TypeError, match=rf"{offending.dtype}.*torch.float16"):
+        fusedops.layer_norm(x, (3,), w, b)
+
+
+def test_argument_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(TypeError, match="torch.int32"):
+        fusedops.layer_norm(x.int(), (3,))
+    with pytest.raises(TypeError, match="torch.int64"):
+        fusedops.rms_norm(x, (3,), torch.ones(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"expected input with shape \[\*, 4\]"):
+        fusedops.layer_norm(x, (4,))
+    with pytest.raises(ValueError, match="at least 1-dimensional"):
+        fusedops.rms_norm(x, ())
+    with pytest.raises(ValueError, match="same shape as normalized_shape"):
+        fusedops.layer_norm(x, (3,), torch.ones(4))
+    with pytest.raises(TypeError, match="normalized_shape"):
+        fusedops.layer_norm(x, 3.0)
+
+
+def test_cpu_tensors_run_torch_without_the_interpreter(monkeypatch, seed):
+    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
+    monkeypatch.setattr(norms, "norm_forward", None)     # any kernel launch would fail
+    x, w, b, _ = _inputs((3, 10), (10,), torch.float32, seed, True, True)
+    assert torch.equal(fusedops.layer_norm(x, (10,), w, b), F.layer_norm(x, (10,), w, b))
+    assert torch.equal(fusedops.rms_norm(x, (10,), w), F.rms_norm(x, (10,), w))
+
+
+# -- modules ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [{}, {"bias": False}, {"elementwise_affine": False}, {"eps": 1e-3}])
+def test_layer_norm_module_matches_torch(interpret, kwargs, seed):
+    ours, theirs = fusedops.nn.LayerNorm((3, 8), **kwargs), torch.nn.LayerNorm((3, 8), **kwargs)
+    assert repr(ours) == repr(theirs)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    if ours.weight is not None:
+        with torch.no_grad():
+            theirs.weight.copy_(random_tensor((3, 8), torch.float32, "cpu", seed))
+    ours.load_state_dict(theirs.state_dict())
+    x = random_tensor((5, 3, 8), torch.float32, "cpu", seed + 1)
+    params = [None if p is None else p.detach().double() for p in (theirs.weight, theirs.bias)]
+    assert_close(ours(x), F.layer_norm(x.double(), (3, 8), *params, theirs.eps), torch.float32)
+    theirs.load_state_dict(ours.state_dict())
+    ours.reset_parameters()
+    assert all(torch.equal(p, q) for p, q in zip(ours.state_dict().values(),
+                                                  torch.nn.LayerNorm((3, 8), **kwargs).state_dict().values()))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"elementwise_affine": False}, {"eps": 1e-3}])
+def test_rms_norm_module_matches_torch(interpret, kwargs, seed):
+    ours, theirs = fusedops.nn.RMSNorm(8, **kwargs), torch.nn.RMSNorm(8, **kwargs)
+    assert repr(ours) == repr(theirs)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    x = random_tensor((5, 8), torch.float32, "cpu", seed).requires_grad_()
+    y = ours(x)
+    y.sum().backward()
+    xd = x.detach().double().requires_grad_()
+    eps = kwargs.get("eps", torch.finfo(torch.float32).eps)
+    reference = F.rms_norm(xd, (8,), None if theirs.weight is None else theirs.weight.double(), eps)
+    reference.sum().backward()
+    assert_close(y, reference, torch.float32)
+    assert_close(x.grad, xd.grad, torch.float32)
+    assert isinstance(ours, torch.nn.RMSNorm)
+
+
+def test_modules_accept_device_and_dtype():
+    m = fusedops.nn.LayerNorm(4, device="cpu", dtype=torch.float64)
+    assert m.weight.dtype == torch.float64 and m.bias.dtype == torch.float64
+    assert fusedops.nn.RMSNorm([2, 3], dtype=torch.float16).weight.shape == (2, 3)
+
+
+# -- the shipped GPU configurations compile without spills --------------------------------------------
+def _shipped_launches(dtype, subtract_mean, sizes):
+    """(name, kernel, args, constexprs, num_warps) of the kernel configurations the launchers pick for
+    rows of `sizes` columns in `dtype` (LayerNorm with weight and bias, or RMSNorm with weight)."""
+    x = torch.empty(64, dtype=dtype)
+    stats = torch.empty(64, dtype=norms.accumulation_dtype(dtype))
+    mean = stats if subtract_mean else None
+    bias = x if subtract_mean else None
+    launches, seen = [], set()
+    for n in sizes:
+        fc = norms.forward_config(n, dtype)
+        kernel = K.forward_looped_kernel if fc.looped else K.forward_kernel
+        tiles = dict(BLOCK_N=fc.block_n) if fc.looped else dict(BLOCK_ROWS=fc.block_rows, BLOCK_N=fc.block_n)
+        launches.append(("forward", kernel, (x, mean, stats, x, x, bias, 8192, n, n, 1, n, 1e-5),
+                         dict(SUBTRACT_MEAN=subtract_mean, **tiles), fc.num_warps))
+        bc = norms.backward_config(n, dtype)
+        strides = (n, 1, n, 1)
+        if not bc.split:
+            launches.append(("backward_fused", K.backward_fused_kernel,
+                             (x, stats, stats if subtract_mean else None, x, x, x, mean, stats, 8192, n, 64,
+                              *strides, n),
+                             dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=bc.block_rows, BLOCK_N=bc.block_n,
+                                  PREFETCH=bc.prefetch), bc.num_warps))
+        else:
+            launches.append(("backward_partials", K.backward_partials_kernel,
+                             (stats, mean, stats, stats if subtract_mean else None, x, x, x, mean, stats, 8192, n,
+                              512, *strides),
+                             dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=bc.block_rows, BLOCK_N=bc.block_n,
+                                  PREFETCH=bc.prefetch), bc.num_warps))
+            launches.append(("backward_input", K.backward_input_kernel,
+                             (x, x, x, x, mean, stats, stats, mean, 8192, n, 16, *strides, n),
+                             dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=bc.input_block_rows,
+                                  BLOCK_N=bc.input_block_n, BLOCK_CHUNKS=16), bc.input_num_warps))
+    for n_partials in (1, 16, 132, 528):
+        block_p = min(1 << (n_partials - 1).bit_length(), 128)
+        launches.append(("column_sum", K.column_sum_kernel, (x, stats, x, stats, n_partials, 4096),
+                         dict(BLOCK_P=block_p, BLOCK_N=max(2048 // block_p, 16)), 4))
+    unique = []
+    for launch in launches:
+        key = (launch[0], tuple(sorted(launch[3].items())), launch[4])
+        if key not in seen:
+            seen.add(key)
+            unique.append(launch)
+    return unique
+
+
+# Every power of two up to the looped forward for float16 LayerNorm (every configuration the heuristics
+# have: each row size class picks its own tiles and warps); for the others, the sizes where register
+# pressure peaks (RMSNorm and bfloat16 keep fewer values live than LayerNorm and float16 do).
+ALL_SIZES = tuple(1 << k for k in range(17))
+LARGE_SIZES = (1024, 4096, 8192, 16384, 32768, 65536)
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+@pytest.mark.parametrize("dtype, subtract_mean, sizes", [(torch.float16, True, ALL_SIZES),
+                                                         (torch.float32, True, LARGE_SIZES),
+                                                         (torch.bfloat16, False, LARGE_SIZES)])
+def test_shipped_configs_assemble_for_sm90a_without_spills(dtype, subtract_mean, sizes, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    for name, kernel, args, constexprs, num_warps in _shipped_launches(dtype, subtract_mean, sizes):
+        compiled = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs)
+        result = assemble(compiled.asm["ptx"], "sm_90a")
+        assert result.spill_bytes == 0, (name, constexprs, num_warps, result.log)
+
+
+# -- GPU tier -----------------------------------------------------------------------------------------
+def _poisoned_empty(shape, dtype, device):
+    return poison(torch.empty(shape, dtype=dtype, device=device))
+
+
+# Each row-size class (one-pass forward / looped, fused / split backward) with odd and aligned sizes.
+GPU_SHAPES = [(1, 1), (3, 17), (127, 1000), (33, 4097), (16, 8192), (9, 12289), (5, 32768), (3, 40000)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
+    subtract_mean = op == LAYER_NORM
+    x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, subtract_mean, device="cuda")
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
+    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                     weight_grad=True, bias_grad=subtract_mean, bias_dtype=dtype,
+                                     allocate=_poisoned_empty)
+    _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("weight, bias", AFFINE)
+def test_gpu_public_functions_every_affine_combination(op, weight, bias, seed):
+    if op == RMS_NORM and bias:
+        pytest.skip("RMSNorm has no bias")
+    x, w, b, dy = _inputs((4, 7, 777), (7, 777), torch.bfloat16, seed, weight, bias, device="cuda")
+    actual = _run(op, x, (7, 777), w, b, 1e-5, dy)
+    _compare(op, (7, 777), actual, _reference(op, x, (7, 777), w, b, 1e-5, dy), torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_gpu_strided_and_expanded(op, seed):
+    x, w, b, _ = _inputs((64, 2048), (2048,), torch.float16, seed, True, op == LAYER_NORM, device="cuda")
+    _check_views(op, x, w, b, torch.float16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_gpu_more_than_65535_programs_and_deterministic(op, seed):
+    shape = (70001, 2048)           # the forward launches one program per row
+    subtract_mean = op == LAYER_NORM
+    x, w, b, dy = _inputs(shape, shape[-1:], torch.float16, seed, True, subtract_mean, device="cuda")
+    assert norms.forward_config(2048, torch.float16).block_rows == 1
+    first = _run(op, x, shape[-1:], w, b, 1e-5, dy)
+    second = _run(op, x, shape[-1:], w, b, 1e-5, dy)
+    for a, c, e in zip(first, second, _reference(op, x, shape[-1:], w, b, 1e-5, dy)):
+        if e is not None:
+            assert_close(a, e, torch.float16)
+            assert torch.equal(a, c)        # bitwise: no atomics in the dweight/dbias reduction
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("n_cols", [8192, 16384, 65536])     # fused backward, split backward, looped forward
+def test_gpu_more_than_2_31_elements(op, n_cols, seed):
+    n_rows = 2**31 // n_cols + 3                    # 2**31 + 3 * n_cols elements: int64 row offsets needed
+    subtract_mean = op == LAYER_NORM
+    x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")
+    w = random_tensor((n_cols,), torch.float16, "cuda", seed, scale=0.5) + 1
+    b = random_tensor((n_cols,), torch.float16, "cuda", seed + 1) if subtract_mean else None
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
+    dy = torch.randn_like(x)
+    dx, dw, _ = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                    weight_grad=True, bias_grad=False)
+    boundary = 2**31 // n_cols                      # the first row past element 2**31
+    rows = torch.tensor([0, 1, n_rows // 2, boundary - 1, boundary, n_rows - 1], device="cuda")
+    expected = _reference(op, x[rows], (n_cols,), w, b, 1e-5, dy[rows])
+    assert_close(y[rows], expected[0], torch.float16)
+    assert_close(dx[rows], expected[1], torch.float16)
+    # dweight sums every row: the reference in float64, 4096 rows at a time to bound its memory
+    reference_dw = torch.zeros(n_cols, dtype=torch.float64, device="cuda")
+    for start in range(0, n_rows, 4096):
+        xs = x[start:start + 4096].double()
+        if subtract_mean:
+            xs = xs - xs.mean(-1, keepdim=True)
+        xhat = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + 1e-5)
+        reference_dw += (dy[start:start + 4096].double() * xhat).sum(0)
+    assert_close(dw, reference_dw, torch.float16)
+    assert x.numel() > 2**31
+
+
+@pytest.mark.cuda
+def test_gpu_modules_match_torch(seed):
+    for ours, theirs in ((fusedops.nn.LayerNorm(3000), torch.nn.LayerNorm(3000)),
+                         (fusedops.nn.RMSNorm(3000), torch.nn.RMSNorm(3000))):
+        theirs.load_state_dict({k: random_tensor(v.shape, torch.float32, "cpu", seed) + 1
+                                for k, v in theirs.state_dict().items()})
+        ours.load_state_dict(theirs.state_dict())
+        ours, theirs = ours.cuda().half(), theirs.cuda().double()
+        x = random_tensor((7, 11, 3000), torch.float16, "cuda", seed + 1)
+        dy = random_tensor((7, 11, 3000), torch.float16, "cuda", seed + 2)
+        leaf, reference_leaf = x.clone().requires_grad_(), x.double().requires_grad_()
+        ours(leaf).backward(dy)
+        theirs(reference_leaf).backward(dy.double())
+        assert_close(leaf.grad, reference_leaf.grad, torch.float16)
+        for p, q in zip(ours.parameters(), theirs.parameters()):
+            assert_close(p.grad, q.grad, torch.float16)
+
+
+@pytest.mark.cuda
+def test_gpu_layer_norm_under_autocast_runs_in_float32(seed):
+    ours, theirs = fusedops.nn.LayerNorm(1000).cuda(), torch.nn.LayerNorm(1000).cuda()
+    x = random_tensor((64, 1000), torch.float16, "cuda", seed)
+    with torch.autocast("cuda", dtype=torch.float16):
+        y, reference = ours(x), theirs(x)
+    assert y.dtype == reference.dtype == torch.float32
+    assert_close(y, F.layer_norm(x.double(), (1000,)), torch.float32)
