@@ -67,18 +67,26 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
         providers["torch+gelu"] = lambda: torch.nn.functional.gelu(torch.addmm(bias, a, b))
         providers["fusedops+gelu"] = lambda: fusedops.matmul(a, b, bias, "gelu")
     reference = torch.matmul(a.float(), b.float())
-    rows, torch_ms = [], None
+    rows, torch_ms = [], {}          # the torch time per family: plain matmul, and with the epilogue
     for provider, fn in providers.items():
-        out = fn()      # compiles / autotunes outside the timed region
+        try:
+            out = fn()      # compiles / autotunes outside the timed region
+        except Exception as error:     # one failing provider must not lose the others' numbers
+            print(f"{provider} failed at {m}x{n}x{k} {dtype_name}: {type(error).__name__}: {error}")
+            rows.append({"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider,
+                         "error": f"{type(error).__name__}: {str(error)[:200]}"})
+            continue
         ref = torch.nn.functional.gelu(reference + bias.float()) if provider.endswith("gelu") else reference
         ms = gpu_time_ms(fn, warmup=3, repeats=repeats)
-        if provider == "torch":
-            torch_ms = ms
+        family = "gelu" if provider.endswith("gelu") else "plain"
+        if provider.startswith("torch"):
+            torch_ms[family] = ms
         row = {"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider, "ms": ms,
                "TFLOP/s": flops / ms / 1e9, "rel_error": _error(out, ref)}
-        row["vs torch"] = torch_ms / ms if torch_ms else None
+        row["vs torch"] = torch_ms[family] / ms if family in torch_ms else None
         if provider.startswith("fusedops"):
-            key = K.tuned_matmul_kernel.key_of((None, a, b, bias, m, n, k), {})
+            # the launch's key: (c, a, b, bias or c, M, N, K); c and bias have a's dtype here
+            key = K.tuned_matmul_kernel.key_of((a, a, b, a, m, n, k), {})
             chosen = K.tuned_matmul_kernel.best.get(key)
             row["config"] = str(chosen) if chosen else str(K.SMALL_CONFIG)
         rows.append(row)
@@ -109,6 +117,7 @@ def plot(rows, path):
     except ImportError:
         print("matplotlib is not installed: no plot")
         return
+    rows = [r for r in rows if "TFLOP/s" in r]
     dtypes = sorted({r["dtype"] for r in rows})
     figure, axes = plt.subplots(1, len(dtypes), figsize=(8 * len(dtypes), 4.5), squeeze=False)
     for axis, dtype in zip(axes[0], dtypes):
@@ -152,7 +161,7 @@ def main(argv=None):
     for dtype_name in dtypes:
         for shape in shapes:
             rows.extend(bench_shape(shape, dtype_name, triton, args.epilogue, repeats))
-            print_table(rows[-(3 if triton else 2) - (2 if args.epilogue else 0):])
+            print_table([r for r in rows if (r["M"], r["N"], r["K"], r["dtype"]) == (*shape, dtype_name)])
     print()
     print_table(rows)
     write_rows(rows, args.out, "matmul")

@@ -221,24 +221,27 @@ def test_atomics_on_colliding_addresses(seed):
     assert counters.tolist() == [int(x.max()), int(x.min()), 5003, 5]
 
 
-def _run_script(body: str) -> subprocess.CompletedProcess:
-    script = "import torch, fusedops.dsl as dsl\n" + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+def _run_script(body: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run `body` in a fresh process (a failed device assert leaves its CUDA context unusable); the
+    script is a file because kernels need readable source."""
+    script = tmp_path / "script.py"
+    script.write_text("import torch, fusedops.dsl as dsl\n" + textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
 
 
-def test_device_print_prints_values():
+def test_device_print_prints_values(tmp_path):
     result = _run_script("""
         @dsl.jit
         def k(x_ptr):
             dsl.device_print("value ", dsl.load(x_ptr + dsl.arange(0, 4)))
         k[(1,)](torch.tensor([1.5, 2.5, 3.5, 4.5], device="cuda"), num_warps=1)
         torch.cuda.synchronize()
-    """)
+    """, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "value 3.500000" in result.stdout and "pid (0, 0, 0)" in result.stdout
 
 
-def test_device_assert_fails_the_launch():
+def test_device_assert_fails_the_launch(tmp_path):
     result = _run_script("""
         @dsl.jit
         def k(x_ptr):
@@ -246,7 +249,7 @@ def test_device_assert_fails_the_launch():
             dsl.device_assert(x < 3, "x must stay below 3")
         k[(1,)](torch.tensor([1, 2, 3, 4], device="cuda"), num_warps=1)
         torch.cuda.synchronize()
-    """)
+    """, tmp_path)
     assert result.returncode != 0
     assert "device_assert failed: x must stay below 3" in result.stdout + result.stderr
 

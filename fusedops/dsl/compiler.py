@@ -3,8 +3,10 @@
     compile_function(function, CompileOptions(arch="sm_90a", num_warps=4)) -> CompiledKernel
 
 The pipeline, top to bottom: target-independent simplification (passes/pipeline.py), layout
-assignment, pointer analysis, lowering to LLVM IR (codegen/), LLVM -O3 and NVPTX (target/). A
-`CompiledKernel` needs no GPU until `launch`; its `asm` holds "ir", "llir" and "ptx".
+assignment (tensor-core layouts for fp16/bf16 dots on sm_80+), software pipelining of the loads
+feeding those dots (num_stages), pointer analysis, lowering to LLVM IR (codegen/), LLVM -O3 and
+NVPTX (target/). A `CompiledKernel` needs no GPU until `launch`; its `asm` holds "ir", "llir" and
+"ptx".
 """
 
 from __future__ import annotations

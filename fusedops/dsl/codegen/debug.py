@@ -53,10 +53,9 @@ def _printf(ctx, fmt: str, args):
     bld = ctx.builder
     vprintf = T.declare_intrinsic(ctx.module, "vprintf", T.i32, [T.pointer(0), T.pointer(0)])
     struct = ir.LiteralStructType([a.type for a in args]) if args else ir.LiteralStructType([T.i32])
-    with bld.goto_entry_block():
-        buffer = bld.alloca(struct)
+    buffer = ctx.prologue.alloca(struct)   # allocas belong in the entry block
     for i, a in enumerate(args):
-        bld.store(a, bld.gep(buffer, [ir.Constant(T.i32, 0), ir.Constant(T.i32, i)], source_etype=struct))
+        bld.store(a, bld.gep(buffer, [ir.Constant(T.i32, 0), ir.Constant(T.i32, i)], inbounds=True))
     bld.call(vprintf, [_string(ctx, fmt), bld.addrspacecast(buffer, T.pointer(0)) if buffer.type != T.pointer(0) else buffer])
 
 

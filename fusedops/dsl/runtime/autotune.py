@@ -23,6 +23,7 @@ outputs do not depend on their previous contents (no accumulation into an output
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -110,11 +111,7 @@ class Autotuner:
             if hasattr(value, "dtype") and hasattr(value, "data_ptr"):
                 parts.append(f"{name}:{value.dtype}")
                 device = str(value.device)
-        if device.startswith("cuda"):
-            import torch
-
-            device = torch.cuda.get_device_name(torch.device(device))
-        parts.append(device)
+        parts.append(_device_name(device) if device.startswith("cuda") else device)
         return "|".join(parts)
 
     def _record_path(self) -> Optional[Path]:
@@ -224,6 +221,13 @@ class Autotuner:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / TUNING_REPS, spills
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device))
 
 
 def autotune(configs: Sequence[Config], key: Sequence[str]):
