@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .core import Block, Function, Operation, Value
 
 
@@ -35,6 +37,8 @@ class _Namer:
 
 def _format_attr(value) -> str:
     if isinstance(value, float):
+        if math.isnan(value) and math.copysign(1.0, value) < 0:
+            return "-nan"   # repr() drops a NaN's sign, and the printed IR is the disk cache key
         return repr(value)
     if isinstance(value, (tuple, list)):
         return "[" + ", ".join(_format_attr(v) for v in value) + "]"

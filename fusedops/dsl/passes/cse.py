@@ -13,6 +13,7 @@ results. What may be merged:
 from __future__ import annotations
 
 import collections
+import struct
 
 from ..ir.core import Block, Function, Operation
 from ..ir.ops import COMMUTATIVE, CONTROL_FLOW, SIDE_EFFECTS, OpCode
@@ -65,9 +66,10 @@ def _key(op: Operation):
 
 
 def _freeze(value):
-    """A hashable form of an attr that tells apart what == does not (0.0 and -0.0, 1 and True)."""
+    """A hashable form of an attr that tells apart what == does not (0.0 and -0.0, 1 and True, and
+    NaNs of either sign, which float.hex() writes alike)."""
     if isinstance(value, float):
-        return ("float", value.hex())
+        return ("float", struct.pack("<d", value))
     if isinstance(value, bool):
         return ("bool", value)
     if isinstance(value, (list, tuple)):
