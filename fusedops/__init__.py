@@ -19,6 +19,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "log_softmax": "fusedops.functional:log_softmax",
     "layer_norm": "fusedops.functional:layer_norm",
     "rms_norm": "fusedops.functional:rms_norm",
+    "scaled_dot_product_attention": "fusedops.functional:scaled_dot_product_attention",
 }
 
 

@@ -6,6 +6,12 @@ kernels support run the fusedops kernels (through their autograd Function when a
 needed); CPU tensors run the native torch op, unless FUSEDOPS_INTERPRET=1, in which case the
 kernels run in the NumPy interpreter (how the CPU test tier exercises them). Anything else (other
 devices, float64 on CUDA) falls back to the native torch op.
+
+While torch.compile traces (`torch.compiler.is_compiling()`), the kernel path calls the custom
+operators of fusedops/library.py (`torch.ops.fusedops.*`) instead, so the graph has no breaks; eager
+calls launch the kernels directly (a custom-op dispatch costs ~20 us of host time). Autocast follows
+torch's lists (`library.autocast_dtype`): under CUDA autocast softmax, log_softmax, layer_norm and
+rms_norm run in float32 and matmul in the autocast dtype.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from fusedops import library as _library
 from fusedops.autograd import norms as _norms
 from fusedops.autograd.softmax import SoftmaxFunction
 from fusedops.dsl.runtime import knobs
@@ -27,7 +34,7 @@ def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
     """Whether an op on `x` (reading/writing `dtypes`) runs the fusedops kernels."""
     if x.is_cuda:
         return all(d in _KERNEL_DTYPES for d in dtypes)
-    return x.device.type == "cpu" and knobs.interpret_enabled()
+    return x.device.type == "cpu" and _library.interpret_enabled()
 
 
 def normalize_dim(name: str, dim, ndim: int) -> int:
@@ -90,12 +97,16 @@ def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) 
         raise TypeError(f"fusedops.{name}(): argument 'input' must be a floating-point tensor, got {input.dtype}; "
                         "pass dtype=torch.float32 to cast it first")
     dim = normalize_dim(name, dim, input.dim())
+    if dtype is None and input.dtype != torch.float64:
+        dtype = _library.autocast_dtype(name, input.device.type)    # float32 under CUDA autocast, as torch
     out_dtype = dtype or input.dtype
     if dtype is not None and dtype != input.dtype and (input.dtype, dtype) not in _EXACT_UPCASTS:
         input = input.to(dtype)     # torch casts first; only exact upcasts are fused into the kernel
     if not _runs_kernels(input, input.dtype, out_dtype):
         native = torch.log_softmax if log else torch.softmax
         return native(input, dim, dtype=dtype)
+    if torch.compiler.is_compiling():   # a custom op in the graph (fusedops/library.py)
+        return _library.softmax(input, dim, out_dtype if out_dtype != input.dtype else None, log=log)
     if input.dim() == 0:
         return _softmax(name, input.reshape(1), 0, dtype, log=log).reshape(())
     kernel_dtype = out_dtype if out_dtype != input.dtype else None
@@ -132,14 +143,16 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
     FUSEDOPS_INTERPRET=1 runs the kernels in the interpreter. Under CUDA autocast the inputs are cast to
     float32 first and the result is float32, as torch's autocast does for layer_norm.
     """
-    if isinstance(input, torch.Tensor) and input.is_cuda and torch.is_autocast_enabled("cuda"):
-        # CUDA autocast runs layer_norm in float32 (it is on torch's "autocast to float32" list).
-        input, weight, bias = (t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                               for t in (input, weight, bias))
+    # CUDA autocast runs layer_norm in float32 (it is on torch's "autocast to float32" list).
+    autocast = _library.autocast_dtype("layer_norm", input.device.type) if isinstance(input, torch.Tensor) else None
+    if autocast is not None:
+        input, weight, bias = (_library.autocast_cast(t, autocast) for t in (input, weight, bias))
     shape = _norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
     params = [p for p in (weight, bias) if p is not None]
     if not _runs_kernels(input, input.dtype):
         return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
+    if torch.compiler.is_compiling():
+        return _library.layer_norm(input, shape, weight, bias, float(eps))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *params)):
         return _norms.LayerNormFunction.apply(input, shape, weight, bias, float(eps))
     return _norms.norm(input, shape, weight, bias, float(eps), subtract_mean=True)
@@ -163,11 +176,17 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
 
     Dispatch as for layer_norm (a float64 weight on CUDA also runs torch's op).
     """
+    # float32 under CUDA autocast, as torch
+    autocast = _library.autocast_dtype("rms_norm", input.device.type) if isinstance(input, torch.Tensor) else None
+    if autocast is not None:
+        input, weight = (_library.autocast_cast(t, autocast) for t in (input, weight))
     shape = _norms.check_rms_norm_arguments(input, normalized_shape, weight)
     dtypes = (input.dtype,) if weight is None else (input.dtype, weight.dtype)
     if not _runs_kernels(input, *dtypes):
         return torch.nn.functional.rms_norm(input, shape, weight, eps)
     eps = _norms.default_rms_norm_eps(input.dtype) if eps is None else float(eps)
+    if torch.compiler.is_compiling():
+        return _library.rms_norm(input, shape, weight, eps)
     if torch.is_grad_enabled() and (input.requires_grad or (weight is not None and weight.requires_grad)):
         return _norms.RMSNormFunction.apply(input, shape, weight, eps)
     return _norms.norm(input, shape, weight, None, eps, subtract_mean=False)
@@ -199,14 +218,59 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     """
     from fusedops.autograd import matmul as _matmul
 
+    autocast = _library.autocast_dtype("matmul", a.device.type) if isinstance(a, torch.Tensor) else None
+    if autocast is not None:    # the autocast dtype (float16/bfloat16), as torch.matmul
+        a, b, bias = (_library.autocast_cast(t, autocast) for t in (a, b, bias))
     _matmul.check_arguments(a, b, bias, activation, out_dtype)
     if a.is_cuda:
         runs = a.dtype in (torch.float16, torch.bfloat16) and (out_dtype or a.dtype) in _KERNEL_DTYPES
     else:
-        runs = a.device.type == "cpu" and knobs.interpret_enabled()
+        runs = a.device.type == "cpu" and _library.interpret_enabled()
     if not runs:
         return _matmul.reference(a, b, bias, activation, out_dtype)
+    if torch.compiler.is_compiling():
+        return _library.matmul(a, b, bias, activation, out_dtype)
     tensors = (a, b) + ((bias,) if bias is not None else ())
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return _matmul.MatmulFunction.apply(a, b, bias, activation, out_dtype)
     return _matmul.forward_kernel(a, b, bias, activation, out_dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# scaled_dot_product_attention (flash attention)
+# ------------------------------------------------------------------------------------------------
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """softmax(query @ key^T * scale + mask) @ value, like `torch.nn.functional.scaled_dot_product_attention`.
+
+    Args:
+        query: (..., H, L, E); key: (..., H_kv, S, E); value: (..., H_kv, S, Ev); one floating dtype,
+            any strides (transposed and expanded views are read in place); the batch dims broadcast, and
+            so do the heads unless enable_gqa. Any L, S >= 0 (S = 0 gives zeros, like torch).
+        attn_mask: None, a boolean mask (True = take part in attention) or an additive float mask
+            (float32 or query's dtype), broadcastable to (..., H, L, S). Rows whose every key is masked
+            give 0 (as torch does) with zero, finite gradients.
+        dropout_p: must be 0.0 where the fusedops kernels run (NotImplementedError otherwise).
+        is_causal: a causal mask aligned to the top-left corner, as torch's: query i attends to keys
+            j <= i, also when L != S. May be combined with attn_mask (both apply).
+        scale: the softmax scale, default 1 / sqrt(E).
+        enable_gqa: grouped-query attention: H_kv divides H, query head h uses key/value head
+            h // (H // H_kv).
+    Returns:
+        A tensor of shape (..., H, L, Ev) in query's dtype.
+    Raises:
+        RuntimeError: torch's errors (mismatched dtypes, devices, head dims or sequence lengths; a mask
+            of another dtype; heads that do not divide). NotImplementedError: dropout_p > 0 on the
+            kernel path.
+
+    float16/bfloat16 CUDA tensors with head dims up to 256 run the flash-attention kernels (forward
+    and a deterministic backward; see fusedops/kernels/attention.py); CPU tensors, float32/float64 on
+    CUDA, larger head dims and a mask that requires grad run torch's op, unless FUSEDOPS_INTERPRET=1
+    runs the kernels in the interpreter (any float dtype).
+    """
+    from fusedops.autograd import attention as _attention
+
+    return _attention.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                   enable_gqa)

@@ -3,3 +3,5 @@
 from fusedops.nn.softmax import LogSoftmax, Softmax  # noqa: E402,F401
 from fusedops.nn.normalization import LayerNorm, RMSNorm  # noqa: E402,F401
 from fusedops.nn.linear import Linear  # noqa: E402,F401
+from fusedops.nn.patch import PatchReport, patch  # noqa: E402,F401
+from fusedops.nn.attention import MultiheadAttention  # noqa: E402,F401

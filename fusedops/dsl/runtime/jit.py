@@ -5,6 +5,16 @@ A `JITFunction` binds a launch's arguments to its parameters, computes the `Spec
 runs the IR in the NumPy interpreter (`interpret=True` or FUSEDOPS_INTERPRET=1; CPU and CUDA tensors)
 or launches the compiled kernel on the tensors' device and current stream.
 
+Cached GPU launches take a fast path (`run`): one pass over the positional arguments computes a
+launch key (per tensor its dtype, 16-byte alignment and device; per int its width and whether it
+is 1 or divisible by 16; the class of floats, bools and None; constexpr values and their classes;
+the keyword constexprs, the argument count and the launch options) and collects the runtime values
+(tensors as data pointers). The key finds a `_LaunchPlan`, made by the first launch with that key
+after the full path has checked everything (binding, argument kinds, devices) and compiled, so a
+launch whose arguments differ in anything those checks look at misses the cache and takes the
+full path, which raises or makes a new plan. The plan knows which values are runtime arguments and
+holds the device's prepared `KernelLauncher.launch` and stream getter.
+
 Compilation errors are re-raised from here without the compiler's frames: the error's message
 points at the kernel source (file:line:col, the line and a caret).
 """
@@ -15,17 +25,19 @@ import dataclasses
 import functools
 import importlib
 import inspect
-from typing import Optional
+import operator
+from typing import Callable, NamedTuple, Optional
 
 from ..errors import CompilationError, InterpreterError, UnsupportedError
 from ..ir import Function, print_function
 from ..language import core
 from . import knobs
 from .launcher import check_arch, check_num_warps, cuda_device, device_arch, normalize_grid
-from .signature import NO_DEFAULT, Parameter, SpecializationKey, fingerprint, specialize
+from .signature import NO_DEFAULT, Parameter, SpecializationKey, specialize
 
 _RESERVED = ("num_warps", "num_stages", "interpret", "target", "grid")
 _MISSING = object()
+_interpret_enabled = knobs.interpret_enabled
 
 
 def _is_constexpr_annotation(annotation) -> bool:
@@ -61,6 +73,42 @@ class _Entry:
     interpreter: object = None   # interpreter.Interpreter (the interpreter's key)
 
 
+class _LaunchPlan(NamedTuple):
+    """What a cached GPU launch does once its launch key is found (see `JITFunction.run`)."""
+
+    globals_unchanged: Callable[[], bool]   # False once a global the kernel read has been rebound
+    select: Optional[Callable]              # picks the runtime values from the collected ones; None: all
+    defaults: tuple                         # runtime values of the parameters left at their defaults
+    launch: Callable                        # the device's KernelLauncher.launch(grid, stream, values)
+    stream_of: Callable                     # device index -> the current stream's raw handle
+    device_index: int
+
+
+def _picker(indices: tuple, count: int) -> Optional[Callable]:
+    """A function that returns the items at `indices` of a sequence of `count` items as a tuple
+    (None when that is every item, in order)."""
+    if indices == tuple(range(count)):
+        return None
+    if len(indices) == 1:
+        (index,) = indices
+        return lambda values: (values[index],)
+    if not indices:
+        return lambda values: ()
+    return operator.itemgetter(*indices)
+
+
+def _globals_guard(used_globals: tuple) -> Callable[[], bool]:
+    """`GeneratedKernel.globals_unchanged` as a closure over its (table, name, object) triples; a
+    plain loop is the cheapest form for the few globals a kernel reads."""
+    def unchanged() -> bool:
+        for table, name, obj in used_globals:
+            if table.get(name, _MISSING) is not obj:
+                return False
+        return True
+
+    return unchanged
+
+
 @dataclasses.dataclass
 class FrontendOnlyKernel:
     """What `kernel.compile` returns while `fusedops.dsl.compiler` does not exist: the IR only."""
@@ -88,7 +136,10 @@ class JITFunction:
         self._index = {p.name: i for i, p in enumerate(self.params)}
         self._source = None
         self._cache: dict = {}      # SpecializationKey -> _Entry
-        self._fast: dict = {}       # (fingerprint, options, backend) -> (_Entry, runtime indices, device index)
+        self._plans: dict = {}      # launch key (see _launch_key) -> _LaunchPlan
+        self._is_constexpr = tuple(p.is_constexpr for p in self.params)
+        self._constexpr_names = frozenset(p.name for p in self.params if p.is_constexpr)
+        self._tensor_type = None    # torch.Tensor, set by the first GPU launch (torch is imported then)
 
     def __repr__(self) -> str:
         return f"<dsl.jit {self.fn.__module__}.{self.fn.__qualname__}>"
@@ -122,21 +173,91 @@ class JITFunction:
             CompilationError: the kernel is not valid kernel-language code.
             InterpreterError: the interpreter found a fault (e.g. an out-of-bounds access).
         """
+        if interpret is None:
+            interpret = _interpret_enabled()
+        launch_key = None
+        if not interpret and self._tensor_type is not None:
+            launch_key, values = self._launch_key(args, kwargs, num_warps, num_stages)
+            try:
+                plan = self._plans.get(launch_key)
+            except TypeError:       # an unhashable constexpr (a list): the full path converts or explains
+                plan = launch_key = None
+            if plan is not None:
+                globals_unchanged, select, defaults, launch, stream_of, device_index = plan
+                if globals_unchanged():
+                    if callable(grid):
+                        grid = grid(self._meta(args, kwargs, num_warps, num_stages))
+                    grid = normalize_grid(grid, self.__name__)
+                    if select is not None:
+                        values = select(values)
+                    if defaults:
+                        values = (*values, *defaults)
+                    if grid[0] and grid[1] and grid[2]:
+                        launch(grid, stream_of(device_index), values)
+                    return
         try:
-            self._run(grid, args, kwargs, num_warps, num_stages, interpret)
+            self._run(grid, args, kwargs, num_warps, num_stages, interpret, launch_key)
         except (CompilationError, InterpreterError) as error:
             raise error.with_traceback(None) from None
 
-    def _run(self, grid, args, kwargs, num_warps, num_stages, interpret) -> None:
+    def _launch_key(self, args: tuple, kwargs: dict, num_warps, num_stages) -> tuple:
+        """(launch key, values) for a GPU launch, in one pass over `args`; the key is None when an
+        argument is of a kind only the full path handles (e.g. a tensor passed by keyword).
+
+        values: the positional arguments of non-constexpr parameters, tensors as data pointers.
+        Ints are keyed on their width (int32 / int64 / uint64) and on being 1 or divisible by 16,
+        which is all `specialize` reads from them; tensors on dtype, 16-byte alignment and device
+        (`get_device()`: -1 on the CPU, so a CPU tensor never finds a plan made for CUDA ones).
+        """
+        if (kwargs and not self._constexpr_names.issuperset(kwargs)) or type(num_warps) is not int \
+                or type(num_stages) is not int:
+            return None, None
+        tensor = self._tensor_type
+        key = [len(args), num_warps, num_stages]
+        append = key.append
+        values = []
+        collect = values.append
+        for value, is_constexpr in zip(args, self._is_constexpr):
+            cls = type(value)
+            if is_constexpr:
+                append(cls)
+                append(value)
+            elif cls is tensor or (cls is not int and isinstance(value, tensor)):
+                address = value.data_ptr()
+                append((value.dtype, address & 15 == 0, value.get_device()))
+                collect(address)
+            elif cls is int:
+                if -0x80000000 <= value <= 0x7FFFFFFF:
+                    append(1 if value == 1 else 16 if value & 15 == 0 else 0)
+                elif -0x8000000000000000 <= value <= 0xFFFFFFFFFFFFFFFF:
+                    append((value > 0x7FFFFFFFFFFFFFFF, value & 15 == 0))
+                else:
+                    return None, None
+                collect(value)
+            elif cls is float or cls is bool or value is None:
+                append(cls)
+                collect(value)
+            else:
+                return None, None
+        if kwargs:
+            append(tuple(kwargs.items()))
+            append(tuple(map(type, kwargs.values())))
+        return tuple(key), values
+
+    def _meta(self, args: tuple, kwargs: dict, num_warps: int, num_stages: int) -> dict:
+        """The meta-parameters a grid callable sees: every argument by name, and the launch options."""
+        values = self._bind(args, kwargs)
+        meta = {p.name: (v.value if isinstance(v, core.constexpr) else v) for p, v in zip(self.params, values)}
+        meta.update(num_warps=num_warps, num_stages=num_stages)
+        return meta
+
+    def _run(self, grid, args, kwargs, num_warps, num_stages, interpret, launch_key=None) -> None:
+        # The full path: every check, compiling on a cache miss; a GPU launch then records its plan.
         name = self.__name__
         values = self._bind(args, kwargs)
         check_num_warps(num_warps, num_stages, name)
-        if interpret is None:
-            interpret = knobs.interpret_enabled()
         if callable(grid):
-            meta = {p.name: (v.value if isinstance(v, core.constexpr) else v) for p, v in zip(self.params, values)}
-            meta.update(num_warps=num_warps, num_stages=num_stages)
-            grid = grid(meta)
+            grid = grid(self._meta(args, kwargs, num_warps, num_stages))
         grid = normalize_grid(grid, name)
         if interpret:
             entry, runtime, _ = self._lookup(values, num_warps, num_stages, "interpreter")
@@ -149,46 +270,47 @@ class JITFunction:
         import torch
 
         entry, runtime, device_index = self._lookup(values, num_warps, num_stages, "cuda")
+        if self._tensor_type is None:
+            self._tensor_type = torch.Tensor
+            launch_key, _ = self._launch_key(args, kwargs, num_warps, num_stages)
+        tensors = [i for i in runtime if isinstance(values[i], torch.Tensor)]
+        # No plan for a launch without tensor arguments (it runs on the current device, which may
+        # change) nor with a tensor default (its address is read anew each launch).
+        if launch_key is not None and tensors and tensors[-1] < len(args):
+            self._plans[launch_key] = self._plan(entry, runtime, len(args), device_index)
         if 0 in grid:
             return
         addresses = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in (values[i] for i in runtime)]
         entry.compiled.launch(grid, addresses, None, device_index=device_index)
 
+    def _plan(self, entry: _Entry, runtime: tuple, positional: int, device_index: int) -> _LaunchPlan:
+        """The plan of a launch that passed `positional` arguments by position (the others are
+        keyword constexprs or defaults, see `_launch_key`)."""
+        collected = [i for i in range(positional) if not self._is_constexpr[i]]
+        select = _picker(tuple(collected.index(i) for i in runtime if i < positional), len(collected))
+        defaults = tuple(self.params[i].default for i in runtime if i >= positional)
+        launcher = entry.compiled.launcher(device_index)
+        return _LaunchPlan(_globals_guard(entry.kernel.used_globals), select, defaults, launcher.launch,
+                           launcher.stream_of, device_index)
+
     def _lookup(self, values: list, num_warps: int, num_stages: int, backend: str):
         """(entry, indices of the runtime arguments, CUDA device index) for a launch on `backend`
-        ("cuda" or "interpreter").
-
-        A launch first looks up a cheap fingerprint of its arguments (which includes each tensor's
-        device); only a miss checks the devices, computes the `SpecializationKey` and the target
-        architecture, and compiles when that key is new.
-        """
-        print_key = fingerprint(self.params, values)
-        fast_key = (print_key, num_warps, num_stages, backend)
-        try:
-            hit = self._fast.get(fast_key) if print_key is not None else None
-        except TypeError:      # an unhashable constexpr (a list): `specialize` converts or explains
-            print_key = hit = None
-        if hit is not None and hit[0].kernel.globals_unchanged():
-            return hit
+        ("cuda" or "interpreter"): checks the arguments and their devices, computes the
+        `SpecializationKey` and the target architecture, and compiles when that key is new."""
         specs = specialize(self.__name__, self.params, values)
-        if backend == "cuda":
-            import torch
+        runtime = tuple(i for i, spec in enumerate(specs) if spec.is_runtime)
+        if backend != "cuda":
+            return self._entry(SpecializationKey(specs, num_warps, num_stages, None)), runtime, None
+        import torch
 
-            device = cuda_device(self.__name__, self.params, values)
-            if device is None:
-                device = torch.device("cuda", torch.cuda.current_device())
-            key = SpecializationKey(specs, num_warps, num_stages, knobs.current().default_arch or device_arch(device))
-            entry = self._entry(key)
-            if entry.compiled is None:
-                entry.compiled = self._compile_ir(entry.kernel.function, key, missing_ok=False)
-            device_index = device.index
-        else:
-            entry = self._entry(SpecializationKey(specs, num_warps, num_stages, None))
-            device_index = None
-        hit = (entry, tuple(i for i, spec in enumerate(specs) if spec.is_runtime), device_index)
-        if print_key is not None:
-            self._fast[fast_key] = hit
-        return hit
+        device = cuda_device(self.__name__, self.params, values)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = SpecializationKey(specs, num_warps, num_stages, knobs.current().default_arch or device_arch(device))
+        entry = self._entry(key)
+        if entry.compiled is None:
+            entry.compiled = self._compile_ir(entry.kernel.function, key, missing_ok=False)
+        return entry, runtime, device.index
 
     # -- ahead-of-time compilation and IR ----------------------------------------------------------
     def compile(self, *args, target: str = "sm_90a", num_warps: int = 4, num_stages: int = 3, **kwargs):

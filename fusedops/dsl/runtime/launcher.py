@@ -18,9 +18,21 @@ def normalize_grid(grid, kernel: str) -> tuple:
         LaunchError: not a tuple of 1-3 ints, a negative entry, or an entry over the CUDA limit
             (2**31 - 1 along x, 65535 along y and z).
     """
-    if type(grid) is tuple and 0 < len(grid) <= 3 and all(type(size) is int for size in grid) \
-            and 0 <= grid[0] <= _GRID_LIMITS[0] and all(0 <= size <= 65535 for size in grid[1:]):
-        return grid + (1,) * (3 - len(grid))     # the common case, checked quickly
+    if type(grid) is tuple:     # the common cases, checked quickly (launches call this every time)
+        size = len(grid)
+        if size == 1:
+            x = grid[0]
+            if type(x) is int and 0 <= x <= 0x7FFFFFFF:
+                return (x, 1, 1)
+        elif size == 2:
+            x, y = grid
+            if type(x) is int and type(y) is int and 0 <= x <= 0x7FFFFFFF and 0 <= y <= 65535:
+                return (x, y, 1)
+        elif size == 3:
+            x, y, z = grid
+            if type(x) is int and type(y) is int and type(z) is int and 0 <= x <= 0x7FFFFFFF \
+                    and 0 <= y <= 65535 and 0 <= z <= 65535:
+                return grid
     if not isinstance(grid, (tuple, list)):
         if isinstance(grid, bool) or not hasattr(grid, "__index__"):
             raise LaunchError(f"the grid of `{kernel}` must be a tuple of 1 to 3 ints (or a callable returning "

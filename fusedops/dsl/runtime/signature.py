@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from typing import Any, Optional
 
 from ..language import core, dtypes
@@ -137,31 +136,3 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
             raise TypeError(f"argument `{param.name}` of kernel `{kernel}` must be {expected}; "
                             f"got {type(value).__module__}.{type(value).__qualname__}")
     return tuple(specs)
-
-
-def fingerprint(params: tuple, values: list) -> Optional[tuple]:
-    """A cheap hashable summary of `values` from which `specialize` would produce the same specs:
-    the launch fast path keys on it. None for an argument only `specialize` can judge (it then
-    raises its TypeError, or handles a rare kind)."""
-    torch = sys.modules.get("torch")
-    tensor = torch.Tensor if torch is not None else ()
-    parts = []
-    for param, value in zip(params, values):
-        cls = type(value)
-        if param.is_constexpr or cls is core.constexpr:
-            parts.append((cls, value))
-        elif cls is int:
-            width = 0 if -2**31 <= value < 2**31 else 1 if -2**63 <= value < 2**63 else 2
-            if param.do_not_specialize:
-                parts.append((int, width))
-            else:
-                parts.append((int, width, value == 1, value % 16 == 0))
-        elif isinstance(value, tensor):
-            # get_device(): -1 for CPU tensors, so a device change is a different fingerprint
-            parts.append((value.dtype, not param.do_not_specialize and value.data_ptr() % 16 == 0,
-                          value.get_device()))
-        elif cls is float or cls is bool or value is None:
-            parts.append(cls)
-        else:
-            return None
-    return tuple(parts)

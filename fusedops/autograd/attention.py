@@ -1,0 +1,136 @@
+"""scaled_dot_product_attention: argument checks with torch's semantics and messages, the reshaping of
+any-rank inputs to (B, H, L, E), and the autograd Function over the flash-attention kernels
+(fusedops/kernels/attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fusedops.kernels import attention as _kernels
+
+# Masks the kernels read: boolean (True = keep) or additive float (torch also accepts float32 masks
+# for float16/bfloat16 queries, and a mask of the query's dtype).
+_CUDA_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class AttentionFunction(torch.autograd.Function):
+    """o = softmax(scale * q k^T + mask) v on 4-D (B, H, L, E) / (B, H_kv, S, E) / (B, H_kv, S, Ev)
+    tensors; gradients for q, k and v (a mask gets none: see `scaled_dot_product_attention`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal: bool, scale: float):
+        o, lse = _kernels.attention_forward(q, k, v, mask, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse, mask)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, mask = ctx.saved_tensors
+        dq, dk, dv = _kernels.attention_backward(do, q, k, v, o, lse, mask, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa) -> None:
+    """Raise torch's errors (RuntimeError, same messages where torch has one) for bad arguments."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not {type(t).__name__}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise RuntimeError("Expected query, key, and value to have the same dtype, but got query.dtype: "
+                           f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+    if not query.dtype.is_floating_point:
+        raise RuntimeError(f"scaled_dot_product_attention(): expected a floating-point dtype, got {query.dtype}")
+    if not (query.device == key.device == value.device):
+        raise RuntimeError("Expected query, key, and value to have the same device type, but got query.device: "
+                           f"{query.device} key.device: {key.device} and value.device: {value.device} instead.")
+    if min(query.dim(), key.dim(), value.dim()) < 2:
+        raise RuntimeError("Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: "
+                           f"{query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead.")
+    if query.size(-1) != key.size(-1):
+        raise RuntimeError(f"Expected query and key to have the same head dim (last dim), but got "
+                           f"{query.size(-1)} and {key.size(-1)}.")
+    if key.size(-2) != value.size(-2):
+        raise RuntimeError(f"Expected key and value to have the same sequence length (dim -2), but got "
+                           f"{key.size(-2)} and {value.size(-2)}.")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"scaled_dot_product_attention(): argument 'attn_mask' must be Tensor, "
+                            f"not {type(attn_mask).__name__}")
+        if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+            raise RuntimeError("Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                               f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
+        if attn_mask.device != query.device:
+            raise RuntimeError(f"Expected attn_mask on {query.device}, got {attn_mask.device}")
+    if not 0.0 <= float(dropout_p) <= 1.0:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
+    if enable_gqa and query.dim() >= 3:
+        heads, heads_kv = query.size(-3), key.size(-3)
+        if value.size(-3) != heads_kv or heads_kv == 0 or heads % heads_kv != 0:
+            raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
+
+
+def _as_4d(query, key, value, attn_mask, enable_gqa):
+    """(q, k, v, mask, output shape): views of shape (B, H, L, E), (B, H_kv, S, E), (B, H_kv, S, Ev)
+    with the batch dims broadcast (stride 0, no copy for up to 4-D inputs) and the mask expanded to
+    (B, H, L, S). Inputs over 4-D have their batch dims flattened (a copy where strides do not allow)."""
+    rank = max(query.dim(), key.dim(), value.dim(), 4)
+    q, k, v = (t.reshape((1,) * (rank - t.dim()) + tuple(t.shape)) if t.dim() < rank else t
+               for t in (query, key, value))
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    heads_q, heads_kv = q.size(-3), k.size(-3)
+    if enable_gqa:
+        heads = heads_q
+        if v.size(-3) != heads_kv or heads_kv == 0 or heads_q % heads_kv:
+            raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
+    else:
+        heads = torch.broadcast_shapes((heads_q,), (heads_kv,), (v.size(-3),))[0]
+        heads_kv = heads
+    length_q, length_k = q.size(-2), k.size(-2)
+    q = q.expand(*batch, heads, length_q, q.size(-1))
+    k = k.expand(*batch, heads_kv, length_k, k.size(-1))
+    v = v.expand(*batch, heads_kv, length_k, v.size(-1))
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.expand(*batch, heads, length_q, length_k)    # torch's broadcasting error if not
+    out_shape = (*batch, heads, length_q, v.size(-1))
+    if len(batch) != 1:
+        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+        mask = None if mask is None else mask.reshape(-1, *mask.shape[-3:])
+    # drop the dims the caller did not have (the output has the rank of the highest-rank input)
+    out_rank = max(query.dim(), key.dim(), value.dim())
+    return q, k, v, mask, out_shape[len(out_shape) - out_rank:]
+
+
+def _runs_kernels(query: torch.Tensor) -> bool:
+    if query.is_cuda:
+        return query.dtype in _CUDA_DTYPES and query.size(-1) <= _kernels.MAX_HEAD_DIM
+    from fusedops.dsl.runtime import knobs
+    return query.device.type == "cpu" and knobs.interpret_enabled() and query.size(-1) <= _kernels.MAX_HEAD_DIM
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """See `fusedops.functional.scaled_dot_product_attention`."""
+    check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
+    native = (not _runs_kernels(query) or value.size(-1) > _kernels.MAX_HEAD_DIM
+              or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()))
+    if native:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa)
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            f"fusedops.scaled_dot_product_attention: dropout_p={dropout_p} is not implemented by the fusedops "
+            "kernels; pass dropout_p=0.0 (e.g. in eval mode), or call torch.nn.functional."
+            "scaled_dot_product_attention for attention dropout")
+    q, k, v, mask, out_shape = _as_4d(query, key, value, attn_mask, enable_gqa)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        o = AttentionFunction.apply(q, k, v, mask, bool(is_causal), scale)
+    else:
+        o, _ = _kernels.attention_forward(q, k, v, mask, bool(is_causal), scale)
+    return o.reshape(out_shape)

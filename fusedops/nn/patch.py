@@ -1,0 +1,198 @@
+"""`fusedops.nn.patch(model)`: run an existing model's layers on fusedops kernels, in place.
+
+Each module whose type is exactly one of the supported classes gets its class changed to a
+subclass that overrides `forward` only, the mechanism torch.nn.utils.parametrize uses:
+
+| patch() flag | original class (exact type)                                | becomes                       |
+|--------------|------------------------------------------------------------|-------------------------------|
+| softmax      | torch.nn.Softmax, torch.nn.LogSoftmax                      | fusedops.nn.Softmax, LogSoftmax |
+| layer_norm   | torch.nn.LayerNorm, torch.nn.RMSNorm                       | fusedops.nn.LayerNorm, RMSNorm |
+| layer_norm   | transformers' LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm   | a subclass: fusedops.rms_norm |
+| linear       | torch.nn.Linear                                            | fusedops.nn.Linear            |
+| linear       | transformers.pytorch_utils.Conv1D (GPT-2)                  | a subclass: fusedops.matmul   |
+
+So the module objects stay where they are (a module shared by two parents, references held by
+hooks or wrappers, stay valid), and so do their parameters and buffers (the same Parameter
+objects: optimizers, tied weights and state_dict keys are untouched), hooks, training flag and
+attributes; isinstance checks against the original class still hold. transformers classes are
+recognized by their qualified class name, so transformers is never imported here.
+
+Not replaced, and listed in the report with the reason: subclasses of the supported classes (their
+forward may differ, e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear), modules whose
+instance has its own `forward` attribute (set by accelerate-style hooks), kinds turned off by a
+flag, and modules that already are fusedops modules. Functional calls inside a model's forward
+(torch.softmax, F.layer_norm, ...) are not changed: only modules are. Attention blocks are not
+replaced yet (see PatchReport.notes).
+
+Models with patched transformers classes (dynamically created subclasses) save and load through
+state_dict as before; pickling the whole model object does not work for those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Dict, List
+
+import torch
+
+from fusedops import functional
+from fusedops.nn.linear import Linear
+from fusedops.nn.normalization import LayerNorm, RMSNorm
+from fusedops.nn.softmax import LogSoftmax, Softmax
+
+FLAGS = ("softmax", "layer_norm", "linear", "attention")
+
+# torch.nn class -> (flag, fusedops class, attributes the fusedops class's __init__ adds)
+_TORCH_RULES: Dict[type, tuple] = {
+    torch.nn.Softmax: ("softmax", Softmax, {}),
+    torch.nn.LogSoftmax: ("softmax", LogSoftmax, {}),
+    torch.nn.LayerNorm: ("layer_norm", LayerNorm, {}),
+    torch.nn.RMSNorm: ("layer_norm", RMSNorm, {}),
+    torch.nn.Linear: ("linear", Linear, {"activation": None}),
+}
+
+
+class _Conv1DForward:
+    """forward of transformers' Conv1D (GPT-2): x @ weight + bias, weight (nx, nf), by fusedops.matmul."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.nx)
+        return functional.matmul(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.nf)
+
+
+class _T5RMSNormForward:
+    """forward of transformers' T5-style RMSNorms (LlamaRMSNorm, ...): weight * (x / rms(x)) over the
+    last dim, by fusedops.rms_norm, with the original's result dtype (weight's and x's promoted)."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        y = functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
+        return y.to(torch.promote_types(self.weight.dtype, hidden_states.dtype))
+
+
+# qualified transformers class name -> (flag, forward mixin)
+_TRANSFORMERS_RULES: Dict[str, tuple] = {
+    "transformers.pytorch_utils.Conv1D": ("linear", _Conv1DForward),
+    "transformers.models.llama.modeling_llama.LlamaRMSNorm": ("layer_norm", _T5RMSNormForward),
+    "transformers.models.mistral.modeling_mistral.MistralRMSNorm": ("layer_norm", _T5RMSNormForward),
+    "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm": ("layer_norm", _T5RMSNormForward),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchedModule:
+    """A module whose class patch() changed: its path in the model ("" for the model itself)."""
+
+    path: str
+    original: str       # qualified class names
+    replacement: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedModule:
+    """A module of a supported kind that patch() left alone, and why."""
+
+    path: str
+    module_type: str
+    reason: str
+
+
+@dataclasses.dataclass
+class PatchReport:
+    """What fusedops.nn.patch did: `replaced` and `skipped` modules, in model order, and `notes`
+    about requested kinds that have nothing to replace yet."""
+
+    replaced: List[PatchedModule] = dataclasses.field(default_factory=list)
+    skipped: List[SkippedModule] = dataclasses.field(default_factory=list)
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    def counts(self) -> Dict[str, int]:
+        """How many modules became each replacement class."""
+        counts: Dict[str, int] = {}
+        for entry in self.replaced:
+            counts[entry.replacement] = counts.get(entry.replacement, 0) + 1
+        return counts
+
+    def __str__(self) -> str:
+        lines = [f"fusedops.nn.patch: {len(self.replaced)} modules replaced, {len(self.skipped)} skipped"]
+        lines += [f"  {name}: {count}" for name, count in sorted(self.counts().items())]
+        lines += [f"  skipped {s.path or '<model>'} ({s.module_type}): {s.reason}" for s in self.skipped]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_subclass(original: type, mixin: type) -> type:
+    """`original` with `mixin`'s forward (one class per original class)."""
+    return type(f"Fused{original.__name__}", (mixin, original), {"__module__": __name__})
+
+
+def _plan(module: torch.nn.Module, enabled: Dict[str, bool]):
+    """(replacement class, attributes to set) for `module`, a skip reason (str), or None when it is
+    not a kind patch() handles."""
+    cls = type(module)
+    if cls.__module__.startswith("fusedops."):
+        supported = any(issubclass(cls, base) for base in _TORCH_RULES) or cls.__name__.startswith("Fused")
+        return "already a fusedops module" if supported else None
+    rule = _TORCH_RULES.get(cls)
+    if rule is not None:
+        flag, replacement, attributes = rule
+    elif _qualified_name(cls) in _TRANSFORMERS_RULES:
+        flag, mixin = _TRANSFORMERS_RULES[_qualified_name(cls)]
+        replacement, attributes = _fused_subclass(cls, mixin), {}
+    else:
+        base = next((b for b in _TORCH_RULES if isinstance(module, b)), None)
+        if base is None:
+            return None
+        return f"a subclass of {_qualified_name(base)}: its forward may differ from the original's"
+    if not enabled[flag]:
+        return f"{flag}=False"
+    if "forward" in vars(module):
+        return "the instance has its own forward attribute (e.g. a hook library's wrapper)"
+    return replacement, attributes
+
+
+def patch(model: torch.nn.Module, *, softmax: bool = True, layer_norm: bool = True, linear: bool = True,
+          attention: bool = True) -> PatchReport:
+    """Make `model`'s supported modules (see the module docstring) run fusedops kernels, in place.
+
+    Args:
+        model: any torch.nn.Module; it and every submodule are considered.
+        softmax, layer_norm, linear: which kinds to replace (softmax covers LogSoftmax; layer_norm
+            covers RMSNorm and transformers' RMSNorms; linear covers transformers' Conv1D).
+        attention: replace known attention blocks (none yet: recorded in the report's notes).
+    Returns:
+        A PatchReport of the modules replaced and skipped (print it for a summary).
+    Raises:
+        TypeError: `model` is not a torch.nn.Module.
+
+    Outputs stay those of the original modules up to the kernels' rounding (CPU tensors keep running
+    torch's ops unless FUSEDOPS_INTERPRET=1). Patching twice is harmless: the second call skips the
+    fusedops modules.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fusedops.nn.patch(): expected a torch.nn.Module, got {type(model).__name__}")
+    enabled = dict(softmax=softmax, layer_norm=layer_norm, linear=linear, attention=attention)
+    report = PatchReport()
+    for path, module in model.named_modules():
+        plan = _plan(module, enabled)
+        if plan is None:
+            continue
+        original = type(module)
+        if isinstance(plan, str):
+            report.skipped.append(SkippedModule(path, _qualified_name(original), plan))
+            continue
+        replacement, attributes = plan
+        module.__class__ = replacement
+        for name, value in attributes.items():
+            setattr(module, name, value)
+        report.replaced.append(PatchedModule(path, _qualified_name(original), _qualified_name(replacement)))
+    if attention:
+        report.notes.append("attention=True: no attention blocks are replaced yet (fusedops has no attention "
+                            "module adapters); attention inside the model runs as before")
+    return report
+

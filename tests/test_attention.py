@@ -1,0 +1,469 @@
+"""fusedops.scaled_dot_product_attention: the flash-attention kernels in the interpreter against float64
+math attention (odd L, S, padded head dims, causal with L < S and L > S, boolean and additive masks with
+fully masked rows, GQA, strided and broadcast inputs), gradients (gradcheck in float64, and against
+float64 autograd), torch's argument errors, the PTX of the shipped configs (mma.sync, 0 spills), and
+the GPU tier (`-m cuda`): realistic sizes, long sequences, batch * heads >= 65536, with an error at most
+twice torch's own same-dtype error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+import fusedops
+import fusedops.nn
+import fusedops.dsl as dsl
+from fusedops.autograd.attention import AttentionFunction
+from fusedops.dsl.target import assemble, ptxas_available
+from fusedops.kernels import attention as at
+from helpers import assert_close, random_tensor
+
+needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+
+
+def reference(q, k, v, mask=None, causal=False, scale=None, enable_gqa=False):
+    """Math attention in float64 (any rank, broadcast batch dims); fully masked rows give 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    if enable_gqa and q.dim() >= 3:
+        group = q.size(-3) // k.size(-3)
+        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    s = q @ k.transpose(-1, -2) * scale
+    length_q, length_k = s.shape[-2:]
+    if causal:
+        s = s.masked_fill(~torch.ones(length_q, length_k, dtype=torch.bool, device=s.device).tril(), -math.inf)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.double()
+    dead = (s == -math.inf).all(-1, keepdim=True)          # fully masked rows: 0, with zero gradients
+    p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+    return p @ v
+
+
+def _qkv(shape_q, shape_k, shape_v, dtype, seed, device="cpu", requires_grad=False):
+    tensors = [random_tensor(shape, dtype, device, seed + i) for i, shape in enumerate((shape_q, shape_k, shape_v))]
+    return [t.requires_grad_(requires_grad) for t in tensors]
+
+
+def _mask_with_dead_rows(kind, shape, seed, dtype=torch.float32, device="cpu"):
+    """A random mask over (..., L, S) with row 0 (and every third row) fully masked."""
+    generator = torch.Generator().manual_seed(seed)
+    keep = torch.rand(shape, generator=generator) > 0.3
+    keep[..., ::3, :] = False
+    if kind == "bool":
+        return keep.to(device)
+    bias = torch.randn(shape, generator=generator).masked_fill(~keep, -math.inf)
+    return bias.to(device=device, dtype=dtype)
+
+
+# -- forward in the interpreter ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("length_q,length_k", [(1, 17), (17, 1), (17, 100), (100, 17), (17, 17)])
+@pytest.mark.parametrize("dim", [16, 80])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_matches_float64(length_q, length_k, dim, dtype, causal, seed, interpret):
+    q, k, v = _qkv((1, 2, length_q, dim), (1, 2, length_k, dim), (1, 2, length_k, dim), dtype, seed)
+    out = fusedops.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert out.dtype == dtype and out.shape == (1, 2, length_q, dim)
+    assert_close(out, reference(q, k, v, causal=causal), dtype)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mask_shape", [(17, 20), (2, 1, 17, 20), (2, 3, 17, 20)])
+def test_masks_broadcast_and_fully_masked_rows_give_zero(kind, mask_shape, seed, interpret):
+    q, k, v = _qkv((2, 3, 17, 16), (2, 3, 20, 16), (2, 3, 20, 24), torch.float32, seed)
+    mask = _mask_with_dead_rows(kind, mask_shape, seed)
+    out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_close(out, reference(q, k, v, mask), torch.float32)
+    assert (out[..., 0, :] == 0).all()
+    torch_out = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                                 attn_mask=mask if kind == "bool" else mask.double())
+    assert_close(out, torch_out, torch.float32)         # torch also gives 0 for a fully masked row
+
+
+def test_fp16_query_with_float32_mask_and_causal_combined(seed, interpret):
+    q, k, v = _qkv((1, 2, 33, 16), (1, 2, 40, 16), (1, 2, 40, 16), torch.float16, seed)
+    mask = torch.randn(33, 40)
+    out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True, scale=0.3)
+    assert_close(out, reference(q, k, v, mask, causal=True, scale=0.3), torch.float16)
+
+
+@pytest.mark.parametrize("heads,heads_kv", [(4, 2), (3, 1)])
+def test_grouped_query_attention(heads, heads_kv, seed, interpret):
+    q, k, v = _qkv((2, heads, 17, 16), (2, heads_kv, 33, 16), (2, heads_kv, 33, 16), torch.float32, seed)
+    out = fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True)
+    assert_close(out, reference(q, k, v, causal=True, enable_gqa=True), torch.float32)
+
+
+def test_strided_broadcast_and_any_rank_inputs(seed, interpret):
+    # (B, L, H, E) storage seen as (B, H, L, E); key/value shared by the batch (stride 0); 3-D and 5-D
+    q = random_tensor((2, 19, 3, 16), torch.float32, seed=seed).transpose(1, 2)
+    k = random_tensor((1, 3, 16, 21), torch.float32, seed=seed + 1).transpose(-1, -2)
+    v = random_tensor((3, 21, 40), torch.float32, seed=seed + 2)[..., ::2]
+    out = fusedops.scaled_dot_product_attention(q, k, v)
+    assert_close(out, reference(q, k, v), torch.float32)
+    q3, k3, v3 = _qkv((3, 5, 16), (3, 7, 16), (3, 7, 16), torch.float32, seed)
+    assert_close(fusedops.scaled_dot_product_attention(q3, k3, v3), reference(q3, k3, v3), torch.float32)
+    q5, k5, v5 = _qkv((2, 1, 2, 5, 16), (1, 2, 2, 7, 16), (1, 2, 2, 7, 16), torch.float32, seed)
+    out5 = fusedops.scaled_dot_product_attention(q5, k5, v5)
+    assert out5.shape == (2, 2, 2, 5, 16)
+    assert_close(out5, reference(q5, k5, v5), torch.float32)
+
+
+@pytest.mark.parametrize("shape_q,shape_k", [((0, 2, 5, 16), (0, 2, 7, 16)), ((1, 2, 0, 16), (1, 2, 7, 16)),
+                                             ((1, 2, 5, 16), (1, 2, 0, 16))])
+def test_empty_batch_and_sequences(shape_q, shape_k, interpret):
+    q = torch.randn(shape_q, requires_grad=True)
+    k, v = torch.randn(shape_k, requires_grad=True), torch.randn(shape_k, requires_grad=True)
+    out = fusedops.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    out.sum().backward()
+    assert all((t.grad == 0).all() for t in (q, k, v))
+
+
+def test_lse_is_the_base_2_log_sum_exp(seed):
+    q, k, v = _qkv((1, 1, 20, 16), (1, 1, 30, 16), (1, 1, 30, 16), torch.float64, seed)
+    mask = _mask_with_dead_rows("bool", (1, 1, 20, 30), seed)
+    _, lse = at.attention_forward(q, k, v, mask, False, 0.25, interpret=True)
+    s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(~mask, -math.inf)
+    expected = torch.logsumexp(s, -1) / math.log(2)
+    assert torch.isinf(lse[..., ::3]).all() and (lse[..., ::3] > 0).all()      # fully masked: +inf
+    torch.testing.assert_close(lse[..., 1::3], expected[..., 1::3], rtol=1e-12, atol=1e-12)
+
+
+# -- gradients ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal,kind", [(False, None), (True, None), (False, "bool"), (True, "float")])
+def test_gradcheck_in_float64(causal, kind, seed, interpret):
+    q, k, v = _qkv((1, 2, 3, 3), (1, 1, 4, 3), (1, 1, 4, 5), torch.float64, seed, requires_grad=True)
+    mask = None if kind is None else _mask_with_dead_rows(kind, (3, 4), seed, torch.float64)
+    if mask is not None:
+        mask[0, 0] = True if kind == "bool" else 0.5          # row 0 keeps one key: no dead row in gradcheck
+
+    def attention(q, k, v):
+        return fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+
+    assert torch.autograd.gradcheck(attention, (q, k, v), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_gradients_match_float64_with_gqa_masks_and_dead_rows(kind, seed, interpret):
+    q, k, v = _qkv((1, 4, 33, 16), (1, 2, 20, 16), (1, 2, 20, 16), torch.float32, seed, requires_grad=True)
+    mask = _mask_with_dead_rows(kind, (33, 20), seed)
+    grad_out = random_tensor((1, 4, 16, 33), torch.float32, seed=seed + 5).transpose(-1, -2)   # strided dO
+    out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = torch.autograd.grad(reference(q64, k64, v64, mask, enable_gqa=True), (q64, k64, v64), grad_out.double())
+    for grad, want in zip(grads, expected):
+        assert torch.isfinite(grad).all()
+        assert_close(grad, want, torch.float32)
+    assert (grads[0][..., ::3, :] == 0).all()             # fully masked rows: zero gradient
+
+
+@pytest.mark.parametrize("length_q,length_k", [(17, 40), (40, 17)])
+def test_causal_gradients_in_float16(length_q, length_k, seed, interpret):
+    q, k, v = _qkv((1, 2, length_q, 16), (1, 2, length_k, 16), (1, 2, length_k, 16), torch.float16, seed,
+                   requires_grad=True)
+    grad_out = random_tensor((1, 2, length_q, 16), torch.float16, seed=seed + 5)
+    grads = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = torch.autograd.grad(reference(q64, k64, v64, causal=True), (q64, k64, v64), grad_out.double())
+    for grad, want in zip(grads, expected):
+        assert grad.dtype == torch.float16
+        assert_close(grad, want, torch.float16, tol=5e-3)
+
+
+# -- routing and errors ------------------------------------------------------------------------------------
+
+def test_cpu_without_interpreter_runs_torch(seed, monkeypatch):
+    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
+    q, k, v = _qkv((1, 2, 5, 8), (1, 2, 7, 8), (1, 2, 7, 8), torch.float32, seed)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the kernels ran")
+
+    monkeypatch.setattr(at, "attention_forward", fail)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(fusedops.scaled_dot_product_attention(q, k, v), expected)
+
+
+def test_dropout_is_refused_not_ignored(interpret):
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        fusedops.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+
+
+def test_mask_requiring_grad_runs_torch(seed, interpret):
+    q, k, v = _qkv((1, 1, 4, 8), (1, 1, 5, 8), (1, 1, 5, 8), torch.float64, seed)
+    mask = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    assert mask.grad is not None
+
+
+@pytest.mark.parametrize("case,message", [
+    (lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4, dtype=torch.float64), torch.randn(1, 2, 3, 4)),
+     "same dtype"),
+    (lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 5), torch.randn(1, 2, 3, 4)), "head dim"),
+    (lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 6, 4)), "sequence length"),
+    (lambda: (torch.randn(4), torch.randn(4), torch.randn(4)), "at least 2 dimensional"),
+])
+def test_argument_errors_match_torch(case, message, interpret):
+    with pytest.raises(RuntimeError, match=message):
+        fusedops.scaled_dot_product_attention(*case())
+
+
+def test_mask_and_head_errors(interpret):
+    q, kv = torch.randn(1, 3, 4, 8), torch.randn(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="must divide"):
+        fusedops.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    with pytest.raises(RuntimeError):
+        fusedops.scaled_dot_product_attention(q, kv, kv)                      # heads do not broadcast
+    with pytest.raises(RuntimeError, match="attn_mask dtype"):
+        fusedops.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.int32))
+    with pytest.raises(RuntimeError):
+        fusedops.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 5, dtype=torch.bool))
+
+
+def test_autograd_function_is_exported():
+    assert "scaled_dot_product_attention" in dir(fusedops)
+    assert issubclass(AttentionFunction, torch.autograd.Function)
+
+
+# -- fusedops.nn.MultiheadAttention ------------------------------------------------------------------------
+
+def _mha_pair(seed, **kwargs):
+    torch.manual_seed(seed)
+    theirs = torch.nn.MultiheadAttention(32, 2, **kwargs).double().eval()
+    ours = fusedops.nn.MultiheadAttention(32, 2, **kwargs).double().eval()
+    ours.load_state_dict(theirs.state_dict())
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("masks", ["none", "bool", "float"])
+def test_multihead_attention_matches_torch(batch_first, masks, seed, interpret):
+    ours, theirs = _mha_pair(seed, batch_first=batch_first, kdim=24, vdim=40)
+    n, length_q, length_k = 2, 9, 11
+    shape = (lambda length, dim: (n, length, dim)) if batch_first else (lambda length, dim: (length, n, dim))
+    query = random_tensor(shape(length_q, 32), torch.float64, seed=seed)
+    key = random_tensor(shape(length_k, 24), torch.float64, seed=seed + 1)
+    value = random_tensor(shape(length_k, 40), torch.float64, seed=seed + 2)
+    kwargs = {}
+    if masks != "none":
+        padding = torch.zeros(n, length_k, dtype=torch.bool)
+        padding[:, -3:] = True
+        attn = torch.rand(n * 2, length_q, length_k, generator=torch.Generator().manual_seed(seed)) > 0.8
+        attn[..., 0] = False                   # every row keeps key 0: torch gives NaN for fully masked rows
+        if masks == "float":
+            padding, attn = _additive_float(padding), _additive_float(attn)
+        kwargs = dict(key_padding_mask=padding, attn_mask=attn)
+    out, weights = ours(query, key, value, need_weights=False, **kwargs)
+    expected, _ = theirs(query, key, value, need_weights=False, **kwargs)
+    assert weights is None
+    assert_close(out, expected, torch.float64, tol=1e-10)
+    out_w, weights = ours(query, key, value, **kwargs)          # need_weights: torch's exact path
+    expected_w, expected_weights = theirs(query, key, value, **kwargs)
+    torch.testing.assert_close(out_w, expected_w)
+    torch.testing.assert_close(weights, expected_weights)
+
+
+def _additive_float(mask):
+    return torch.zeros(mask.shape, dtype=torch.float64).masked_fill(mask, -math.inf)
+
+
+def test_multihead_attention_causal_unbatched_and_gradients(seed, interpret):
+    ours, theirs = _mha_pair(seed)
+    x = random_tensor((7, 32), torch.float64, seed=seed).requires_grad_()
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(7, dtype=torch.float64)
+    out, _ = ours(x, x, x, need_weights=False, attn_mask=causal, is_causal=True)
+    expected, _ = theirs(x, x, x, need_weights=False, attn_mask=causal, is_causal=True)
+    assert_close(out, expected, torch.float64, tol=1e-10)
+    grad = torch.autograd.grad(out.sum(), (x, ours.in_proj_weight))
+    expected_grad = torch.autograd.grad(expected.sum(), (x, theirs.in_proj_weight))
+    for g, e in zip(grad, expected_grad):
+        assert_close(g, e, torch.float64, tol=1e-10)
+
+
+# -- PTX of the shipped configs ----------------------------------------------------------------------------
+
+def _strides(dim, heads=16, length=4096):
+    return (heads * length * dim, length * dim, dim, 1)
+
+
+def compile_forward(dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a"):
+    x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
+    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
+    config, block = at.forward_config(at.head_block(dim), at.head_block(dim)), at.head_block(dim)
+    return dsl.jit(at.attention_forward_kernel.fn).compile(
+        x, stats, x, x, x, mask, *_strides(dim) * 4, *((0, 0, 4096, 1) if mask_kind else (0,) * 4),
+        16, 1, 4096, 4096, dim, dim, 0.18, 0.0, target=arch, num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal,
+        MASK_KIND=mask_kind, ACC=dsl.float32)
+
+
+def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a"):
+    x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
+    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
+    block = at.head_block(dim)
+    kv_config, q_config = at.backward_configs(block, block)
+    config = kv_config if kernel == "dkdv" else q_config
+    options = dict(target=arch, num_warps=config.num_warps, num_stages=config.num_stages, BLOCK_M=config.block_m,
+                   BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal, MASK_KIND=mask_kind,
+                   ACC=dsl.float32)
+    mask_strides = (0, 0, 4096, 1) if mask_kind else (0,) * 4
+    if kernel == "dkdv":
+        return dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
+            x, x, x, x, x, x, stats, stats, mask, *_strides(dim) * 6, *mask_strides,
+            16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, **options)
+    return dsl.jit(at.attention_backward_dq_kernel.fn).compile(
+        x, x, x, x, x, stats, stats, mask, *_strides(dim) * 5, *mask_strides,
+        16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, **options)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("dim,causal,mask_kind", [(64, True, at.NO_MASK), (128, False, at.BOOL_MASK),
+                                                  (256, False, at.ADDITIVE_MASK)])
+def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    compiled = compile_forward(dim, causal, mask_kind)
+    ptx = compiled.asm["ptx"]
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "ldmatrix" in ptx
+    assert "ex2.approx" in ptx
+    result = assemble(ptx, "sm_90a")
+    assert result.spill_bytes == 0, result.log
+    assert compiled.shared_bytes <= 227 * 1024
+
+
+@needs_ptxas
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+@pytest.mark.parametrize("dim,causal", [(64, True), (128, False), (256, True)])
+def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    compiled = compile_backward(kernel, dim, causal)
+    ptx = compiled.asm["ptx"]
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    assert not re.search(r"\b(atom|red)\.", ptx)                   # deterministic: no atomics
+    result = assemble(ptx, "sm_90a")
+    assert result.spill_bytes == 0, result.log
+    assert compiled.shared_bytes <= 227 * 1024
+
+
+# -- GPU tier ----------------------------------------------------------------------------------------------
+
+def _relative_error(actual, expected):
+    return float(torch.linalg.vector_norm(actual.double() - expected) / torch.linalg.vector_norm(expected))
+
+
+def _assert_within_twice_torch(ours, torch_low, expected, what):
+    """Our error vs float64 at most 2x torch's same-dtype error (plus a floor for exact cases)."""
+    ours_error, torch_error = _relative_error(ours, expected), _relative_error(torch_low, expected)
+    assert torch.isfinite(ours).all(), what
+    if not math.isfinite(torch_error):       # some torch backends give NaN for fully masked rows
+        torch_error = 0.5 * (5e-3 if ours.dtype == torch.float16 else 2e-2)
+    assert ours_error <= 2 * torch_error + 1e-5, f"{what}: ours {ours_error:.3e} vs torch {torch_error:.3e}"
+
+
+def _torch_sdpa(*args, **kwargs):
+    return torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
+
+
+_GPU_CASES = [  # (B, H, H_kv, L, S, E)
+    (2, 16, 16, 1024, 1024, 64), (1, 8, 8, 2048, 2048, 128), (2, 8, 2, 1000, 1531, 128), (1, 4, 4, 777, 333, 80),
+    (1, 4, 1, 513, 2047, 96), (1, 2, 2, 256, 256, 256), (3, 5, 5, 1, 129, 64), (2, 4, 4, 300, 1, 32),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", _GPU_CASES, ids=str)
+def test_gpu_forward_and_backward_within_twice_torch_error(case, causal, dtype, seed):
+    batch, heads, heads_kv, length_q, length_k, dim = case
+    q, k, v = _qkv((batch, heads, length_q, dim), (batch, heads_kv, length_k, dim), (batch, heads_kv, length_k, dim),
+                   dtype, seed, "cuda", requires_grad=True)
+    gqa = heads != heads_kv
+    grad_out = random_tensor((batch, heads, length_q, dim), dtype, "cuda", seed + 7)
+    out = fusedops.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    torch_out = _torch_sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+    torch_grads = torch.autograd.grad(torch_out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = reference(q64, k64, v64, causal=causal, enable_gqa=gqa)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())
+    _assert_within_twice_torch(out, torch_out, expected.detach(), "out")
+    for name, ours, theirs, want in zip("qkv", grads, torch_grads, expected_grads):
+        _assert_within_twice_torch(ours, theirs, want, f"d{name}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_gpu_masks_with_dead_rows_and_non_contiguous_inputs(kind, seed):
+    dtype = torch.float16
+    q = random_tensor((2, 700, 8, 64), dtype, "cuda", seed).transpose(1, 2).requires_grad_()    # (B, L, H, E)
+    k = random_tensor((1, 8, 900, 64), dtype, "cuda", seed + 1).expand(2, 8, 900, 64).detach().requires_grad_()
+    v = random_tensor((2, 8, 64, 900), dtype, "cuda", seed + 2).transpose(-1, -2).detach().requires_grad_()
+    mask = _mask_with_dead_rows(kind, (2, 1, 700, 900), seed, dtype, "cuda")
+    grad_out = random_tensor((2, 8, 64, 700), dtype, "cuda", seed + 3).transpose(-1, -2)
+    out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    torch_out = _torch_sdpa(q, k, v, attn_mask=mask)
+    torch_grads = torch.autograd.grad(torch_out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = reference(q64, k64, v64, mask)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())
+    assert (out[..., ::3, :] == 0).all()
+    _assert_within_twice_torch(out, torch_out, expected.detach(), "out")
+    for name, ours, theirs, want in zip("qkv", grads, torch_grads, expected_grads):
+        _assert_within_twice_torch(ours, theirs, want, f"d{name}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("length", [32769, 65537])
+def test_gpu_long_sequences(length, seed):
+    dtype = torch.float16
+    q, k, v = _qkv((1, 2, length, 64), (1, 2, length, 64), (1, 2, length, 64), dtype, seed, "cuda")
+    out = fusedops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch_out = _torch_sdpa(q, k, v, is_causal=True)
+    rows = torch.cat([torch.arange(0, 64), torch.arange(length // 2, length // 2 + 64), torch.arange(length - 65, length)])
+    rows = rows.cuda()
+    # the float64 reference of a few rows: row i attends to keys 0..i (top-left causal)
+    s = (q[:, :, rows].double() @ k.double().transpose(-1, -2)) / 8.0
+    s = s.masked_fill(torch.arange(length, device="cuda")[None, :] > rows[:, None], -math.inf)
+    expected = torch.softmax(s, -1) @ v.double()
+    _assert_within_twice_torch(out[:, :, rows], torch_out[:, :, rows], expected, f"L=S={length}")
+
+
+@pytest.mark.cuda
+def test_gpu_batch_times_heads_over_65535(seed):
+    dtype = torch.bfloat16
+    q, k, v = _qkv((1024, 72, 20, 32), (1024, 72, 33, 32), (1024, 72, 33, 32), dtype, seed, "cuda", requires_grad=True)
+    out = fusedops.scaled_dot_product_attention(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    torch_out = _torch_sdpa(q, k, v)
+    torch_grads = torch.autograd.grad(torch_out, (q, k, v), torch.ones_like(out))
+    expected = reference(q, k, v)
+    _assert_within_twice_torch(out, torch_out, expected, "out")
+    assert all(torch.isfinite(g).all() for g in grads)
+    for ours, theirs in zip(grads, torch_grads):
+        assert _relative_error(ours, theirs.double()) < 2e-2
+
+
+@pytest.mark.cuda
+def test_gpu_backward_is_deterministic(seed):
+    q, k, v = _qkv((2, 8, 1000, 64), (2, 2, 1000, 64), (2, 2, 1000, 64), torch.float16, seed, "cuda",
+                   requires_grad=True)
+    grad_out = torch.randn(2, 8, 1000, 64, device="cuda", dtype=torch.float16)
+    first = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True), (q, k, v), grad_out)
+    second = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True), (q, k, v), grad_out)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
