@@ -32,7 +32,8 @@ kernels' dtypes run the fusedops kernels; CPU tensors run torch ops unless FUSED
 runs the kernels in the interpreter (how `torch.library.opcheck` is exercised on the CPU).
 
 Autocast: `autocast_dtype(op, device_type)` states torch's autocast policy for each op (softmax,
-log_softmax, layer_norm, rms_norm: float32 on CUDA; matmul: the autocast dtype on CUDA and CPU);
+log_softmax, layer_norm: float32 on CUDA; rms_norm: not cast; matmul: the autocast dtype on CUDA and
+CPU);
 fusedops.functional applies it in eager mode and under tracing, and the operators register the
 same policy with `torch.library.register_autocast` for direct callers.
 """
@@ -82,13 +83,13 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 # Autocast policy
 # ------------------------------------------------------------------------------------------------
 # op -> {device type: "float32" | "lower"}, as torch's autocast lists (aten/src/ATen/autocast_mode.cpp):
-# on CUDA softmax/log_softmax/layer_norm/rms_norm run in float32 and matmul/linear in the autocast dtype;
-# on the CPU only matmul/linear are autocast.
+# on CUDA softmax/log_softmax/layer_norm run in float32 and matmul/linear in the autocast dtype; on the
+# CPU only matmul/linear are autocast. rms_norm is on no list: torch runs it in the input's dtype
+# (seen on the H200 with torch 2.11: an fp16 input under fp16 autocast gives an fp16 output).
 _AUTOCAST_POLICY = {
     "softmax": {"cuda": "float32"},
     "log_softmax": {"cuda": "float32"},
     "layer_norm": {"cuda": "float32"},
-    "rms_norm": {"cuda": "float32"},
     "matmul": {"cuda": "lower", "cpu": "lower"},
 }
 
@@ -97,7 +98,7 @@ def autocast_dtype(op: str, device_type: str) -> Optional[torch.dtype]:
     """The dtype torch's autocast would run `op` in on `device_type` right now, or None when autocast
     is off there or leaves the op alone. Only float16/bfloat16/float32 tensors are cast (float64 is
     not eligible, as in torch)."""
-    policy = _AUTOCAST_POLICY[op].get(device_type)
+    policy = _AUTOCAST_POLICY.get(op, {}).get(device_type)
     if policy is None or not torch.is_autocast_enabled(device_type):
         return None
     return torch.float32 if policy == "float32" else torch.get_autocast_dtype(device_type)
