@@ -374,15 +374,9 @@ def _setup_matmul(ctx, inputs, output):
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _sum_to(gradient: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    while gradient.dim() > len(shape):
-        gradient = gradient.sum(0)
-    return gradient.sum_to_size(shape) if gradient.shape != shape else gradient
-
-
 def _matmul_backward(ctx, dc):
     """dZ = dC * activation'(Z) (Z recomputed by one more matmul); dA = dZ @ B^T; dB = A^T @ dZ;
-    dbias = the column sums of dZ (fusedops.autograd.matmul.MatmulFunction, in custom ops)."""
+    dbias = the column sums of dZ (fusedops.autograd.matmul.input_gradients, with the custom op)."""
     a, b, bias = ctx.saved_tensors
     mm = torch.ops.fusedops.matmul
     if ctx.activation is None:
@@ -390,23 +384,7 @@ def _matmul_backward(ctx, dc):
     else:
         z = mm(a, b, bias, None, _wide(a.dtype))
         dz = (dc.to(z.dtype) * _matmul.activation_grad(z, ctx.activation)).to(a.dtype)
-    a2 = a.unsqueeze(0) if a.dim() == 1 else a
-    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-    dz2 = dz.unsqueeze(-2) if a.dim() == 1 else dz
-    dz2 = dz2.unsqueeze(-1) if b.dim() == 1 else dz2
-    needs = ctx.needs_input_grad
-    da = db = dbias = None
-    if needs[0]:
-        da = _sum_to(mm(dz2, b2.transpose(-1, -2), None, None, a.dtype), a2.shape).reshape(a.shape)
-    if needs[1]:
-        if b2.dim() == 2 and dz2.dim() > 2:     # b shared by every batch: one (K, rows) @ (rows, N)
-            rows_a = a2.expand(*dz2.shape[:-2], *a2.shape[-2:]).reshape(-1, a2.shape[-1])
-            db = mm(rows_a.transpose(0, 1), dz2.reshape(-1, dz2.shape[-1]), None, None, b.dtype)
-        else:
-            db = _sum_to(mm(a2.transpose(-1, -2), dz2, None, None, b.dtype), b2.shape)
-        db = db.reshape(b.shape)
-    if ctx.bias_dtype is not None and needs[2]:
-        dbias = dz2.reshape(-1, dz2.shape[-1]).to(_wide(dz.dtype)).sum(0).to(ctx.bias_dtype)
+    da, db, dbias = _matmul.input_gradients(dz, a, b, ctx.needs_input_grad, ctx.bias_dtype, mm)
     return da, db, dbias, None, None
 
 

@@ -160,24 +160,33 @@ class MatmulFunction(torch.autograd.Function):
             dz = dc.to(a.dtype)
         else:
             dz = (dc.to(z.dtype) * activation_grad(z, ctx.activation)).to(a.dtype)
-        a2 = a.unsqueeze(0) if a.dim() == 1 else a
-        b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-        dz2 = dz
-        if a.dim() == 1:
-            dz2 = dz2.unsqueeze(-2)
-        if b.dim() == 1:
-            dz2 = dz2.unsqueeze(-1)
-        da = db = dbias = None
-        if ctx.needs_input_grad[0]:
-            da = _sum_to(forward_kernel(dz2, b2.transpose(-1, -2), None, None, a.dtype), a2.shape).reshape(a.shape)
-        if ctx.needs_input_grad[1]:
-            if b2.dim() == 2 and dz2.dim() > 2:     # b shared by every batch: one (K, rows) @ (rows, N)
-                rows_a = a2.expand(*dz2.shape[:-2], *a2.shape[-2:]).reshape(-1, a2.shape[-1])
-                db = forward_kernel(rows_a.transpose(0, 1), dz2.reshape(-1, dz2.shape[-1]), None, None, b.dtype)
-            else:
-                db = _sum_to(forward_kernel(a2.transpose(-1, -2), dz2, None, None, b.dtype), b2.shape)
-            db = db.reshape(b.shape)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            dbias = dz2.reshape(-1, dz2.shape[-1]).to(torch.float64 if dz.dtype == torch.float64 else torch.float32)
-            dbias = dbias.sum(0).to(ctx.bias_dtype)
+        bias_dtype = ctx.bias_dtype if ctx.has_bias else None
+        da, db, dbias = input_gradients(dz, a, b, ctx.needs_input_grad, bias_dtype, forward_kernel)
         return da, db, dbias, None, None
+
+
+def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):
+    """(dA, dB, dbias) of C = act(A @ B + bias) from dZ = dC * act'(Z), with torch.matmul's shape rules
+    (1-D operands, batch broadcasting): dA = dZ @ B^T, dB = A^T @ dZ, dbias = the column sums of dZ
+    (accumulated in float32, float64 for float64). `needs_input_grad` says which to compute;
+    `bias_dtype` is None without a bias; `matmul(x, y, bias, activation, out_dtype)` computes x @ y
+    (the kernel launcher, or the custom op under torch.compile).
+    """
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    dz2 = dz.unsqueeze(-2) if a.dim() == 1 else dz
+    dz2 = dz2.unsqueeze(-1) if b.dim() == 1 else dz2
+    da = db = dbias = None
+    if needs_input_grad[0]:
+        da = _sum_to(matmul(dz2, b2.transpose(-1, -2), None, None, a.dtype), a2.shape).reshape(a.shape)
+    if needs_input_grad[1]:
+        if b2.dim() == 2 and dz2.dim() > 2:     # b shared by every batch: one (K, rows) @ (rows, N)
+            rows_a = a2.expand(*dz2.shape[:-2], *a2.shape[-2:]).reshape(-1, a2.shape[-1])
+            db = matmul(rows_a.transpose(0, 1), dz2.reshape(-1, dz2.shape[-1]), None, None, b.dtype)
+        else:
+            db = _sum_to(matmul(a2.transpose(-1, -2), dz2, None, None, b.dtype), b2.shape)
+        db = db.reshape(b.shape)
+    if bias_dtype is not None and needs_input_grad[2]:
+        wide = torch.float64 if dz.dtype == torch.float64 else torch.float32
+        dbias = dz2.reshape(-1, dz2.shape[-1]).to(wide).sum(0).to(bias_dtype)
+    return da, db, dbias
