@@ -141,7 +141,8 @@ def from_python(value, dtype) -> np.ndarray:
     """A Python/NumPy scalar as a 0-d array of `dtype`, converted with `cast` (bool -> int1,
     int -> int64 (uint64 above 2**63-1), float -> float64 first). Raises TypeError for non-scalars."""
     source = _python_source_dtype(value)
-    return np.asarray(cast(np.asarray(value, dtype=source.numpy_dtype), source, dtype))
+    with np.errstate(all="ignore"):     # a float too large for the type becomes inf: the rule, not an error
+        return np.asarray(cast(np.asarray(value, dtype=source.numpy_dtype), source, dtype))
 
 
 def cast(x, src, dst) -> np.ndarray:
