@@ -82,6 +82,18 @@ def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
 
 
 @dsl.jit
+def _query_program(H, GROUP):
+    """(batch * heads index, batch, head, kv head, query block) of a program on the grid
+    (B * H, cdiv(L, BLOCK_M)); batch and heads as int64 offsets. The last query blocks have the most keys under a causal mask: they run first."""
+    bh = dsl.program_id(0)
+    pid_m = dsl.num_programs(1) - 1 - dsl.program_id(1)
+    b = (bh // H).to(dsl.int64)
+    h = bh % H
+    kvh = (h // GROUP).to(dsl.int64)
+    return bh, b, h.to(dsl.int64), kvh, pid_m
+
+
+@dsl.jit
 def attention_forward_kernel(
         o_ptr, lse_ptr, q_ptr, k_ptr, v_ptr, mask_ptr,
         stride_qb, stride_qh, stride_qm, stride_qe,
@@ -96,13 +108,7 @@ def attention_forward_kernel(
     # k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV); mask_ptr: (B, H, L, S) strides
     # (0 on broadcast dims) or unused. Grid: (B * H, cdiv(L, BLOCK_M)).
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
-    bh = dsl.program_id(0)
-    # the last query blocks have the most keys under a causal mask: run them first
-    pid_m = dsl.num_programs(1) - 1 - dsl.program_id(1)
-    b = (bh // H).to(dsl.int64)
-    h = bh % H
-    kvh = (h // GROUP).to(dsl.int64)
-    h = h.to(dsl.int64)
+    bh, b, h, kvh, pid_m = _query_program(H, GROUP)
 
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
@@ -248,12 +254,7 @@ def attention_backward_dq_kernel(
     # dq_ptr, q_ptr: (B, H, L, E); k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV);
     # do_ptr: (B, H, L, EV); lse_ptr, delta_ptr: (B * H, L) contiguous ACC. Grid: (B * H, cdiv(L, BLOCK_M)).
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
-    bh = dsl.program_id(0)
-    pid_m = dsl.num_programs(1) - 1 - dsl.program_id(1)
-    b = (bh // H).to(dsl.int64)
-    h = bh % H
-    kvh = (h // GROUP).to(dsl.int64)
-    h = h.to(dsl.int64)
+    bh, b, h, kvh, pid_m = _query_program(H, GROUP)
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
     re = dsl.arange(0, BLOCK_E)
