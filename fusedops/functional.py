@@ -24,7 +24,6 @@ import torch
 from fusedops import library as _library
 from fusedops.autograd import norms as _norms
 from fusedops.autograd.softmax import SoftmaxFunction
-from fusedops.dsl.runtime import knobs
 from fusedops.kernels.softmax import softmax_forward
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

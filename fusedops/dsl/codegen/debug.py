@@ -11,7 +11,6 @@ from llvmlite import ir
 from ..ir import OpCode
 from ..language.dtypes import BlockType, PointerType
 from ..target import llvm_types as T
-from . import layout_access
 from .registry import lowering
 
 

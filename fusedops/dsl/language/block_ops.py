@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import CompilationError
 from ..ir import OpCode, Value
 from .dtypes import (BlockType, DType, PointerType, float32, float64, int1, int8, int32, shape_of,
-                     uint8, uint32, with_element, with_shape)
+                     uint8, uint32, with_shape)
 
 _CACHE_MODIFIERS = ("", ".ca", ".cg", ".cs", ".cv", ".wb", ".wt")
 _EVICTION_POLICIES = ("", "evict_first", "evict_last", "evict_normal")
