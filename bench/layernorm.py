@@ -25,7 +25,6 @@ Outputs: a table on stdout; OUT/NAME.csv, OUT/NAME.json and OUT/NAME.png (--name
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -38,13 +37,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from timing import gpu_time_ms, write_rows  # noqa: E402
 
 import fusedops  # noqa: E402
-from fusedops.bench.report import format_table, plot_op  # noqa: E402
+from fusedops.bench import scripts  # noqa: E402
+from fusedops.bench.report import format_table, plot_message, plot_op  # noqa: E402
 from fusedops.kernels import norms  # noqa: E402
 
 M = 8192
 COLUMNS = (1000, 1024, 2048, 4096, 4097, 8192, 12289, 16384, 32768)
 QUICK_COLUMNS = (1024, 8192, 32768)
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = scripts.HALF_DTYPES
 TABLE = ("op", "shape", "dtype", "provider", "ms", "GB/s", "fraction_of_copy", "vs torch", "error")
 
 
@@ -81,13 +81,6 @@ def _inputs(op, n, dtype):
     params = (w, 0.1 * torch.randn(n, dtype=dtype, device="cuda", generator=generator)) if op.has_bias else (w,)
     dy = torch.randn((M, n), dtype=dtype, device="cuda", generator=generator)
     return (x,) + params, dy
-
-
-def _relative_error(actual, expected) -> float:
-    if isinstance(actual, (tuple, list)):
-        return max(_relative_error(a, e) for a, e in zip(actual, expected))
-    difference = (actual.float() - expected.float()).norm()
-    return float(difference / expected.float().norm().clamp_min(1e-30))
 
 
 def _timed_call(fn, inputs, dy, backward):
@@ -157,18 +150,11 @@ def _sweep_calls(op, n, dtype, inputs, dy, backward):
     return calls
 
 
-def _copy_ms(nbytes: int) -> float:
-    """The time of a device-to-device copy moving `nbytes` (nbytes / 2 read, nbytes / 2 written)."""
-    source = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    target = torch.empty_like(source)
-    return gpu_time_ms(lambda: target.copy_(source))
-
-
 def measure(op, n, dtype_name, backward, compile_torch, sweep):
     dtype = DTYPES[dtype_name]
     inputs, dy = _inputs(op, n, dtype)
     nbytes = op.bytes(n, dtype.itemsize, backward)
-    copy_ms = _copy_ms(nbytes)
+    copy_ms = scripts.copy_ms(nbytes)
     name = op.name + ("_backward" if backward else "")
     base = {"op": name, "shape": f"{M}x{n}", "M": M, "N": n, "dtype": dtype_name, "unit": "GB/s", "bytes": nbytes,
             "copy_ms": copy_ms, "copy_GB/s": nbytes / copy_ms / 1e6}
@@ -188,13 +174,22 @@ def measure(op, n, dtype_name, backward, compile_torch, sweep):
         ms = gpu_time_ms(run)
         if provider.startswith("fusedops ") and not backward:     # a launcher's (M, N) output
             result = result.view(expected.shape)
-        error = _relative_error(result, expected)
+        error = scripts.relative_error(result, expected)
         rows.append(dict(base, provider=provider, ms=ms, **{"GB/s": nbytes / ms / 1e6},
                          fraction_of_copy=copy_ms / ms, max_error=error, error=f"{error:.1e}"))
     torch_ms = next(row["ms"] for row in rows if row["provider"] == "torch")
     for row in rows:
         row["vs torch"] = torch_ms / row["ms"]
     return rows
+
+
+def plot(rows, path):
+    """GB/s per shape of the three providers and, as a fourth bar, of the copy of the same bytes (the
+    sweep's configurations left out)."""
+    plotted = [row for row in rows if not row["provider"].startswith("fusedops ")]
+    plotted += [dict(row, provider="copy (same bytes)", **{"GB/s": row["copy_GB/s"]})
+                for row in rows if row["provider"] == "torch"]
+    return plot_op("layernorm", plotted, path)
 
 
 def acceptance(rows):
@@ -214,8 +209,7 @@ def acceptance(rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench-results", help="directory for the CSV, JSON and PNG")
+    parser = scripts.argument_parser(__doc__)
     parser.add_argument("--name", default="layernorm", help="file name stem of the outputs (default: layernorm)")
     parser.add_argument("--quick", action="store_true", help=f"N in {QUICK_COLUMNS}, fp16 only")
     parser.add_argument("--ops", default="layer_norm,rms_norm", help="comma-separated: layer_norm, rms_norm")
@@ -223,8 +217,7 @@ def main(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     parser.add_argument("--sweep", action="store_true", help="also time other fusedops kernel configurations")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to benchmark")
+    if not scripts.gpu_available():
         return 0
     ops = [OPS[name] for name in args.ops.split(",")]
     dtypes = args.dtypes.split(",") if args.dtypes else (["fp16"] if args.quick else list(DTYPES))
@@ -240,12 +233,7 @@ def main(argv=None):
                     torch.cuda.empty_cache()
     print("\n" + format_table(rows, TABLE))
     write_rows(rows, args.out, args.name)
-    # The plot: the three providers and, as a fourth bar, the copy of the same bytes.
-    plotted = [row for row in rows if not row["provider"].startswith("fusedops ")]
-    plotted += [dict(row, provider="copy (same bytes)", **{"GB/s": row["copy_GB/s"]})
-                for row in rows if row["provider"] == "torch"]
-    plot = plot_op(args.name, plotted, Path(args.out) / f"{args.name}.png")
-    print(f"plot: {plot}" if plot else "plot: skipped (matplotlib is not installed)")
+    print(plot_message(plot(rows, Path(args.out) / f"{args.name}.png")))
     for line in acceptance(rows):
         print(line)
     return 0

@@ -16,9 +16,9 @@ the GPU, torch and fusedops versions, and the config the autotuner chose) and ma
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -26,12 +26,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from timing import gpu_time_ms, write_rows  # noqa: E402
 
 import fusedops  # noqa: E402
+from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import matmul as K  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 4096), (8192, 11008, 4096), (8192, 4096, 11008),
           (8192, 14336, 4096), (8192, 4096, 14336)]
 QUICK_SHAPES = [(4096, 4096, 4096), (8192, 11008, 4096)]
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = scripts.HALF_DTYPES
 
 
 def _triton():
@@ -49,10 +50,6 @@ def _inputs(shape, dtype):
     b = torch.randn(k, n, device="cuda", dtype=dtype, generator=generator) * k ** -0.5
     bias = torch.randn(n, device="cuda", dtype=dtype, generator=generator)
     return a, b, bias
-
-
-def _error(x, ref):
-    return float(torch.linalg.vector_norm(x.float() - ref) / torch.linalg.vector_norm(ref))
 
 
 def bench_shape(shape, dtype_name, triton, epilogue, repeats):
@@ -74,7 +71,7 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
         except Exception as error:     # one failing provider must not lose the others' numbers
             print(f"{provider} failed at {m}x{n}x{k} {dtype_name}: {type(error).__name__}: {error}")
             rows.append({"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider,
-                         "error": f"{type(error).__name__}: {str(error)[:200]}"})
+                         "error": scripts.failure_text(error, 200)})
             continue
         ref = torch.nn.functional.gelu(reference + bias.float()) if provider.endswith("gelu") else reference
         ms = gpu_time_ms(fn, warmup=3, repeats=repeats)
@@ -82,7 +79,7 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
         if provider.startswith("torch"):
             torch_ms[family] = ms
         row = {"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider, "ms": ms,
-               "TFLOP/s": flops / ms / 1e9, "rel_error": _error(out, ref)}
+               "TFLOP/s": flops / ms / 1e9, "rel_error": scripts.relative_error(out, ref)}
         row["vs torch"] = torch_ms[family] / ms if family in torch_ms else None
         if provider.startswith("fusedops"):
             # the launch's key: (c, a, b, bias or c, M, N, K); c and bias have a's dtype here
@@ -93,79 +90,47 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
     return rows
 
 
-def print_table(rows):
-    columns = ["dtype", "M", "N", "K", "provider", "ms", "TFLOP/s", "vs torch", "rel_error"]
-    print("  ".join(f"{c:>10}" for c in columns))
-    for row in rows:
-        cells = []
-        for c in columns:
-            value = row.get(c)
-            if isinstance(value, float):
-                value = f"{value:.2f}x" if c == "vs torch" else (f"{value:.2e}" if c == "rel_error" else f"{value:.3f}")
-            cells.append(f"{'' if value is None else value:>10}")
-        print("  ".join(cells))
-    for row in rows:
-        if row.get("config"):
-            print(f"{row['dtype']} {row['M']}x{row['N']}x{row['K']} {row['provider']}: {row['config']}")
+COLUMNS = ["dtype", "M", "N", "K", "provider", "ms", "TFLOP/s", "vs torch", "rel_error"]
+
+
+def format_table(rows) -> str:
+    """The rows as a table, then the config the autotuner chose for each fusedops row."""
+    lines = [report.format_fixed_width(rows, COLUMNS, 10, {"vs torch": "{:.2f}x", "rel_error": "{:.2e}"})]
+    lines += [f"{row['dtype']} {row['M']}x{row['N']}x{row['K']} {row['provider']}: {row['config']}"
+              for row in rows if row.get("config")]
+    return "\n".join(lines)
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
-    rows = [r for r in rows if "TFLOP/s" in r]
-    dtypes = sorted({r["dtype"] for r in rows})
-    figure, axes = plt.subplots(1, len(dtypes), figsize=(8 * len(dtypes), 4.5), squeeze=False)
-    for axis, dtype in zip(axes[0], dtypes):
-        shapes = list(dict.fromkeys(f"{r['M']}x{r['N']}x{r['K']}" for r in rows if r["dtype"] == dtype))
-        providers = list(dict.fromkeys(r["provider"] for r in rows if r["dtype"] == dtype))
-        width = 0.8 / len(providers)
-        for i, provider in enumerate(providers):
-            points = {f"{r['M']}x{r['N']}x{r['K']}": r["TFLOP/s"] for r in rows
-                      if r["dtype"] == dtype and r["provider"] == provider}
-            axis.bar([x + i * width for x in range(len(shapes))], [points.get(s, 0) for s in shapes], width,
-                     label=provider)
-        axis.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
-        axis.set_xticklabels(shapes, rotation=30, ha="right", fontsize=8)
-        axis.set_ylabel("TFLOP/s")
-        axis.set_title(f"matmul {dtype} on {torch.cuda.get_device_name()}")
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    print(f"plot: {path}")
+    """TFLOP/s per shape, one bar per provider, a panel per dtype (fusedops.bench.report.plot_op)."""
+    shaped = [dict(row, shape=f"{row['M']}x{row['N']}x{row['K']}", unit="TFLOP/s") for row in rows]
+    return report.plot_op("matmul", shaped, path)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench-results", help="directory for CSV/JSON/PNG results")
-    parser.add_argument("--quick", action="store_true", help=f"fp16 only, shapes {QUICK_SHAPES}, fewer repeats")
-    parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated: fp16, bf16")
+    parser = scripts.argument_parser(__doc__, quick=f"shapes {QUICK_SHAPES}")
     parser.add_argument("--shapes", default=None, help="comma-separated MxNxK (default: the issue's list)")
     parser.add_argument("--epilogue", action="store_true", help="also time bias + gelu fused vs torch")
     parser.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/matmul.py needs a CUDA GPU")
-    dtypes = ["fp16"] if args.quick else args.dtypes.split(",")
+    dtypes = scripts.run_dtypes(args)
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     else:
         shapes = QUICK_SHAPES if args.quick else SHAPES
     triton = None if args.no_triton else _triton()
-    repeats = 10 if args.quick else 30
+    repeats = scripts.run_repeats(args)
     rows = []
     for dtype_name in dtypes:
         for shape in shapes:
             rows.extend(bench_shape(shape, dtype_name, triton, args.epilogue, repeats))
-            print_table([r for r in rows if (r["M"], r["N"], r["K"], r["dtype"]) == (*shape, dtype_name)])
+            print(format_table([r for r in rows if (r["M"], r["N"], r["K"], r["dtype"]) == (*shape, dtype_name)]))
     print()
-    print_table(rows)
+    print(format_table(rows))
     write_rows(rows, args.out, "matmul")
-    plot(rows, os.path.join(args.out, "matmul.png"))
+    print(report.plot_message(plot(rows, Path(args.out) / "matmul.png")))
 
 
 if __name__ == "__main__":

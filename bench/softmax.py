@@ -20,9 +20,9 @@ theoretical occupancy and the 128-bit global loads/stores in its SASS (cuobjdump
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -30,13 +30,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from timing import gpu_time_ms, write_rows  # noqa: E402
 
 import fusedops  # noqa: E402
+from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import softmax as K  # noqa: E402
 
 M = 8192
 DEVICE = "cuda"
 NS = [1024, 2048, 4096, 8192, 16384, 32768, 1000, 50257]
 QUICK_NS = [1024, 4096, 32768, 50257]
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = scripts.HALF_DTYPES
 PASS_BYTES = {"forward": 2, "backward": 3, "fwd+bwd": 5}     # tensors of M x N moved per pass
 
 
@@ -112,13 +113,6 @@ def check(x, dy, y_reference, log):
 # ------------------------------------------------------------------------------------------------
 # Measurements
 # ------------------------------------------------------------------------------------------------
-def copy_ms(nbytes: int) -> float:
-    """A device-to-device copy moving `nbytes` (half read, half written)."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    return gpu_time_ms(lambda: dst.copy_(src))
-
-
 def bench_shape(dtype_name, n, log, use_compile, repeats):
     dtype = DTYPES[dtype_name]
     x = torch.randn(M, n, device=DEVICE, dtype=dtype).mul_(3).requires_grad_()
@@ -130,13 +124,18 @@ def bench_shape(dtype_name, n, log, use_compile, repeats):
     element = x.element_size()
     for pass_name, tensors in PASS_BYTES.items():
         nbytes = tensors * M * n * element
-        reference_ms = copy_ms(nbytes)
+        reference_ms = scripts.copy_ms(nbytes, DEVICE)
         times = {name: gpu_time_ms(fns[pass_name], repeats=repeats) for name, fns in table.items()}
-        for name, ms in times.items():
-            rows.append({"op": op, "pass": pass_name, "M": M, "N": n, "dtype": dtype_name, "provider": name,
-                         "ms": ms, "GB/s": nbytes / ms / 1e6, "copy_GB/s": nbytes / reference_ms / 1e6,
-                         "fraction_of_copy": reference_ms / ms, "speedup_vs_torch": times["torch"] / ms})
+        rows += [result_row(op, pass_name, n, dtype_name, name, ms, nbytes, reference_ms, times["torch"])
+                 for name, ms in times.items()]
     return rows
+
+
+def result_row(op, pass_name, n, dtype_name, provider, ms, nbytes, copy_ms, torch_ms) -> dict:
+    """One row of the results (and of softmax.csv, whose columns are these keys, in this order)."""
+    return {"op": op, "pass": pass_name, "M": M, "N": n, "dtype": dtype_name, "provider": provider,
+            "ms": ms, "GB/s": nbytes / ms / 1e6, "copy_GB/s": nbytes / copy_ms / 1e6,
+            "fraction_of_copy": copy_ms / ms, "speedup_vs_torch": torch_ms / ms}
 
 
 def sweep_rows(dtype_name, n, log, repeats):
@@ -157,15 +156,14 @@ def sweep_rows(dtype_name, n, log, repeats):
     for config in candidates:
         for pass_name, fn in (("forward", lambda: K.softmax_forward(x, 1, log=log, config=config)),
                               ("backward", lambda: K.softmax_backward(dy, y, 1, log=log, config=config))):
+            row = {"op": "sweep", "pass": pass_name, "N": n, "dtype": dtype_name, "config": str(config)}
             try:
                 ms = gpu_time_ms(fn, repeats=repeats)
             except Exception as error:      # a config that does not compile or launch: report, go on
-                rows.append({"op": "sweep", "pass": pass_name, "N": n, "dtype": dtype_name, "config": str(config),
-                             "error": f"{type(error).__name__}: {error}"[:200]})
+                rows.append(dict(row, error=f"{type(error).__name__}: {error}"[:200]))
                 continue
             tensors = PASS_BYTES[pass_name]
-            rows.append({"op": "sweep", "pass": pass_name, "N": n, "dtype": dtype_name, "config": str(config),
-                         "ms": ms, "GB/s": tensors * M * n * x.element_size() / ms / 1e6})
+            rows.append(dict(row, ms=ms, **{"GB/s": tensors * M * n * x.element_size() / ms / 1e6}))
     return rows
 
 
@@ -203,64 +201,52 @@ def details(dtype_name, n):
 # ------------------------------------------------------------------------------------------------
 # Output
 # ------------------------------------------------------------------------------------------------
-def print_table(rows):
+def format_table(rows) -> str:
+    """The rows of bench_shape as the table the script prints."""
     header = f"{'pass':8} {'dtype':5} {'N':>6} {'provider':14} {'ms':>9} {'GB/s':>8} {'of copy':>8} {'vs torch':>8}"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(f"{r['pass']:8} {r['dtype']:5} {r['N']:>6} {r['provider']:14} {r['ms']:9.4f} {r['GB/s']:8.0f} "
-              f"{r['fraction_of_copy']:8.1%} {r['speedup_vs_torch']:7.2f}x")
+    lines = [header, "-" * len(header)]
+    lines += [f"{r['pass']:8} {r['dtype']:5} {r['N']:>6} {r['provider']:14} {r['ms']:9.4f} {r['GB/s']:8.0f} "
+              f"{r['fraction_of_copy']:8.1%} {r['speedup_vs_torch']:7.2f}x" for r in rows]
+    return "\n".join(lines)
+
+
+def _draw(axis, rows, panel):
+    dtype, pass_name = panel
+    subset = [r for r in rows if r["dtype"] == dtype and r["pass"] == pass_name]
+    ns = sorted({r["N"] for r in subset})
+    for provider in dict.fromkeys(r["provider"] for r in subset):
+        points = {r["N"]: r["GB/s"] for r in subset if r["provider"] == provider}
+        axis.plot(range(len(ns)), [points.get(n) for n in ns], marker="o", label=provider)
+    copy = {r["N"]: r["copy_GB/s"] for r in subset}
+    axis.plot(range(len(ns)), [copy[n] for n in ns], linestyle="--", color="gray", label="d2d copy")
+    axis.set_xticks(range(len(ns)), [str(n) for n in ns], rotation=45)
+    axis.set_title(f"{rows[0]['op']} {pass_name}, {dtype}, M={M}")
+    axis.set_xlabel("N")
+    axis.set_ylabel("GB/s")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
-    dtypes = sorted({r["dtype"] for r in rows})
-    passes = list(PASS_BYTES)
-    figure, axes = plt.subplots(len(dtypes), len(passes), figsize=(6 * len(passes), 4 * len(dtypes)), squeeze=False)
-    for i, dtype in enumerate(dtypes):
-        for j, pass_name in enumerate(passes):
-            axis = axes[i][j]
-            subset = [r for r in rows if r["dtype"] == dtype and r["pass"] == pass_name]
-            ns = sorted({r["N"] for r in subset})
-            for provider in dict.fromkeys(r["provider"] for r in subset):
-                points = {r["N"]: r["GB/s"] for r in subset if r["provider"] == provider}
-                axis.plot(range(len(ns)), [points.get(n) for n in ns], marker="o", label=provider)
-            copy = {r["N"]: r["copy_GB/s"] for r in subset}
-            axis.plot(range(len(ns)), [copy[n] for n in ns], linestyle="--", color="gray", label="d2d copy")
-            axis.set_xticks(range(len(ns)), [str(n) for n in ns], rotation=45)
-            axis.set_title(f"{rows[0]['op']} {pass_name}, {dtype}, M={M}")
-            axis.set_xlabel("N")
-            axis.set_ylabel("GB/s")
-            axis.grid(alpha=0.3)
-            axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    print(f"plot: {path}")
+    """GB/s against N, one line per provider and the copy of as many bytes, a panel per (dtype, pass)."""
+    panels = [(dtype, pass_name) for dtype in sorted({r["dtype"] for r in rows}) for pass_name in PASS_BYTES]
+    return report.plot_panels(path, panels, lambda axis, panel: _draw(axis, rows, panel), columns=len(PASS_BYTES),
+                              panel_size=(6, 4), dpi=120)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench-results", help="directory for CSV/JSON/PNG results")
-    parser.add_argument("--quick", action="store_true", help=f"fp16 only, N in {QUICK_NS}, fewer repeats")
-    parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated: fp16, bf16")
+    parser = scripts.argument_parser(__doc__, quick=f"N in {QUICK_NS}")
     parser.add_argument("--ns", default=None, help="comma-separated N values (default: the issue's list)")
     parser.add_argument("--log", action="store_true", help="benchmark log_softmax instead of softmax")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles per shape)")
     parser.add_argument("--sweep", action="store_true", help="also time alternative fusedops configs")
     parser.add_argument("--details", action="store_true", help="print config, registers, occupancy, SASS widths")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to benchmark")
+    if not scripts.gpu_available():
         return 0
-    dtypes = ["fp16"] if args.quick else args.dtypes.split(",")
-    ns = [int(n) for n in args.ns.split(",")] if args.ns else (QUICK_NS if args.quick else NS)
-    repeats = 10 if args.quick else 30
+    dtypes = scripts.run_dtypes(args)
+    ns = scripts.int_list(args.ns) if args.ns else (QUICK_NS if args.quick else NS)
+    repeats = scripts.run_repeats(args)
     name = "log_softmax" if args.log else "softmax"
     print(f"{name}: M={M}, N={ns}, {dtypes}, on {torch.cuda.get_device_name()}", flush=True)
     rows = []
@@ -268,9 +254,9 @@ def main(argv=None):
         for n in ns:
             rows += bench_shape(dtype_name, n, args.log, not args.no_compile, repeats)
             print(f"  {dtype_name} N={n} done", flush=True)
-    print_table(rows)
+    print(format_table(rows))
     write_rows(rows, args.out, name)
-    plot(rows, os.path.join(args.out, name + ".png"))
+    print(report.plot_message(plot(rows, Path(args.out) / f"{name}.png")))
     if args.details:
         for dtype_name in dtypes:
             for n in ns:
@@ -281,7 +267,7 @@ def main(argv=None):
             for n in ns:
                 sweep += sweep_rows(dtype_name, n, args.log, repeats)
         for r in sweep:
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+            print(report.format_key_values(r))
         write_rows(sweep, args.out, name + "_sweep")
     return 0
 

@@ -6,7 +6,6 @@ overhead of a cached tiny launch against torch.add, and cold / warm (disk cache)
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -18,6 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from timing import gpu_time_ms, host_time_us, write_rows  # noqa: E402
 
 import fusedops.dsl as dsl  # noqa: E402
+from fusedops.bench import report, scripts  # noqa: E402
 
 
 @dsl.jit
@@ -35,6 +35,12 @@ def add(x, y, out, block=2048, num_warps=4):
     add_kernel[(dsl.cdiv(n, block),)](x, y, out, n, BLOCK=block, num_warps=num_warps)
 
 
+def bandwidth_row(n, dtype, provider, ms, nbytes, copy_ms) -> dict:
+    """One bandwidth row (and of vector_add.csv, whose columns are these keys, in this order)."""
+    return {"op": "vector_add", "n": n, "dtype": str(dtype).replace("torch.", ""), "provider": provider, "ms": ms,
+            "GB/s": nbytes / ms / 1e6, "copy_GB/s": nbytes / copy_ms / 1e6, "fraction_of_copy": copy_ms / ms}
+
+
 def bandwidth_rows():
     rows = []
     for dtype in (torch.float16, torch.float32):
@@ -43,20 +49,13 @@ def bandwidth_rows():
             y = torch.randn(n, device="cuda", dtype=dtype)
             out = torch.empty_like(x)
             nbytes = 3 * n * x.element_size()
-            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-            dst = torch.empty_like(src)
-            copy_ms = gpu_time_ms(lambda: dst.copy_(src))
+            copy_ms = scripts.copy_ms(nbytes)
             for block, warps in ((1024, 4), (2048, 4), (4096, 8)):
                 ms = gpu_time_ms(lambda: add(x, y, out, block, warps))
                 assert torch.equal(out, x + y)
-                rows.append({"op": "vector_add", "n": n, "dtype": str(dtype).replace("torch.", ""),
-                             "provider": f"fusedops(block={block},warps={warps})", "ms": ms,
-                             "GB/s": nbytes / ms / 1e6, "copy_GB/s": nbytes / copy_ms / 1e6,
-                             "fraction_of_copy": copy_ms / ms})
+                rows.append(bandwidth_row(n, dtype, f"fusedops(block={block},warps={warps})", ms, nbytes, copy_ms))
             torch_ms = gpu_time_ms(lambda: torch.add(x, y, out=out))
-            rows.append({"op": "vector_add", "n": n, "dtype": str(dtype).replace("torch.", ""),
-                         "provider": "torch.add", "ms": torch_ms, "GB/s": nbytes / torch_ms / 1e6,
-                         "copy_GB/s": nbytes / copy_ms / 1e6, "fraction_of_copy": copy_ms / torch_ms})
+            rows.append(bandwidth_row(n, dtype, "torch.add", torch_ms, nbytes, copy_ms))
     return rows
 
 
@@ -85,15 +84,12 @@ def compile_rows():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench-results", help="directory for CSV/JSON results")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to benchmark")
+    args = scripts.argument_parser(__doc__, outputs="CSV/JSON").parse_args(argv)
+    if not scripts.gpu_available():
         return 0
     rows = compile_rows() + overhead_rows() + bandwidth_rows()
     for row in rows:
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+        print(report.format_key_values(row))
     write_rows(rows, args.out, "vector_add")
     return 0
 

@@ -183,6 +183,63 @@ def test_causal_gradients_in_float16(length_q, length_k, seed, interpret):
         assert_close(grad, want, torch.float16, tol=5e-3)
 
 
+
+# -- interior (mask-free) blocks and ragged / diagonal tails ----------------------------------------------
+# Small tiles with BLOCK_M != BLOCK_N so that the forward and dQ kernels run interior key blocks without
+# masks, the peeled first block and the masked tail, and dK/dV takes the causal mask only across the
+# diagonal: even and ragged lengths, causal with L < S and L > S.
+
+_SPLIT_CONFIGS = [at.AttentionConfig(16, 16, 4, 1), at.AttentionConfig(32, 16, 4, 1), at.AttentionConfig(16, 32, 4, 1)]
+
+
+def _forward_and_backward(q, k, v, grad_out, mask, causal, scale, config):
+    out, lse = at.attention_forward(q, k, v, mask, causal, scale, interpret=True, config=config)
+    grads = at.attention_backward(grad_out, q, k, v, out, lse, mask, causal, scale, interpret=True,
+                                  configs=(config, config))
+    return out, grads
+
+
+def _float64_forward_and_backward(q, k, v, grad_out, mask, causal, scale):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = reference(q64, k64, v64, mask, causal=causal, scale=scale)
+    return expected.detach(), torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())
+
+
+@pytest.mark.parametrize("length_q,length_k", [(48, 48), (32, 48), (48, 32), (40, 37)])
+@pytest.mark.parametrize("config", _SPLIT_CONFIGS, ids=lambda c: f"{c.block_m}x{c.block_n}")
+@pytest.mark.parametrize("causal", [False, True])
+def test_interior_and_tail_key_blocks(length_q, length_k, config, causal, seed):
+    q, k, v = _qkv((1, 1, length_q, 16), (1, 1, length_k, 16), (1, 1, length_k, 16), torch.float32, seed)
+    grad_out = random_tensor((1, 1, length_q, 16), torch.float32, seed=seed + 5)
+    out, grads = _forward_and_backward(q, k, v, grad_out, None, causal, 0.3, config)
+    expected, expected_grads = _float64_forward_and_backward(q, k, v, grad_out, None, causal, 0.3)
+    assert_close(out, expected, torch.float32)
+    for grad, want in zip(grads, expected_grads):
+        assert_close(grad, want, torch.float32)
+
+
+@pytest.mark.parametrize("kind,causal", [("bool", True), ("float", False)])
+def test_masks_on_even_lengths_take_the_masked_path(kind, causal, seed):
+    # with an attn_mask every key block is masked, also the ones a mask-free shape would treat as interior
+    q, k, v = _qkv((1, 1, 32, 16), (1, 1, 48, 16), (1, 1, 48, 16), torch.float32, seed)
+    grad_out = random_tensor((1, 1, 32, 16), torch.float32, seed=seed + 5)
+    mask = _mask_with_dead_rows(kind, (1, 1, 32, 48), seed).expand(1, 1, 32, 48)
+    out, grads = _forward_and_backward(q, k, v, grad_out, mask, causal, 0.3, _SPLIT_CONFIGS[1])
+    expected, expected_grads = _float64_forward_and_backward(q, k, v, grad_out, mask, causal, 0.3)
+    assert_close(out, expected, torch.float32)
+    assert (out[..., ::3, :] == 0).all()
+    for grad, want in zip(grads, expected_grads):
+        assert torch.isfinite(grad).all()
+        assert_close(grad, want, torch.float32)
+
+
+def test_config_table_and_sweep_alternatives():
+    for dim in (64, 128, 256):
+        forward, backward = at.sweep_configs(dim, dim)
+        assert forward[0] == at.forward_config(dim, dim) and backward[0] == at.backward_configs(dim, dim)
+        assert len(set(forward)) == len(forward) and len(set(backward)) == len(backward)
+    assert at.forward_config(80, 96) == at.FORWARD_CONFIGS[128]
+
 # -- routing and errors ------------------------------------------------------------------------------------
 
 def test_cpu_without_interpreter_runs_torch(seed, monkeypatch):
@@ -301,10 +358,11 @@ def _strides(dim, heads=16, length=4096):
     return (heads * length * dim, length * dim, dim, 1)
 
 
-def compile_forward(dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a"):
+def compile_forward(dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a", config=None):
     x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
     mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
-    config, block = at.forward_config(at.head_block(dim), at.head_block(dim)), at.head_block(dim)
+    block = at.head_block(dim)
+    config = config or at.forward_config(block, block)
     return dsl.jit(at.attention_forward_kernel.fn).compile(
         x, stats, x, x, x, mask, *_strides(dim) * 4, *((0, 0, 4096, 1) if mask_kind else (0,) * 4),
         16, 1, 4096, 4096, dim, dim, 0.18, 0.0, target=arch, num_warps=config.num_warps, num_stages=config.num_stages,
@@ -312,12 +370,13 @@ def compile_forward(dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16
         MASK_KIND=mask_kind, ACC=dsl.float32)
 
 
-def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a"):
+def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a",
+                     config=None):
     x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
     mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
     block = at.head_block(dim)
     kv_config, q_config = at.backward_configs(block, block)
-    config = kv_config if kernel == "dkdv" else q_config
+    config = config or (kv_config if kernel == "dkdv" else q_config)
     options = dict(target=arch, num_warps=config.num_warps, num_stages=config.num_stages, BLOCK_M=config.block_m,
                    BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal, MASK_KIND=mask_kind,
                    ACC=dsl.float32)
@@ -358,6 +417,22 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
     assert result.spill_bytes == 0, result.log
     assert compiled.shared_bytes <= 227 * 1024
 
+
+
+@needs_ptxas
+@pytest.mark.parametrize("dim", [64, 128])
+def test_sweep_alternatives_assemble_without_spills(dim, tmp_path, monkeypatch):
+    # causal: the kernels' largest variant (peeled block, interior and tail loops, diagonal branch)
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    forward, backward = at.sweep_configs(dim, dim)
+    kernels = [("forward", c) for c in forward[1:]]
+    kernels += [("dkdv", c) for c in dict.fromkeys(kv for kv, _ in backward[1:]) if c != backward[0][0]]
+    kernels += [("dq", c) for c in dict.fromkeys(q for _, q in backward[1:]) if c != backward[0][1]]
+    for kernel, config in kernels:
+        compiled = (compile_forward(dim, True, config=config) if kernel == "forward"
+                    else compile_backward(kernel, dim, True, config=config))
+        result = assemble(compiled.asm["ptx"], "sm_90a")
+        assert result.spill_bytes == 0, f"{kernel} {config}: {result.log}"
 
 # -- GPU tier ----------------------------------------------------------------------------------------------
 

@@ -157,3 +157,38 @@ def test_golden_llvm_ir_of_a_small_kernel(tmp_path, monkeypatch):
     assert body.count("fmul float") == 4
     module = llvm.parse_assembly(text)
     module.verify()
+
+
+@dsl.jit
+def _scale_rows_kernel(y_ptr, stat_ptr, x_ptr, w_ptr, n_cols, ROWS: dsl.constexpr, BLOCK: dsl.constexpr):
+    rows = dsl.program_id(0) * ROWS + dsl.arange(0, ROWS)
+    cols = dsl.arange(0, BLOCK)
+    mask = cols[None, :] < n_cols
+    x = dsl.load(x_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(dsl.float32)
+    w = dsl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(dsl.float32)
+    dsl.store(y_ptr + rows[:, None] * n_cols + cols[None, :], x * w[None, :], mask=mask)
+    dsl.store(stat_ptr + rows, dsl.sum(x, axis=1))
+
+
+@needs_ptxas
+def test_broadcast_loads_and_row_statistics_need_no_layout_conversion(tmp_path, monkeypatch):
+    # A weight row loaded for `w[None, :]` is read in the layout of the broadcast, and per-row sums
+    # are stored from the reduction's slice layout: no trip through shared memory for either.
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    x = torch.empty(4, 1024, dtype=torch.float16)
+    compiled = _scale_rows_kernel.compile(x, torch.empty(4), x, x[0], 1024, target="sm_90a", num_warps=4,
+                                          ROWS=2, BLOCK=1024)
+    assert "convert_layout" not in compiled.asm["ir"]
+    ptx = compiled.asm["ptx"]
+    assert "st.shared" not in ptx.replace("st.shared.b32", "")   # only the cross-warp reduction's words
+    assert "ld.global.v4" in ptx and not re.search(r"ld\.global[.\w]*\.[bu]16", ptx)
+    assert assemble(ptx, "sm_90a").spill_bytes == 0
+
+
+def test_broadcast_load_layout_keeps_interpreter_semantics():
+    x = torch.randn(4, 1000, dtype=torch.float16)
+    w = torch.randn(1000, dtype=torch.float16)
+    y, stat = torch.empty_like(x), torch.empty(4)
+    _scale_rows_kernel[(2,)](y, stat, x, w, 1000, ROWS=2, BLOCK=1024, interpret=True)
+    torch.testing.assert_close(y.double(), (x.double() * w.double()).half().double(), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(stat.double(), x.double().sum(1), atol=1e-3, rtol=1e-4)

@@ -1,9 +1,10 @@
 """fusedops in the PyTorch ecosystem: custom ops (torch.library.opcheck), torch.compile without graph
-breaks, fusedops.nn.patch on hand-written and transformers models, autocast.
+breaks, fusedops.nn.patch on hand-written and transformers models (modules and attention), autocast.
 
 CPU tier: opcheck through torch's ops (the CPU fallback) and through the interpreter
 (FUSEDOPS_INTERPRET=1); compile with backend="aot_eager" (the custom ops run the interpreter); patch()
-keeps outputs, parameters and state_dict; autocast logic with CPU autocast and a CUDA-policy mock.
+keeps outputs, parameters and state_dict, switches transformers models to the "fusedops" attention
+function and replaces nn.MultiheadAttention; autocast logic with CPU autocast and a CUDA-policy mock.
 GPU tier (-m cuda): patched models vs unpatched against a float64 reference, torch.compile of patched
 models, opcheck and autocast on CUDA tensors. transformers tests skip when it is not installed.
 """
@@ -19,6 +20,7 @@ import torch
 import fusedops
 import fusedops.nn as fnn
 from fusedops import library
+from fusedops.kernels import attention as attention_kernels
 from fusedops.kernels import matmul as matmul_kernels
 from fusedops.kernels import norms as norm_kernels
 from fusedops.kernels import softmax as softmax_kernels
@@ -47,7 +49,19 @@ def _leaf(*shape, dtype=torch.float32, device="cpu"):
 # ------------------------------------------------------------------------------------------------
 def _opcheck_cases(device="cpu", dtype=torch.float32):
     t = lambda *shape: _leaf(*shape, dtype=dtype, device=device)  # noqa: E731
+    keep = torch.rand(3, 5, generator=torch.Generator().manual_seed(0)).to(device) > 0.3
+    keep[1] = False     # a fully masked row
     return {
+        "attention": (ops.scaled_dot_product_attention, (t(1, 2, 5, 8), t(1, 2, 6, 8), t(1, 2, 6, 4), None, False,
+                                                         None, False)),
+        "attention_causal_gqa_scale": (ops.scaled_dot_product_attention, (t(1, 4, 5, 8), t(1, 2, 5, 8),
+                                                                          t(1, 2, 5, 8), None, True, 0.3, True)),
+        "attention_bool_mask_broadcast": (ops.scaled_dot_product_attention, (t(2, 1, 3, 8), t(2, 5, 8), t(5, 8), keep,
+                                                                             False, None, False)),
+        "attention_additive_mask_3d": (ops.scaled_dot_product_attention,
+                                       (t(2, 3, 8), t(2, 5, 8), t(2, 5, 8), torch.randn(1, 3, 5, device=device,
+                                                                                        dtype=dtype), True, None,
+                                        False)),
         "softmax": (ops.softmax, (t(3, 17), 1, None)),
         "softmax_transposed_dim0": (ops.softmax, (t(5, 3).transpose(0, 1), 0, None)),
         "softmax_upcast": (ops.softmax, (t(2, 9), -1, torch.float32 if dtype != torch.float32 else torch.float64)),
@@ -94,6 +108,84 @@ def test_operator_outputs_match_torch_on_the_fallback():
     torch.testing.assert_close(rstd, torch.rsqrt(x.var(1, unbiased=False) + 1e-5))
     torch.testing.assert_close(ops.matmul(x.t().float(), x.float(), b, "relu", torch.float64),
                                torch.relu(x.t().float() @ x.float() + b).double())
+
+
+def _attention_cases():
+    """(query, key, value, attn_mask, is_causal, scale, enable_gqa) in float64: GQA, broadcast batch and
+    heads, a boolean mask with a fully masked row, an additive mask, causal with L != S, rank 5."""
+    t = lambda *shape: torch.randn(*shape, dtype=torch.float64)  # noqa: E731
+    keep = torch.rand(5, 7) > 0.3
+    keep[2] = False
+    return {
+        "gqa_causal": (t(2, 4, 5, 8), t(2, 2, 7, 8), t(2, 2, 7, 4), None, True, None, True),
+        "broadcast_bool_mask": (t(2, 3, 5, 8), t(1, 7, 8), t(7, 8), keep, False, 0.5, False),
+        "additive_mask_causal_rank5": (t(2, 1, 2, 5, 8), t(2, 2, 1, 3, 8), t(1, 2, 3, 8), t(1, 5, 3), True, None,
+                                       False),
+    }
+
+
+@pytest.mark.parametrize("path", ["fallback", "interpreter"])
+@pytest.mark.parametrize("case", sorted(_attention_cases()))
+def test_attention_operator_matches_torch(case, path, monkeypatch):
+    if path == "interpreter":
+        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+    query, key, value, mask, causal, scale, gqa = _attention_cases()[case]
+    inputs = [t.requires_grad_() for t in (query, key, value)]
+    out, lse = ops.scaled_dot_product_attention(*inputs, mask, causal, scale, gqa)
+    if causal and mask is not None:     # torch refuses both: fold the causal mask into the additive one
+        length_q, length_k = query.size(-2), key.size(-2)
+        below = torch.ones(length_q, length_k, dtype=torch.bool).tril()
+        mask, causal = mask + torch.zeros(length_q, length_k).masked_fill(~below, -float("inf")), False
+    expected = torch.nn.functional.scaled_dot_product_attention(*inputs, attn_mask=mask, is_causal=causal,
+                                                                scale=scale, enable_gqa=gqa)
+    assert out.shape == expected.shape and lse.shape == out.shape[:-1] and lse.dtype == torch.float64
+    assert_close(out, expected, torch.float64)
+    weights = torch.randn(out.shape)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for grad, expected_grad, t in zip(grads, expected_grads, inputs):
+        assert grad.shape == t.shape
+        assert_close(grad, expected_grad, torch.float64)
+
+
+def test_attention_operator_lse_is_the_base_2_log_sum_exp(monkeypatch):
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    keep = torch.ones(4, 6, dtype=torch.bool)
+    keep[1] = False
+    expected = torch.logsumexp((q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~keep, -float("inf")), -1)
+    expected = (expected / torch.log(torch.tensor(2.0))).masked_fill(~keep.any(-1), float("inf"))
+    _, lse = ops.scaled_dot_product_attention(q, k, v, keep, False, None, False)
+    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+    _, lse_kernel = ops.scaled_dot_product_attention(q, k, v, keep, False, None, False)
+    for actual in (lse, lse_kernel):
+        assert torch.equal(actual.isinf(), expected.isinf())
+        torch.testing.assert_close(actual.nan_to_num(posinf=0.0), expected.nan_to_num(posinf=0.0))
+
+
+def test_eager_attention_does_not_go_through_the_operator(interpret, monkeypatch):
+    monkeypatch.setattr(library, "scaled_dot_product_attention", lambda *a: pytest.fail("the custom op ran eagerly"))
+    q = _leaf(1, 2, 3, 8)
+    fusedops.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    assert q.grad is not None
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_traces_the_attention_op(interpret, dynamic):
+    def attend(q, k, v, mask):
+        return fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True, enable_gqa=True)
+
+    q, k, v, mask = _leaf(2, 4, 5, 8), _leaf(2, 2, 5, 8), _leaf(2, 2, 5, 8), torch.rand(5, 5) > 0.2
+    explanation = torch._dynamo.explain(attend)(q, k, v, mask)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    assert _fusedops_nodes(explanation.graphs[0]) == ["fusedops.scaled_dot_product_attention"]
+    torch._dynamo.reset()
+    eager = attend(q, k, v, mask)
+    eager_grads = torch.autograd.grad(eager.square().sum(), [q, k, v])
+    out = torch.compile(attend, fullgraph=True, backend="aot_eager", dynamic=dynamic)(q, k, v, mask)
+    grads = torch.autograd.grad(out.square().sum(), [q, k, v])
+    assert_close(out, eager.double(), torch.float32)
+    for grad, eager_grad in zip(grads, eager_grads):
+        assert_close(grad, eager_grad.double(), torch.float32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,13 +322,15 @@ def test_patch_skips_with_reasons_and_honours_flags():
     report = fnn.patch(model, layer_norm=False, attention=False)
     replaced, skipped = _report_paths(report)
     assert replaced == {"3": "Softmax"}
-    assert skipped.keys() == {"0", "1", "2", "4.out_proj"}
+    assert skipped.keys() == {"0", "1", "2", "4", "4.out_proj"}
     assert "own forward" in skipped["0"] and "subclass" in skipped["1"] and skipped["2"] == "layer_norm=False"
+    assert skipped["4"] == "attention=False"
     assert "subclass" in skipped["4.out_proj"]  # nn.MultiheadAttention's NonDynamicallyQuantizableLinear
-    assert report.notes == []
+    assert report.notes == [] and report.attention == []
     again = fnn.patch(model)
     assert {s.path: s.reason for s in again.skipped}["3"] == "already a fusedops module"
-    assert "2" in {r.path for r in again.replaced}
+    assert {"2", "4"} <= {r.path for r in again.replaced}
+    assert type(model[4]) is fnn.MultiheadAttention
 
 
 def test_patch_keeps_shared_modules_and_tied_weights_shared():
@@ -287,6 +381,18 @@ def _first_output(output):
     return output.logits if hasattr(output, "logits") else output.last_hidden_state
 
 
+def _padding_mask(batch: int, length: int, device="cpu") -> torch.Tensor:
+    """A (batch, length) attention mask whose last row is right-padded by 2 (no query row is fully
+    masked, so torch's fused SDPA kernels give no NaN either)."""
+    mask = torch.ones(batch, length, dtype=torch.long, device=device)
+    mask[-1, -2:] = 0
+    return mask
+
+
+def _configs(model) -> list:
+    return [m.config for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
+
+
 @needs_transformers
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_patch_transformers_model_on_cpu(name):
@@ -297,8 +403,80 @@ def test_patch_transformers_model_on_cpu(name):
     report = fnn.patch(model)
     assert {k.rpartition(".")[2]: v for k, v in report.counts().items()} == expected_counts
     assert report.skipped == []
+    assert [(a.path, a.model_type.rpartition(".")[2], a.original, a.replacement) for a in report.attention] == [
+        ("", type(model).__name__, "sdpa", "fusedops")]
+    assert all(c._attn_implementation == "fusedops" for c in _configs(model))
+    assert reference.config._attn_implementation == "sdpa"
+    assert f"attention of <model> ({type(model).__module__}.{type(model).__name__}): sdpa -> fusedops" in str(report)
     assert model.state_dict().keys() == reference.state_dict().keys()
     assert_close(_first_output(model(ids)), _first_output(reference(ids)).double(), torch.float32)
+    mask = _padding_mask(2, 7)
+    assert_close(_first_output(model(ids, attention_mask=mask)),
+                 _first_output(reference(ids, attention_mask=mask)).double(), torch.float32)
+    again = fnn.patch(model)
+    assert again.attention == [] and [s.reason for s in again.skipped if s.path == ""] == [
+        "already on the fusedops attention"]
+
+
+@needs_transformers
+def test_patch_transformers_attention_runs_the_kernels_under_the_interpreter(interpret, monkeypatch):
+    # LLaMA: grouped-query attention (2 query heads, 1 key/value head), causal, with a padding mask.
+    calls = []
+    for name in ("attention_forward", "attention_backward"):
+        original = getattr(attention_kernels, name)
+        monkeypatch.setattr(attention_kernels, name,
+                            lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    model, _ = _tiny_transformers_model("llama")
+    model.eval()
+    reference = copy.deepcopy(model)
+    fnn.patch(model, linear=False, layer_norm=False)     # attention only: keeps the interpreter's work small
+    ids, mask = torch.randint(0, 64, (2, 5)), _padding_mask(2, 5)
+    out, expected = (m(ids, attention_mask=mask).logits for m in (model, reference))
+    assert_close(out, expected.double(), torch.float32)
+    out.square().mean().backward()
+    expected.square().mean().backward()
+    for (name, p), p_reference in zip(model.named_parameters(), reference.parameters()):
+        assert_close(p.grad, p_reference.grad.double(), torch.float32)
+    assert calls.count("attention_forward") == calls.count("attention_backward") == 2    # one per layer
+
+
+@needs_transformers
+def test_patched_transformers_attention_with_dropout_runs_torch(interpret, monkeypatch):
+    # The kernels have no attention dropout: while training with dropout, torch's SDPA runs instead.
+    monkeypatch.setattr(attention_kernels, "attention_forward", lambda *a, **k: pytest.fail("kernel ran"))
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32, attn_pdrop=0.5,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    report = fnn.patch(model, linear=False, layer_norm=False)
+    assert len(report.attention) == 1 and "attention dropout" in report.notes[0]
+    assert torch.isfinite(model(torch.randint(0, 64, (1, 4))).logits).all()
+
+
+def test_patch_replaces_multihead_attention():
+    model = torch.nn.Sequential(torch.nn.MultiheadAttention(16, 2, batch_first=True))
+    reference = copy.deepcopy(model)
+    state = model.state_dict()
+    report = fnn.patch(model)
+    assert _report_paths(report)[0] == {"0": "MultiheadAttention"}
+    assert type(model[0]) is fnn.MultiheadAttention and model.state_dict().keys() == state.keys()
+    x = torch.randn(2, 5, 16)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    out, _ = model[0](x, x, x, need_weights=False, attn_mask=causal)
+    expected, _ = reference[0](x, x, x, need_weights=False, attn_mask=causal)
+    assert_close(out, expected.double(), torch.float32)
+
+
+@needs_transformers
+def test_compile_patched_transformers_model_traces_the_attention_op(interpret):
+    model, _ = _tiny_transformers_model("llama")
+    model.eval()
+    fnn.patch(model, linear=False, layer_norm=False)
+    ids = torch.randint(0, 64, (1, 5))
+    explanation = torch._dynamo.explain(model)(ids)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    assert _fusedops_nodes(explanation.graphs[0]) == ["fusedops.scaled_dot_product_attention"] * 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -308,9 +486,10 @@ def test_autocast_policy_is_torchs(monkeypatch):
     assert library.autocast_dtype("softmax", "cuda") is None       # autocast off
     monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: True)
     monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: torch.float16)
-    # OPS: softmax, log_softmax, layer_norm, rms_norm (not cast: seen on the H200), matmul
-    assert [library.autocast_dtype(op, "cuda") for op in library.OPS] == [torch.float32] * 3 + [None, torch.float16]
-    assert [library.autocast_dtype(op, "cpu") for op in library.OPS] == [None] * 4 + [torch.float16]
+    # OPS: softmax, log_softmax, layer_norm, rms_norm (not cast: seen on the H200), matmul, attention
+    cuda = [torch.float32] * 3 + [None] + [torch.float16] * 2
+    assert [library.autocast_dtype(op, "cuda") for op in library.OPS] == cuda
+    assert [library.autocast_dtype(op, "cpu") for op in library.OPS] == [None] * 4 + [torch.float16] * 2
     x = torch.ones(2, dtype=torch.float64)
     assert library.autocast_cast(x, torch.float16) is x     # float64 is not eligible, as in torch
     assert library.autocast_cast(x.float(), torch.float16).dtype == torch.float16
@@ -329,6 +508,12 @@ def test_cpu_autocast_matches_torch(route, monkeypatch):
         assert fusedops.softmax(a, -1).dtype == torch.softmax(a, -1).dtype == torch.float32
         assert fusedops.layer_norm(a, (8,)).dtype == torch.float32
         assert_close(fusedops.matmul(a, b, bias), (a.double() @ b.double() + bias.double()), torch.bfloat16)
+        q, mask = torch.randn(1, 2, 5, 8), torch.randn(5, 5)
+        sdpa = fusedops.scaled_dot_product_attention(q, q.bfloat16(), q, attn_mask=mask)    # mixed dtypes: cast
+        expected = torch.nn.functional.scaled_dot_product_attention(q, q.bfloat16(), q, attn_mask=mask)
+        assert sdpa.dtype == expected.dtype == torch.bfloat16
+        assert ops.scaled_dot_product_attention(q, q, q, mask, False, None, False)[0].dtype == torch.bfloat16
+        assert_close(sdpa, expected.double(), torch.bfloat16)
 
 
 def test_cuda_autocast_policy_through_functional_with_a_mock(monkeypatch, interpret):
@@ -412,18 +597,34 @@ def test_patched_block_matches_unpatched_cuda(dtype):
 
 @pytest.mark.cuda
 @needs_transformers
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
-def test_patched_transformers_models_match_unpatched_cuda(name, dtype):
+def test_patched_transformers_models_match_unpatched_cuda(name, dtype, padded):
     torch.manual_seed(0)
     unpatched, _ = _tiny_transformers_model(name)
     unpatched = unpatched.cuda().to(dtype).eval()     # eval: no dropout, so the three runs see the same model
     reference = copy.deepcopy(unpatched).double()
     patched = copy.deepcopy(unpatched)
     report = fnn.patch(patched)
-    assert report.replaced and not report.skipped
-    ids = {"input_ids": torch.randint(0, 64, (2, 31), device="cuda")}
-    _assert_no_worse_than_torch(patched, unpatched, reference, ids, lambda out: out.float().square().mean(), dtype)
+    assert report.replaced and not report.skipped and [a.replacement for a in report.attention] == ["fusedops"]
+    inputs = {"input_ids": torch.randint(0, 64, (2, 31), device="cuda")}
+    if padded:
+        inputs["attention_mask"] = _padding_mask(2, 31, "cuda")
+    _assert_no_worse_than_torch(patched, unpatched, reference, inputs, lambda out: out.float().square().mean(), dtype)
+
+
+@pytest.mark.cuda
+@needs_transformers
+def test_patched_transformers_attention_runs_the_kernels_cuda(monkeypatch):
+    calls = []
+    original = attention_kernels.attention_forward
+    monkeypatch.setattr(attention_kernels, "attention_forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model, _ = _tiny_transformers_model("llama")
+    model = model.cuda().to(torch.bfloat16).eval()
+    fnn.patch(model)
+    model(torch.randint(0, 64, (2, 31), device="cuda"))
+    assert len(calls) == 2
 
 
 @pytest.mark.cuda
@@ -458,11 +659,20 @@ def test_compile_patched_transformers_model_cuda(name):
     model = model.cuda().to(torch.bfloat16).eval()
     fnn.patch(model)
     ids = torch.randint(0, 64, (2, 31), device="cuda")
+    explanation = torch._dynamo.explain(model)(ids)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    nodes = _fusedops_nodes(explanation.graphs[0])
+    assert nodes.count("fusedops.scaled_dot_product_attention") == 2 and "fusedops.matmul" in nodes
+    torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
-    eager_out, _ = _run(model, {"input_ids": ids}, lambda out: out.float().square().mean())
+    loss = lambda out: out.float().square().mean()  # noqa: E731
+    eager_out, eager_grads = _run(model, {"input_ids": ids}, loss)
     model.zero_grad()
-    out, _ = _run(compiled, {"input_ids": ids}, lambda out: out.float().square().mean())
+    out, grads = _run(compiled, {"input_ids": ids}, loss)
     assert_close(out, eager_out.double(), torch.bfloat16)
+    assert len(grads) == len(eager_grads)
+    for grad, eager_grad in zip(grads, eager_grads):
+        assert_close(grad, eager_grad.double(), torch.bfloat16)
 
 
 @pytest.mark.cuda
@@ -485,6 +695,11 @@ _AUTOCAST_PAIRS = {
                lambda x, p: torch.nn.functional.linear(x, p["m"].t(), p["b"])),
     "linear": (lambda x, p: p["linear"](x), lambda x, p: torch.nn.functional.linear(x, p["linear"].weight,
                                                                                        p["linear"].bias)),
+    # (8, 64) viewed as 2 sequences of 4 tokens, 1 head of 64; a float32 additive mask is cast too
+    "scaled_dot_product_attention": (
+        lambda x, p: fusedops.scaled_dot_product_attention(*(x.view(2, 1, 4, 64),) * 3, attn_mask=p["mask"]),
+        lambda x, p: torch.nn.functional.scaled_dot_product_attention(*(x.view(2, 1, 4, 64),) * 3,
+                                                                      attn_mask=p["mask"])),
 }
 
 
@@ -495,7 +710,7 @@ _AUTOCAST_PAIRS = {
 def test_cuda_autocast_matches_torch(op, dtype, input_dtype):
     ours, theirs = _AUTOCAST_PAIRS[op]
     params = {"w": _leaf(64, device="cuda"), "b": _leaf(64, device="cuda"), "m": _leaf(64, 64, device="cuda"),
-              "linear": fnn.Linear(64, 64).cuda()}
+              "linear": fnn.Linear(64, 64).cuda(), "mask": torch.randn(4, 4, device="cuda")}
     x = _leaf(8, 64, device="cuda", dtype=input_dtype)
     with torch.autocast("cuda", dtype=dtype):
         out, expected = ours(x, params), theirs(x, params)

@@ -106,19 +106,23 @@ def test_fast_path_grids_keywords_and_zero_grids(gpu, monkeypatch):
     kernel = _new_kernel()
     lookups = _counting_lookups(kernel, monkeypatch)
     x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
-    kernel[(1,)](x, y, 64, 2.0, BLOCK=32, bias=1.5)     # a runtime parameter by keyword: full path, no plan
-    kernel[(1,)](x, y, 64, 2.0, BLOCK=32, bias=1.5)
-    assert len(lookups) == 2 and not kernel._plans
+    kernel[(1,)](x, y, 64, 2.0, BLOCK=32, bias=1.5)     # a runtime parameter by keyword
+    kernel[(1,)](x, y, 64, 2.0, BLOCK=32, bias=1.5)     # the generated binder binds keywords: fast path
+    assert len(lookups) == 1 and len(kernel._plans) == 1
     raw, packer = _packed(kernel, gpu[-1][1])
     assert raw == packer.pack_values([x.data_ptr(), y.data_ptr(), 64, 2.0, 1.5])
-    kernel[(1,)](x, y, 64, 2.0, 32)                     # BLOCK by position: a plan of its own
+    kernel[(1,)](x, y, 64, 2.0, 32)                     # BLOCK by position, bias by default: the same plan
+    assert len(lookups) == 1 and len(kernel._plans) == 1
+    raw, _ = _packed(kernel, gpu[-1][1])
+    assert raw == packer.pack_values([x.data_ptr(), y.data_ptr(), 64, 2.0, 0.5])
     seen = {}
     kernel[lambda meta: seen.update(meta) or (meta["n"] // meta["BLOCK"],)](x, y, 64, 2.0, 32)
-    assert len(lookups) == 3
+    assert len(lookups) == 1
     assert gpu[-1][0] == (2, 1, 1) and seen["BLOCK"] == 32 and seen["bias"] == 0.5 and seen["num_warps"] == 4
     count = len(gpu)
     kernel[(0,)](x, y, 64, 2.0, 32)
-    assert len(gpu) == count and len(lookups) == 3      # an empty grid launches nothing
+    kernel[(4, 0)](x, y, 64, 2.0, 32)
+    assert len(gpu) == count and len(lookups) == 1      # an empty grid launches nothing
 
 
 def test_fast_path_rejects_what_the_full_path_rejects(gpu):
@@ -212,3 +216,343 @@ def test_interpreter_and_cpu_tensors_never_take_the_fast_path(gpu, monkeypatch):
     cpu_y.zero_()
     kernel[(1,)](cpu_x, cpu_y, 64, 3.0, BLOCK=64)
     assert torch.equal(cpu_y, cpu_x * 3.0 + 0.5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The generated entry of kernel[grid] (fast_path.make_entry): what the full path says, said again
+# ------------------------------------------------------------------------------------------------
+def test_entry_binding_errors_are_the_full_paths(gpu):
+    kernel = _new_kernel()
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    kernel[(1,)](x, y, 64, 2.0, BLOCK=32)
+    assert kernel._launch_entry is not None     # made by the first GPU launch
+    with pytest.raises(TypeError, match="kernel `scale_kernel` is missing argument `n`"):
+        kernel[(1,)](x, y, factor=2.0, BLOCK=32)
+    with pytest.raises(TypeError, match="missing argument `BLOCK`"):
+        kernel[(1,)](x, y, 64, 2.0)
+    with pytest.raises(TypeError, match="takes 6 arguments .* but 8 were given"):
+        kernel[(1,)](x, y, 64, 2.0, 32, 0.5, 7, 8)
+    with pytest.raises(TypeError, match="unexpected keyword argument `BLOK`"):
+        kernel[(1,)](x, y, 64, 2.0, BLOK=32)
+    with pytest.raises(TypeError, match="multiple values for argument"):
+        kernel[(1,)](x, y, 64, 2.0, 32, BLOCK=32)
+    with pytest.raises(dsl.LaunchError, match="num_stages"):
+        kernel[(1,)](x, y, 64, 2.0, BLOCK=32, num_stages=True)
+    launches = len(gpu)
+    kernel[(1,)](x, y, n=64, factor=2.0, BLOCK=32)     # all by keyword: still the cached plan
+    assert len(gpu) == launches + 1 and len(kernel._plans) == 1
+
+
+def test_entry_grid_callables_see_every_argument(gpu):
+    kernel = _new_kernel()
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    kernel[(1,)](x, y, 64, 2.0, BLOCK=32)
+    seen = []
+    kernel[lambda meta: seen.append(meta) or (3, 2)](x, y, 64, 2.0, BLOCK=16, num_warps=2)
+    kernel[lambda meta: seen.append(meta) or (3, 2)](x, y, 64, 2.0, BLOCK=16, num_warps=2)
+    assert [grid for grid, _ in gpu[-2:]] == [(3, 2, 1)] * 2
+    assert seen[-1]["BLOCK"] == 16 and seen[-1]["bias"] == 0.5 and seen[-1]["num_warps"] == 2
+    with pytest.raises(dsl.LaunchError, match="grid entry 1"):
+        kernel[(1, 70000)](x, y, 64, 2.0, BLOCK=16, num_warps=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Prepared launches (JITFunction.prepare), what the library's launch wrappers cache
+# ------------------------------------------------------------------------------------------------
+def test_prepared_launch_packs_what_a_launch_would(gpu, monkeypatch):
+    kernel = _new_kernel()
+    lookups = _counting_lookups(kernel, monkeypatch)
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    prepared = kernel.prepare((4,), x, y, 64, 2.0, BLOCK=16)
+    assert not gpu and len(lookups) == 1             # checked and compiled, not launched
+    x2, y2 = _cuda(torch.ones(64)), _cuda(torch.ones(64))
+    prepared(x2, y2)
+    prepared(x2, y2)
+    assert len(lookups) == 1 and [grid for grid, _ in gpu] == [(4, 1, 1)] * 2
+    (entry,) = kernel._cache.values()
+    packer = entry.compiled.launcher(0).packer
+    assert ctypes.string_at(gpu[-1][1] + packer.values_offset, packer.values_size) == \
+        packer.pack_values([x2.data_ptr(), y2.data_ptr(), 64, 2.0, 0.5])
+
+
+def test_prepared_launch_takes_the_full_path_for_what_it_was_not_prepared_for(gpu, monkeypatch):
+    kernel = _new_kernel()
+    lookups = _counting_lookups(kernel, monkeypatch)
+    base = torch.zeros(80)
+    x, y = _cuda(base[:64]), _cuda(torch.zeros(64))
+    prepared = kernel.prepare((1,), x, y, 64, 2.0, BLOCK=16)
+    prepared(_cuda(base[1:65]), y)                  # x no longer 16-byte aligned: a new specialization
+    assert len(lookups) == 2 and len(_specializations(kernel)) == 2
+    unaligned = [k for k in kernel._cache if not k.args[0].divisible_by_16]
+    assert unaligned, "the launch of the unaligned tensor must use a kernel specialized for it"
+    prepared(x, y)                                  # aligned again: the prepared launch
+    assert len(lookups) == 2
+
+    def optional_kernel(x_ptr, y_ptr, n, BLOCK: dsl.constexpr):
+        offsets = dsl.arange(0, BLOCK)
+        value = dsl.load(x_ptr + offsets, mask=offsets < n)
+        if y_ptr is not None:
+            dsl.store(y_ptr + offsets, value, mask=offsets < n)
+
+    optional = dsl.jit(optional_kernel)
+    lookups = _counting_lookups(optional, monkeypatch)
+    prepared = optional.prepare((1,), x, None, 64, BLOCK=64)
+    prepared(x, None)
+    assert len(lookups) == 1
+    prepared(x, y)                                  # a tensor where None was prepared: compiled for it
+    assert len(lookups) == 2 and len(optional._cache) == 2
+
+
+def test_prepared_launch_errors_and_interpreter(gpu, monkeypatch):
+    kernel = _new_kernel()
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    with pytest.raises(ValueError, match="argument `y_ptr`.*cpu tensor"):
+        kernel.prepare((1,), x, torch.zeros(64), 64, 2.0, BLOCK=16)
+    with pytest.raises(TypeError, match="argument `n` .* must be"):
+        kernel.prepare((1,), x, y, "64", 2.0, BLOCK=16)
+    with pytest.raises(TypeError, match="missing argument `factor`"):
+        kernel.prepare((1,), x, y, 64, BLOCK=16)
+    with pytest.raises(dsl.LaunchError, match="num_warps"):
+        kernel.prepare((1,), x, y, 64, 2.0, BLOCK=16, num_warps=3)
+    assert not gpu
+    cpu_x, cpu_y = torch.arange(64.0), torch.zeros(64)
+    prepared = kernel.prepare((1,), cpu_x, cpu_y, 64, 2.0, BLOCK=64, interpret=True)
+    other = torch.zeros(64)
+    prepared(cpu_x, other)
+    assert torch.equal(other, cpu_x * 2.0 + 0.5) and not gpu
+
+
+def test_prepared_launch_keeps_no_tensor_alive(gpu):
+    import weakref
+
+    kernel = _new_kernel()
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    prepared = kernel.prepare((1,), x, y, 64, 2.0, BLOCK=16)
+    references = [weakref.ref(x), weakref.ref(y)]
+    del x, y
+    assert all(reference() is None for reference in references)
+    prepared(_cuda(torch.zeros(64)), _cuda(torch.zeros(64)))
+    assert len(gpu) == 1
+
+
+def test_prepared_launch_rereads_rebound_globals(gpu, monkeypatch):
+    def global_kernel(y_ptr):
+        dsl.store(y_ptr, GLOBAL_SCALE)
+
+    kernel = dsl.jit(global_kernel)
+    lookups = _counting_lookups(kernel, monkeypatch)
+    y = _cuda(torch.zeros(4))
+    prepared = kernel.prepare((1,), y)
+    prepared(y)
+    assert len(lookups) == 1
+    monkeypatch.setitem(globals(), "GLOBAL_SCALE", 5.0)
+    prepared(y)
+    assert len(lookups) == 2
+    (entry,) = [e for e in kernel._cache.values() if e.compiled is not None]
+    assert [obj for _, name, obj in entry.kernel.used_globals if name == "GLOBAL_SCALE"] == [5.0]
+
+
+def test_prepared_launch_is_per_device_and_thread_safe(gpu, monkeypatch):
+    import threading
+
+    streams = []
+    monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: streams.append(index) or 0))
+    packed = []
+
+    def record(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        first_value = ctypes.c_uint64.from_address(params).value     # kernelParams[0]: where x_ptr's value is
+        packed.append(ctypes.string_at(first_value, 16))             # x_ptr, y_ptr
+        return (0,)
+
+    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=record))
+    kernel = _new_kernel()
+    on_1 = kernel.prepare((1,), _cuda(torch.zeros(64), 1), _cuda(torch.zeros(64), 1), 64, 2.0, BLOCK=16)
+    on_1(_cuda(torch.zeros(64), 1), _cuda(torch.zeros(64), 1))
+    assert streams[-1] == 1         # the stream of device 1
+    on_0 = kernel.prepare((1,), _cuda(torch.zeros(64)), _cuda(torch.zeros(64)), 64, 2.0, BLOCK=16)
+    on_0(_cuda(torch.zeros(64)), _cuda(torch.zeros(64)))
+    assert streams[-1] == 0
+
+    tensors = [(_cuda(torch.zeros(64)), _cuda(torch.zeros(64))) for _ in range(4)]
+    expected = {ctypes.string_at(ctypes.addressof(ctypes.c_uint64(x.data_ptr())), 8)
+                + ctypes.string_at(ctypes.addressof(ctypes.c_uint64(y.data_ptr())), 8) for x, y in tensors}
+
+    def worker(x, y):
+        for _ in range(200):
+            on_0(x, y)
+
+    threads = [threading.Thread(target=worker, args=pair) for pair in tensors]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {bytes_[:16] for bytes_ in packed[-800:]} == expected    # every launch read its own thread's arguments
+
+
+# ------------------------------------------------------------------------------------------------
+# The library's launch wrappers: launches cached per layout launch exactly what the uncached path
+# launches, for each call's own tensors, and a new layout, dtype or device makes a new entry
+# ------------------------------------------------------------------------------------------------
+def _forget_library_launchers() -> None:
+    """Drop every launcher the library kernels hold (built on another test's mocked driver), and the
+    launches cached on them: the next launch builds them on this test's driver."""
+    from fusedops.autograd import matmul as matmul_autograd
+    from fusedops.kernels import attention, matmul, norm_kernels, norms, softmax
+
+    for module in (attention, matmul, norm_kernels, softmax):
+        for kernel in vars(module).values():
+            if isinstance(kernel, JITFunction):
+                kernel._plans.clear()
+                for entry in kernel._cache.values():
+                    if entry.compiled is not None:
+                        entry.compiled._launchers.clear()
+    for cache in (softmax._FORWARD_LAUNCHES, softmax._BACKWARD_LAUNCHES, norms._FORWARD_LAUNCHES,
+                  norms._BACKWARD_LAUNCHES, matmul_autograd._FORWARD_LAUNCHES, attention._FORWARD_LAUNCHES,
+                  attention._BACKWARD_LAUNCHES):
+        cache.clear()
+
+
+@pytest.fixture
+def launches(gpu, monkeypatch):
+    """The (kernel name, grid, runtime values) of every launch, CPU tensors passing for cuda:0."""
+    from fusedops.dsl.runtime import jit as jit_module
+
+    _forget_library_launchers()
+    recorded = []
+    build = driver.KernelLauncher._build_launch
+
+    def recording_build(self):
+        launch = build(self)
+        name = self.kernel.name
+
+        def recording_launch(grid, stream, args):
+            recorded.append((name, tuple(grid), tuple(args)))
+            launch(grid, stream, args)
+        return recording_launch
+
+    monkeypatch.setattr(driver.KernelLauncher, "_build_launch", recording_build)
+    monkeypatch.setattr(jit_module, "cuda_device", lambda kernel, params, values: torch.device("cuda", 0))
+    yield recorded
+    _forget_library_launchers()
+
+
+def _symbolic(launch: tuple, **tensors) -> tuple:
+    """A recorded launch with the data pointers of `tensors` replaced by their names."""
+    names = {t.data_ptr(): name for name, t in tensors.items() if t is not None}
+    name, grid, args = launch
+    return name, grid, tuple(names.get(a, a) if isinstance(a, int) and a > 4096 else a for a in args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_softmax_launches_cached_per_layout(launches, dtype):
+    from fusedops.kernels import softmax as K
+
+    K._FORWARD_LAUNCHES.clear()
+    shapes = [((4, 100), 1, False), ((4, 100), 1, True), ((100, 4), 0, False), ((3, 5, 8), 1, False)]
+    for shape, dim, transposed in shapes:
+        for _ in range(2):      # the second call takes the cached launch
+            base = torch.randn(*shape[::-1] if transposed else shape, dtype=dtype)
+            x = base.t() if transposed else base
+            y = K.softmax_forward(x, dim, log=False)
+            cached = _symbolic(launches[-1], x=x, y=y)
+            plan = K._plan_launch(x.shape, dim, (x.stride(), y.stride()), (x.dtype, y.dtype), False, False, None, None)
+            K._forward_kernel[plan.grid](y, x, *plan.arguments, **plan.constexprs)     # the uncached launch
+            assert cached == _symbolic(launches[-1], x=x, y=y)
+    assert len(K._FORWARD_LAUNCHES) == len(shapes)
+    K.softmax_forward(torch.randn(4, 100, dtype=torch.float64 if dtype == torch.float32 else torch.float32), 1,
+                      log=False)
+    assert len(K._FORWARD_LAUNCHES) == len(shapes) + 1     # a new dtype: a new entry
+
+
+def test_softmax_backward_plan_matches_softmax_backward(launches, monkeypatch):
+    import fusedops.functional as functional
+    from fusedops.kernels import softmax as K
+
+    monkeypatch.setattr(functional, "_runs_kernels", lambda x, *dtypes: True)
+    for make_dy in (lambda y: torch.randn_like(y), lambda y: torch.randn(y.shape[1]).expand(y.shape)):
+        x = torch.randn(4, 100, requires_grad=True)
+        y = functional.softmax(x, -1)
+        dy = make_dy(y)
+        y.backward(dy)
+        planned = _symbolic(launches[-1], dy=dy, y=y, dx=x.grad)
+        dx = K.softmax_backward(dy, y.detach(), 1, log=False)
+        assert planned == _symbolic(launches[-1], dy=dy, y=y, dx=dx)
+
+
+@pytest.mark.parametrize("subtract_mean", [True, False])
+def test_norm_launches_cached_per_layout(launches, subtract_mean):
+    from fusedops.kernels import norms as N
+
+    N._FORWARD_LAUNCHES.clear()
+    N._BACKWARD_LAUNCHES.clear()
+    cases = [(lambda: torch.randn(3, 4, 64), True), (lambda: torch.randn(64, 12).t().reshape(3, 4, 64), True),
+             (lambda: torch.randn(3, 4, 64), False), (lambda: torch.randn(3, 1, 64).expand(3, 4, 64), True)]
+    for make_x, affine in cases:
+        for _ in range(2):
+            x = make_x()
+            w = torch.randn(64) if affine else None
+            b = torch.randn(64) if affine and subtract_mean else None
+            y, mean, rstd = N.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, n_cols=64)
+            names = dict(x=x, w=w, b=b, y=y, mean=mean, rstd=rstd)
+            cached = _symbolic(launches[-1], **names)
+            rows = N.as_rows(x, 12, 64)
+            names["x"] = rows           # the uncached path reads the (12, 64) view (or copy) of x
+            reference = N.norm_forward(rows, w, b, 1e-5, subtract_mean=subtract_mean,
+                                       config=N.forward_config(64, x.dtype))
+            names.update(y=reference[0], mean=reference[1], rstd=reference[2])
+            if rows.data_ptr() == x.data_ptr():
+                assert cached == _symbolic(launches[-1], **names)
+
+            dy = torch.randn(3, 4, 64)
+            grads = N.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                    weight_grad=affine, bias_grad=b is not None, bias_dtype=torch.float32, n_cols=64)
+            assert grads[0].shape == x.shape and grads[0].is_contiguous()
+            assert (grads[1] is not None) == affine
+    assert len(N._FORWARD_LAUNCHES) == len(cases)
+
+
+def test_matmul_and_attention_launches_cached_per_layout(launches):
+    from fusedops.autograd import matmul as M
+    from fusedops.kernels import attention as A
+    from fusedops.kernels import matmul as MK
+
+    M._FORWARD_LAUNCHES.clear()
+    cases = [((8, 16), (16, 24), False), ((2, 8, 16), (16, 24), True), ((16,), (16, 24), False)]
+    for a_shape, b_shape, transpose_b in cases:
+        for _ in range(2):
+            a = torch.randn(a_shape, dtype=torch.float16)
+            b = torch.randn(b_shape, dtype=torch.float16)
+            if transpose_b:     # read through its strides, in place
+                b = torch.randn(b_shape[::-1], dtype=torch.float16).t()
+            c = M.forward_kernel(a, b, None, None, None)
+            cached = _symbolic(launches[-1], a=a, b=b, c=c)
+            a3, b3, batch, m, n = M._operands(a, b)
+            c3 = c.view(max(a3.shape[0], b3.shape[0]), m, n)
+            MK.matmul_into(c3, a3, b3)
+            assert cached == _symbolic(launches[-1], a=a, b=b, c=c)
+    assert len(M._FORWARD_LAUNCHES) == 3
+
+    A._FORWARD_LAUNCHES.clear()
+    for mask_dtype in (None, torch.bool, torch.float16):
+        for _ in range(2):
+            q, k, v = (torch.randn(1, 2, 32, 16, dtype=torch.float16) for _ in range(3))
+            mask = None if mask_dtype is None else torch.ones(32, 32, dtype=mask_dtype).expand(1, 2, 32, 32)
+            o, lse = A.attention_forward(q, k, v, mask, False, 0.25)
+            cached = _symbolic(launches[-1], q=q, k=k, v=v, o=o, lse=lse, mask=mask)
+            reference = A.attention_forward(q, k, v, mask, False, 0.25, config=A.forward_config(16, 16))
+            names = dict(q=q, k=k, v=v, o=reference[0], lse=reference[1], mask=mask)
+            assert cached == _symbolic(launches[-1], **names)
+    assert len(A._FORWARD_LAUNCHES) == 3
+
+
+def test_entry_of_a_kernel_whose_parameters_shadow_builtins(gpu, monkeypatch):
+    def shadowing_kernel(type, len, tuple, callable, float, int, BLOCK: dsl.constexpr):
+        offsets = dsl.arange(0, BLOCK)
+        dsl.store(len + offsets, dsl.load(type + offsets) * float + int + tuple + callable)
+
+    kernel = dsl.jit(shadowing_kernel)
+    lookups = _counting_lookups(kernel, monkeypatch)
+    x, y = _cuda(torch.zeros(16)), _cuda(torch.zeros(16))
+    for _ in range(3):
+        kernel[(1,)](x, y, 2, 3, 1.5, 7, BLOCK=16)
+    assert len(lookups) == 1 and len(gpu) == 3

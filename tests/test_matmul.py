@@ -171,12 +171,12 @@ _TILES = [(64, 64, 32, 4), (64, 64, 32, 8), (128, 128, 32, 4), (128, 128, 32, 8)
 def test_library_kernel_ptx_uses_tensor_cores_and_does_not_spill(tile, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     block_m, block_n, block_k, num_warps = tile
-    compiled = _compile(mm._config(block_m, block_n, block_k, num_warps, 3))
+    compiled = _compile(mm._config(block_m, block_n, block_k, num_warps, 3), arch="sm_90")   # sm_90a: test_wgmma.py
     ptx = compiled.asm["ptx"]
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4" in ptx
     assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
-    result = assemble(ptx, "sm_90a")
+    result = assemble(ptx, "sm_90")
     assert result.spill_bytes == 0, result.log
     assert compiled.shared_bytes == 3 * (block_m * block_k + block_k * block_n) * 2
 
@@ -200,9 +200,9 @@ def test_bf16_on_sm80_and_unaligned_shapes(tmp_path, monkeypatch):
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "cp.async" in ptx
     assert assemble(ptx, "sm_80").spill_bytes == 0
     # K = 4099: rows are not 16-byte aligned, so no cp.async; the dot still runs on tensor cores
-    odd = _compile(mm.CONFIGS[3], m=4095, n=4093, k=4099).asm["ptx"]
+    odd = _compile(mm.CONFIGS[3], arch="sm_90", m=4095, n=4093, k=4099).asm["ptx"]
     assert "mma.sync" in odd and "ldmatrix" in odd and "cp.async" not in odd
-    assert assemble(odd, "sm_90a").spill_bytes == 0
+    assert assemble(odd, "sm_90").spill_bytes == 0
 
 
 def test_pipelining_pass_builds_the_ring(tmp_path, monkeypatch):

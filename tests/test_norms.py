@@ -106,6 +106,24 @@ def test_matches_float64_every_affine_combination(interpret, op, weight, bias, s
     _check(op, shape, shape[-1:], torch.float32, seed, weight, bias)
 
 
+@pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+@pytest.mark.parametrize("n_cols", [1000, 1032, 4104])
+def test_forward_reads_16_byte_vectors_when_row_strides_allow(n_cols, tmp_path, monkeypatch):
+    # Row strides divisible by 8 fp16 elements (not 16, so not specialized): ALIGN keeps vectors.
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    x = torch.empty(8, n_cols, dtype=torch.float16)
+    config = norms.forward_config(n_cols, x.dtype)
+    align = norms._row_alignment(x, x)
+    assert align == 8
+    stats = torch.empty(8)
+    compiled = K.forward_kernel.compile(x, stats, stats, x, x[0], x[0], 8, n_cols, n_cols, 1, n_cols, 1e-5,
+                                        target="sm_90a", num_warps=config.num_warps, SUBTRACT_MEAN=True,
+                                        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, ALIGN=align)
+    ptx = compiled.asm["ptx"]
+    assert "ld.global.v4" in ptx and "st.global.v4" in ptx
+    assert assemble(ptx, "sm_90a").spill_bytes == 0
+
+
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 @pytest.mark.parametrize("dtype", HALF_DTYPES + [torch.float64])
 @pytest.mark.parametrize("shape", [(5, 129), (33, 8)])

@@ -315,11 +315,12 @@ def test_wide_column_offsets_switch_to_int64():
 # PTX of every shipped config
 # ------------------------------------------------------------------------------------------------
 def _compile(config: K.Config, dtype: torch.dtype, log: bool, backward: bool, wide: bool = False,
-             n_cols: int = 100000, align: int = 16):
+             n_cols: int = 100000, align: int = 16, shift: int = 0):
     pointer = torch.empty(16, dtype=dtype, device="meta")      # data_ptr 0: 16-byte aligned
     constexprs = dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
                       SPLIT=config.tile == "columns", WIDE=wide, ALIGN=min(align, config.rows) if config.tile ==
-                      "columns" else align, ACC=dsl.float32, num_warps=config.num_warps, target="sm_90a")
+                      "columns" else align, ACC=dsl.float32, SHIFT=shift, num_warps=config.num_warps,
+                      target="sm_90a")
     # Strides as a contiguous (4096, n, 64) tensor has them (unit where unit).
     strides = (64 * n_cols, 1, 64) if config.tile == "columns" else (n_cols, 0, 1)
     sizes = (4096 * 64, n_cols, 64 if config.tile == "columns" else 1, 16)
@@ -331,6 +332,33 @@ def _compile(config: K.Config, dtype: torch.dtype, log: bool, backward: bool, wi
 def _has_global_vectors(ptx: str, width: str) -> bool:
     """Whether the PTX loads and stores global memory with vectors of `width` (".v4.b32")."""
     return all(re.search(rf"{kind}\.global\S*{re.escape(width)}", ptx) for kind in ("ld", "st"))
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="ptxas is not installed")
+@pytest.mark.parametrize("n_cols, backward", [(50257, False), (50257, True), (4001, False), (2001, True)])
+def test_rows_off_vector_boundaries_read_16_byte_vectors(n_cols, backward):
+    # Odd row lengths go through the shifted window (see K._tile): interior groups stay 16-byte
+    # vectors, one pass or online, without spills.
+    layout = K.plan_rows((4, n_cols), 1, ((n_cols, 1),) * (3 if backward else 2))
+    dtypes = (torch.float16,) * (3 if backward else 2)
+    config = K.choose_config(layout, backward=backward, element_bytes=2)
+    shift = K._row_shift(layout, config, dtypes, K._run_alignment(layout, config))
+    assert shift == 8
+    kernel = _compile(config, torch.float16, False, backward, n_cols=n_cols, align=1, shift=shift)
+    assert _has_global_vectors(kernel.asm["ptx"], ".v4.b32")
+    assert assemble(kernel.asm["ptx"], "sm_90a").spill_bytes == 0
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("n_cols, limit", [(1001, None), (1001, 256), (333, 64)])
+def test_shifted_window_matches_float64(n_cols, limit, log, seed, interpret, poisoned_outputs):
+    x = random_tensor((3, n_cols), torch.float16, seed=seed, scale=2.0)
+    x[1, :300] = -float("inf")                     # the first chunks of a row see only -inf
+    y = K.softmax_forward(x, 1, log=log, max_one_pass_block=limit)
+    assert_close(y, reference(x, 1, log), torch.float16)
+    dy = random_tensor((3, n_cols), torch.float16, seed=seed + 1)
+    dx = K.softmax_backward(dy, y, 1, log=log, max_one_pass_block=limit)
+    assert_close(dx, reference_backward(y, dy, 1, log), torch.float16)
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not installed")

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from fusedops.autograd.function_host import apply_of
+from fusedops.dsl.runtime.fast_path import BoundedCache
 from fusedops.kernels import attention as _kernels
 
 # Masks the kernels read: boolean (True = keep) or additive float (torch also accepts float32 masks
@@ -34,6 +36,10 @@ class AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+# AttentionFunction.apply without the Python layer of torch's (function_host.py)
+_attention_apply = apply_of(AttentionFunction, (0, 1, 2, 3))
+
+
 def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa) -> None:
     """Raise torch's errors (RuntimeError, same messages where torch has one) for bad arguments."""
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -44,7 +50,9 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa) -> None
                            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
     if not query.dtype.is_floating_point:
         raise RuntimeError(f"scaled_dot_product_attention(): expected a floating-point dtype, got {query.dtype}")
-    if not (query.device == key.device == value.device):
+    device = query.get_device()     # cheaper than .device, but -1 for every non-CUDA device
+    if not (device >= 0 and device == key.get_device() == value.get_device()) \
+            and not (query.device == key.device == value.device):
         raise RuntimeError("Expected query, key, and value to have the same device type, but got query.device: "
                            f"{query.device} key.device: {key.device} and value.device: {value.device} instead.")
     if min(query.dim(), key.dim(), value.dim()) < 2:
@@ -63,7 +71,7 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa) -> None
         if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
             raise RuntimeError("Expected attn_mask dtype to be bool or float or to match query dtype, but got "
                                f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
-        if attn_mask.device != query.device:
+        if not (device >= 0 and attn_mask.get_device() == device) and attn_mask.device != query.device:
             raise RuntimeError(f"Expected attn_mask on {query.device}, got {attn_mask.device}")
     if not 0.0 <= float(dropout_p) <= 1.0:
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
@@ -73,6 +81,25 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa) -> None
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
 
 
+def _broadcast_shapes(*shapes) -> tuple:
+    """torch.broadcast_shapes of int tuples, without its tracing machinery (tens of microseconds); shapes
+    that do not broadcast get torch's error from torch.broadcast_shapes."""
+    ndim = max(map(len, shapes))
+    result = [1] * ndim
+    for shape in shapes:
+        for axis, size in enumerate(shape, ndim - len(shape)):
+            if size != 1:
+                if result[axis] == 1:
+                    result[axis] = size
+                elif result[axis] != size:
+                    return tuple(torch.broadcast_shapes(*shapes))
+    return tuple(result)
+
+
+def _expand(t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    return t if t.shape == shape else t.expand(shape)     # a view costs about a microsecond
+
+
 def _as_4d(query, key, value, attn_mask, enable_gqa):
     """(q, k, v, mask, output shape): views of shape (B, H, L, E), (B, H_kv, S, E), (B, H_kv, S, Ev)
     with the batch dims broadcast (stride 0, no copy for up to 4-D inputs) and the mask expanded to
@@ -80,22 +107,22 @@ def _as_4d(query, key, value, attn_mask, enable_gqa):
     rank = max(query.dim(), key.dim(), value.dim(), 4)
     q, k, v = (t.reshape((1,) * (rank - t.dim()) + tuple(t.shape)) if t.dim() < rank else t
                for t in (query, key, value))
-    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    batch = _broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     heads_q, heads_kv = q.size(-3), k.size(-3)
     if enable_gqa:
         heads = heads_q
         if v.size(-3) != heads_kv or heads_kv == 0 or heads_q % heads_kv:
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
     else:
-        heads = torch.broadcast_shapes((heads_q,), (heads_kv,), (v.size(-3),))[0]
+        heads = _broadcast_shapes((heads_q,), (heads_kv,), (v.size(-3),))[0]
         heads_kv = heads
     length_q, length_k = q.size(-2), k.size(-2)
-    q = q.expand(*batch, heads, length_q, q.size(-1))
-    k = k.expand(*batch, heads_kv, length_k, k.size(-1))
-    v = v.expand(*batch, heads_kv, length_k, v.size(-1))
+    q = _expand(q, (*batch, heads, length_q, q.size(-1)))
+    k = _expand(k, (*batch, heads_kv, length_k, k.size(-1)))
+    v = _expand(v, (*batch, heads_kv, length_k, v.size(-1)))
     mask = None
     if attn_mask is not None:
-        mask = attn_mask.expand(*batch, heads, length_q, length_k)    # torch's broadcasting error if not
+        mask = _expand(attn_mask, (*batch, heads, length_q, length_k))    # torch's broadcasting error if not
     out_shape = (*batch, heads, length_q, v.size(-1))
     if len(batch) != 1:
         q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
@@ -105,11 +132,23 @@ def _as_4d(query, key, value, attn_mask, enable_gqa):
     return q, k, v, mask, out_shape[len(out_shape) - out_rank:]
 
 
+# The input shapes (and enable_gqa) for which _as_4d returns its inputs unchanged -> the output shape.
+_UNCHANGED_BY_AS_4D = BoundedCache(256)
+
+
 def _runs_kernels(query: torch.Tensor) -> bool:
     if query.is_cuda:
         return query.dtype in _CUDA_DTYPES and query.size(-1) <= _kernels.MAX_HEAD_DIM
     from fusedops.dsl.runtime import knobs
     return query.device.type == "cpu" and knobs.interpret_enabled() and query.size(-1) <= _kernels.MAX_HEAD_DIM
+
+
+def dropout_not_implemented(dropout_p: float) -> NotImplementedError:
+    """The error for attention dropout, which the fusedops kernels do not implement."""
+    return NotImplementedError(
+        f"fusedops.scaled_dot_product_attention: dropout_p={dropout_p} is not implemented by the fusedops "
+        "kernels; pass dropout_p=0.0 (e.g. in eval mode), or call torch.nn.functional."
+        "scaled_dot_product_attention for attention dropout")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -123,14 +162,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
             enable_gqa=enable_gqa)
     if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"fusedops.scaled_dot_product_attention: dropout_p={dropout_p} is not implemented by the fusedops "
-            "kernels; pass dropout_p=0.0 (e.g. in eval mode), or call torch.nn.functional."
-            "scaled_dot_product_attention for attention dropout")
-    q, k, v, mask, out_shape = _as_4d(query, key, value, attn_mask, enable_gqa)
+        raise dropout_not_implemented(dropout_p)
+    shapes = (query.shape, key.shape, value.shape, None if attn_mask is None else attn_mask.shape, enable_gqa)
+    out_shape = _UNCHANGED_BY_AS_4D.get(shapes)
+    if out_shape is not None:   # 4-D inputs of one batch and head count: _as_4d would return them as they are
+        q, k, v, mask = query, key, value, attn_mask
+    else:
+        q, k, v, mask, out_shape = _as_4d(query, key, value, attn_mask, enable_gqa)
+        if q is query and k is key and v is value and mask is attn_mask:
+            _UNCHANGED_BY_AS_4D.put(shapes, out_shape)
     scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        o = AttentionFunction.apply(q, k, v, mask, bool(is_causal), scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o = _attention_apply(q, k, v, mask, bool(is_causal), scale)
     else:
         o, _ = _kernels.attention_forward(q, k, v, mask, bool(is_causal), scale)
-    return o.reshape(out_shape)
+    return o if o.shape == out_shape else o.reshape(out_shape)

@@ -20,8 +20,10 @@ import math
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels import matmul as kernels
 
 ACTIVATIONS = kernels.ACTIVATIONS
@@ -38,7 +40,8 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
         raise TypeError(f"fusedops.matmul(): expected a and b to have the same dtype, got {a.dtype} and {b.dtype}")
     if not a.dtype.is_floating_point:
         raise TypeError(f"fusedops.matmul(): expected floating-point operands, got {a.dtype}")
-    if a.device != b.device:
+    device = a.get_device()     # cheaper than .device, but -1 for every non-CUDA device
+    if device != b.get_device() or (device < 0 and a.device != b.device):
         raise ValueError(f"fusedops.matmul(): a is on {a.device} but b is on {b.device}")
     k_a, k_b = a.shape[-1], (b.shape[0] if b.dim() == 1 else b.shape[-2])
     if k_a != k_b:
@@ -49,7 +52,7 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
         if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != n:
             raise ValueError(f"fusedops.matmul(): bias must be a 1-D tensor of {n} elements, got "
                              f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
-        if not bias.dtype.is_floating_point or bias.device != a.device:
+        if not bias.dtype.is_floating_point or bias.get_device() != device or (device < 0 and bias.device != a.device):
             raise ValueError(f"fusedops.matmul(): bias must be a floating tensor on {a.device}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"fusedops.matmul(): activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -106,21 +109,66 @@ def _as_3d(x: torch.Tensor, batch_shape: tuple) -> torch.Tensor:
     return x.reshape(-1, *matrix)
 
 
+# Prepared launches of forward_kernel per everything it derives from its operands but their addresses
+# (shapes, strides, dtypes, devices, the bias's, activation, out_dtype): see _forward_launcher.
+_FORWARD_LAUNCHES = BoundedCache(1024)
+
+
 def forward_kernel(a, b, bias, activation, out_dtype) -> torch.Tensor:
-    """The kernel path with torch.matmul's shape rules (see the module docstring)."""
+    """The kernel path with torch.matmul's shape rules (see the module docstring). GPU launches are
+    prepared once per operand shapes, strides, dtypes and devices; the interpreter takes the general
+    path (kernels.matmul) each time."""
+    if _interpret_enabled():
+        return _forward_general(a, b, bias, activation, out_dtype)
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), activation, out_dtype)
+    launch = _FORWARD_LAUNCHES.get(key)
+    if launch is None:
+        launch = _FORWARD_LAUNCHES.put(key, _forward_launcher(a, b, bias, activation, out_dtype))
+    return launch(a, b, bias)
+
+
+def _operands(a, b):
+    """(a, b) as 3-D (batch or 1, M, K), (batch or 1, K, N) views, the batch shape, m, n."""
     a_vector, b_vector = a.dim() == 1, b.dim() == 1
     a2 = a.unsqueeze(0) if a_vector else a
     b2 = b.unsqueeze(-1) if b_vector else b
     batch_shape = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-    a3, b3 = _as_3d(a2, batch_shape), _as_3d(b2, batch_shape)
+    return _as_3d(a2, batch_shape), _as_3d(b2, batch_shape), batch_shape, a2.shape[-2], b2.shape[-1]
+
+
+def _output_shape(a, b, batch_shape, m, n) -> tuple:
+    return (*batch_shape, *(() if a.dim() == 1 else (m,)), *(() if b.dim() == 1 else (n,)))
+
+
+def _forward_general(a, b, bias, activation, out_dtype) -> torch.Tensor:
+    a3, b3, batch_shape, m, n = _operands(a, b)
     c = kernels.matmul(a3, b3, bias, activation, out_dtype or a.dtype)
-    m, n = a2.shape[-2], b2.shape[-1]
-    c = c.reshape(*batch_shape, m, n)
-    if a_vector:
-        c = c.squeeze(-2)
-    if b_vector:
-        c = c.squeeze(-1)
-    return c
+    return c.reshape(_output_shape(a, b, batch_shape, m, n))
+
+
+def _forward_launcher(a, b, bias, activation, out_dtype):
+    """`launch(a, b, bias) -> c` for operands like these (see forward_kernel): c allocated in its final
+    shape (contiguous, so its memory is the kernel's (batch, M, N) output) and one prepared launch that
+    reads a and b in place. Operands that need copies to be 3-D, empty outputs and batches over the
+    grid limit take the general path each time."""
+    a3, b3, batch_shape, m, n = _operands(a, b)
+    shape = _output_shape(a, b, batch_shape, m, n)
+    dtype = out_dtype or a.dtype
+    c = torch.empty(shape, dtype=dtype, device=a.device)
+    c3 = c.view(max(a3.shape[0], b3.shape[0]), m, n)
+    in_place = a3.data_ptr() == a.data_ptr() and b3.data_ptr() == b.data_ptr()   # views, not copies
+    prepared = kernels.prepare_matmul(c3, a3, b3, bias, activation) if in_place else None
+    if prepared is None:
+        return lambda a, b, bias: _forward_general(a, b, bias, activation, out_dtype)
+    new_empty = torch.empty(0, dtype=dtype, device=a.device).new_empty
+
+    def launch(a, b, bias):
+        c = new_empty(shape)
+        prepared(c, a, b, bias)
+        return c
+
+    return launch
 
 
 def _sum_to(gradient: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -190,3 +238,7 @@ def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):
         wide = torch.float64 if dz.dtype == torch.float64 else torch.float32
         dbias = dz2.reshape(-1, dz2.shape[-1]).to(wide).sum(0).to(bias_dtype)
     return da, db, dbias
+
+
+# MatmulFunction.apply without the Python layer of torch's (function_host.py)
+matmul_apply = apply_of(MatmulFunction, (0, 1, 2))

@@ -2,9 +2,10 @@
 argument checks that give them torch's semantics.
 
 The input's trailing dims (normalized_shape) are flattened into N columns and its leading dims into
-M rows, as a strided view wherever torch can express one (kernels.norms.as_rows). The forward saves
-x (that view), weight, and the per-row statistics (LayerNorm: mean and rstd; RMSNorm: rstd) in
-float32 (float64 for float64 inputs); the backward recomputes xhat from them.
+M rows, read in place through one row and one column stride wherever torch could express them as a
+view (else copied, kernels.norms.as_rows). The forward saves x, weight, and the per-row statistics
+(LayerNorm: mean and rstd; RMSNorm: rstd) in float32 (float64 for float64 inputs); the backward
+recomputes xhat from them.
 
 Dtype rules, as torch's:
 - layer_norm: weight and bias must have the input's dtype. (torch's CPU kernel also accepts float32
@@ -23,15 +24,19 @@ import numbers
 from typing import Optional, Sequence, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.kernels import norms as kernels
 
-_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOATING = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
 def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
     """`normalized_shape` (an int or a sequence of ints, as torch.nn.LayerNorm accepts) as a tuple."""
+    if type(normalized_shape) is tuple and len(normalized_shape) == 1 and type(normalized_shape[0]) is int:
+        return normalized_shape     # what torch.nn.LayerNorm holds, checked without the ABCs below
+    if type(normalized_shape) is int:
+        return (normalized_shape,)
     if isinstance(normalized_shape, numbers.Integral):
         return (int(normalized_shape),)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
@@ -50,7 +55,9 @@ def _check_input(name: str, x, normalized_shape: Tuple[int, ...]) -> None:
     if len(normalized_shape) == 0:
         raise ValueError(f"fusedops.{name}(): expected normalized_shape to be at least 1-dimensional, i.e., "
                          "containing at least one element, but got normalized_shape = []")
-    if tuple(x.shape[x.dim() - len(normalized_shape):]) != normalized_shape or x.dim() < len(normalized_shape):
+    rank, count = x.dim(), len(normalized_shape)
+    if rank < count or (x.size(-1) != normalized_shape[0] if count == 1
+                        else tuple(x.shape[rank - count:]) != normalized_shape):
         raise ValueError(f"fusedops.{name}(): given normalized_shape={list(normalized_shape)}, expected input with "
                          f"shape [*, {', '.join(map(str, normalized_shape))}], but got input of size "
                          f"{list(x.shape)}")
@@ -63,10 +70,12 @@ def _check_parameter(name: str, role: str, p: Optional[torch.Tensor], x: torch.T
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"fusedops.{name}(): argument '{role}' must be a torch.Tensor or None, not "
                         f"{type(p).__name__}")
-    if tuple(p.shape) != normalized_shape:
+    if p.shape != normalized_shape:     # torch.Size is a tuple
         raise ValueError(f"fusedops.{name}(): expected {role} to be of same shape as normalized_shape, but got "
                          f"{role} of shape {list(p.shape)} and normalized_shape = {list(normalized_shape)}")
-    if p.device != x.device:
+    # get_device() is cheaper than .device, but -1 for every non-CUDA device
+    device = p.get_device()
+    if device != x.get_device() or (device < 0 and p.device != x.device):
         raise ValueError(f"fusedops.{name}(): {role} is on {p.device} but the input is on {x.device}")
     if same_dtype and p.dtype != x.dtype:
         raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype} but the input has dtype {x.dtype}; they "
@@ -102,41 +111,42 @@ def check_rms_norm_arguments(x, normalized_shape, weight) -> Tuple[int, ...]:
 
 def default_rms_norm_eps(dtype: torch.dtype) -> float:
     """The eps torch's rms_norm uses when eps is None: the epsilon of the accumulation dtype."""
-    return torch.finfo(kernels.accumulation_dtype(dtype)).eps
+    return _FLOAT64_EPS if kernels.accumulation_dtype(dtype) == torch.float64 else _FLOAT32_EPS
 
 
-def _rows(x: torch.Tensor, normalized_shape: Tuple[int, ...]) -> torch.Tensor:
-    n_cols = math.prod(normalized_shape)
-    n_rows = math.prod(x.shape[:x.dim() - len(normalized_shape)])
-    return kernels.as_rows(x, n_rows, n_cols)
+_FLOAT32_EPS, _FLOAT64_EPS = torch.finfo(torch.float32).eps, torch.finfo(torch.float64).eps
+
+
+def _columns(normalized_shape: Tuple[int, ...]) -> int:
+    return normalized_shape[0] if len(normalized_shape) == 1 else math.prod(normalized_shape)
 
 
 def norm(x: torch.Tensor, normalized_shape: Tuple[int, ...], weight: Optional[torch.Tensor],
          bias: Optional[torch.Tensor], eps: float, *, subtract_mean: bool) -> torch.Tensor:
     """The forward alone (no autograd graph): y shaped like x, contiguous, in x's dtype."""
-    y, _, _ = kernels.norm_forward(_rows(x, normalized_shape), weight, bias, eps, subtract_mean=subtract_mean)
-    return y.view(x.shape)
+    y, _, _ = kernels.norm_forward(x, weight, bias, eps, subtract_mean=subtract_mean, n_cols=_columns(normalized_shape))
+    return y
 
 
 def _forward(ctx, x, normalized_shape, weight, bias, eps, subtract_mean: bool) -> torch.Tensor:
-    rows = _rows(x, normalized_shape)
-    y, mean, rstd = kernels.norm_forward(rows, weight, bias, eps, subtract_mean=subtract_mean)
-    ctx.save_for_backward(rows, weight, mean, rstd)
-    ctx.input_shape = x.shape
-    ctx.normalized_shape = normalized_shape
-    ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.subtract_mean = subtract_mean
-    return y.view(x.shape)
+    # x is read (and saved) as is: the kernels take its rows through their strides (kernels.norms)
+    n_cols = _columns(normalized_shape)
+    y, mean, rstd = kernels.norm_forward(x, weight, bias, eps, subtract_mean=subtract_mean, n_cols=n_cols)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.options = (normalized_shape, n_cols, None if bias is None else bias.dtype, subtract_mean)
+    return y
 
 
 def _backward(ctx, dy, input_grad: bool, weight_grad: bool, bias_grad: bool) -> tuple:
-    rows, weight, mean, rstd = ctx.saved_tensors
+    x, weight, mean, rstd = ctx.saved_tensors
+    normalized_shape, n_cols, bias_dtype, subtract_mean = ctx.options
     dx, dweight, dbias = kernels.norm_backward(
-        kernels.as_rows(dy, *rows.shape), rows, weight, mean, rstd, subtract_mean=ctx.subtract_mean,
-        input_grad=input_grad, weight_grad=weight_grad, bias_grad=bias_grad, bias_dtype=ctx.bias_dtype)
-    return (None if dx is None else dx.view(ctx.input_shape),
-            None if dweight is None else dweight.view(ctx.normalized_shape),
-            None if dbias is None else dbias.view(ctx.normalized_shape))
+        dy, x, weight, mean, rstd, subtract_mean=subtract_mean, input_grad=input_grad, weight_grad=weight_grad,
+        bias_grad=bias_grad, bias_dtype=bias_dtype, n_cols=n_cols)
+    if len(normalized_shape) != 1:      # dweight and dbias are (N,)
+        dweight = None if dweight is None else dweight.view(normalized_shape)
+        dbias = None if dbias is None else dbias.view(normalized_shape)
+    return dx, dweight, dbias
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -179,3 +189,8 @@ class RMSNormFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad
         dx, dweight, _ = _backward(ctx, dy, needs[0], needs[2], False)
         return dx, None, dweight, None
+
+
+# The Functions' apply without the Python layer of torch's (function_host.py)
+layer_norm_apply = apply_of(LayerNormFunction, (0, 2, 3))
+rms_norm_apply = apply_of(RMSNormFunction, (0, 2))

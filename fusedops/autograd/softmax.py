@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.kernels import softmax as kernels
 
 
@@ -30,16 +30,20 @@ class SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int, log: bool, dtype: Optional[torch.dtype]) -> torch.Tensor:
-        y = kernels.softmax_forward(x, dim, log=log, dtype=dtype)
+        y, plan = kernels.softmax_forward_planned(x, dim, log=log, dtype=dtype)
         ctx.save_for_backward(y)
-        ctx.dim = dim
-        ctx.log = log
-        ctx.input_dtype = x.dtype
+        ctx.options = (plan, dim, log, x.dtype)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
-        dx = kernels.softmax_backward(dy, y, ctx.dim, log=ctx.log, dtype=ctx.input_dtype)
-        return dx, None, None, None
+        plan, dim, log, input_dtype = ctx.options
+        if plan is not None:    # the launches prepared for this layout (kernels.softmax._Softmax)
+            return plan.backward(dy, y, input_dtype), None, None, None
+        return kernels.softmax_backward(dy, y, dim, log=log, dtype=input_dtype), None, None, None
+
+
+# SoftmaxFunction.apply(x, dim, log, dtype) without the Python layer of torch's apply (function_host.py)
+softmax_apply = apply_of(SoftmaxFunction)

@@ -1,5 +1,6 @@
 """Output of the benchmarks: the printed table (tabulate), CSV and JSON rows stamped with the
-environment, one PNG plot per op (matplotlib), and the progress bar (tqdm).
+environment, one PNG plot per op (matplotlib), and the progress bar (tqdm); for the per-op scripts
+of bench/ also fixed-width and key=value rows and a grid of plots whose panels each script draws.
 
 tabulate, tqdm and matplotlib are the `bench` extra (`pip install -e '.[bench]'`). Without them the
 table falls back to plain aligned columns, the progress bar to nothing, and the plots are skipped
@@ -18,7 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 TABLE_COLUMNS = ("op", "shape", "dtype", "provider", "check", "ms", "GB/s", "TFLOP/s", "% of ceiling", "vs torch")
 
@@ -129,6 +130,29 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] = TABLE_COLUMNS, *
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 
+def format_fixed_width(rows: Sequence[dict], columns: Sequence[str], width: int, formats: Optional[dict] = None,
+                       float_format: str = "{:.3f}") -> str:
+    """The rows as right-aligned columns `width` characters wide, two spaces apart, under a header of
+    the column names: a float is written with `formats[column]` (a str.format pattern such as
+    "{:.2f}x") or `float_format`, a missing value or None as nothing, anything else as format() does."""
+    formats = formats or {}
+    lines = ["  ".join(f"{column:>{width}}" for column in columns)]
+    for row in rows:
+        cells = []
+        for column in columns:
+            value = row.get(column)
+            if isinstance(value, float):
+                value = formats.get(column, float_format).format(value)
+            cells.append(f"{'' if value is None else value:>{width}}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def format_key_values(row: dict) -> str:
+    """One row as `key=value` pairs (floats to 4 significant digits): for rows of differing keys."""
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+
+
 # -- plots --------------------------------------------------------------------------------------------
 def plot_op(op: str, rows: Sequence[dict], path: Path, ceiling: Optional[float] = None) -> Optional[Path]:
     """A PNG of `op`'s throughput per shape, one bar per provider, one panel per (direction, dtype).
@@ -164,6 +188,31 @@ def plot_op(op: str, rows: Sequence[dict], path: Path, ceiling: Optional[float] 
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     return path
+
+
+def plot_panels(path: Path, panels: Sequence, draw: Callable, *, columns: int, panel_size: Tuple[float, float],
+                dpi: int = 110) -> Optional[Path]:
+    """A PNG of a grid of plots, `columns` wide, filled row by row: `draw(axis, panel)` draws each of
+    `panels` (an op's own choice of what a panel shows). Returns the path, or None when matplotlib
+    is not installed."""
+    if not panels or importlib.util.find_spec("matplotlib") is None:
+        return None
+    from matplotlib.figure import Figure   # no pyplot: no global figure state, no display needed
+
+    grid_rows = -(-len(panels) // columns)
+    figure = Figure(figsize=(panel_size[0] * columns, panel_size[1] * grid_rows))
+    axes = figure.subplots(grid_rows, columns, squeeze=False)
+    for index, panel in enumerate(panels):
+        draw(axes[index // columns][index % columns], panel)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi)
+    return path
+
+
+def plot_message(path: Optional[Path]) -> str:
+    """What a script prints about its plot: where it is, or why there is none."""
+    return f"plot: {path}" if path else "plot: skipped (matplotlib is not installed, or nothing was timed)"
 
 
 def _most_shapes(rows: Sequence[dict]) -> int:

@@ -11,6 +11,7 @@ from .language.core import (abs, arange, argmax, argmin, atomic_add, atomic_and,
                             expand_dims, floor, fma, full, load, log, log2, max, max_contiguous, maximum, min,
                             minimum, multiple_of, num_programs, program_id, reshape, rsqrt, sigmoid, sin, sqrt,
                             static_range, store, sum, tanh, trans, where, zeros)
+from .language.descriptors import TensorDescriptor, make_tensor_descriptor
 from .language.dtypes import (BlockType, DType, PointerType, bfloat16, float16, float32, float64, int1, int8,
                               int16, int32, int64, pointer_type, uint8, uint16, uint32, uint64)
 from .runtime.autotune import Autotuner, Config, autotune
@@ -27,5 +28,5 @@ __all__ = [
     "ceil", "fma", "cdiv", "cast", "sum", "max", "min", "argmax", "argmin", "cumsum", "dot",
     "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg",
     "atomic_cas", "reshape", "trans", "broadcast_to", "expand_dims", "multiple_of", "max_contiguous",
-    "device_print", "device_assert",
+    "device_print", "device_assert", "make_tensor_descriptor", "TensorDescriptor",
 ]

@@ -45,7 +45,8 @@ class CompiledKernel:
     """
 
     def __init__(self, name: str, asm: dict, shared_bytes: int, options: CompileOptions,
-                 parameter_types: tuple, parameter_names: tuple):
+                 parameter_types: tuple, parameter_names: tuple, tensor_maps: tuple = ()):
+        self.tensor_maps = tensor_maps      # runtime.tensor_map.TensorMapParam per extra TMA parameter
         self.name = name
         self.asm = asm
         self.shared_bytes = shared_bytes
@@ -69,8 +70,15 @@ class CompiledKernel:
                 if launcher is None:
                     kernel = driver.load_module(self.asm["ptx"], self.name, device_index)
                     kinds = [param_kind(t) for t in self.parameter_types]
-                    launcher = driver.KernelLauncher(kernel, kinds, self.num_warps, self.shared_bytes,
-                                                     list(self.parameter_names))
+                    names = list(self.parameter_names)
+                    if self.tensor_maps:      # appended by a TensorMapLauncher from the launch's values
+                        from .runtime.launcher_args import ParamKind
+                        kinds += [ParamKind.TENSOR_MAP] * len(self.tensor_maps)
+                        names += [f"tensor_map{i}" for i in range(len(self.tensor_maps))]
+                    launcher = driver.KernelLauncher(kernel, kinds, self.num_warps, self.shared_bytes, names)
+                    if self.tensor_maps:
+                        from .runtime.tensor_map import TensorMapLauncher
+                        launcher = TensorMapLauncher(launcher, self.tensor_maps)
                     self._launchers[device_index] = launcher
         return launcher
 
@@ -116,16 +124,24 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
     verify(function)
     parameter_types = tuple(a.type for a in function.args)
     parameter_names = tuple(function.arg_names)
-    key = cache.cache_key(print_function(function), function.arg_hints, options)
+    ir_text = print_function(function)
+    if options.arch == "sm_90a" and knobs.current().disable_wgmma:
+        ir_text += "// FUSEDOPS_DISABLE_WGMMA\n"      # the knob changes the code, so it is part of the key
+    if options.arch == "sm_90a" and knobs.current().tma:
+        ir_text += "// FUSEDOPS_TMA\n"
+    key = cache.cache_key(ir_text, function.arg_hints, options)
     entry = cache.load(key)
     if entry is not None:
         asm = _Asm({"ir": entry["ir"], "llir": entry["llir"], "ptx": entry["ptx"]}, options.arch)
+        from .runtime.tensor_map import TensorMapParam
         return CompiledKernel(entry["name"], asm, int(entry["shared_bytes"]), options, parameter_types,
-                              parameter_names)
+                              parameter_names, tuple(TensorMapParam.from_json(m) for m in entry.get("tensor_maps", ())))
     report = run_pipeline(function, default_pipeline(options.num_warps, options.arch, options.num_stages), dump=knobs.current().dump_ir)
     axis_info = report.analyses["analyze_pointers"]
     lowered = lower_to_llvm(function, arch=options.arch, num_warps=options.num_warps, axis_info=axis_info)
     compiled = compile_to_ptx(lowered.llvm_ir, Target(options.arch))
     asm = _Asm({"ir": print_function(function), "llir": compiled.llir, "ptx": compiled.ptx}, options.arch)
-    cache.store(key, {"name": lowered.name, "shared_bytes": lowered.shared_bytes, **asm})
-    return CompiledKernel(lowered.name, asm, lowered.shared_bytes, options, parameter_types, parameter_names)
+    cache.store(key, {"name": lowered.name, "shared_bytes": lowered.shared_bytes, **asm,
+                      "tensor_maps": [m.to_json() for m in lowered.tensor_maps]})
+    return CompiledKernel(lowered.name, asm, lowered.shared_bytes, options, parameter_types, parameter_names,
+                          lowered.tensor_maps)

@@ -45,6 +45,7 @@ Grids put batch * heads on axis 0 (up to 2**31 - 1 programs) and the query (or k
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -52,6 +53,8 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.language.dtypes import to_torch
+from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -65,7 +68,8 @@ NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
 def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
                  MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, CHECK_KEYS: dsl.constexpr):
     # s: base-2 logits block; qi / kj: query / key index blocks that broadcast to s's shape (either
-    # orientation: s or s^T). mask_ptr is already offset to this (batch, head).
+    # orientation: s or s^T). mask_ptr is already offset to this (batch, head). With MASK_KIND = 0 and
+    # CAUSAL, CHECK_KEYS False this is the identity and compiles to nothing (an interior block).
     if MASK_KIND == 1:
         keep = dsl.load(mask_ptr + qi.to(dsl.int64) * stride_mm + kj.to(dsl.int64) * stride_mn,
                         mask=(qi < L) & (kj < S), other=0)
@@ -94,6 +98,48 @@ def _query_program(H, GROUP):
 
 
 @dsl.jit
+def _unmasked_key_end(pid_m, S, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, MASK_KIND: dsl.constexpr,
+                      CAUSAL: dsl.constexpr):
+    """Key blocks starting below this index need no mask for query block pid_m: they lie entirely
+    inside S and (causal) entirely at or below the diagonal of the block's first query row
+    (start_n + BLOCK_N - 1 <= pid_m * BLOCK_M); with an attn_mask every block is masked."""
+    end = 0
+    if MASK_KIND == 0:
+        end = S // BLOCK_N * BLOCK_N
+        if CAUSAL:
+            end = dsl.minimum(end, (pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    return end
+
+
+@dsl.jit
+def _forward_step(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev,
+                  L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale,
+                  BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
+                  MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
+    """The online-softmax update of (acc, m_i, l_i) by the key block at start_n. MASKED = False (an
+    interior block, see `_unmasked_key_end`): no mask is computed; the key loads drop `rn < S`."""
+    rn = start_n + rn0
+    key_mask = (re[:, None] < E) & (rn[None, :] < S)
+    value_mask = (rn[:, None] < S) & (rev[None, :] < EV)
+    kt = dsl.load(k_base + rn.to(dsl.int64)[None, :] * stride_kn, mask=key_mask, other=0.0)
+    s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)) * qk_scale
+    if MASKED:
+        s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn,
+                         MASK_KIND, CAUSAL, True)
+    m_new = dsl.maximum(m_i, dsl.max(s, axis=1))
+    m_safe = m_new
+    if MASKED:
+        # a row with every key so far masked has m_new = -inf: subtract 0 instead (p = 0, no NaN)
+        m_safe = dsl.where(m_new == -float("inf"), 0.0, m_new)
+    p = dsl.exp2(s - m_safe[:, None])
+    alpha = dsl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + dsl.sum(p, axis=1)
+    v = dsl.load(v_base + rn.to(dsl.int64)[:, None] * stride_vn, mask=value_mask, other=0.0)
+    acc = dsl.dot(p.to(v_base.dtype.element), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@dsl.jit
 def attention_forward_kernel(
         o_ptr, lse_ptr, q_ptr, k_ptr, v_ptr, mask_ptr,
         stride_qb, stride_qh, stride_qm, stride_qe,
@@ -107,6 +153,9 @@ def attention_forward_kernel(
     # o_ptr: (B, H, L, EV); lse_ptr: (B * H, L) contiguous ACC; q_ptr: (B, H, L, E);
     # k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV); mask_ptr: (B, H, L, S) strides
     # (0 on broadcast dims) or unused. Grid: (B * H, cdiv(L, BLOCK_M)).
+    # Key blocks: the first one (masked) is peeled so that the running statistics enter the loops in
+    # the layout of the logits' row reductions (a loop carries its initial value's layout); then the
+    # interior blocks without any mask; then the ragged / diagonal tail blocks with the masks.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     bh, b, h, kvh, pid_m = _query_program(H, GROUP)
 
@@ -120,29 +169,22 @@ def attention_forward_kernel(
     v_base = v_ptr + b * stride_vb + kvh * stride_vh + rev[None, :] * stride_ve
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
 
-    m_i = dsl.full((BLOCK_M,), -float("inf"), ACC)
-    l_i = dsl.zeros((BLOCK_M,), ACC)
-    acc = dsl.zeros((BLOCK_M, BLOCK_EV), ACC)
     end_n = S
     if CAUSAL:
         end_n = dsl.minimum(S, (pid_m + 1) * BLOCK_M)      # keys past the diagonal: skipped
-    for start_n in range(0, end_n, BLOCK_N):
-        rn = start_n + rn0
-        kt = dsl.load(k_base + rn.to(dsl.int64)[None, :] * stride_kn, mask=(re[:, None] < E) & (rn[None, :] < S),
-                      other=0.0)
-        s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)) * qk_scale
-        s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn,
-                         MASK_KIND, CAUSAL, True)
-        m_new = dsl.maximum(m_i, dsl.max(s, axis=1))
-        # a row with every key so far masked has m_new = -inf: subtract 0 instead (p = 0, no NaN)
-        m_safe = dsl.where(m_new == -float("inf"), 0.0, m_new)
-        p = dsl.exp2(s - m_safe[:, None])
-        alpha = dsl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + dsl.sum(p, axis=1)
-        v = dsl.load(v_base + rn.to(dsl.int64)[:, None] * stride_vn, mask=(rn[:, None] < S) & (rev[None, :] < EV),
-                     other=0.0)
-        acc = dsl.dot(p.to(v_ptr.dtype.element), v, acc * alpha[:, None])
-        m_i = m_new
+    acc, m_i, l_i = _forward_step(
+        dsl.zeros((BLOCK_M, BLOCK_EV), ACC), dsl.full((BLOCK_M,), -float("inf"), ACC), dsl.zeros((BLOCK_M,), ACC),
+        q, k_base, v_base, mask_base, 0, rm, rn0, re, rev, L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn,
+        qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL, True)
+    unmasked_end = _unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
+    for start_n in range(BLOCK_N, unmasked_end, BLOCK_N):
+        acc, m_i, l_i = _forward_step(
+            acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV, stride_kn,
+            stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL, False)
+    for start_n in range(dsl.maximum(BLOCK_N, unmasked_end), end_n, BLOCK_N):
+        acc, m_i, l_i = _forward_step(
+            acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV, stride_kn,
+            stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL, True)
 
     empty = l_i == 0.0                                       # fully masked row (or S = 0)
     acc = acc / dsl.where(empty, 1.0, l_i)[:, None]
@@ -175,6 +217,36 @@ def attention_backward_preprocess_kernel(
 
 
 @dsl.jit
+def _dkdv_step(dk, dv, k, v, qt_base, do_base, mask_base, lse_row, delta_row, m0, masked_end, rm0, rn, re, rev,
+               L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
+               BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
+               MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr):
+    """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). Rows past L
+    need no mask on the logits: their lse loads as +inf (P = 0) and their dO as 0. Without attn_mask
+    the causal mask is computed only for a block across the diagonal (m0 < masked_end)."""
+    rm = m0 + rm0
+    qt = dsl.load(qt_base + rm.to(dsl.int64)[None, :] * stride_qm, mask=(re[:, None] < E) & (rm[None, :] < L),
+                  other=0.0)
+    st = dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC)) * qk_scale
+    if MASK_KIND != 0:
+        st = _apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, False)
+    elif CAUSAL:
+        if m0 < masked_end:         # a block across the diagonal; the later ones need no mask
+            st = dsl.where(rn[:, None] <= rm[None, :], st, -float("inf"))
+    # rows past L (and fully masked rows) have lse = +inf: their P is 0
+    lse = dsl.load(lse_row + rm, mask=rm < L, other=float("inf"))
+    pt = dsl.exp2(st - lse[None, :])
+    do = dsl.load(do_base + rm.to(dsl.int64)[:, None] * stride_dom, mask=(rm[:, None] < L) & (rev[None, :] < EV),
+                  other=0.0)
+    dv = dsl.dot(pt.to(do_base.dtype.element), do, dv)
+    dpt = dsl.dot(v, dsl.trans(do), dsl.zeros((BLOCK_N, BLOCK_M), ACC))
+    delta = dsl.load(delta_row + rm, mask=rm < L, other=0.0)
+    dst = pt * (dpt - delta[None, :])
+    dk = dsl.dot(dst.to(qt_base.dtype.element), dsl.trans(qt), dk)
+    return dk, dv
+
+
+@dsl.jit
 def attention_backward_dkdv_kernel(
         dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, mask_ptr,
         stride_qb, stride_qh, stride_qm, stride_qe,
@@ -190,6 +262,9 @@ def attention_backward_dkdv_kernel(
     # dk_ptr, k_ptr: (B, H_KV, S, E); dv_ptr, v_ptr: (B, H_KV, S, EV); q_ptr: (B, H, L, E);
     # do_ptr: (B, H, L, EV); lse_ptr, delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
+    # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask only the
+    # blocks across the diagonal (m0 < masked_end) take it (one loop with a uniform branch: two loops
+    # would keep more values live and spill at E = 128).
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     bhk = dsl.program_id(0)
     pid_n = dsl.program_id(1)
@@ -207,8 +282,11 @@ def attention_backward_dkdv_kernel(
     dk = dsl.zeros((BLOCK_N, BLOCK_E), ACC)
     dv = dsl.zeros((BLOCK_N, BLOCK_EV), ACC)
     start_m = 0
+    masked_end = 0                  # causal: query blocks in [start_m, masked_end) take the mask
     if CAUSAL:
         start_m = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M    # earlier queries see none of these keys
+        # from here on the block's first query row is at or past the block's last key
+        masked_end = dsl.minimum(L, (pid_n * BLOCK_N + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
     for g in range(0, GROUP):
         h = (kvh * GROUP + g).to(dsl.int64)
         bh = b * (H_KV * GROUP) + h
@@ -216,27 +294,36 @@ def attention_backward_dkdv_kernel(
         do_base = do_ptr + b * stride_dob + h * stride_doh + rev[None, :] * stride_doe
         mask_base = mask_ptr + b * stride_mb + h * stride_mh
         for m0 in range(start_m, L, BLOCK_M):
-            rm = m0 + rm0
-            qt = dsl.load(qt_base + rm.to(dsl.int64)[None, :] * stride_qm, mask=(re[:, None] < E) & (rm[None, :] < L),
-                          other=0.0)
-            st = dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC)) * qk_scale
-            st = _apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn,
-                              MASK_KIND, CAUSAL, False)
-            # rows past L (and fully masked rows) have lse = +inf: their P is 0
-            lse = dsl.load(lse_ptr + bh * L + rm, mask=rm < L, other=float("inf"))
-            pt = dsl.exp2(st - lse[None, :])
-            do = dsl.load(do_base + rm.to(dsl.int64)[:, None] * stride_dom, mask=(rm[:, None] < L) & (rev[None, :] < EV),
-                          other=0.0)
-            dv = dsl.dot(pt.to(do_ptr.dtype.element), do, dv)
-            dpt = dsl.dot(v, dsl.trans(do), dsl.zeros((BLOCK_N, BLOCK_M), ACC))
-            delta = dsl.load(delta_ptr + bh * L + rm, mask=rm < L, other=0.0)
-            dst = pt * (dpt - delta[None, :])
-            dk = dsl.dot(dst.to(q_ptr.dtype.element), dsl.trans(qt), dk)
+            dk, dv = _dkdv_step(dk, dv, k, v, qt_base, do_base, mask_base, lse_ptr + bh * L, delta_ptr + bh * L,
+                                m0, masked_end, rm0, rn, re, rev, L, S, E, EV, stride_qm, stride_dom, stride_mm,
+                                stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn + re[None, :] * stride_dke,
               dk.to(dk_ptr.dtype.element), mask=(rn[:, None] < S) & (re[None, :] < E))
     dsl.store(dv_ptr + b * stride_dvb + kvh.to(dsl.int64) * stride_dvh + rows_n * stride_dvn + rev[None, :] * stride_dve,
               dv.to(dv_ptr.dtype.element), mask=(rn[:, None] < S) & (rev[None, :] < EV))
+
+
+@dsl.jit
+def _dq_step(dq, q, do, lse, delta, kt_base, vt_base, mask_base, start_n, rm, rn0, re, rev,
+             L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale,
+             BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
+             MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
+    """dQ += dS K over the key block at start_n; MASKED = False: an interior block (no mask, the
+    key/value loads drop `rn < S`)."""
+    rn = start_n + rn0
+    cols = rn.to(dsl.int64)[None, :]
+    key_mask = (re[:, None] < E) & (rn[None, :] < S)
+    value_mask = (rev[:, None] < EV) & (rn[None, :] < S)
+    kt = dsl.load(kt_base + cols * stride_kn, mask=key_mask, other=0.0)
+    s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)) * qk_scale
+    if MASKED:
+        s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, True)
+    p = dsl.exp2(s - lse[:, None])
+    vt = dsl.load(vt_base + cols * stride_vn, mask=value_mask, other=0.0)
+    dp = dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
+    ds = p * (dp - delta[:, None])
+    return dsl.dot(ds.to(kt_base.dtype.element), dsl.trans(kt), dq)
 
 
 @dsl.jit
@@ -253,6 +340,7 @@ def attention_backward_dq_kernel(
         CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr):
     # dq_ptr, q_ptr: (B, H, L, E); k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV);
     # do_ptr: (B, H, L, EV); lse_ptr, delta_ptr: (B * H, L) contiguous ACC. Grid: (B * H, cdiv(L, BLOCK_M)).
+    # Key blocks: the interior ones without any mask, then the ragged / diagonal tail with the masks.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     bh, b, h, kvh, pid_m = _query_program(H, GROUP)
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
@@ -273,18 +361,15 @@ def attention_backward_dq_kernel(
     end_n = S
     if CAUSAL:
         end_n = dsl.minimum(S, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, end_n, BLOCK_N):
-        rn = start_n + rn0
-        cols = rn.to(dsl.int64)[None, :]
-        kt = dsl.load(kt_base + cols * stride_kn, mask=(re[:, None] < E) & (rn[None, :] < S), other=0.0)
-        s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)) * qk_scale
-        s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn,
-                         MASK_KIND, CAUSAL, True)
-        p = dsl.exp2(s - lse[:, None])
-        vt = dsl.load(vt_base + cols * stride_vn, mask=(rev[:, None] < EV) & (rn[None, :] < S), other=0.0)
-        dp = dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
-        ds = p * (dp - delta[:, None])
-        dq = dsl.dot(ds.to(k_ptr.dtype.element), dsl.trans(kt), dq)
+    unmasked_end = _unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
+    for start_n in range(0, unmasked_end, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, kt_base, vt_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV,
+                      stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
+                      False)
+    for start_n in range(unmasked_end, end_n, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, kt_base, vt_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV,
+                      stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
+                      True)
     dq = dq * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dq_ptr + b * stride_dqb + h * stride_dqh + rows_m * stride_dqm + re[None, :] * stride_dqe,
               dq.to(dq_ptr.dtype.element), mask=(rm[:, None] < L) & (re[None, :] < E))
@@ -311,30 +396,69 @@ def head_block(dim: int) -> int:
     return max(16, 1 << max(0, dim - 1).bit_length())
 
 
-def forward_config(block_e: int, block_ev: int) -> AttentionConfig:
-    """The forward tile for padded head dims (BLOCK_E, BLOCK_EV) on sm_80/sm_90 (mma.sync)."""
+# The launch configs on sm_80/sm_90 (mma.sync), by padded head dim (the wider of BLOCK_E, BLOCK_EV):
+# a table that `python bench/attention.py --sweep` times against the alternatives below, so that one
+# GPU run picks it. Every entry and alternative assembles for sm_90a without spills at E = 64 / 128 /
+# 256, causal or not, with or without attn_mask (tests/test_attention.py). Why the alternatives: the
+# mma.sync warp grid of an (M, N) accumulator tiles M first only while M / warps >= N, and a row
+# reduction of the logits whose warps also tile N goes through shared memory with barriers (27
+# barriers per key block at 128x64 on 8 warps, 7 at 128x32, 3 at 128x64 on 4 warps at E = 64).
+FORWARD_CONFIGS = {
+    64: AttentionConfig(128, 64, 8, 3),
+    128: AttentionConfig(128, 64, 8, 3),
+    256: AttentionConfig(64, 32, 8, 2),
+}
+# (dK/dV kernel config, dQ kernel config); the preprocessing kernel uses the dQ kernel's BLOCK_M.
+BACKWARD_CONFIGS = {
+    64: (AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2)),
+    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(64, 64, 8, 2)),
+    256: (AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)),
+}
+# Alternatives the sweep times (besides the table's entry), by padded head dim.
+FORWARD_ALTERNATIVES = {
+    64: (AttentionConfig(128, 32, 8, 3), AttentionConfig(64, 32, 4, 2)),
+    128: (AttentionConfig(128, 32, 8, 2), AttentionConfig(64, 32, 4, 2)),
+    256: (),
+}
+DKDV_ALTERNATIVES = {
+    64: (AttentionConfig(32, 64, 4, 2), AttentionConfig(32, 128, 8, 2)),
+    128: (AttentionConfig(32, 64, 8, 1),),
+    256: (),
+}
+DQ_ALTERNATIVES = {
+    64: (AttentionConfig(128, 32, 8, 2), AttentionConfig(64, 32, 4, 2)),
+    128: (AttentionConfig(64, 32, 8, 2),),
+    256: (),
+}
+
+
+def _table_key(block_e: int, block_ev: int) -> int:
     widest = max(block_e, block_ev)
-    if widest <= 128:
-        return AttentionConfig(128, 64, 8, 3)
-    return AttentionConfig(64, 32, 8, 2)
+    return 64 if widest <= 64 else 128 if widest <= 128 else 256
+
+
+def forward_config(block_e: int, block_ev: int) -> AttentionConfig:
+    """The forward tile for padded head dims (BLOCK_E, BLOCK_EV) on sm_80/sm_90 (FORWARD_CONFIGS)."""
+    return FORWARD_CONFIGS[_table_key(block_e, block_ev)]
 
 
 def backward_configs(block_e: int, block_ev: int) -> tuple:
-    """(dK/dV kernel config, dQ kernel config) for padded head dims; the preprocessing kernel uses
-    the dQ kernel's BLOCK_M. Every pair assembles for sm_90a without spills (tests/test_attention.py)."""
-    widest = max(block_e, block_ev)
-    if widest <= 64:
-        return AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2)
-    if widest <= 128:
-        return AttentionConfig(32, 64, 8, 2), AttentionConfig(64, 64, 8, 2)
-    return AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)
+    """(dK/dV kernel config, dQ kernel config) for padded head dims (BACKWARD_CONFIGS)."""
+    return BACKWARD_CONFIGS[_table_key(block_e, block_ev)]
+
+
+def sweep_configs(block_e: int, block_ev: int) -> tuple:
+    """(forward configs, backward config pairs) that `bench/attention.py --sweep` times: the table's
+    entries first, then each alternative with the other backward kernel's table entry."""
+    key = _table_key(block_e, block_ev)
+    kv, q = BACKWARD_CONFIGS[key]
+    forward = (FORWARD_CONFIGS[key],) + FORWARD_ALTERNATIVES[key]
+    backward = ((kv, q),) + tuple((a, q) for a in DKDV_ALTERNATIVES[key]) + tuple((kv, a) for a in DQ_ALTERNATIVES[key])
+    return forward, backward
 
 
 def _interpret(interpret: Optional[bool]) -> bool:
-    if interpret is None:
-        from fusedops.dsl.runtime import knobs
-        return knobs.interpret_enabled()
-    return interpret
+    return _interpret_enabled() if interpret is None else interpret
 
 
 def _acc_dtype(q: torch.Tensor):
@@ -350,11 +474,21 @@ def _mask_arguments(mask: Optional[torch.Tensor], like: torch.Tensor) -> tuple:
     return mask, _strides(mask), ADDITIVE_MASK
 
 
+def _mask_argument(mask: Optional[torch.Tensor]):
+    """`argument(q, mask)`: the tensor a launch passes for `mask` (as `_mask_arguments`), for masks like this."""
+    if mask is None:
+        return lambda q, mask: q
+    if mask.dtype == torch.bool:
+        return lambda q, mask: mask.view(torch.uint8)
+    return lambda q, mask: mask
+
+
 def _strides(t: torch.Tensor) -> tuple:
     # a dim of size 1 is never stepped over; 0 keeps int arguments small and specializable
     return tuple(st if n > 1 else 0 for st, n in zip(t.stride(), t.shape))
 
 
+@functools.lru_cache(maxsize=256)
 def _float_pair(x: float) -> tuple:
     """(hi, lo) float32 values with hi + lo = x to ~48 bits: float kernel arguments are float32, and
     the float64 interpreter runs (gradcheck) need the scale to more than float32 precision."""
@@ -368,6 +502,17 @@ def _check_grid(blocks: int, what: str) -> None:
         raise ValueError(f"{what} needs {blocks} blocks, over CUDA's grid limit of {MAX_GRID_Y}")
 
 
+def _layout_key(t: Optional[torch.Tensor]):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+# Launches of attention_forward / attention_backward with the default options, per everything they
+# derive from their tensors but the addresses (shapes, strides, dtypes, devices, causal, scale, the
+# interpreter flag): closures over prepared kernels (JITFunction.prepare).
+_FORWARD_LAUNCHES = BoundedCache(1024)
+_BACKWARD_LAUNCHES = BoundedCache(1024)
+
+
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                       causal: bool, scale: float, *, interpret: Optional[bool] = None,
                       config: Optional[AttentionConfig] = None) -> tuple:
@@ -378,27 +523,56 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: O
     bool / float tensor *expanded* to (B, H, L, S) (stride 0 on broadcast dims). scale multiplies
     q . k. Returns o: (B, H, L, Ev) contiguous in q's dtype, and lse: (B, H, L) float32 (float64 for
     float64 inputs), the base-2 log-sum-exp of each row's logits (+inf for fully masked rows).
+    With the default interpret and config the launch is prepared once per layouts (`_FORWARD_LAUNCHES`).
     """
+    cached = interpret is None and config is None
+    if cached:
+        key = (_layout_key(q), _layout_key(k), _layout_key(v), _layout_key(mask), causal, scale, _interpret_enabled())
+        launch = _FORWARD_LAUNCHES.get(key)
+        if launch is not None:
+            return launch(q, k, v, mask)
+    launch = _forward_launcher(q, k, v, mask, causal, scale, interpret, config)
+    if cached:
+        _FORWARD_LAUNCHES.put(key, launch)
+    return launch(q, k, v, mask)
+
+
+def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device):
+    # new_empty of an empty tensor (no memory) of that dtype and device: no keyword arguments to parse
+    new_empty = torch.empty(0, dtype=dtype, device=device).new_empty
+    return lambda: new_empty(shape)
+
+
+def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
+    """`launch(q, k, v, mask) -> (o, lse)` for tensors like these (see attention_forward)."""
     batch, heads, length_q, dim = q.shape
     heads_kv, length_k, dim_v = k.shape[1], k.shape[2], v.shape[3]
     interpret = _interpret(interpret)
     acc = _acc_dtype(q)
-    o = torch.empty((batch, heads, length_q, dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, length_q), dtype=to_torch(acc), device=q.device)
-    if o.numel() == 0 and lse.numel() == 0:
-        return o, lse
+    new_o = _allocator((batch, heads, length_q, dim_v), q.dtype, q.device)
+    new_lse = _allocator((batch, heads, length_q), to_torch(acc), q.device)
+    if batch * heads * length_q == 0:     # no rows (then no outputs either)
+        return lambda q, k, v, mask: (new_o(), new_lse())
     block_e, block_ev = head_block(dim), head_block(dim_v)
     config = config or (INTERPRETER_CONFIG if interpret else forward_config(block_e, block_ev))
     blocks = -(-length_q // config.block_m)
     _check_grid(blocks, f"a query length of {length_q}")
+    o, lse = new_o(), new_lse()
     mask_arg, mask_strides, mask_kind = _mask_arguments(mask, q)
-    attention_forward_kernel[(batch * heads, blocks)](
-        o, lse, q, k, v, mask_arg, *_strides(q), *_strides(k), *_strides(v), *_strides(o), *mask_strides,
-        heads, heads // heads_kv, length_q, length_k, dim, dim_v, *_float_pair(float(scale) * LOG2E),
+    prepared = attention_forward_kernel.prepare(
+        (batch * heads, blocks), o, lse, q, k, v, mask_arg, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+        *mask_strides, heads, heads // heads_kv, length_q, length_k, dim, dim_v, *_float_pair(float(scale) * LOG2E),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block_e, BLOCK_EV=block_ev,
         CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc,
         num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret)
-    return o, lse
+    mask_argument = _mask_argument(mask)
+
+    def launch(q, k, v, mask):
+        o, lse = new_o(), new_lse()
+        prepared(o, lse, q, k, v, mask_argument(q, mask))
+        return o, lse
+
+    return launch
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -409,37 +583,65 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     do: (B, H, L, Ev), any strides; q, k, v, mask, causal, scale as given to `attention_forward`;
     o and lse are its results. Deterministic (no atomics): dK/dV of a key/value head are summed over
     the query heads of its group inside one program. `configs`: (dK/dV config, dQ config) to force.
+    With the default interpret and configs the launches are prepared once per layouts.
     """
+    cached = interpret is None and configs is None
+    if cached:
+        key = (_layout_key(do), _layout_key(q), _layout_key(k), _layout_key(v), _layout_key(o), _layout_key(lse),
+               _layout_key(mask), causal, scale, _interpret_enabled())
+        launch = _BACKWARD_LAUNCHES.get(key)
+        if launch is not None:
+            return launch(do, q, k, v, o, lse, mask)
+    launch = _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, configs)
+    if cached:
+        _BACKWARD_LAUNCHES.put(key, launch)
+    return launch(do, q, k, v, o, lse, mask)
+
+
+def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, configs):
+    """`launch(do, q, k, v, o, lse, mask) -> (dq, dk, dv)` for tensors like these (see
+    attention_backward)."""
     batch, heads, length_q, dim = q.shape
     heads_kv, length_k, dim_v = k.shape[1], k.shape[2], v.shape[3]
     interpret = _interpret(interpret)
     acc = _acc_dtype(q)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    new_dq, new_dk, new_dv = (_allocator(tuple(t.shape), t.dtype, t.device) for t in (q, k, v))
     if batch * heads * length_q == 0 or length_k == 0:   # nothing attends: every gradient is 0
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return lambda do, q, k, v, o, lse, mask: (new_dq().zero_(), new_dk().zero_(), new_dv().zero_())
     block_e, block_ev = head_block(dim), head_block(dim_v)
     configs = configs or ((INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(block_e, block_ev))
     kv_config, q_config = configs
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")
-    delta = torch.empty((batch, heads, length_q), dtype=to_torch(acc), device=q.device)
+    new_delta = _allocator((batch, heads, length_q), to_torch(acc), q.device)
+    dq, dk, dv, delta = new_dq(), new_dk(), new_dv(), new_delta()
     mask_arg, mask_strides, mask_kind = _mask_arguments(mask, q)
     common = dict(BLOCK_E=block_e, BLOCK_EV=block_ev, CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc,
                   interpret=interpret)
-    attention_backward_preprocess_kernel[(batch * heads, blocks_m)](
-        delta, o, do, *_strides(o), *_strides(do), heads, length_q, dim_v,
+    preprocess = attention_backward_preprocess_kernel.prepare(
+        (batch * heads, blocks_m), delta, o, do, *_strides(o), *_strides(do), heads, length_q, dim_v,
         BLOCK_M=q_config.block_m, BLOCK_EV=block_ev, ACC=acc, num_warps=4, interpret=interpret)
     scales = (*_float_pair(float(scale) * LOG2E), *_float_pair(float(scale)))
-    attention_backward_dkdv_kernel[(batch * heads_kv, blocks_n)](
-        dk, dv, q, k, v, do, lse, delta, mask_arg,
+    dkdv = attention_backward_dkdv_kernel.prepare(
+        (batch * heads_kv, blocks_n), dk, dv, q, k, v, do, lse, delta, mask_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *mask_strides,
         heads_kv, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=kv_config.block_m, BLOCK_N=kv_config.block_n, num_warps=kv_config.num_warps,
         num_stages=kv_config.num_stages, **common)
-    attention_backward_dq_kernel[(batch * heads, blocks_m)](
-        dq, q, k, v, do, lse, delta, mask_arg,
+    dq_kernel = attention_backward_dq_kernel.prepare(
+        (batch * heads, blocks_m), dq, q, k, v, do, lse, delta, mask_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,
         heads, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=q_config.block_m, BLOCK_N=q_config.block_n, num_warps=q_config.num_warps,
         num_stages=q_config.num_stages, **common)
-    return dq, dk, dv
+    mask_argument = _mask_argument(mask)
+
+    def launch(do, q, k, v, o, lse, mask):
+        dq, dk, dv, delta = new_dq(), new_dk(), new_dv(), new_delta()
+        mask_arg = mask_argument(q, mask)
+        preprocess(delta, o, do)
+        dkdv(dk, dv, q, k, v, do, lse, delta, mask_arg)
+        dq_kernel(dq, q, k, v, do, lse, delta, mask_arg)
+        return dq, dk, dv
+
+    return launch

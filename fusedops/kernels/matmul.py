@@ -5,9 +5,10 @@ launcher.
 
 Kernel. One program computes a BLOCK_M x BLOCK_N tile of C for one batch index (grid axis 1),
 walking K in BLOCK_K steps and accumulating in float32 with `dsl.dot`. On sm_80+ the compiler puts
-the fp16/bf16 dot on tensor cores (mma.sync m16n8k16), stages A and B through swizzled shared
-memory read with ldmatrix, and software-pipelines the loads of the K loop `num_stages` deep with
-cp.async (passes/pipelining.py): the kernel itself is plain tile code.
+the fp16/bf16 dot on tensor cores (mma.sync m16n8k16; on sm_90a wgmma.mma_async m64nNk16, reading
+A and B from shared memory through descriptors), stages A and B through swizzled shared memory
+(read with ldmatrix for mma.sync), and software-pipelines the loads of the K loop `num_stages`
+deep with cp.async (passes/pipelining.py): the kernel itself is plain tile code.
   - Grouped program order (GROUP_M): consecutive programs sweep GROUP_M rows of tiles column by
     column, so the A rows and B columns they read stay in L2 (the ordering of Triton's matmul
     tutorial, itself from CUTLASS's threadblock swizzle).
@@ -19,6 +20,12 @@ cp.async (passes/pipelining.py): the kernel itself is plain tile code.
     (The interpreter also runs float32 and float64 inputs, accumulating in float64 for the latter:
     that is how gradcheck tests the autograd Function on the CPU.)
 
+TMA (opt-in, FUSEDOPS_TMA=1, until the H200 shows it correct and faster): a single product (batch 1)
+whose operands a tensor map can describe runs `matmul_tma_kernel`, the same kernel reading A and B
+through `dsl.make_tensor_descriptor`, so that on sm_90a the bulk tensor copy engine fills the wgmma
+operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs are TMA_CONFIGS.
+Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
+
 Configs are autotuned per (M, N, K, dtypes, device) among `CONFIGS` (fusedops.dsl.autotune) for
 problems of at least AUTOTUNE_MIN_WORK multiply-adds; smaller ones use SMALL_CONFIG and the
 interpreter INTERPRETER_CONFIG.
@@ -26,11 +33,12 @@ interpreter INTERPRETER_CONFIG.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 import fusedops.dsl as dsl
+from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
@@ -93,6 +101,37 @@ def matmul_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K,
     dsl.store(c, acc.to(c_ptr.dtype.element), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+@dsl.jit
+def matmul_tma_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      stride_cm, stride_cn, stride_bias,
+                      BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_K: dsl.constexpr, GROUP_M: dsl.constexpr,
+                      HAS_BIAS: dsl.constexpr, ACTIVATION: dsl.constexpr, ACC: dsl.constexpr):
+    # matmul_kernel for one (M, K) @ (K, N) product (FUSEDOPS_TMA=1), reading A and B through tensor
+    # descriptors: on sm_90a the compiler fills the wgmma operand ring with TMA copies, whose ragged
+    # edges the copy engine zero-fills. c_ptr: (M, N); a_ptr: (M, K); b_ptr: (K, N); grid: (tiles,).
+    pid = dsl.program_id(0)
+    tiles_n = dsl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    group_rows = dsl.minimum(dsl.cdiv(M, BLOCK_M) - group * GROUP_M, GROUP_M)
+    pid_m = group * GROUP_M + (pid % (GROUP_M * tiles_n)) % group_rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+
+    a_desc = dsl.make_tensor_descriptor(a_ptr, (M, K), (stride_am, stride_ak), (BLOCK_M, BLOCK_K))
+    b_desc = dsl.make_tensor_descriptor(b_ptr, (K, N), (stride_bk, stride_bn), (BLOCK_K, BLOCK_N))
+    acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
+    for k0 in range(0, K, BLOCK_K):
+        acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k0)), b_desc.load((k0, pid_n * BLOCK_N)), acc)
+
+    rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + dsl.arange(0, BLOCK_N)
+    if HAS_BIAS:
+        bias = dsl.load(bias_ptr + rn * stride_bias, mask=rn < N, other=0.0)
+        acc = acc + bias.to(ACC)[None, :]
+    acc = _activation(acc, ACTIVATION)
+    c = c_ptr + rm.to(dsl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+    dsl.store(c, acc.to(c_ptr.dtype.element), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
 def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8) -> dsl.Config:
     return dsl.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m},
                       num_warps=num_warps, num_stages=num_stages)
@@ -101,7 +140,7 @@ def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8) -> dsl.
 # Tile configs for mma.sync on sm_80/sm_90 (fp16/bf16): big tiles with 8 warps for big problems
 # (warp tiles of 64x64 or 64x32), 4-warp tiles that fit 2-3 programs per SM, smaller tiles for small
 # M or N. Every one assembles without spills (tests/test_matmul.py).
-CONFIGS = [
+MMA_CONFIGS = [
     _config(128, 256, 64, 8, 3),
     _config(256, 128, 64, 8, 3),
     _config(128, 256, 32, 8, 4),
@@ -111,6 +150,21 @@ CONFIGS = [
     _config(64, 128, 32, 4, 4),
     _config(64, 64, 32, 4, 4),
 ]
+# Tile configs for wgmma on sm_90a (the configs above run there too, as wgmma): two consumer
+# warpgroups of 64 x 256 or 128 x 128 each, or one of 128 x 128, with 4 stages (the K loop keeps
+# one wgmma in flight, which holds one stage, so 2 tiles load while one computes): 192 KB and
+# 128 KB of shared memory, within the 227 KB an sm_90 CTA may use (on sm_80, 164 KB at most, the
+# 192 KB ones fail to launch and the autotuner skips them). The last two take at most 96 KB and
+# ~195 registers x 128 threads, so two CTAs share an SM and one's epilogue and prologue overlap
+# the other's main loop (the epilogue's tile reuses the operand ring: it adds no shared memory).
+WGMMA_CONFIGS = [
+    _config(128, 256, 64, 8, 4),
+    _config(256, 128, 64, 8, 4),
+    _config(128, 128, 64, 4, 4),
+    _config(128, 128, 64, 4, 3),
+    _config(128, 128, 32, 4, 5),
+]
+CONFIGS = MMA_CONFIGS + WGMMA_CONFIGS
 INTERPRETER_CONFIG = _config(16, 16, 16, 4, 1, group_m=2)
 # Problems smaller than this many multiply-adds run SMALL_CONFIG without tuning: they take a few
 # microseconds, less than what the search would cost per new shape.
@@ -118,10 +172,67 @@ AUTOTUNE_MIN_WORK = 1 << 27
 SMALL_CONFIG = _config(64, 64, 32, 4, 3)
 
 tuned_matmul_kernel = dsl.autotune(CONFIGS, key=["M", "N", "K"])(matmul_kernel)
+# FUSEDOPS_TMA=1: wgmma configs only (TMA fills wgmma operand rings; elsewhere descriptors are plain loads).
+TMA_CONFIGS = WGMMA_CONFIGS + [SMALL_CONFIG]
+tuned_matmul_tma_kernel = dsl.autotune(TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
+
+
+def _uses_tma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a launch takes matmul_tma_kernel: FUSEDOPS_TMA=1, one product (batch 1), 16-bit
+    inputs, and operands a tensor map can describe (16-byte aligned, one unit stride, the other a
+    multiple of 16 elements: what the kernel's specialization must prove for the compiler to use
+    TMA; anything else keeps the cp.async kernel)."""
+    if not _tma_enabled() or c.shape[0] != 1 or a.shape[0] != 1 or b.shape[0] != 1 or a.dtype not in INPUT_DTYPES:
+        return False
+    for operand in (a[0], b[0]):
+        strides = operand.stride()
+        if operand.data_ptr() % 16 or sorted(strides)[0] != 1 or max(strides) % 16 or 1 not in strides:
+            return False
+        if strides[0] == strides[1] == 1:
+            return False
+    return True
+
+
+def _tma_enabled() -> bool:
+    from fusedops.dsl.runtime import knobs
+    return knobs.current().tma
+
+
+def _tma_launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+                activation: Optional[str]) -> tuple:
+    """(arguments, constexprs, tiles) of a matmul_tma_kernel launch over batch-1 c, a, b."""
+    m, n, k = c.shape[1], c.shape[2], a.shape[2]
+    has_bias = bias is not None
+    args = (c, a, b, bias if has_bias else c, m, n, k, a.stride(1), a.stride(2), b.stride(1), b.stride(2),
+            c.stride(1), c.stride(2), bias.stride(0) if has_bias else 0)
+    acc = dsl.float64 if torch.float64 in (a.dtype, c.dtype) else dsl.float32
+    return args, {"HAS_BIAS": has_bias, "ACTIVATION": activation, "ACC": acc}, (m, n, k)
 
 
 def _grid(tiles: tuple, batch: int):
     return lambda meta: (dsl.cdiv(tiles[0], meta["BLOCK_M"]) * dsl.cdiv(tiles[1], meta["BLOCK_N"]), batch)
+
+
+def _chosen_config(m: int, n: int, k: int, interpret: bool, config: Optional[dsl.Config]) -> Optional[dsl.Config]:
+    """The config of a launch: `config`, the interpreter's, SMALL_CONFIG for small problems, or None
+    (autotune)."""
+    chosen = config or (INTERPRETER_CONFIG if interpret else None)
+    if chosen is None and m * n * max(k, 1) < AUTOTUNE_MIN_WORK:
+        chosen = SMALL_CONFIG
+    return chosen
+
+
+def _launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+            activation: Optional[str]) -> tuple:
+    """(arguments, constexprs, tiles) of one launch over 3-D c, a, b (batch <= MAX_GRID_Y)."""
+    m, n, k = c.shape[1], c.shape[2], a.shape[2]
+    has_bias = bias is not None
+    args = (c, a, b, bias if has_bias else c, m, n, k,
+            a.stride(0) if a.shape[0] > 1 else 0, a.stride(1), a.stride(2),
+            b.stride(0) if b.shape[0] > 1 else 0, b.stride(1), b.stride(2),
+            c.stride(0), c.stride(1), c.stride(2), bias.stride(0) if has_bias else 0)
+    acc = dsl.float64 if torch.float64 in (a.dtype, c.dtype) else dsl.float32
+    return args, {"HAS_BIAS": has_bias, "ACTIVATION": activation, "ACC": acc}, (m, n, k)
 
 
 def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -134,34 +245,61 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
     stride, or None. `config` forces a config (tests, benchmarks); by default it is autotuned (the
     interpreter uses INTERPRETER_CONFIG). Returns c.
     """
-    batch, m, n = c.shape
-    k = a.shape[2]
+    batch = c.shape[0]
     if c.numel() == 0:
         return c
     if interpret is None:
-        from fusedops.dsl.runtime import knobs
-        interpret = knobs.current().interpret
-    has_bias = bias is not None
-    bias_arg = bias if has_bias else c
-    acc = dsl.float64 if torch.float64 in (a.dtype, c.dtype) else dsl.float32
-    constexprs = {"HAS_BIAS": has_bias, "ACTIVATION": activation, "ACC": acc}
+        interpret = _interpret_enabled()
+    if _uses_tma(c, a, b):
+        args, constexprs, (m, n, k) = _tma_launch(c, a, b, bias, activation)
+        chosen = _chosen_config(m, n, k, interpret, config)
+        if chosen is None:
+            tuned_matmul_tma_kernel[_grid((m, n), 1)](*args, interpret=False, **constexprs)
+        else:
+            grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]),)
+            matmul_tma_kernel[grid](*args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
+                                    interpret=interpret, **constexprs, **chosen.constexprs)
+        return c
     for start in range(0, batch, MAX_GRID_Y):
         stop = min(batch, start + MAX_GRID_Y)
         cs, as_, bs = c[start:stop], a[start:stop] if a.shape[0] > 1 else a, b[start:stop] if b.shape[0] > 1 else b
-        args = (cs, as_, bs, bias_arg, m, n, k,
-                as_.stride(0) if as_.shape[0] > 1 else 0, as_.stride(1), as_.stride(2),
-                bs.stride(0) if bs.shape[0] > 1 else 0, bs.stride(1), bs.stride(2),
-                cs.stride(0), cs.stride(1), cs.stride(2), bias.stride(0) if has_bias else 0)
-        grid = _grid((m, n), stop - start)
-        chosen = config or (INTERPRETER_CONFIG if interpret else None)
-        if chosen is None and m * n * max(k, 1) < AUTOTUNE_MIN_WORK:
-            chosen = SMALL_CONFIG
+        args, constexprs, (m, n, k) = _launch(cs, as_, bs, bias, activation)
+        chosen = _chosen_config(m, n, k, interpret, config)
         if chosen is None:
-            tuned_matmul_kernel[grid](*args, interpret=False, **constexprs)
+            tuned_matmul_kernel[_grid((m, n), stop - start)](*args, interpret=False, **constexprs)
         else:
+            grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]), stop - start)
             matmul_kernel[grid](*args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
                                 interpret=interpret, **constexprs, **chosen.constexprs)
     return c
+
+
+def prepare_matmul(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                   activation: Optional[str] = None) -> Optional[Callable]:
+    """`launch(c, a, b, bias)`, the GPU launch of `matmul_into(c, a, b, bias, activation)` prepared for
+    tensors shaped, strided and typed like these on their device (JITFunction.prepare); `bias` is None
+    where it is None here. None where one launch does not do (an empty c, batches over MAX_GRID_Y).
+    An autotuned problem is tuned here first (which launches)."""
+    if c.numel() == 0 or c.shape[0] > MAX_GRID_Y:
+        return None
+    if _uses_tma(c, a, b):
+        kernel, tuned, (args, constexprs, (m, n, k)) = (matmul_tma_kernel, tuned_matmul_tma_kernel,
+                                                        _tma_launch(c, a, b, bias, activation))
+    else:
+        kernel, tuned, (args, constexprs, (m, n, k)) = (matmul_kernel, tuned_matmul_kernel,
+                                                        _launch(c, a, b, bias, activation))
+    chosen = _chosen_config(m, n, k, False, None)
+    if chosen is None:
+        tuned[_grid((m, n), c.shape[0])](*args, interpret=False, **constexprs)
+        chosen = tuned.best.get(tuned.key_of(args, constexprs))
+        if chosen is None:
+            return None
+    grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]), c.shape[0])
+    prepared = kernel.prepare(grid, *args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
+                              interpret=False, **constexprs, **chosen.constexprs)
+    if bias is None:    # the kernel's bias pointer is c then (unread)
+        return lambda c, a, b, bias: prepared(c, a, b, c)
+    return prepared
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None,

@@ -51,18 +51,23 @@ import fusedops.dsl as dsl
 @dsl.jit
 def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
                    n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
-                   SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr):
+                   SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
+                   ALIGN: dsl.constexpr = 1):
     # x_ptr: (n_rows, n_cols) strided; y_ptr: (n_rows, n_cols) unit column stride; weight_ptr, bias_ptr:
     # (n_cols,) contiguous or None; mean_ptr (LayerNorm only, else None), rstd_ptr: (n_rows,) float32/64.
     # One program per BLOCK_ROWS rows; BLOCK_N >= n_cols.
+    # ALIGN: a power of two dividing both row strides (in elements), so that rows of e.g. 1000 fp16
+    # elements still start 16-byte vectors.
     acc_dtype = rstd_ptr.dtype.element
     rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
-    cols = dsl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
-    col_mask = cols < n_cols
-    mask = row_mask[:, None] & col_mask[None, :]
     rows64 = rows.to(dsl.int64)
-    x = dsl.load(x_ptr + rows64[:, None] * x_row_stride + cols[None, :] * x_col_stride, mask=mask, other=0.0)
+    cols = dsl.arange(0, BLOCK_N)[None, :]
+    col_mask = cols < n_cols
+    x_offsets = dsl.multiple_of(rows64 * x_row_stride, ALIGN)[:, None] + cols * x_col_stride
+    y_offsets = dsl.multiple_of(rows64 * y_row_stride, ALIGN)[:, None] + cols
+    mask = row_mask[:, None] & col_mask
+    x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN:
         mean = dsl.sum(x, axis=1) / n_cols
@@ -70,10 +75,10 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if weight_ptr is not None:
-        y = y * dsl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)[None, :]
+        y = y * dsl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)
     if bias_ptr is not None:
-        y = y + dsl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)[None, :]
-    dsl.store(y_ptr + rows64[:, None] * y_row_stride + cols[None, :], y, mask=mask)
+        y = y + dsl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)
+    dsl.store(y_ptr + y_offsets, y, mask=mask)
     if SUBTRACT_MEAN:
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
     dsl.store(rstd_ptr + rows, rstd, mask=row_mask)

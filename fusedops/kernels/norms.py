@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, Optional
 
 import torch
 
 import fusedops.dsl as dsl
+from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels import norm_kernels as K
 
 _INT32_LIMIT = 2**31
@@ -77,14 +80,16 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def forward_config(n_cols: int, dtype: torch.dtype) -> ForwardConfig:
     """Whole rows in registers while the padded row is at most 64 KiB of input (32768 16-bit, 16384
-    float32, 8192 float64 columns; ptxas keeps these without spills), else the looped kernel. About 16
-    columns per thread (8 for float64), at most 32 warps."""
+    float32, 8192 float64 columns; ptxas keeps these without spills), else the looped kernel. About 64
+    columns per thread and at least 4 warps: fewer, fuller warps made the cross-warp reductions
+    cheaper and left room for more programs per SM (bench/layernorm.py --sweep on the H200: 4 warps
+    up to 8192 columns, 8 at 16384, 16 at 32768 were the fastest)."""
     block_n = _next_power_of_2(n_cols)
-    acc_bytes = accumulation_dtype(dtype).itemsize
     if block_n * dtype.itemsize <= 64 * 1024:
-        num_warps = min(32, max(4, block_n * acc_bytes // 2048))
+        num_warps = min(32, max(4, block_n // 2048))
         return ForwardConfig(looped=False, block_rows=max(1, 2048 // block_n), block_n=block_n,
                              num_warps=num_warps)
+    acc_bytes = accumulation_dtype(dtype).itemsize
     return ForwardConfig(looped=True, block_rows=1, block_n=16384 // acc_bytes, num_warps=8)
 
 
@@ -135,42 +140,156 @@ def _check_rows(n_rows: int) -> None:
         raise ValueError(f"{n_rows} rows: at most {_INT32_LIMIT - 1} rows are supported (row indices are int32)")
 
 
+# Launches of norm_forward / norm_backward with the default options, per everything they derive from
+# their tensors but the addresses (shapes, strides, dtypes, devices, flags, eps, the interpreter flag):
+# `_forward_launcher` / `_backward_launcher` closures whose kernels are prepared (JITFunction.prepare).
+_FORWARD_LAUNCHES = BoundedCache(1024)
+_BACKWARD_LAUNCHES = BoundedCache(1024)
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_geometry(shape: tuple, strides: tuple, n_cols: int) -> tuple:
+    """(n_rows, row stride, column stride) of a tensor of `shape` and `strides` whose trailing dims hold
+    n_cols elements, read as (n_rows, n_cols) rows in place: the strides of `as_rows`' view. The strides
+    are None when as_rows copies (the leading or the trailing dims do not merge into one, as
+    torch.Tensor.view requires, or column offsets would pass int32)."""
+    split, count = len(shape), 1
+    while split > 0 and (count != n_cols or split == len(shape)):
+        split -= 1
+        count *= shape[split]
+    n_rows = math.prod(shape[:split])
+    if count != n_cols:
+        return n_rows, None, None
+
+    def merged(dims) -> Optional[int]:      # the stride of `dims` viewed as one dim; 0: no dim of size > 1
+        dims = [(size, stride) for size, stride in dims if size != 1]
+        if any(outer != size * stride for (_, outer), (size, stride) in zip(dims, dims[1:])):
+            return None
+        return dims[-1][1] if dims else 0
+
+    col_stride = merged(zip(shape[split:], strides[split:]))
+    row_stride = merged(zip(shape[:split], strides[:split]))
+    if col_stride is None or row_stride is None or (n_cols - 1) * col_stride >= _INT32_LIMIT:
+        return n_rows, None, None
+    col_stride = col_stride if n_cols > 1 else 1
+    return n_rows, (row_stride if n_rows > 1 else n_cols * col_stride), col_stride
+
+
+
+
 def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, *,
-                 subtract_mean: bool, config: Optional[ForwardConfig] = None, interpret: Optional[bool] = None,
-                 allocate: Callable = torch.empty):
+                 subtract_mean: bool, n_cols: Optional[int] = None, config: Optional[ForwardConfig] = None,
+                 interpret: Optional[bool] = None, allocate: Callable = torch.empty):
     """LayerNorm (subtract_mean=True) or RMSNorm forward of the rows of `x`.
 
     Args:
-        x: (M, N) float16/bfloat16/float32/float64, any strides.
-        weight, bias: (N,) or None (any floating dtype; converted on load).
+        x: (M, N) float16/bfloat16/float32/float64, any strides; or any shape whose trailing dims hold
+            n_cols = N elements (M rows: the product of the others), read as rows in place where a
+            (M, N) view with one row and one column stride exists (else copied, see `as_rows`).
+        weight, bias: N elements or None (any floating dtype; converted on load).
         eps: added to the variance (mean square) in the accumulation dtype.
+        n_cols: N when x is not 2-D (default: x.shape[-1]).
         allocate: makes every output, called as torch.empty(shape, dtype=, device=) (tests poison them).
 
     Returns:
-        (y, mean, rstd): y (M, N) contiguous in x's dtype; mean (M,) (None for RMSNorm) and rstd (M,) in
-        the accumulation dtype (float32, float64 for float64 x).
+        (y, mean, rstd): y shaped like x, contiguous, in x's dtype; mean (M,) (None for RMSNorm) and rstd
+        (M,) in the accumulation dtype (float32, float64 for float64 x).
+
+    With the default config, interpret and allocate, the launch is prepared once per shapes, strides,
+    dtypes, devices, flags and eps (`_FORWARD_LAUNCHES`): a repeated call costs its allocations and
+    one launch.
     """
-    n_rows, n_cols = x.shape
+    cached = config is None and interpret is None and allocate is torch.empty
+    if cached:
+        key = (x.shape, x.stride(), x.dtype, x.get_device(), n_cols,
+               None if weight is None else (weight.dtype, weight.is_contiguous(), weight.get_device()),
+               None if bias is None else (bias.dtype, bias.is_contiguous(), bias.get_device()),
+               eps, subtract_mean, _interpret_enabled())
+        launch = _FORWARD_LAUNCHES.get(key)
+        if launch is not None:
+            return launch(x, weight, bias)
+    launch = _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate)
+    if cached:
+        _FORWARD_LAUNCHES.put(key, launch)
+    return launch(x, weight, bias)
+
+
+def _output_allocator(x: torch.Tensor, allocate: Callable) -> Callable:
+    """`new(x)`: an uninitialized contiguous tensor shaped and typed like x, on its device."""
+    if allocate is torch.empty and x.is_contiguous():
+        return torch.empty_like     # half the host cost of torch.empty(shape, ...); x's strides are contiguous
+    shape, dtype, device = tuple(x.shape), x.dtype, x.device
+    return lambda x: allocate(shape, dtype=dtype, device=device)
+
+
+def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device, allocate: Callable) -> Callable:
+    """`new()`: an uninitialized tensor of `shape` and `dtype` on `device`, made by `allocate`."""
+    if allocate is torch.empty:
+        # new_empty of an empty tensor (no memory) of that dtype and device: no keyword arguments to parse
+        return functools.partial(torch.empty(0, dtype=dtype, device=device).new_empty, shape)
+    return functools.partial(allocate, shape, dtype=dtype, device=device)
+
+
+def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate) -> Callable:
+    """`launch(x, weight, bias) -> (y, mean, rstd)` for tensors like these (see norm_forward)."""
+    n_cols = x.shape[-1] if n_cols is None else n_cols
+    n_rows, row_stride, col_stride = _row_geometry(tuple(x.shape), x.stride(), n_cols)
     _check_rows(n_rows)
-    acc = accumulation_dtype(x.dtype)
-    y = allocate((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    mean = allocate((n_rows,), dtype=acc, device=x.device) if subtract_mean else None
-    rstd = allocate((n_rows,), dtype=acc, device=x.device)
+    device, acc = x.device, accumulation_dtype(x.dtype)
+    new_output = _output_allocator(x, allocate)
+    in_place = row_stride is not None
+    if not in_place:        # as_rows copies: contiguous rows
+        row_stride, col_stride = n_cols, 1
+    copy_weight = weight is not None and not weight.is_contiguous()
+    copy_bias = bias is not None and not bias.is_contiguous()
+
+    new_statistic = _allocator((n_rows,), acc, device, allocate)
+
+    def allocate_outputs(x):
+        return new_output(x), new_statistic() if subtract_mean else None, new_statistic()
+
     if n_rows == 0 or n_cols == 0:
-        return y, mean, rstd
-    weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
+        return lambda x, weight, bias: allocate_outputs(x)
     config = config or forward_config(n_cols, x.dtype)
-    args = (y, mean, rstd, x, weight, bias, n_rows, n_cols, x.stride(0), x.stride(1), y.stride(0), float(eps))
+    y, mean, rstd = allocate_outputs(x)
+    rows = x if in_place else as_rows(x, n_rows, n_cols)
+    weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
+    args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, float(eps))
     if config.looped:
-        K.forward_looped_kernel[(n_rows,)](*args, SUBTRACT_MEAN=subtract_mean, BLOCK_N=config.block_n,
-                                           num_warps=config.num_warps, interpret=interpret)
+        prepared = K.forward_looped_kernel.prepare((n_rows,), *args, SUBTRACT_MEAN=subtract_mean,
+                                                   BLOCK_N=config.block_n, num_warps=config.num_warps,
+                                                   interpret=interpret)
     else:
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
-        K.forward_kernel[(dsl.cdiv(n_rows, config.block_rows),)](
-            *args, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+        prepared = K.forward_kernel.prepare(
+            (dsl.cdiv(n_rows, config.block_rows),), *args, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows,
+            BLOCK_N=config.block_n, ALIGN=_stride_alignment(row_stride, n_cols, x.element_size()),
             num_warps=config.num_warps, interpret=interpret)
-    return y, mean, rstd
+
+    def launch(x, weight, bias):
+        y, mean, rstd = new_output(x), new_statistic() if subtract_mean else None, new_statistic()
+        if not in_place:
+            x = as_rows(x, n_rows, n_cols)
+        if copy_weight:
+            weight = weight.reshape(-1).contiguous()
+        if copy_bias:
+            bias = bias.reshape(-1).contiguous()
+        prepared(y, mean, rstd, x, weight, bias)
+        return y, mean, rstd
+
+    return launch
+
+
+def _row_alignment(x: torch.Tensor, y: torch.Tensor) -> int:
+    """forward_kernel's ALIGN: the power of two, at most a 16-byte vector, dividing both row strides."""
+    return _stride_alignment(x.stride(0), y.stride(0), x.element_size())
+
+
+def _stride_alignment(x_row_stride: int, y_row_stride: int, element_size: int) -> int:
+    """_row_alignment from the row strides (elements) and the element size (bytes)."""
+    strides = x_row_stride | y_row_stride | (16 // element_size)
+    return strides & -strides
 
 
 def _row_groups(n_rows: int, block_rows: int, target_programs: int) -> tuple:
@@ -184,77 +303,159 @@ def _row_groups(n_rows: int, block_rows: int, target_programs: int) -> tuple:
 
 def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: Optional[torch.Tensor],
                   rstd: torch.Tensor, *, subtract_mean: bool, input_grad: bool, weight_grad: bool, bias_grad: bool,
-                  bias_dtype: Optional[torch.dtype] = None, config: Optional[BackwardConfig] = None,
-                  interpret: Optional[bool] = None, allocate: Callable = torch.empty):
+                  bias_dtype: Optional[torch.dtype] = None, n_cols: Optional[int] = None,
+                  config: Optional[BackwardConfig] = None, interpret: Optional[bool] = None,
+                  allocate: Callable = torch.empty):
     """Gradients of norm_forward.
 
     Args:
-        dy, x: (M, N), any strides (dy may be expanded, stride 0); dy has x's dtype.
-        weight: (N,) or None; mean (LayerNorm; else None), rstd: (M,) as returned by norm_forward.
+        dy, x: (M, N), any strides (dy may be expanded, stride 0); or, with n_cols = N, any shape whose
+            trailing dims hold N elements (as for norm_forward); dy has x's dtype and shape.
+        weight: N elements or None; mean (LayerNorm; else None), rstd: (M,) as returned by norm_forward.
         input_grad, weight_grad, bias_grad: which gradients to compute (weight_grad needs a weight).
         bias_dtype: the dtype of dbias (the bias's).
         allocate: makes every output and scratch buffer, as in norm_forward.
 
     Returns:
-        (dx, dweight, dbias): dx (M, N) contiguous in x's dtype, dweight (N,) in weight's dtype, dbias
-        (N,) in bias_dtype; None for a gradient that was not asked for. dweight and dbias are
+        (dx, dweight, dbias): dx shaped like x, contiguous, in x's dtype, dweight (N,) in weight's dtype,
+        dbias (N,) in bias_dtype; None for a gradient that was not asked for. dweight and dbias are
         deterministic: per-program partial sums reduced in a fixed order.
+
+    With the default config, interpret and allocate the launches are prepared once per shapes, strides,
+    dtypes, devices and flags (`_BACKWARD_LAUNCHES`).
     """
-    n_rows, n_cols = x.shape
+    cached = config is None and interpret is None and allocate is torch.empty
+    if cached:
+        key = (x.shape, x.stride(), dy.stride(), x.dtype, dy.dtype, x.get_device(), dy.get_device(), n_cols,
+               None if weight is None else (weight.dtype, weight.is_contiguous(), weight.get_device()),
+               mean is None, rstd.dtype, subtract_mean, input_grad, weight_grad, bias_grad, bias_dtype,
+               _interpret_enabled())
+        launch = _BACKWARD_LAUNCHES.get(key)
+        if launch is not None:
+            return launch(dy, x, weight, mean, rstd)
+    launch = _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, weight_grad, bias_grad,
+                                bias_dtype, n_cols, config, interpret, allocate)
+    if cached:
+        _BACKWARD_LAUNCHES.put(key, launch)
+    return launch(dy, x, weight, mean, rstd)
+
+
+def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, weight_grad, bias_grad, bias_dtype,
+                       n_cols, config, interpret, allocate) -> Callable:
+    """`launch(dy, x, weight, mean, rstd) -> (dx, dweight, dbias)` for tensors like these (see
+    norm_backward)."""
+    n_cols = x.shape[-1] if n_cols is None else n_cols
+    n_rows, x_row_stride, x_col_stride = _row_geometry(tuple(x.shape), x.stride(), n_cols)
+    _, dy_row_stride, dy_col_stride = _row_geometry(tuple(dy.shape), dy.stride(), n_cols)
+    x_in_place, dy_in_place = x_row_stride is not None, dy_row_stride is not None
+    if not x_in_place:      # as_rows copies: contiguous rows
+        x_row_stride, x_col_stride = n_cols, 1
+    if not dy_in_place:
+        dy_row_stride, dy_col_stride = n_cols, 1
     device, acc = x.device, rstd.dtype
-    dx = allocate((n_rows, n_cols), dtype=x.dtype, device=device) if input_grad else None
-    dweight = allocate((n_cols,), dtype=weight.dtype, device=device) if weight_grad else None
-    dbias = allocate((n_cols,), dtype=bias_dtype, device=device) if bias_grad else None
+    new_dx = _output_allocator(x, allocate)
+    new_dweight = _allocator((n_cols,), weight.dtype, device, allocate) if weight_grad else None
+    new_dbias = _allocator((n_cols,), bias_dtype, device, allocate) if bias_grad else None
+    copy_weight = weight is not None and not weight.is_contiguous()
+
+    def allocate_gradients(x):
+        return (new_dx(x) if input_grad else None, new_dweight() if weight_grad else None,
+                new_dbias() if bias_grad else None)
+
     if n_rows == 0 or n_cols == 0:
-        for grad in (dweight, dbias):
-            if grad is not None:
-                grad.zero_()
-        return dx, dweight, dbias
-    weight = _contiguous_or_none(weight)
+        def no_rows(dy, x, weight, mean, rstd):
+            dx, dweight, dbias = allocate_gradients(x)
+            for grad in (dweight, dbias):
+                if grad is not None:
+                    grad.zero_()
+            return dx, dweight, dbias
+        return no_rows
     config = config or backward_config(n_cols, x.dtype)
     target_programs = _sm_count(device) * config.programs_per_sm
-    strides = (x.stride(0), x.stride(1), dy.stride(0), dy.stride(1))
+    strides = (x_row_stride, x_col_stride, dy_row_stride, dy_col_stride)
     tiling = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
                   PREFETCH=config.prefetch, num_warps=config.num_warps, interpret=interpret)
+    # Example tensors to prepare the launches with (the launches take each call's own).
+    dx, dweight, dbias = allocate_gradients(x)
+    dy_rows = dy if dy_in_place else as_rows(dy, n_rows, n_cols)
+    x_rows = x if x_in_place else as_rows(x, n_rows, n_cols)
+    weight = _contiguous_or_none(weight)
     if not config.split:
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
         rows_per_program, groups = _row_groups(n_rows, config.block_rows, target_programs)
-        dweight_partial, dbias_partial = (allocate((groups, n_cols), dtype=acc, device=device) if wanted else None
-                                          for wanted in (weight_grad, bias_grad))
-        K.backward_fused_kernel[(groups,)](dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd, n_rows,
-                                           n_cols, rows_per_program, *strides, n_cols, **tiling)
+        chunks, new_partial, new_chunk_partial = 0, _allocator((groups, n_cols), acc, device, allocate), None
+        dweight_partial = new_partial() if weight_grad else None
+        dbias_partial = new_partial() if bias_grad else None
+        main = K.backward_fused_kernel.prepare((groups,), dx, dweight_partial, dbias_partial, dy_rows, x_rows, weight,
+                                               mean, rstd, n_rows, n_cols, rows_per_program, *strides, n_cols,
+                                               **tiling)
+        input_kernel = None
     else:
         chunks = dsl.cdiv(n_cols, config.block_n)
         rows_per_program, groups = _row_groups(n_rows, config.block_rows, max(1, target_programs // chunks))
-        dweight_partial, dbias_partial = (allocate((groups, n_cols), dtype=acc, device=device) if wanted else None
-                                          for wanted in (weight_grad, bias_grad))
-        c1_partial = allocate((n_rows, chunks), dtype=acc, device=device) if input_grad else None
-        c2_partial = allocate((n_rows, chunks), dtype=acc, device=device) if input_grad and subtract_mean else None
-        K.backward_partials_kernel[(groups * chunks,)](c1_partial, c2_partial, dweight_partial, dbias_partial, dy, x,
-                                                       weight, mean, rstd, n_rows, n_cols, rows_per_program,
-                                                       *strides, **tiling)
+        new_partial = _allocator((groups, n_cols), acc, device, allocate)
+        new_chunk_partial = _allocator((n_rows, chunks), acc, device, allocate)
+        dweight_partial = new_partial() if weight_grad else None
+        dbias_partial = new_partial() if bias_grad else None
+        c1_partial = new_chunk_partial() if input_grad else None
+        c2_partial = new_chunk_partial() if input_grad and subtract_mean else None
+        main = K.backward_partials_kernel.prepare((groups * chunks,), c1_partial, c2_partial, dweight_partial,
+                                                  dbias_partial, dy_rows, x_rows, weight, mean, rstd, n_rows, n_cols,
+                                                  rows_per_program, *strides, **tiling)
+        input_kernel = None
         if input_grad:
             grid = (dsl.cdiv(n_rows, config.input_block_rows) * dsl.cdiv(n_cols, config.input_block_n),)
-            K.backward_input_kernel[grid](dx, dy, x, weight, mean, rstd, c1_partial, c2_partial, n_rows, n_cols,
-                                          chunks, *strides, n_cols, SUBTRACT_MEAN=subtract_mean,
-                                          BLOCK_ROWS=config.input_block_rows, BLOCK_N=config.input_block_n,
-                                          BLOCK_CHUNKS=min(_next_power_of_2(chunks), 64),
-                                          num_warps=config.input_num_warps, interpret=interpret)
+            input_kernel = K.backward_input_kernel.prepare(
+                grid, dx, dy_rows, x_rows, weight, mean, rstd, c1_partial, c2_partial, n_rows, n_cols, chunks,
+                *strides, n_cols, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.input_block_rows,
+                BLOCK_N=config.input_block_n, BLOCK_CHUNKS=min(_next_power_of_2(chunks), 64),
+                num_warps=config.input_num_warps, interpret=interpret)
+    column_sums = None
     if weight_grad or bias_grad:
-        _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret)
-    return dx, dweight, dbias
+        column_sums = _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret)
+
+    split = config.split
+
+    def launch(dy, x, weight, mean, rstd):
+        dx, dweight, dbias = allocate_gradients(x)
+        if not dy_in_place:
+            dy = as_rows(dy, n_rows, n_cols)
+        if not x_in_place:
+            x = as_rows(x, n_rows, n_cols)
+        if copy_weight:
+            weight = weight.reshape(-1).contiguous()
+        dweight_partial = new_partial() if weight_grad else None
+        dbias_partial = new_partial() if bias_grad else None
+        if not split:
+            main(dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd)
+        else:
+            c1_partial = new_chunk_partial() if input_grad else None
+            c2_partial = new_chunk_partial() if input_grad and subtract_mean else None
+            main(c1_partial, c2_partial, dweight_partial, dbias_partial, dy, x, weight, mean, rstd)
+            if input_kernel is not None:
+                input_kernel(dx, dy, x, weight, mean, rstd, c1_partial, c2_partial)
+        if column_sums is not None:
+            column_sums(dweight, dweight_partial, dbias, dbias_partial)
+        return dx, dweight, dbias
+
+    return launch
 
 
-def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> None:
-    """dweight = dweight_partial.sum(0) and dbias = dbias_partial.sum(0), in one launch."""
-    if dweight is None:
-        dweight, dweight_partial, dbias, dbias_partial = dbias, dbias_partial, None, None
-    n_partials, n_cols = dweight_partial.shape
+def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> Callable:
+    """The prepared launch `sums(dweight, dweight_partial, dbias, dbias_partial)` that sets
+    dweight = dweight_partial.sum(0) and dbias = dbias_partial.sum(0) in one launch (for tensors like
+    these; either pair may be None)."""
+    first = dweight_partial if dweight is not None else dbias_partial
+    n_partials, n_cols = first.shape
     # About 2048 elements per program: as many partial rows at once as possible (the loop over them is
     # latency-bound), and enough column blocks to spread over the SMs.
     block_p = min(_next_power_of_2(n_partials), 128)
     block_n = min(max(2048 // block_p, 16), _next_power_of_2(n_cols))
-    K.column_sum_kernel[(dsl.cdiv(n_cols, block_n),)](dweight, dweight_partial, dbias, dbias_partial, n_partials,
-                                                     n_cols, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
-                                                     interpret=interpret)
+    grid = (dsl.cdiv(n_cols, block_n),)
+    if dweight is None:
+        prepared = K.column_sum_kernel.prepare(grid, dbias, dbias_partial, None, None, n_partials, n_cols,
+                                               BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4, interpret=interpret)
+        return lambda dweight, dweight_partial, dbias, dbias_partial: prepared(dbias, dbias_partial, None, None)
+    return K.column_sum_kernel.prepare(grid, dweight, dweight_partial, dbias, dbias_partial, n_partials, n_cols,
+                                       BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4, interpret=interpret)

@@ -40,18 +40,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 import fusedops.dsl as dsl
+from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 
 # Longest row the forward reads in one pass (elements); longer rows take the online path.
 MAX_ONE_PASS_BLOCK = 32768
 # Largest one-pass tile of the backward (dy and y in registers) and of column tiles.
 MAX_ONE_PASS_TILE = 16384
-# Chunk of a row per step of the online path.
-ONLINE_BLOCK = 8192
+# Chunk of a row per step of the online path: 2048 columns at 4 warps (16 per thread) let 8 programs
+# share an SM, which kept the most bytes in flight (H200, M=8192, N=50257 fp16: forward 0.87 ms against
+# 1.38 ms with 8192-column chunks at 16 warps; N=65536: 0.86 ms against 0.88 ms).
+ONLINE_BLOCK = 2048
 # num_warps of a one-row tile by its block: 8 to 32 elements per thread, i.e. one to four 16-byte
 # fp16 loads in flight, and at most 64 registers at 32 warps (what 1024 threads may use).
 ROW_NUM_WARPS = {1024: 4, 2048: 4, 4096: 8, 8192: 16, 16384: 16, 32768: 32}
@@ -90,15 +94,26 @@ def _program_rows(n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.
 
 @dsl.jit
 def _tile(outer, inner, row_mask, cols, n_cols, outer_stride, inner_stride, col_stride,
-          TILE: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr):
+          TILE: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr,
+          SHIFT: dsl.constexpr):
     # -> (offsets, mask) of one tensor's tile: rows (outer, inner) x columns `cols`.
     # ALIGN: a power of two dividing the strides that start each contiguous run (row strides for
     # "rows", outer and col strides for "columns"), so that e.g. rows of 1000 fp16 elements
     # still get 16-byte vectors (the launcher only specializes strides divisible by 16).
+    # SHIFT (0, or the elements of a 16-byte vector; "rows" tiles without SPLIT, unit column
+    # strides, one row stride shared by every tensor, 16-byte aligned tensors): rows that start
+    # anywhere (odd N) are addressed through a window starting at the 16-byte boundary at or before
+    # the row: `cols` are then window positions, and the row's column c sits at window position
+    # c + (row start mod SHIFT), the same for every tensor. Whole 16-byte groups move as vectors.
     if SPLIT:
         base = outer * outer_stride + inner * inner_stride
     else:
         base = outer * outer_stride
+    if SHIFT:
+        shift = base % SHIFT
+        window = dsl.multiple_of(base - shift, SHIFT)
+        logical = cols[None, :] - shift.to(dsl.int32)[:, None]
+        return window[:, None] + cols[None, :], row_mask[:, None] & (logical >= 0) & (logical < n_cols)
     base = dsl.multiple_of(base, ALIGN)
     if WIDE:
         col_offsets = cols.to(dsl.int64) * col_stride
@@ -127,14 +142,6 @@ def _row_sum(x, TILE: dsl.constexpr):
 
 
 @dsl.jit
-def _row_stat(value, TILE: dsl.constexpr, ROWS: dsl.constexpr, ACC: dsl.constexpr):
-    # A per-row statistic filled with `value`, shaped like `_row_max`'s result.
-    if TILE == "rows":
-        return dsl.full((ROWS, 1), value, ACC)
-    return dsl.full((1, ROWS), value, ACC)
-
-
-@dsl.jit
 def _forward_kernel(
     y_ptr, x_ptr,                                   # (outer, n_cols, inner) through the strides below
     n_rows, n_cols, n_inner, inner_blocks,          # n_rows = outer * inner; inner_blocks: "columns" only
@@ -142,14 +149,15 @@ def _forward_kernel(
     y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
+    SHIFT: dsl.constexpr = 0,
 ):
     outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         x_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, x_outer_stride, x_inner_stride,
-                                x_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                x_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
         y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
-                             y_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                             y_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
         x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
         shifted = x - _row_max(x, TILE)
         numerator = dsl.exp(shifted)
@@ -160,27 +168,35 @@ def _forward_kernel(
             y = numerator * (1.0 / total)
         dsl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element), mask=mask)
     else:
-        running_max = _row_stat(-float("inf"), TILE, ROWS, ACC)
-        running_sum = _row_stat(0.0, TILE, ROWS, ACC)
-        for start in range(0, n_cols, BLOCK):
+        # Every lane keeps its own running max and rescaled sum over the columns it sees, so the loop
+        # has no cross-thread reduction (no barrier: warps and chunks overlap); one exp per element:
+        # with d = x - lane_max, a larger x rescales the sum by exp(-d) and adds 1, a smaller one adds
+        # exp(d). Masked-off (-inf) elements leave a lane unchanged. The lanes merge once at the end.
+        lane_max = dsl.full((BLOCK, ROWS) if TILE == "columns" else (ROWS, BLOCK), -float("inf"), ACC)
+        lane_sum = dsl.zeros((BLOCK, ROWS) if TILE == "columns" else (ROWS, BLOCK), ACC)
+        for start in range(0, n_cols + SHIFT, BLOCK):
             x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
-                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
-            new_max = dsl.maximum(running_max, _row_max(x, TILE))
-            # While a row has seen only -inf, shift by 0 instead of -inf: exp(-inf - (-inf)) is NaN.
-            shift = dsl.where(new_max == -float("inf"), 0.0, new_max)
-            running_sum = running_sum * dsl.exp(running_max - shift) + _row_sum(dsl.exp(x - shift), TILE)
-            running_max = new_max
+            difference = x - lane_max
+            scale = dsl.exp(-dsl.abs(difference))
+            updated = dsl.where(difference > 0.0, lane_sum * scale + 1.0, lane_sum + scale)
+            lane_sum = dsl.where(x == -float("inf"), lane_sum, updated)
+            lane_max = dsl.maximum(lane_max, x)
+        running_max = _row_max(lane_max, TILE)
+        # A row that has seen only -inf: shift by 0 instead of -inf (exp(-inf - (-inf)) is NaN).
+        shift = dsl.where(running_max == -float("inf"), 0.0, running_max)
+        running_sum = _row_sum(lane_sum * dsl.exp(lane_max - shift), TILE)
         # x - max is exact; adding log(sum) to the max first would round at the max's magnitude.
         if LOG:
             log_total = dsl.log(running_sum)
         else:
             inverse = 1.0 / running_sum
-        for start in range(0, n_cols, BLOCK):
+        for start in range(0, n_cols + SHIFT, BLOCK):
             x_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, x_outer_stride,
-                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                    x_inner_stride, x_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
             y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=-float("inf")).to(ACC)
             if LOG:
                 y = (x - running_max) - log_total
@@ -198,16 +214,17 @@ def _backward_kernel(
     y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
+    SHIFT: dsl.constexpr = 0,
 ):
     outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         dy_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, dy_outer_stride, dy_inner_stride,
-                                 dy_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                 dy_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
         y_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, y_outer_stride, y_inner_stride,
-                             y_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                             y_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
         dx_offsets, _ = _tile(outer, inner, row_mask, cols, n_cols, dx_outer_stride, dx_inner_stride,
-                              dx_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                              dx_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
         dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
         y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
         if LOG:
@@ -216,25 +233,27 @@ def _backward_kernel(
             dx = y * (dy - _row_sum(dy * y, TILE))
         dsl.store(dx_ptr + dx_offsets, dx.to(dx_ptr.dtype.element), mask=mask)
     else:
-        total = _row_stat(0.0, TILE, ROWS, ACC)
-        for start in range(0, n_cols, BLOCK):
+        # Lane-wise partial sums, reduced across threads once after the loop (no barrier inside it).
+        lane_total = dsl.zeros((BLOCK, ROWS) if TILE == "columns" else (ROWS, BLOCK), ACC)
+        for start in range(0, n_cols + SHIFT, BLOCK):
             dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
-                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
             dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
             if LOG:
-                total += _row_sum(dy, TILE)
+                lane_total += dy
             else:
                 y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                     y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                     y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
                 y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
-                total += _row_sum(dy * y, TILE)
-        for start in range(0, n_cols, BLOCK):
+                lane_total += dy * y
+        total = _row_sum(lane_total, TILE)
+        for start in range(0, n_cols + SHIFT, BLOCK):
             dy_offsets, mask = _tile(outer, inner, row_mask, start + cols, n_cols, dy_outer_stride,
-                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                     dy_inner_stride, dy_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
             y_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, y_outer_stride,
-                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                 y_inner_stride, y_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
             dx_offsets, _ = _tile(outer, inner, row_mask, start + cols, n_cols, dx_outer_stride,
-                                  dx_inner_stride, dx_col_stride, TILE, SPLIT, WIDE, ALIGN)
+                                  dx_inner_stride, dx_col_stride, TILE, SPLIT, WIDE, ALIGN, SHIFT)
             dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0).to(ACC)
             y = dsl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(ACC)
             if LOG:
@@ -307,7 +326,9 @@ def empty_in_order_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     that it groups into rows exactly as `x` does (what empty_like does for dense `x`, extended
     to sliced ones)."""
     if x.is_contiguous():
-        return torch.empty(x.shape, dtype=dtype, device=x.device)
+        # empty_like keeps a contiguous x's strides (those of its size-1 dims included, which no
+        # row plan reads); it costs half of torch.empty(shape, ...) on the host.
+        return torch.empty_like(x) if dtype == x.dtype else torch.empty_like(x, dtype=dtype)
     order = _dim_order(x.shape, x.stride())
     dense = torch.empty([x.shape[d] for d in order], dtype=dtype, device=x.device)
     inverse = [order.index(d) for d in range(x.dim())]
@@ -424,6 +445,21 @@ def _run_alignment(layout: RowLayout, config: Config) -> int:
     return min(divisor(abs(stride)) for stride in starts)
 
 
+def _row_shift(layout: RowLayout, config: Config, dtypes: tuple, align: int) -> int:
+    """The SHIFT of the kernels (see `_tile`): the elements of a 16-byte vector of the narrowest
+    dtype when rows start off vector boundaries (align below it) and the shifted window applies
+    ("rows" tiles, no inner dim, unit column strides, one row stride for every tensor, and a
+    one-pass block that still covers the shifted row); else 0."""
+    vector = 16 // min(dtype.itemsize for dtype in dtypes)
+    if align >= vector or config.tile != "rows" or layout.inner > 1:
+        return 0
+    if any(s[2] != 1 or s[0] != layout.strides[0][0] for s in layout.strides):
+        return 0
+    if config.one_pass and config.block < layout.n_cols + vector - 1:
+        return 0
+    return vector
+
+
 @functools.lru_cache(maxsize=1024)
 def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward: bool, log: bool,
                  config: Optional[Config], max_one_pass_block: Optional[int]) -> Optional[_Launch]:
@@ -442,15 +478,73 @@ def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward
         inner_blocks = dsl.cdiv(layout.inner, config.rows)
         grid = (layout.outer * inner_blocks,)
     # WIDE: column offsets (up to n_cols + block, times the col stride) may pass int32.
-    widest = max(abs(s[2]) for s in layout.strides) * (layout.n_cols + config.block)
+    widest = max(abs(s[2]) for s in layout.strides) * (layout.n_cols + config.block + 16)
     accumulate = dsl.float64 if torch.float64 in dtypes else dsl.float32
+    align = _run_alignment(layout, config)
     constexprs = dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
-                      SPLIT=layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ALIGN=_run_alignment(layout, config),
-                      ACC=accumulate, num_warps=config.num_warps)
+                      SPLIT=layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ALIGN=align, ACC=accumulate,
+                      SHIFT=_row_shift(layout, config, dtypes, align), num_warps=config.num_warps)
     kernel_order = layout.strides[::-1] if backward else layout.strides
     arguments = (layout.n_rows, layout.n_cols, layout.inner, inner_blocks,
                  *[stride for per_tensor in kernel_order for stride in per_tensor])
     return _Launch(layout, config, grid, arguments, constexprs)
+
+
+# Launches prepared (JITFunction.prepare) per everything a launch derives from its tensors but their
+# addresses: shapes, strides, dtypes, devices, options and the interpreter flag; a cached launch costs
+# the output's allocation, this key and the launch itself. Forward: a _Softmax per key (it keeps the
+# autograd backward's launch too); backward: softmax_backward's launches.
+_FORWARD_LAUNCHES = BoundedCache(1024)
+_BACKWARD_LAUNCHES = BoundedCache(1024)
+
+
+def _no_launch(*tensors) -> None:
+    return None
+
+
+def _prepare_forward(x: torch.Tensor, y: torch.Tensor, dim: int, log: bool, config: Optional[Config],
+                     max_one_pass_block: Optional[int]) -> Callable:
+    """`launch(y, x)` for tensors shaped, strided and typed like these, on their device; it returns
+    None, or the output when it had to copy x (other dims that do not collapse, see plan_rows)."""
+    if y.numel() == 0:
+        return _no_launch
+    options = ((x.dtype, y.dtype), False, log, config, max_one_pass_block)
+    launch = _plan_launch(x.shape, dim, (x.stride(), y.stride()), *options)
+    if launch is None:
+        def copy_and_launch(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            x = x.contiguous()
+            y = torch.empty(x.shape, dtype=y.dtype, device=x.device)
+            plan = _plan_launch(x.shape, dim, (x.stride(), y.stride()), *options)
+            _forward_kernel[plan.grid](y, x, *plan.arguments, **plan.constexprs)
+            return y
+        return copy_and_launch
+    return _forward_kernel.prepare(launch.grid, y, x, *launch.arguments, **launch.constexprs)
+
+
+class _Softmax:
+    """The launches of one softmax layout (x's shape, strides, dtype and device, dim, log, output
+    dtype, options): `forward(y, x)` (see _prepare_forward), and `backward(dy, y, dtype)` for the
+    autograd Function, which skips softmax_backward's key when dy is laid out and typed like y (the
+    usual gradient: contiguous like the output)."""
+
+    __slots__ = ("forward", "dim", "log", "interpret", "y_stride", "y_dtype", "backward_launch")
+
+    def __init__(self, forward: Callable, dim: int, log: bool, interpret: bool, y: torch.Tensor):
+        self.forward = forward
+        self.dim, self.log, self.interpret = dim, log, interpret
+        self.y_stride, self.y_dtype = y.stride(), y.dtype
+        self.backward_launch = None
+
+    def backward(self, dy: torch.Tensor, y: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+        """softmax_backward(dy, y, dim, log=log, dtype=dtype) for this forward's output y."""
+        if dy.dtype is not self.y_dtype or dy.stride() != self.y_stride or _interpret_enabled() != self.interpret:
+            return softmax_backward(dy, y, self.dim, log=self.log, dtype=dtype)
+        dx = empty_in_order_of(y, dtype or y.dtype)
+        launch = self.backward_launch
+        if launch is None:
+            launch = self.backward_launch = _prepare_backward(dy, y, dx, self.dim, self.log, None, None)
+        copied = launch(dx, dy, y)
+        return dx if copied is None else copied
 
 
 def softmax_forward(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
@@ -464,17 +558,41 @@ def softmax_forward(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[tor
     max_one_pass_block: override the one-pass limits (tests use it to reach the online path).
     Returns a new tensor shaped like `x`, dense, with its dims in `x`'s memory order.
     """
-    y = empty_in_order_of(x, dtype or x.dtype)
-    if y.numel() == 0:
-        return y
-    options = ((x.dtype, y.dtype), False, log, config, max_one_pass_block)
-    launch = _plan_launch(x.shape, dim, (x.stride(), y.stride()), *options)
-    if launch is None:      # other dims do not collapse to two row groups: copy (see plan_rows)
-        x = x.contiguous()
-        y = torch.empty(x.shape, dtype=y.dtype, device=x.device)
-        launch = _plan_launch(x.shape, dim, (x.stride(), y.stride()), *options)
-    _forward_kernel[launch.grid](y, x, *launch.arguments, **launch.constexprs)
-    return y
+    return softmax_forward_planned(x, dim, log=log, dtype=dtype, config=config,
+                                   max_one_pass_block=max_one_pass_block)[0]
+
+
+def softmax_forward_planned(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
+                            config: Optional[Config] = None, max_one_pass_block: Optional[int] = None) -> tuple:
+    """(softmax_forward(...), its _Softmax): what the autograd Function keeps for the backward."""
+    out_dtype = dtype or x.dtype
+    y = empty_in_order_of(x, out_dtype)
+    interpret = _interpret_enabled()
+    key = (x.shape, x.stride(), x.dtype, out_dtype, x.get_device(), dim, log, config, max_one_pass_block, interpret)
+    plan = _FORWARD_LAUNCHES.get(key)
+    if plan is None:
+        plan = _FORWARD_LAUNCHES.put(key, _Softmax(_prepare_forward(x, y, dim, log, config, max_one_pass_block),
+                                                   dim, log, interpret, y))
+    copied = plan.forward(y, x)
+    return (y, plan) if copied is None else (copied, None)
+
+
+def _prepare_backward(dy: torch.Tensor, y: torch.Tensor, dx: torch.Tensor, dim: int, log: bool,
+                      config: Optional[Config], max_one_pass_block: Optional[int]) -> Callable:
+    """`launch(dx, dy, y)` for tensors like these (see _prepare_forward)."""
+    if dx.numel() == 0:
+        return _no_launch
+    options = ((y.dtype, dy.dtype, dx.dtype), True, log, config, max_one_pass_block)
+    launch = _plan_launch(y.shape, dim, (y.stride(), dy.stride(), dx.stride()), *options)
+    if launch is None:
+        def copy_and_launch(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            dy, y = dy.contiguous(), y.contiguous()
+            dx = torch.empty(y.shape, dtype=dx.dtype, device=y.device)
+            plan = _plan_launch(y.shape, dim, (y.stride(), dy.stride(), dx.stride()), *options)
+            _backward_kernel[plan.grid](dx, dy, y, *plan.arguments, **plan.constexprs)
+            return dx
+        return copy_and_launch
+    return _backward_kernel.prepare(launch.grid, dx, dy, y, *launch.arguments, **launch.constexprs)
 
 
 def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
@@ -486,14 +604,12 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, *, log: bool, 
     forward cast it up); config, max_one_pass_block: as for `softmax_forward`.
     Returns dx, dense, with its dims in y's memory order.
     """
-    dx = empty_in_order_of(y, dtype or y.dtype)
-    if dx.numel() == 0:
-        return dx
-    options = ((y.dtype, dy.dtype, dx.dtype), True, log, config, max_one_pass_block)
-    launch = _plan_launch(y.shape, dim, (y.stride(), dy.stride(), dx.stride()), *options)
+    dx_dtype = dtype or y.dtype
+    dx = empty_in_order_of(y, dx_dtype)
+    key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, dx_dtype, y.get_device(), dy.get_device(), dim, log,
+           config, max_one_pass_block, _interpret_enabled())
+    launch = _BACKWARD_LAUNCHES.get(key)
     if launch is None:
-        dy, y = dy.contiguous(), y.contiguous()
-        dx = torch.empty(y.shape, dtype=dx.dtype, device=y.device)
-        launch = _plan_launch(y.shape, dim, (y.stride(), dy.stride(), dx.stride()), *options)
-    _backward_kernel[launch.grid](dx, dy, y, *launch.arguments, **launch.constexprs)
-    return dx
+        launch = _BACKWARD_LAUNCHES.put(key, _prepare_backward(dy, y, dx, dim, log, config, max_one_pass_block))
+    copied = launch(dx, dy, y)
+    return dx if copied is None else copied

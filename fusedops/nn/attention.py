@@ -1,4 +1,7 @@
-"""`fusedops.nn.MultiheadAttention`: a drop-in for torch.nn.MultiheadAttention.
+"""Attention adapters: `fusedops.nn.MultiheadAttention`, a drop-in for torch.nn.MultiheadAttention, and
+`transformers_attention_forward`, an attention function for Hugging Face transformers' registry
+(AttentionInterface), registered under "fusedops" by `register_transformers_attention()` (which
+fusedops.nn.patch calls; transformers is imported only then).
 
 It subclasses the torch module, so the constructor, parameters, state_dict keys and pickling are
 torch's. `forward` takes torch's arguments; when the attention weights are not needed
@@ -84,3 +87,67 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         if self.batch_first and not unbatched:
             out = out.transpose(0, 1)
         return (out.squeeze(1) if unbatched else out), None
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face transformers: an attention function for its AttentionInterface registry
+# ------------------------------------------------------------------------------------------------
+TRANSFORMERS_ATTENTION = "fusedops"
+
+
+def transformers_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                                   value: torch.Tensor, attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                                   scaling: Optional[float] = None, is_causal: Optional[bool] = None,
+                                   position_bias: Optional[torch.Tensor] = None, **kwargs):
+    """transformers' "sdpa" attention function (transformers/integrations/sdpa_attention.py) on
+    fusedops.scaled_dot_product_attention: the signature of transformers' AttentionInterface.
+
+    Args:
+        module: the calling attention module (its `is_causal` and `num_key_value_groups` are read).
+        query: (B, H, L, E); key: (B, H_kv, S, E); value: (B, H_kv, S, Ev), H a multiple of H_kv.
+        attention_mask: None, a boolean mask (True = attend) or an additive float mask broadcastable to
+            (B, H, L, S), as built by transformers' sdpa mask function (registered for this name too).
+        dropout: the attention dropout probability; > 0 (training with attention dropout) runs torch's
+            scaled_dot_product_attention, since the fusedops kernels have no attention dropout.
+        scaling: the softmax scale (default 1 / sqrt(E)); is_causal: as for "sdpa" (default the
+            module's); position_bias: an additive bias folded into the mask, as "sdpa" does.
+    Returns:
+        (output (B, L, H, Ev) contiguous, None): no attention weights, like "sdpa".
+    Raises:
+        ValueError: a `softcap` (which "sdpa" does not support either).
+    """
+    if kwargs.get("softcap") is not None:
+        raise ValueError("the fusedops attention does not support `softcap`; use `eager` or `flex_attention`")
+    groups = getattr(module, "num_key_value_groups", 1)
+    length_q, length_k = query.shape[2], key.shape[2]
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # As "sdpa": is_causal only for a prefill without a mask (the mask builder returns None when the
+    # mask is plain causal); a decoding step's single query attends to every cached key.
+    is_causal = length_q > 1 and attention_mask is None and is_causal
+    if is_causal and length_k > length_q:
+        # A prefill into an empty static cache: the keys past the queries are masked anyway, and
+        # torch's is_causal is aligned to the top-left corner.
+        key, value = key[:, :, :length_q], value[:, :, :length_q]
+        position_bias = None if position_bias is None else position_bias[..., :length_q]
+    if position_bias is not None:
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+
+        attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
+        is_causal = False
+    attend = F.scaled_dot_product_attention if dropout > 0.0 else functional.scaled_dot_product_attention
+    out = attend(query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal, scale=scaling,
+                 enable_gqa=groups > 1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_transformers_attention() -> str:
+    """Register `transformers_attention_forward` in transformers' AttentionInterface, with the "sdpa"
+    mask builder in its AttentionMaskInterface, under the name TRANSFORMERS_ATTENTION ("fusedops"),
+    and return the name. A model then uses it with `model.set_attn_implementation("fusedops")`
+    (fusedops.nn.patch does that). Idempotent. Imports transformers (ImportError without it)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(TRANSFORMERS_ATTENTION, transformers_attention_forward)
+    AttentionMaskInterface.register(TRANSFORMERS_ATTENTION, sdpa_mask)
+    return TRANSFORMERS_ATTENTION

@@ -10,6 +10,7 @@ subclass that overrides `forward` only, the mechanism torch.nn.utils.parametrize
 | layer_norm   | transformers' LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm   | a subclass: fusedops.rms_norm |
 | linear       | torch.nn.Linear                                            | fusedops.nn.Linear            |
 | linear       | transformers.pytorch_utils.Conv1D (GPT-2)                  | a subclass: fusedops.matmul   |
+| attention    | torch.nn.MultiheadAttention                                | fusedops.nn.MultiheadAttention |
 
 So the module objects stay where they are (a module shared by two parents, references held by
 hooks or wrappers, stay valid), and so do their parameters and buffers (the same Parameter
@@ -17,12 +18,22 @@ objects: optimizers, tied weights and state_dict keys are untouched), hooks, tra
 attributes; isinstance checks against the original class still hold. transformers classes are
 recognized by their qualified class name, so transformers is never imported here.
 
+Attention in transformers models is not a module to replace: their attention layers call a function
+looked up by name (`config._attn_implementation`) in transformers' AttentionInterface registry. With
+attention=True, patch() registers fusedops' function there under "fusedops"
+(fusedops.nn.attention.register_transformers_attention: the semantics of "sdpa", on
+fusedops.scaled_dot_product_attention) and switches each transformers model found in `model` (a
+PreTrainedModel: its config and sub-configs, and its sub-models) from "sdpa" or "eager" to it with
+`set_attn_implementation`; the report lists them in `attention`. Attention dropout (training with
+attention_dropout > 0) runs torch's SDPA: the kernels have no dropout. Other implementations
+(flash_attention_2, flex_attention, ...) are left alone and reported as skipped.
+
 Not replaced, and listed in the report with the reason: subclasses of the supported classes (their
 forward may differ, e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear), modules whose
 instance has its own `forward` attribute (set by accelerate-style hooks), kinds turned off by a
 flag, and modules that already are fusedops modules. Functional calls inside a model's forward
-(torch.softmax, F.layer_norm, ...) are not changed: only modules are. Attention blocks are not
-replaced yet (see PatchReport.notes).
+(torch.softmax, F.layer_norm, F.scaled_dot_product_attention, ...) are not changed: only modules
+and transformers' attention registry are.
 
 Models with patched transformers classes (dynamically created subclasses) save and load through
 state_dict as before; pickling the whole model object does not work for those.
@@ -37,6 +48,7 @@ from typing import Dict, List
 import torch
 
 from fusedops import functional
+from fusedops.nn import attention as _attention
 from fusedops.nn.linear import Linear
 from fusedops.nn.normalization import LayerNorm, RMSNorm
 from fusedops.nn.softmax import LogSoftmax, Softmax
@@ -50,7 +62,11 @@ _TORCH_RULES: Dict[type, tuple] = {
     torch.nn.LayerNorm: ("layer_norm", LayerNorm, {}),
     torch.nn.RMSNorm: ("layer_norm", RMSNorm, {}),
     torch.nn.Linear: ("linear", Linear, {"activation": None}),
+    torch.nn.MultiheadAttention: ("attention", _attention.MultiheadAttention, {}),
 }
+
+# transformers attention implementations that patch() switches to fusedops' (others are left alone)
+_SWITCHABLE_ATTENTION = ("sdpa", "eager")
 
 
 class _Conv1DForward:
@@ -97,13 +113,25 @@ class SkippedModule:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class SwitchedAttention:
+    """A transformers model (at `path`) whose attention implementation patch() switched, for its config,
+    sub-configs and sub-models (e.g. "sdpa" -> "fusedops")."""
+
+    path: str
+    model_type: str     # qualified class name
+    original: str
+    replacement: str
+
+
 @dataclasses.dataclass
 class PatchReport:
-    """What fusedops.nn.patch did: `replaced` and `skipped` modules, in model order, and `notes`
-    about requested kinds that have nothing to replace yet."""
+    """What fusedops.nn.patch did: `replaced` and `skipped` modules, in model order, the transformers
+    models whose `attention` implementation was switched, and `notes` (limits of what was patched)."""
 
     replaced: List[PatchedModule] = dataclasses.field(default_factory=list)
     skipped: List[SkippedModule] = dataclasses.field(default_factory=list)
+    attention: List[SwitchedAttention] = dataclasses.field(default_factory=list)
     notes: List[str] = dataclasses.field(default_factory=list)
 
     def counts(self) -> Dict[str, int]:
@@ -116,6 +144,8 @@ class PatchReport:
     def __str__(self) -> str:
         lines = [f"fusedops.nn.patch: {len(self.replaced)} modules replaced, {len(self.skipped)} skipped"]
         lines += [f"  {name}: {count}" for name, count in sorted(self.counts().items())]
+        lines += [f"  attention of {a.path or '<model>'} ({a.model_type}): {a.original} -> {a.replacement}"
+                  for a in self.attention]
         lines += [f"  skipped {s.path or '<model>'} ({s.module_type}): {s.reason}" for s in self.skipped]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -164,7 +194,8 @@ def patch(model: torch.nn.Module, *, softmax: bool = True, layer_norm: bool = Tr
         model: any torch.nn.Module; it and every submodule are considered.
         softmax, layer_norm, linear: which kinds to replace (softmax covers LogSoftmax; layer_norm
             covers RMSNorm and transformers' RMSNorms; linear covers transformers' Conv1D).
-        attention: replace known attention blocks (none yet: recorded in the report's notes).
+        attention: replace torch.nn.MultiheadAttention, and switch transformers models to the
+            "fusedops" attention function (see the module docstring).
     Returns:
         A PatchReport of the modules replaced and skipped (print it for a summary).
     Raises:
@@ -172,7 +203,7 @@ def patch(model: torch.nn.Module, *, softmax: bool = True, layer_norm: bool = Tr
 
     Outputs stay those of the original modules up to the kernels' rounding (CPU tensors keep running
     torch's ops unless FUSEDOPS_INTERPRET=1). Patching twice is harmless: the second call skips the
-    fusedops modules.
+    fusedops modules and the models already on fusedops attention.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fusedops.nn.patch(): expected a torch.nn.Module, got {type(model).__name__}")
@@ -192,7 +223,47 @@ def patch(model: torch.nn.Module, *, softmax: bool = True, layer_norm: bool = Tr
             setattr(module, name, value)
         report.replaced.append(PatchedModule(path, _qualified_name(original), _qualified_name(replacement)))
     if attention:
-        report.notes.append("attention=True: no attention blocks are replaced yet (fusedops has no attention "
-                            "module adapters); attention inside the model runs as before")
+        _switch_transformers_attention(model, report)
     return report
+
+
+def _transformers_models(model: torch.nn.Module):
+    """(path, module) for the outermost transformers PreTrainedModels in `model` (their sub-models are
+    switched with them), recognized by duck typing so that transformers is not imported."""
+    covered = set()
+    for path, module in model.named_modules():
+        if id(module) in covered:
+            continue
+        config = getattr(module, "config", None)
+        if callable(getattr(module, "set_attn_implementation", None)) and hasattr(config, "_attn_implementation"):
+            covered.update(id(m) for m in module.modules())
+            yield path, module
+
+
+def _switch_transformers_attention(model: torch.nn.Module, report: PatchReport) -> None:
+    """Switch the transformers models in `model` to the "fusedops" attention function (module docstring)."""
+    dropout = False
+    for path, module in _transformers_models(model):
+        original = module.config._attn_implementation
+        module_type = _qualified_name(type(module))
+        if original == _attention.TRANSFORMERS_ATTENTION:
+            report.skipped.append(SkippedModule(path, module_type, "already on the fusedops attention"))
+            continue
+        if original not in _SWITCHABLE_ATTENTION:
+            report.skipped.append(SkippedModule(path, module_type, f"uses the {original!r} attention implementation; "
+                                                f"patch() switches only {' and '.join(_SWITCHABLE_ATTENTION)}"))
+            continue
+        name = _attention.register_transformers_attention()
+        module.set_attn_implementation(name)
+        if module.config._attn_implementation != name:     # transformers refused (an old-style model)
+            report.skipped.append(SkippedModule(path, module_type, "its attention does not go through transformers' "
+                                                "AttentionInterface; attention runs as before"))
+            continue
+        report.attention.append(SwitchedAttention(path, module_type, original, name))
+        dropout = dropout or any(getattr(module.config, key, 0) for key in
+                                 ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"))
+    if dropout:
+        report.notes.append("attention dropout > 0 in a model's config: while training, its attention runs "
+                            "torch's scaled_dot_product_attention (the fusedops kernels have no attention "
+                            "dropout); set it to 0 to train on the kernels")
 

@@ -8,6 +8,13 @@ writes the region while another may still read an earlier use of it; `local_deal
 this thread's copies still in flight (`cp.async.wait_all`) and synchronizes the CTA before the
 region is reused (the first of a run of allocs / deallocs does it for the run).
 
+wgmma (sm_90a): a ring of wgmma operand tiles (attr `swizzle_bytes`: the canonical wgmma layout,
+`layouts.mma_shared.operand_tile_layout`) starts on a 1024-byte boundary (its slots are multiples
+of their swizzle pattern), and its `local_load` is no load: the dot reads the slot through a
+descriptor (`wgmma.py`). An `async_wait` with attr `proxy_fence` (its ring feeds wgmma) adds
+`fence.proxy.async.shared::cta` between the wait and the barrier: cp.async writes shared memory
+through the generic proxy, wgmma reads it through the async proxy.
+
 cp.async (PTX ISA 9.7.9.25): `cp.async.cg.shared.global [dst], [src], 16, src_size` for 16-byte
 copies (L2 only), `cp.async.ca` for 4 and 8 bytes; src_size 0 reads nothing and writes zeros,
 which is how masked-off elements become 0. Intrinsic names: TOOLCHAIN.md section 2.
@@ -15,16 +22,20 @@ which is how masked-off elements become 0. Intrinsic names: TOOLCHAIN.md section
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from llvmlite import ir
 
+from ..errors import CompilationError
 from ..ir import OpCode
-from ..layouts.mma_shared import mma_operand_shared
+from ..layouts.mma_shared import is_shared_layout, operand_tile_layout
 from ..target import llvm_types as T
 from .mma import OperandLoader, StagedOperand, byte_pointer, combine_offset, thread_offset, tile_store_groups
 from .registry import lowering
-from .shared import barrier, shared_base
+from .shared import align_shared_memory, barrier, shared_base
+from . import tma
+from .wgmma import WGMMA_ALIGN, SharedOperand, fence_generic_to_async
 
 BUFFER_ALIGN = 128
 
@@ -61,12 +72,19 @@ def _local_alloc(ctx, op):
     buffer_type = op.result.type
     if not _follows(op, OpCode.LOCAL_ALLOC):
         barrier(ctx)
-    offset = (ctx.scratch_offset + BUFFER_ALIGN - 1) // BUFFER_ALIGN * BUFFER_ALIGN
+    if "mbarrier_arrivals" in op.attrs:
+        _alloc_mbarriers(ctx, op)
+        return
+    swizzle = op.attrs.get("swizzle_bytes")
+    alignment = BUFFER_ALIGN if swizzle is None else WGMMA_ALIGN
+    if swizzle is not None:
+        align_shared_memory(ctx, WGMMA_ALIGN)
+    offset = (ctx.scratch_offset + alignment - 1) // alignment * alignment
     end = offset + buffer_type.nbytes
     ctx.live_buffers[id(op.result)] = end
     ctx.scratch_offset = end
     ctx.shared_bytes = max(ctx.shared_bytes, end)
-    tile = mma_operand_shared(buffer_type.tile_shape, buffer_type.element.bits, op.attrs["contiguous_dim"])
+    tile = operand_tile_layout(buffer_type.tile_shape, buffer_type.element.bits, op.attrs["contiguous_dim"], swizzle)
     ctx.set(op.result, SharedBuffer(offset, buffer_type, tile))
 
 
@@ -75,6 +93,11 @@ def _local_dealloc(ctx, op):
     if not _follows(op, OpCode.LOCAL_DEALLOC):
         _void_intrinsic(ctx, "llvm.nvvm.cp.async.wait.all", [], [])
         barrier(ctx)
+    if "mbarrier_arrivals" in op.operands[0].defining_op.attrs:
+        barriers: SharedBuffer = ctx.get(op.operands[0])
+        with _first_thread(ctx):
+            for slot in range(barriers.type.num_buffers):
+                tma.mbarrier_inval(ctx.builder, barriers.tile_pointer(ctx, ir.Constant(T.i32, slot)))
     ctx.live_buffers.pop(id(op.operands[0]), None)
     ctx.scratch_offset = max(ctx.live_buffers.values(), default=0)
 
@@ -111,11 +134,88 @@ def _async_commit(ctx, op):
 @lowering(OpCode.ASYNC_WAIT)
 def _async_wait(ctx, op):
     _void_intrinsic(ctx, "llvm.nvvm.cp.async.wait.group", [T.i32], [ir.Constant(T.i32, op.attrs["pending"])])
+    if op.attrs.get("proxy_fence"):
+        fence_generic_to_async(ctx)
     barrier(ctx)
 
 
 @lowering(OpCode.LOCAL_LOAD)
 def _local_load(ctx, op):
     buffer: SharedBuffer = ctx.get(op.operands[0])
+    if is_shared_layout(op.result.layout):      # a wgmma operand: the dot reads the slot in place
+        if op.result.layout != buffer.tile:
+            raise CompilationError("internal error: a wgmma operand tile differs from its ring's tile", op.loc)
+        ctx.set(op.result, SharedOperand(buffer.tile, base=buffer.tile_pointer(ctx, ctx.get(op.operands[1]))))
+        return
     loader = OperandLoader(op.result.layout, buffer.tile, buffer.type.element)
     ctx.set(op.result, StagedOperand(loader, base=buffer.tile_pointer(ctx, ctx.get(op.operands[1]))))
+
+
+# -- TMA rings (sm_90a, FUSEDOPS_TMA=1): mbarriers, bulk tensor copies, phase waits ---------------------
+
+@contextlib.contextmanager
+def _first_thread(ctx, predicate=None):
+    """Emit the body for thread 0 of the CTA only (and only where `predicate`, an i1, holds)."""
+    b = ctx.builder
+    condition = b.icmp_unsigned("==", ctx.thread_id, ir.Constant(T.i32, 0))
+    if predicate is not None:
+        condition = b.and_(condition, predicate)
+    with b.if_then(condition):
+        yield
+
+
+def _alloc_mbarriers(ctx, op) -> None:
+    """A `local_alloc {mbarrier_arrivals}`: one 8-byte mbarrier per slot, initialized by thread 0 to
+    expect that many arrivals per phase, the init fenced for the copy engine and ordered before any
+    copy by a CTA barrier. All threads first fence their earlier generic-proxy writes to shared
+    memory, which the copy engine's async-proxy writes to the ring must come after."""
+    buffer_type = op.result.type
+    offset = (ctx.scratch_offset + 15) // 16 * 16
+    end = offset + buffer_type.nbytes
+    ctx.live_buffers[id(op.result)] = end
+    ctx.scratch_offset = end
+    ctx.shared_bytes = max(ctx.shared_bytes, end)
+    barriers = SharedBuffer(offset, buffer_type, None)
+    ctx.set(op.result, barriers)
+    fence_generic_to_async(ctx)
+    with _first_thread(ctx):
+        for slot in range(buffer_type.num_buffers):
+            tma.mbarrier_init(ctx.builder, barriers.tile_pointer(ctx, ir.Constant(T.i32, slot)),
+                              op.attrs["mbarrier_arrivals"])
+        tma.fence_mbarrier_init(ctx.builder)
+    barrier(ctx)
+
+
+@lowering(OpCode.TMA_COPY)
+def _tma_copy(ctx, op):
+    """Thread 0 (where the predicate holds): expect the tile's bytes on the slot's mbarrier, then one
+    `cp.async.bulk.tensor.2d` per swizzle atom of the tile (atoms are consecutive in the canonical
+    wgmma layout, each one box of the tensor map)."""
+    buffer: SharedBuffer = ctx.get(op.operands[0])
+    index = ctx.get(op.operands[1])
+    barriers: SharedBuffer = ctx.get(op.operands[2])
+    coordinates = [ctx.get(v) for v in op.operands[8:10]]
+    tensor_map, param = ctx.tensor_maps[id(op)]
+    contiguous = param.contiguous_dim
+    rows, atom = param.box
+    box_bytes = rows * atom * buffer.type.element.itemsize
+    with _first_thread(ctx, ctx.get(op.operands[10])):
+        b = ctx.builder
+        slot_barrier = barriers.tile_pointer(ctx, index)
+        tma.mbarrier_arrive_expect_tx(b, slot_barrier, buffer.type.tile_bytes)
+        tile = buffer.tile_pointer(ctx, index)
+        for box in range(buffer.type.tile_shape[contiguous] // atom):
+            destination = tile if box == 0 else byte_pointer(ctx, tile, ir.Constant(T.i32, box * box_bytes))
+            inner = coordinates[contiguous]
+            if box:
+                inner = b.add(inner, ir.Constant(T.i32, box * atom))
+            tma.tma_load_2d(b, ctx.module, destination, slot_barrier, tensor_map, inner, coordinates[1 - contiguous])
+
+
+@lowering(OpCode.MBARRIER_WAIT)
+def _mbarrier_wait(ctx, op):
+    """Every thread waits for the slot's phase (its tile landed), then a CTA barrier: every thread is
+    also done reading the slot the copies issued next overwrite."""
+    barriers: SharedBuffer = ctx.get(op.operands[0])
+    tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, ctx.get(op.operands[1])), ctx.get(op.operands[2]))
+    barrier(ctx)

@@ -35,6 +35,7 @@ class LoweringContext:
     thread_id: Optional[ir.Value] = None
     lane_id: Optional[ir.Value] = None
     warp_id: Optional[ir.Value] = None
+    tensor_maps: dict = dataclasses.field(default_factory=dict)      # id(tma_copy op) -> (LLVM param, TensorMapParam)
 
     def arch_at_least(self, sm: int) -> bool:
         """Whether the target's compute capability (sm_90a -> 90) is at least `sm`."""

@@ -4,7 +4,8 @@ int8) multiply-adds in k order.
 The layout pass gives A and B the layouts of `passes.layout_assignment.fma_operand_layout`: A's
 register k + (r << log2 K) holds A[m(r), k] for accumulator register r, and B's the matching B[k,
 n(r)], so each accumulator register is a chain of K fused multiply-adds on the thread's own registers.
-A dot that the layout pass put on tensor cores (attr engine = "mma") lowers in `mma.py`.
+A dot that the layout pass put on tensor cores lowers in `mma.py` (attr engine = "mma") or
+`wgmma.py` (engine = "wgmma", sm_90a).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..ir import OpCode
 from ..target import llvm_types as T
 from .elementwise import convert
 from .mma import lower_mma_dot
+from .wgmma import lower_wgmma_dot
 from .registry import lowering
 
 
@@ -22,6 +24,9 @@ from .registry import lowering
 def _dot(ctx, op):
     if op.attrs.get("engine") == "mma":
         lower_mma_dot(ctx, op)
+        return
+    if op.attrs.get("engine") == "wgmma":
+        lower_wgmma_dot(ctx, op)
         return
     a, b, acc = op.operands
     k = a.type.shape[1]

@@ -1,7 +1,9 @@
 """Lower a laid-out IR function to an LLVM module holding one PTX kernel.
 
 Kernel parameters follow the function's runtime arguments in order: pointers as `ptr addrspace(1)`
-(with `align 16` when the specialization proved it), int1 as i8, other scalars as their LLVM type.
+(with `align 16` when the specialization proved it), int1 as i8, other scalars as their LLVM type;
+then one 128-byte grid-constant tensor map per distinct map the `tma_copy` ops read (codegen/tma.py),
+which the runtime appends to the launch's values (runtime/tensor_map.py).
 The entry block ("prologue") computes per-thread constants (thread, lane and warp ids, layout
 coordinates) once; the body follows.
 """
@@ -15,7 +17,7 @@ from llvmlite import ir
 from ..ir import Function
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
-from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes  # noqa: F401  (rules)
+from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes, tma  # noqa: F401  (rules)
 from .context import LoweringContext
 from .control import lower_block
 
@@ -26,6 +28,7 @@ class LoweredKernel:
     llvm_ir: str
     shared_bytes: int
     parameter_types: tuple   # the dsl type of each kernel parameter, in order
+    tensor_maps: tuple = ()  # runtime.tensor_map.TensorMapParam of each tensor-map parameter, after those
 
 
 def _parameter_type(type_):
@@ -39,7 +42,9 @@ def _parameter_type(type_):
 def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -> LoweredKernel:
     module = ir.Module(name=function.name)
     param_types = [a.type for a in function.args]
-    fn = ir.Function(module, ir.FunctionType(T.void, [_parameter_type(t) for t in param_types]), function.name)
+    tensor_maps, tensor_map_of = tma.tensor_map_parameters(function)
+    llvm_types = [_parameter_type(t) for t in param_types] + [tma.tensor_map_parameter_type()] * len(tensor_maps)
+    fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
     T.mark_kernel(fn, max_threads=32 * num_warps)
     hints = function.arg_hints or [{}] * len(param_types)
     for arg, type_, hint, name in zip(fn.args, param_types, hints, function.arg_names):
@@ -60,6 +65,11 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     ctx = LoweringContext(module=module, function=fn, builder=builder, prologue=prologue, arch=arch,
                           num_warps=num_warps, axis_info=axis_info, thread_id=thread_id, lane_id=lane_id,
                           warp_id=warp_id)
+    maps = fn.args[len(param_types):]
+    for index, arg in enumerate(maps):
+        arg.name = f"tensor_map{index}"
+        tma.mark_tensor_map_parameter(arg)
+    ctx.tensor_maps = {key: (maps[index], tensor_maps[index]) for key, index in tensor_map_of.items()}
     for value, arg, type_ in zip(function.args, fn.args, param_types):
         if not isinstance(type_, PointerType) and type_.is_bool:
             ctx.set(value, prologue.icmp_unsigned("!=", arg, ir.Constant(T.i8, 0)))
@@ -68,4 +78,4 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     lower_block(ctx, function.body)
     builder.ret_void()
     prologue.branch(body_block)
-    return LoweredKernel(function.name, str(module), ctx.shared_bytes, tuple(param_types))
+    return LoweredKernel(function.name, str(module), ctx.shared_bytes, tuple(param_types), tensor_maps)

@@ -15,6 +15,7 @@ reads them back one 16-wide K slice at a time with `ldmatrix.x4` (`.trans` when 
 contiguous along M for A or N for B; `layouts.mma_shared.ldmatrix_plan`) right before that slice's
 mmas, so only one slice of the operands is held in registers. The pipelined path (`pipelining.py`)
 writes the same tiles with cp.async and its `local_load` gives the dot a `StagedOperand` too.
+(A dot operand conversion to a *shared* layout belongs to a wgmma dot: `wgmma.py`.)
 
 Intrinsics (TOOLCHAIN.md section 2): f16 inputs take `<2 x half>` operands; bf16 inputs take i32.
 """
@@ -25,7 +26,7 @@ from llvmlite import ir
 
 from ..errors import CompilationError
 from ..language.dtypes import bfloat16, float16
-from ..layouts.mma_shared import ldmatrix_plan, mma_operand_shared
+from ..layouts.mma_shared import is_shared_layout, ldmatrix_plan, mma_operand_shared
 from ..layouts.shared import shared_offsets
 from ..layouts.swizzle import contiguous_dim
 from ..layouts.vectorize import vector_width
@@ -184,7 +185,12 @@ def can_stage_operand(op) -> bool:
 
 
 def convert_to_dot_operand(ctx, op) -> None:
-    """Lower `convert_layout {dot_operand}`: record the staging; the dot writes the tile."""
+    """Lower `convert_layout {dot_operand}`: record the staging; the dot writes the tile. A shared
+    target layout is a wgmma operand (`wgmma.py`), a distributed one an mma.sync operand."""
+    if is_shared_layout(op.result.layout):
+        from .wgmma import convert_to_wgmma_operand
+        convert_to_wgmma_operand(ctx, op)
+        return
     source = op.operands[0]
     element = op.result.type.element
     shared = operand_tile(tuple(op.result.type.shape), source.layout, element)

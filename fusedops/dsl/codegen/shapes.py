@@ -3,7 +3,8 @@ expand_dims, reshape, trans and convert_layout.
 
 Shape ops whose result layout is a relabeling of the operand's (the layout pass arranges that) are
 register permutations; `convert_layout` between layouts that put elements in other threads goes
-through shared memory (see `shared.py`; to an mma dot operand: an ldmatrix tile, see `mma.py`).
+through shared memory (see `shared.py`; to an mma dot operand: an ldmatrix tile, see `mma.py`; with attr
+`swizzled`, a swizzled tile read and written with vectors, see `swizzled_exchange.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..errors import CompilationError
 from ..ir import OpCode
 from ..language.dtypes import BlockType
 from ..target import llvm_types as T
-from . import layout_access, mma
+from . import layout_access, mma, swizzled_exchange
 from .registry import lowering
 from .shared import exchange_through_shared
 
@@ -129,4 +130,8 @@ def _convert_layout(ctx, op):
     if mma.can_stage_operand(op):
         mma.convert_to_dot_operand(ctx, op)
         return
-    ctx.set(op.result, exchange_through_shared(ctx, registers, source, target, op.result.type.element))
+    element = op.result.type.element
+    if op.attrs.get("swizzled") and swizzled_exchange.can_exchange(element):
+        ctx.set(op.result, swizzled_exchange.exchange_through_swizzled_shared(ctx, registers, source, target, element))
+        return
+    ctx.set(op.result, exchange_through_shared(ctx, registers, source, target, element))

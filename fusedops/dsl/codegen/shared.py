@@ -33,6 +33,13 @@ def shared_base(ctx):
     return ctx.shared_memory
 
 
+def align_shared_memory(ctx, alignment: int) -> None:
+    """Declare the dynamic shared buffer aligned to `alignment` bytes (a power of two, at most 1024:
+    ptxas's limit), e.g. for wgmma tiles whose swizzle pattern is tied to address bits."""
+    memory = shared_base(ctx)
+    memory.align = max(memory.align or 16, alignment)
+
+
 def reserve(ctx, nbytes: int) -> None:
     """Make the scratch region (from ctx.scratch_offset) at least `nbytes` long."""
     ctx.shared_bytes = max(ctx.shared_bytes, ctx.scratch_offset + (nbytes + 15) // 16 * 16)

@@ -16,6 +16,7 @@ import types
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Value
 from ..language import core
+from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, shape_of
 from .scope import check_global, is_runtime
 
@@ -178,6 +179,10 @@ class ExpressionsMixin:
         name = node.attr
         if is_runtime(value):
             return self.value_attribute(value, name)
+        if isinstance(value, TensorDescriptor):
+            if name not in DESCRIPTOR_METHODS:
+                raise CompilationError(f"tensor descriptors have no attribute `{name}`; they have .load(offsets)")
+            return BoundMethod(DESCRIPTOR_METHODS[name], value)
         if not hasattr(value, name):
             owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
             raise CompilationError(f"{owner} has no attribute `{name}`")

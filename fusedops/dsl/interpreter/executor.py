@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import LaunchError
 from ..ir.core import Block, Function
 from ..ir.ops import TERMINATORS
-from . import rules_block, rules_control, rules_elementwise, rules_memory, rules_pipelining  # noqa: F401 (register rules)
+from . import rules_block, rules_control, rules_descriptors, rules_elementwise, rules_memory, rules_pipelining  # noqa: F401,E501 (register rules)
 from .arguments import bind_arguments
 from .context import RULES, ProgramContext
 

@@ -1,5 +1,6 @@
 """Rules for the ops the pipelining pass inserts (local_alloc, async_copy, async_commit, async_wait,
-local_load, local_dealloc), so that a pipelined function can be run and compared with the original.
+local_load, local_dealloc, wgmma_wait), so that a pipelined function can be run and compared with
+the original.
 
 The kernels users write never contain these ops (the interpreter runs the frontend's IR); the rules
 exist to test the pass. They model cp.async's completion rule: a copy lands in its buffer only when
@@ -76,3 +77,9 @@ def _local_dealloc(ctx, op, buffer):
 @register(OpCode.LOCAL_LOAD)
 def _local_load(ctx, op, buffer, index):
     return np.array(buffer[int(index)], dtype=element_type(op.result.type).numpy_dtype)
+
+
+@register(OpCode.WGMMA_WAIT, multiple_results=True)
+def _wgmma_wait(ctx, op, *values):
+    # Completion of in-flight tensor-core work: the interpreter's dots are synchronous.
+    return list(values)

@@ -42,6 +42,10 @@ Operand conventions (checked by `verifier.py`):
 | ASYNC_COMMIT | - | - | - (closes a group of async copies) |
 | ASYNC_WAIT | - | pending | - (waits until at most `pending` groups are in flight, then a CTA barrier) |
 | LOCAL_LOAD | buffer, index (int32) | - | block of the tile's shape and element (a dot operand) |
+| WGMMA_WAIT | values... | pending | the values (wgmma.wait_group: at most `pending` groups of wgmmas in flight; results of earlier dots are ready) |
+| DESCRIPTOR_LOAD | base ptr, shape0, shape1, stride0, stride1 (int scalars), offset0, offset1 (int32) | block_shape, descriptor (index) | block<block_shape x element>: the box at the offsets of a `dsl.make_tensor_descriptor`, zeros outside [0, shape) |
+| TMA_COPY | buffer, index, barriers, base, shape0, shape1, stride0, stride1, coord0, coord1, predicate (int1) | descriptor, arrivals | - (one thread: mbarrier expect_tx + cp.async.bulk.tensor of the tile at (coord0, coord1) into tile `index`, completing barrier `index`; inserted by pipelining) |
+| MBARRIER_WAIT | barriers, index (int32), phase (int32) | - | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier) |
 """
 
 from __future__ import annotations
@@ -130,6 +134,11 @@ class OpCode(enum.Enum):
     ASYNC_COMMIT = "async_commit"
     ASYNC_WAIT = "async_wait"
     LOCAL_LOAD = "local_load"
+    WGMMA_WAIT = "wgmma_wait"
+    # tensor descriptors (dsl.make_tensor_descriptor) and the bulk tensor copy engine
+    DESCRIPTOR_LOAD = "descriptor_load"
+    TMA_COPY = "tma_copy"
+    MBARRIER_WAIT = "mbarrier_wait"
 
 
 BINARY_ARITH = frozenset({
@@ -157,7 +166,8 @@ INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode
 SIDE_EFFECTS = frozenset({
     OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT,
     OpCode.YIELD, OpCode.CONDITION,
-    OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT,
+    OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT, OpCode.WGMMA_WAIT,
+    OpCode.TMA_COPY, OpCode.MBARRIER_WAIT,
 })
 CONTROL_FLOW = frozenset({OpCode.FOR, OpCode.WHILE, OpCode.IF})
 TERMINATORS = frozenset({OpCode.YIELD, OpCode.CONDITION})

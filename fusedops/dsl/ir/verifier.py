@@ -6,7 +6,7 @@ and the frontend run it in tests; a failure is a compiler bug, not a user error.
 
 from __future__ import annotations
 
-from ..language.dtypes import BlockType, DType, PointerType, int1, int32, shape_of
+from ..language.dtypes import BlockType, DType, PointerType, int1, int32, int64, shape_of
 from .core import Block, Function, Operation
 from .shared_buffer import SharedBufferType
 from .ops import (BINARY_ARITH, COMPARISON, CONTROL_FLOW, FLOAT_ONLY, INTEGER_ONLY, UNARY, OpCode)
@@ -101,6 +101,14 @@ def _check_types(op: Operation) -> None:
             expect(isinstance(pointer, PointerType) and pointer.element == buffer.element
                    and shape_of(ins[2]) == buffer.tile_shape, "async_copy pointers must match the tile")
             expect(len(ins) == 3 + bool(op.attrs.get("masked")), "async_copy operand count does not match masked")
+    elif code == OpCode.DESCRIPTOR_LOAD:
+        expect(len(ins) == 7 and isinstance(ins[0], PointerType), "descriptor_load takes base, 2 sizes, 2 strides, 2 offsets")
+        expect(all(t in (int32, int64) for t in ins[1:5]) and ins[5:] == [int32, int32],
+               "descriptor_load sizes and strides are int32/int64 scalars, offsets int32")
+        expect(outs == [BlockType(tuple(op.attrs.get("block_shape", ())), ins[0].element)],
+               "descriptor_load gives a block_shape block of the base's element")
+    elif code == OpCode.WGMMA_WAIT:
+        expect(ins == outs and isinstance(op.attrs.get("pending"), int), "wgmma_wait returns its operands")
     elif code == OpCode.IF:
         expect(ins == [int1], "if condition must be a scalar int1")
         for region in op.regions:

@@ -24,7 +24,7 @@ import dataclasses
 from typing import Sequence
 
 from .linear import LANE, OFFSET, REGISTER, WARP, LinearLayout, log2_exact
-from .shared import swizzled_shared
+from .shared import nvmma_shared, swizzled_shared
 
 CHUNK_BYTES = 16          # one ldmatrix row, one cp.async / st.shared.v4
 _WAVEFRONT_BYTES = 128    # 32 banks x 4 bytes
@@ -218,3 +218,150 @@ def simulate_ldmatrix(plan: LdmatrixPlan, shared: LinearLayout, warp: int = 0) -
                         row, col = lane // 4, 2 * (lane % 4) + half
                     out[(register + half, lane)] = shared.apply(offset=rows[row] + col)
     return out
+
+
+# -- wgmma operand tiles (sm_90a) ------------------------------------------------------------------------
+
+# Descriptor bits 62-63 per swizzle mode (PTX ISA 9.7.15.5.1.2.2 "Matrix Descriptor Format").
+WGMMA_SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
+WGMMA_K = 16                      # K of one wgmma.m64nNk16 (16-bit inputs)
+_CORE_ROWS = 8                    # a core matrix is 8 rows of 16 bytes
+
+
+def wgmma_swizzle_bytes(contiguous_bytes: int):
+    """The widest wgmma swizzle mode (128, 64 or 32 bytes) a tile whose contiguous extent (the part
+    one instruction reads, in bytes) is `contiguous_bytes` can use; None below 32 bytes."""
+    fitting = [mode for mode in sorted(WGMMA_SWIZZLE_MODE, reverse=True) if mode <= contiguous_bytes]
+    return fitting[0] if fitting else None
+
+
+def wgmma_operand_shared(shape: Sequence[int], element_bits: int, contiguous_dim: int,
+                         swizzle_bytes: int) -> LinearLayout:
+    """The canonical wgmma layout of a 2-D operand tile stored contiguous along `contiguous_dim`
+    with a 32/64/128-byte swizzle (`shared.nvmma_shared`): atoms `swizzle_bytes` wide along the
+    contiguous dim, each atom column a run of rows `swizzle_bytes` apart, atoms one after the other.
+
+    This is the "canonical layout" of PTX ISA 9.7.15.5.1.2.1.3 (T = 128 / element bits):
+      K-major  ((8,m),(T,2k)) : ((S/16*T, SBO), (1, T))      rows (M or N) 8 at a time, K contiguous
+      MN-major ((T,S/16,m),(8,k)) : ((1, T, LBO), (S/16*T, SBO))   M/N contiguous, K rows
+    with S = swizzle_bytes, SBO = 8 * S bytes and (MN-major) LBO = rows * S bytes, then the
+    Swizzle<log2(S/16), 4, 3> XOR on byte addresses; see `WgmmaOperandTile`.
+    """
+    return nvmma_shared(shape, element_bits, swizzle_bytes, (contiguous_dim, 1 - contiguous_dim))
+
+
+@dataclasses.dataclass(frozen=True)
+class WgmmaOperandTile:
+    """How `wgmma.mma_async` reads operand A (M x K, operand=0) or B (K x N, operand=1) from a
+    shared tile laid out by `wgmma_operand_shared`, through a matrix descriptor.
+
+    mn_major: the tile is contiguous along M (A) or N (B): the instruction's imm-trans-a/b = 1
+        (allowed for 16-bit inputs); else K-major (imm-trans 0).
+    leading_byte_offset, stride_byte_offset: the descriptor's LBO and SBO in bytes (PTX ISA
+        9.7.15.5.1.2.1): K-major: SBO = bytes between groups of 8 rows (8 * S), LBO unused (1 is
+        encoded, "assumed 1"); MN-major: LBO = bytes between swizzle atoms along M/N (rows * S),
+        SBO = bytes between groups of 8 K rows (8 * S).
+    The pattern repeats every 8 * swizzle_bytes bytes; tiles start on such a boundary so the
+    descriptor's base offset is 0.
+    """
+
+    shared: LinearLayout
+    operand: int
+    element_bits: int
+    swizzle_bytes: int
+    mn_major: bool
+    leading_byte_offset: int
+    stride_byte_offset: int
+
+    @property
+    def k_dim(self) -> int:
+        return 1 - self.operand
+
+    @property
+    def pattern_bytes(self) -> int:
+        """The swizzle's repeating pattern: the alignment a tile (and every sub-tile start) needs."""
+        return _CORE_ROWS * self.swizzle_bytes
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.shared.numel * self.element_bits // 8
+
+    def descriptor_fields(self) -> int:
+        """The descriptor without its start address: LBO, SBO and swizzle mode (base offset 0)."""
+        return encode_wgmma_descriptor(0, self.leading_byte_offset, self.stride_byte_offset, self.swizzle_bytes)
+
+    def byte_offset(self, coords: Sequence[int]) -> int:
+        """The byte offset in the tile of a sub-tile whose first element is at `coords` ((m, k) for
+        A, (k, n) for B): the start address (minus the tile's) of an instruction's descriptor.
+
+        Raises ValueError when the sub-tile does not start at a swizzle pattern boundary along the
+        rows (8 rows for K-major, 8 K rows for MN-major) and an atom boundary along the contiguous
+        dim (MN-major) or a 16-element step along K (K-major), where the descriptor cannot
+        describe it.
+        """
+        coords = tuple(coords)
+        contiguous = 1 - self.k_dim if self.mn_major else self.k_dim
+        rows = 1 - contiguous
+        atom = self.swizzle_bytes * 8 // self.element_bits
+        step = atom if self.mn_major else WGMMA_K
+        if coords[rows] % _CORE_ROWS or coords[contiguous] % step:
+            raise ValueError(f"a wgmma sub-tile cannot start at {coords} of a {self.shared.shape} tile")
+        offset = self.shared.invert().apply(**dict(zip(self.shared.out_dims, coords)))[0]
+        return offset * self.element_bits // 8
+
+
+def encode_wgmma_descriptor(start_address: int, leading_byte_offset: int, stride_byte_offset: int,
+                            swizzle_bytes, base_offset: int = 0) -> int:
+    """The 64-bit wgmma matrix descriptor (PTX ISA 9.7.15.5.1.2.2): bits 0-13 start address,
+    16-29 leading dimension byte offset, 32-45 stride dimension byte offset (each
+    `(x & 0x3FFFF) >> 4`), 49-51 base offset, 62-63 swizzle mode (0 none, 1 128B, 2 64B, 3 32B).
+    swizzle_bytes: 128, 64, 32 or None (no swizzle). Raises ValueError for a byte offset that is not
+    a multiple of 16 or does not fit."""
+    def encode(value: int, what: str) -> int:
+        if value % 16 or not 0 <= value < 1 << 18:
+            raise ValueError(f"{what} {value} must be a multiple of 16 below 2**18")
+        return (value & 0x3FFFF) >> 4
+    mode = 0 if swizzle_bytes is None else WGMMA_SWIZZLE_MODE[swizzle_bytes]
+    return (encode(start_address, "start address") | encode(leading_byte_offset, "leading byte offset") << 16
+            | encode(stride_byte_offset, "stride byte offset") << 32 | (base_offset & 7) << 49 | mode << 62)
+
+
+def wgmma_operand_tile(shared: LinearLayout, operand: int, element_bits: int = 16) -> WgmmaOperandTile:
+    """Recognize `shared` as a canonical wgmma tile of operand A (0) or B (1) and give its
+    descriptor parameters. Raises ValueError when it is not `wgmma_operand_shared` of its shape
+    for some contiguous dim and swizzle mode, or the element is not 16 bits."""
+    if element_bits != 16:
+        raise ValueError(f"the wgmma path here takes 16-bit inputs, got {element_bits}-bit")
+    shape = tuple(shared.shape)
+    if len(shape) != 2 or shared.in_dims != (OFFSET,):
+        raise ValueError(f"not a shared tile layout: {shared!r}")
+    contiguous = shared_contiguous_dim(shared)
+    rows = 1 - contiguous
+    element_bytes = element_bits // 8
+    for swizzle in sorted(WGMMA_SWIZZLE_MODE, reverse=True):
+        if shape[contiguous] * element_bytes < swizzle:
+            continue
+        if wgmma_operand_shared(shape, element_bits, contiguous, swizzle) == shared:
+            break
+    else:
+        raise ValueError(f"not a canonical wgmma tile layout: {shared!r}")
+    if shape[rows] % _CORE_ROWS:
+        raise ValueError(f"a wgmma tile needs a multiple of 8 rows, got shape {shape}")
+    mn_major = contiguous != 1 - operand
+    stride = _CORE_ROWS * swizzle
+    leading = shape[rows] * swizzle if mn_major else 16
+    return WgmmaOperandTile(shared, operand, element_bits, swizzle, mn_major, leading, stride)
+
+
+def is_shared_layout(layout) -> bool:
+    """Whether `layout` is a shared-memory layout (input dim "offset") rather than a distributed one."""
+    return isinstance(layout, LinearLayout) and layout.in_dims == (OFFSET,)
+
+
+def operand_tile_layout(shape: Sequence[int], element_bits: int, contiguous_dim: int,
+                        swizzle_bytes=None) -> LinearLayout:
+    """The shared layout of one tile of a pipelining ring (`local_alloc`): the canonical wgmma tile
+    when `swizzle_bytes` is given (a wgmma operand), else the mma.sync/ldmatrix tile."""
+    if swizzle_bytes is None:
+        return mma_operand_shared(shape, element_bits, contiguous_dim)
+    return wgmma_operand_shared(shape, element_bits, contiguous_dim, swizzle_bytes)

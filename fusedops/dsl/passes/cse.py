@@ -19,7 +19,7 @@ from ..ir.core import Block, Function, Operation
 from ..ir.ops import COMMUTATIVE, CONTROL_FLOW, SIDE_EFFECTS, OpCode
 from ..ir.rewrite import ValueSubstitution
 
-_NOT_MERGEABLE = SIDE_EFFECTS | CONTROL_FLOW | frozenset({OpCode.LOAD})
+_NOT_MERGEABLE = SIDE_EFFECTS | CONTROL_FLOW | frozenset({OpCode.LOAD, OpCode.DESCRIPTOR_LOAD})
 
 
 def eliminate_common_subexpressions(function: Function) -> bool:

@@ -1,5 +1,21 @@
 """Which engine a `dot` runs on, and the layouts of its operands and accumulator there.
 
+- Warpgroup tensor cores (`wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`, sm_90a only, not
+  with FUSEDOPS_DISABLE_WGMMA=1): float16/bfloat16 inputs, float32 accumulator, num_warps a
+  multiple of 4 (warpgroups of 4 warps), M a multiple of 64 (64 rows per instruction and
+  warpgroup), N >= 16, K a multiple of 16, and both operands loaded from global memory in the
+  dot's own block (results of `load`, e.g. in the loop body: the pipelined ring, or st.shared
+  staging when cp.async does not apply, puts them in shared memory, where wgmma reads them).
+  Other dots stay on mma.sync for now: operands computed in registers (attention's P; wgmma could
+  take A from registers, not implemented) and loop-invariant operands loaded before the loop,
+  which would be staged into shared memory again every iteration (hoisting that staging out of
+  the loop is not implemented). Warpgroups tile M first (up to M / 64), then N (each keeping an
+  instruction N >= 16, at most 256); warpgroups left over hold copies. The accumulator takes `layouts.mma.wgmma_accumulator` and A and B stay in shared memory: their
+  `convert_layout {dot_operand}` asks for the canonical wgmma tile (`layouts.mma_shared.
+  wgmma_operand_shared`) contiguous along the dim the operand's own layout holds as vectors, i.e.
+  the dim contiguous in global memory, so a transposed operand is read with the instruction's
+  transpose bit instead of a transposing copy. The swizzle is the widest of 128/64/32 bytes that
+  the tile's contiguous extent allows (for M/N-major operands: that one instruction reads).
 - Tensor cores (`mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, sm_80+): float16/bfloat16 inputs,
   float32 accumulator, M >= 16, N >= 8, K >= 16. The accumulator takes the mma accumulator layout
   and A/B the mma operand layouts of `layouts.mma`, with the CTA's warps tiling (M, N).
@@ -11,9 +27,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ir import Operation
+from ..ir import Operation, OpCode
 from ..language.dtypes import bfloat16, float16, float32, shape_of
-from ..layouts.mma import MMA_K, MMA_M, MMA_N, mma_accumulator, mma_operand_a, mma_operand_b
+from ..layouts.mma import (MMA_K, MMA_M, MMA_N, WARPGROUP_WARPS, WGMMA_M, WGMMA_MAX_N, mma_accumulator,
+                           mma_operand_a, mma_operand_b, wgmma_accumulator, wgmma_warpgroups_per_cta)
+from ..layouts.mma_shared import WGMMA_K, wgmma_operand_shared, wgmma_swizzle_bytes
+from ..layouts.swizzle import contiguous_dim
 
 TENSOR_CORE_INPUTS = (float16, bfloat16)
 
@@ -30,6 +49,91 @@ def uses_tensor_cores(op: Operation, arch: Optional[str]) -> bool:
     n = shape_of(acc.type)[1]
     return (arch_number(arch) >= 80 and a.type.element in TENSOR_CORE_INPUTS and acc.type.element == float32
             and m >= MMA_M and n >= MMA_N and k >= MMA_K)
+
+
+# An instruction N of at least 16 keeps an N-major B tile swizzled (32 bytes of 16-bit elements).
+WGMMA_MIN_N = 16
+
+
+def wgmma_enabled(arch: Optional[str]) -> bool:
+    """Whether dots may use wgmma on `arch`: sm_90a, unless FUSEDOPS_DISABLE_WGMMA=1 (read now; the
+    compiler keys its cache on it)."""
+    if arch != "sm_90a":
+        return False
+    from ..runtime import knobs
+    return not knobs.current().disable_wgmma
+
+
+def wgmma_instruction_n(shape, num_warps: int) -> Optional[int]:
+    """The N of each wgmma instruction of an (M, N) accumulator on `num_warps` warps, or None when
+    the shape does not fit wgmma (see the module docstring)."""
+    m, n = shape
+    if num_warps % WARPGROUP_WARPS or m % WGMMA_M or n < WGMMA_MIN_N:
+        return None
+    groups = num_warps // WARPGROUP_WARPS
+    along_m = min(groups, m // WGMMA_M)
+    along_n = min(groups // along_m, n // WGMMA_MIN_N)
+    instr_n = min(WGMMA_MAX_N, n // along_n)
+    if wgmma_warpgroups_per_cta(shape, num_warps, instr_n)[1] != along_n:
+        return None
+    return instr_n
+
+
+def _loaded_beside(value, dot: Operation) -> bool:
+    """Whether `value` is a `load` in the dot's own block (a loop body's per-iteration tile)."""
+    op = value.defining_op
+    return op is not None and op.opcode == OpCode.LOAD and op.parent is dot.parent
+
+
+def uses_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether `dot` op runs on wgmma for `arch` and `num_warps` (see the module docstring)."""
+    a, b, acc = op.operands
+    k = shape_of(a.type)[1]
+    return (uses_tensor_cores(op, arch) and wgmma_enabled(arch) and k % WGMMA_K == 0
+            and _loaded_beside(a, op) and _loaded_beside(b, op)
+            and wgmma_instruction_n(shape_of(acc.type), num_warps) is not None)
+
+
+def wgmma_operand_layout(shape, element_bits: int, operand: int, source_layout, instr_mn: int):
+    """The shared tile a wgmma operand of `shape` (A: M x K, operand 0; B: K x N, operand 1) is
+    read from, contiguous along the dim `source_layout` (its layout in registers, from global
+    memory) holds as vectors; instr_mn: the M (64) or N of one instruction. None when no swizzle
+    mode fits (an M/N-major tile whose instruction extent is under 32 bytes)."""
+    k_dim = 1 - operand
+    contiguous = contiguous_dim(source_layout, element_bits) if source_layout is not None else 1
+    extent = shape[contiguous] if contiguous == k_dim else min(shape[contiguous], instr_mn)
+    swizzle = wgmma_swizzle_bytes(extent * element_bits // 8)
+    if swizzle is None:
+        return None
+    return wgmma_operand_shared(shape, element_bits, contiguous, swizzle)
+
+
+def wgmma_accumulator_layout(op: Operation, num_warps: int):
+    """The accumulator layout of a `dot` that `uses_wgmma`."""
+    shape = shape_of(op.operands[2].type)
+    return wgmma_accumulator(shape, num_warps, wgmma_instruction_n(shape, num_warps))
+
+
+def wgmma_dot_layouts(op: Operation, num_warps: int) -> tuple:
+    """(A tile, B tile, accumulator layout) of a `dot` that `uses_wgmma`, whose operands have their
+    source layouts (see the module docstring). An instruction reads at least 64 rows of A and 16
+    columns of B, so every tile gets at least the 32-byte swizzle."""
+    a, b, acc = op.operands
+    shape = shape_of(acc.type)
+    instr_n = wgmma_instruction_n(shape, num_warps)
+    bits = a.type.element.bits
+    tiles = (wgmma_operand_layout(shape_of(a.type), bits, 0, a.layout, WGMMA_M),
+             wgmma_operand_layout(shape_of(b.type), bits, 1, b.layout, instr_n))
+    if None in tiles:
+        raise ValueError(f"internal error: no wgmma swizzle fits the operands of a {shape} dot")
+    return tiles + (wgmma_accumulator(shape, num_warps, instr_n),)
+
+
+def accumulator_layout(op: Operation, arch: Optional[str], num_warps: int):
+    """The accumulator layout of a tensor-core `dot` (wgmma or mma.sync, whichever it uses)."""
+    if uses_wgmma(op, arch, num_warps):
+        return wgmma_accumulator_layout(op, num_warps)
+    return mma_dot_layouts(op, num_warps)[2]
 
 
 def mma_warps(shape, num_warps: int) -> tuple:

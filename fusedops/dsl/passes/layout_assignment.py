@@ -6,8 +6,17 @@ Rules, applied op by op in program order:
   blocked layout of its shape (coalesced, 16-byte vectors of the narrowest element type the kernel
   moves at that shape) along the dim the pointer analysis finds its addresses contiguous in (so a
   transposed view is read along its columns), and its mask, value and `other` follow the
-  pointer's layout. A store of a value whose layout holds every element once with pairs along the
-  contiguous last dim (the mma accumulator) stores from that layout instead of converting it.
+  pointer's layout. Exceptions, each saving a trip through shared memory:
+  - a store of a value whose layout holds every element once with pairs along the contiguous last
+    dim (the mma.sync accumulator), or of a small block (at most one element per thread, such as the
+    per-row statistics a reduction leaves in a slice layout), stores from the value's layout
+    (replicated copies are stored by their owner only); a large block in a wgmma accumulator
+    layout is instead converted to the blocked layout through a swizzled shared tile (the
+    conversion gets attr `swizzled`; codegen/swizzled_exchange.py), so the stores are 16-byte;
+  - a load whose only use, through casts and expand_dims, is a broadcast (`w[None, :]` against a
+    2-D tile) is done directly in the layout the broadcast asks for, when that layout reads
+    vectors as wide as the default one with at most twice its registers per thread (replicated threads
+    read the same addresses: one L1 transaction).
 - An elementwise op whose operands disagree only because of broadcast operands re-does those
   broadcasts in the other operands' layout (a bias row is moved, not the accumulator).
 - Constants, splats and aranges are *flexible*: they take the layout their first user needs and are
@@ -23,11 +32,14 @@ Rules, applied op by op in program order:
 - `dot` on tensor cores (`dot_layouts.uses_tensor_cores`: fp16/bf16 on sm_80+) puts the accumulator
   in the mma accumulator layout and asks for A and B in the mma operand layouts; the conversions it
   inserts carry `dot_operand` = 0 / 1 (codegen stages them through swizzled shared memory and reads
-  them with ldmatrix). The FMA path keeps the accumulator in the default layout and asks for A and
-  B in layouts that give each thread the rows/columns of its accumulator elements, K in registers.
+  them with ldmatrix). On sm_90a a dot that fits wgmma (`dot_layouts.uses_wgmma`) takes the wgmma
+  accumulator layout instead, and its operands are converted to *shared* layouts (input dim
+  "offset"): the canonical wgmma tiles the instruction reads through matrix descriptors. The FMA
+  path keeps the accumulator in the default layout and asks for A and B in layouts that give each
+  thread the rows/columns of its accumulator elements, K in registers.
 - Loop-carried values keep their initial value's layout, except that a carried value used as a
-  tensor-core `dot` accumulator in the loop is carried in the mma accumulator layout (so the loop
-  does not convert it every trip); yields are converted to the carried layout.
+  tensor-core `dot` accumulator in the loop is carried in the mma/wgmma accumulator layout (so the
+  loop does not convert it every trip); yields are converted to the carried layout.
 The pass sets `Value.layout`; scalars keep `None`. Source of the approach: Triton's layout
 propagation and "Linear Layouts" (Zhou et al., 2025), in our own formulation.
 """
@@ -43,10 +55,12 @@ from ..layouts.blocked import default_blocked
 import fusedops.dsl.layouts.shape_ops as layout_shapes
 from ..layouts.linear import LinearLayout
 from ..layouts.reduction import reduction_plan
+from ..layouts.vectorize import vector_width
 from ..codegen import layout_access
 from .dce import eliminate_dead_code
 from .pointer_analysis import analyze_pointers
-from .dot_layouts import mma_dot_layouts, uses_tensor_cores
+from .dot_layouts import (accumulator_layout, mma_dot_layouts, uses_tensor_cores, uses_wgmma,
+                          wgmma_dot_layouts)
 
 _FLEXIBLE = frozenset({OpCode.CONSTANT, OpCode.SPLAT, OpCode.ARANGE})
 _MEMORY = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS})
@@ -102,6 +116,8 @@ class _State:
     axis_info: object = None                                    # pointer analysis of the input IR
     flexible: dict = dataclasses.field(default_factory=dict)   # id(value) -> {layout: value}
     preferred: dict = dataclasses.field(default_factory=dict)  # id(loop block arg) -> carried layout
+    load_hints: dict = dataclasses.field(default_factory=dict)  # id(load op) -> layout of its pointer
+    wgmma_accumulators: set = dataclasses.field(default_factory=set)  # layouts of wgmma dot results
 
     def default(self, shape) -> LinearLayout:
         return default_blocked(tuple(shape), self.num_warps, self.bits_by_shape.get(tuple(shape), 32))
@@ -235,15 +251,21 @@ def _memory_layout(state: _State, pointer: Value):
 
 
 def _stores_in_place(state: _State, op: Operation) -> bool:
-    """A store whose value's layout is fine to store from directly: every element is held once
-    (no replicated threads or registers) and threads hold pairs along the contiguous last dim, as
-    the mma accumulator does; converting it to a blocked layout would cost a shared-memory trip."""
+    """A store whose value's layout is fine to store from directly, where converting it to a
+    blocked layout would cost a shared-memory trip: a small block (at most one element per thread,
+    e.g. per-row statistics in a slice layout; owners store, see codegen/ownership.py), or every
+    element held once (no replicated threads or registers) with pairs along the contiguous last dim,
+    as the mma accumulator does."""
     if op.opcode != OpCode.STORE:
         return False
     value = op.operands[1]
     if not _is_block(value) or id(value) in state.flexible or value.layout is None:
         return False
     layout = value.layout
+    if layout.numel <= 32 * state.num_warps:
+        return True
+    if layout in state.wgmma_accumulators:      # converted through a swizzled tile instead
+        return False
     if any(not any(v) for name in layout.in_dims for v in layout.bases_of(name)):
         return False
     registers = layout.bases_of("register")
@@ -252,12 +274,28 @@ def _stores_in_place(state: _State, op: Operation) -> bool:
     return pairs and _contiguous_dim(state, op.operands[0]) == rank - 1
 
 
+def _mark_swizzled_store(state: _State, op: Operation) -> None:
+    """A store of a wgmma accumulator (or a value computed from it elementwise, in its layout)
+    converted to the store's blocked layout: mark the conversion `swizzled` (codegen moves it
+    through a bank-conflict-free swizzled tile with vector accesses, then the store writes 16-byte
+    vectors, instead of the accumulator's scattered 4-byte pairs)."""
+    if op.opcode != OpCode.STORE:
+        return
+    convert = op.operands[1].defining_op
+    if convert is not None and convert.opcode == OpCode.CONVERT_LAYOUT \
+            and convert.operands[0].layout in state.wgmma_accumulators:
+        convert.attrs["swizzled"] = True
+
+
 def _anchor_memory(state: _State, op: Operation):
     """The layout of a memory op: its pointer's, fixing a flexible pointer to `_memory_layout` (or
     to the stored value's layout, see `_stores_in_place`)."""
     pointer = op.operands[0]
     if id(pointer) in state.flexible and pointer.layout is None:
-        layout = op.operands[1].layout if _stores_in_place(state, op) else _memory_layout(state, pointer)
+        if _stores_in_place(state, op):
+            layout = op.operands[1].layout
+        else:
+            layout = state.load_hints.get(id(op)) or _memory_layout(state, pointer)
         _require(state, op, 0, layout)
     return op.operands[0].layout
 
@@ -309,6 +347,7 @@ def _assign_op(state: _State, op: Operation) -> None:
         layout = _anchor_memory(state, op)
         for i in range(1, len(op.operands)):
             _require(state, op, i, layout)
+        _mark_swizzled_store(state, op)
         for r in results:
             r.layout = layout
         return
@@ -365,6 +404,9 @@ def _assign_op(state: _State, op: Operation) -> None:
             _require(state, op, 0, projected)
         op.result.layout = target
         return
+    if code == OpCode.DOT and uses_wgmma(op, state.arch, state.num_warps):
+        _assign_wgmma_dot(state, op)
+        return
     if code == OpCode.DOT and uses_tensor_cores(op, state.arch):
         layouts = mma_dot_layouts(op, state.num_warps)
         for index, layout in ((2, layouts[2]), (0, layouts[0]), (1, layouts[1])):
@@ -403,6 +445,22 @@ def _assign_op(state: _State, op: Operation) -> None:
             r.layout = state.default(shape_of(r.type))
 
 
+def _assign_wgmma_dot(state: _State, op: Operation) -> None:
+    """A wgmma dot: the accumulator in the wgmma accumulator layout; A and B converted to shared
+    tiles (`convert_layout {dot_operand}` to a shared layout) contiguous along the dim their own
+    layouts hold as vectors (a flexible operand is first fixed to the default layout)."""
+    _anchor(state, op, 0)
+    _anchor(state, op, 1)
+    tile_a, tile_b, accumulator = wgmma_dot_layouts(op, state.num_warps)
+    _require(state, op, 2, accumulator)
+    for index, tile in ((0, tile_a), (1, tile_b)):
+        op.operands[index] = _convert(op.operands[index], tile, op)
+        op.operands[index].defining_op.attrs["dot_operand"] = index
+    op.attrs["engine"] = "wgmma"
+    op.result.layout = accumulator
+    state.wgmma_accumulators.add(accumulator)
+
+
 def _init_layouts(state, op, first_index, count, args=()):
     layouts = []
     for i in range(first_index, first_index + count):
@@ -418,8 +476,62 @@ def _init_layouts(state, op, first_index, count, args=()):
     return layouts
 
 
+def _users(function: Function) -> dict:
+    """id(value) -> the ops using it as an operand."""
+    users = {}
+    for op in function.walk():
+        for operand in op.operands:
+            users.setdefault(id(operand), []).append(op)
+    return users
+
+
+def _broadcast_load_layout(state: _State, load: Operation, users: dict):
+    """The layout the broadcast using `load`'s result (through single-use casts and expand_dims)
+    asks for, mapped back to the load's shape; None when there is no such broadcast, or when that
+    layout reads narrower vectors or holds over twice the registers per thread of the default
+    memory layout (a consumer in another layout, such as an mma accumulator, converts it anyway)."""
+    value, axes = load.results[0], []
+    while True:
+        uses = users.get(id(value), [])
+        if len(uses) != 1:
+            return None
+        (user,) = uses
+        if user.opcode == OpCode.CAST:
+            value = user.results[0]
+        elif user.opcode == OpCode.EXPAND_DIMS:
+            axes.append(user.attrs["axis"])
+            value = user.results[0]
+        elif user.opcode == OpCode.BROADCAST:
+            break
+        else:
+            return None
+    layout = project_broadcast(state.default(shape_of(user.result.type)), shape_of(value.type))
+    for axis in reversed(axes):
+        bases = {name: [tuple(c for d, c in enumerate(v) if d != axis) for v in layout.bases_of(name)]
+                 for name in layout.in_dims}
+        layout = LinearLayout(bases, tuple(s for d, s in enumerate(layout.shape) if d != axis))
+    pointer = load.operands[0]
+    dim = _contiguous_dim(state, pointer)
+    bits = _element_bits(pointer.type)
+    memory = _memory_layout(state, pointer)
+    if vector_width(layout, dim, bits) < vector_width(memory, dim, bits) \
+            or layout.num_registers > 2 * memory.num_registers:
+        return None
+    return layout
+
+
+def _hint_broadcast_loads(state: _State, function: Function) -> None:
+    users = _users(function)
+    for op in function.walk():
+        if op.opcode == OpCode.LOAD and _is_block(op.operands[0]):
+            layout = _broadcast_load_layout(state, op, users)
+            if layout is not None:
+                state.load_hints[id(op)] = layout
+
+
 def _prefer_mma_accumulators(state: _State, function: Function) -> None:
-    """Record the mma accumulator layout for loop block arguments used as tensor-core dot accumulators."""
+    """Record the mma/wgmma accumulator layout for loop block arguments used as tensor-core dot
+    accumulators."""
     for op in function.walk():
         if op.opcode != OpCode.DOT or not uses_tensor_cores(op, state.arch):
             continue
@@ -427,7 +539,9 @@ def _prefer_mma_accumulators(state: _State, function: Function) -> None:
         owner = acc.owner
         if isinstance(owner, Block) and owner.parent is not None and owner.parent.opcode == OpCode.FOR \
                 and acc.index > 0:
-            state.preferred[id(acc)] = mma_dot_layouts(op, state.num_warps)[2]
+            state.preferred[id(acc)] = accumulator_layout(op, state.arch, state.num_warps)
+        if uses_wgmma(op, state.arch, state.num_warps):
+            state.wgmma_accumulators.add(accumulator_layout(op, state.arch, state.num_warps))
 
 
 def _assign_loop(state, op, inits, args, region: Block, first_index: int):
@@ -490,6 +604,7 @@ def assign_layouts(function: Function, num_warps: int, arch=None) -> bool:
     """
     state = _State(num_warps, _memory_bits(function), arch, analyze_pointers(function))
     _prefer_mma_accumulators(state, function)
+    _hint_broadcast_loads(state, function)
     _assign_block(state, function.body)
     for op in function.walk():
         for r in op.results:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+from .descriptors import expand_descriptor_loads
 from .layout_assignment import assign_layouts
 from .pipelining import pipeline_loops
 from .pointer_analysis import analyze_pointers
@@ -22,8 +23,11 @@ def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
     layouts.__name__ = "assign_layouts"
     pipelining = functools.partial(pipeline_loops, num_stages=num_stages)
     pipelining.__name__ = "pipeline_loops"
+    descriptors = functools.partial(expand_descriptor_loads, arch=arch)
+    descriptors.__name__ = "expand_descriptor_loads"
     return [
         simplify,            # constant folding, CSE, DCE, to a fixed point
+        descriptors,         # desc.load -> masked load (marked for TMA on sm_90a with FUSEDOPS_TMA=1)
         layouts,             # a distributed layout for every block value; convert_layout where needed
         pipelining,          # loads feeding tensor-core dots in loops -> cp.async ring, num_stages deep
         analyze_pointers,    # contiguity / divisibility / constancy, for vectorized memory access

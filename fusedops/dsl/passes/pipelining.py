@@ -32,6 +32,40 @@ least 4 bytes (16 for `cp.async.cg`): contiguity and alignment of the pointer an
 mask along the tile's contiguous dim. Loops with nothing that qualifies are left alone (the dot
 then stages its operands through scratch shared memory synchronously).
 
+wgmma dots (sm_90a, `dot_layouts.uses_wgmma`): the dot-operand conversion asks for a *shared*
+layout, the canonical wgmma tile; the ring's tiles take that layout (`local_alloc {swizzle_bytes}`),
+`local_load` gives the dot the slot itself (wgmma reads it through a descriptor), and the
+`async_wait` carries `proxy_fence` (codegen adds `fence.proxy.async.shared::cta` before its barrier:
+cp.async writes through the generic proxy, wgmma reads through the async proxy). When the loop's
+only dot is such a wgmma reading both operands from the ring into a carried accumulator that
+nothing else reads (`_overlappable_dot`) and num_stages >= 3, the dot stays in flight into the next
+iteration (`dot {pending=1}`: `wgmma.wait_group 1` after it) and the copies run one iteration less
+ahead, so the slot the in-flight wgmma reads is not overwritten:
+
+    (prologue: iterations 0 .. S-3)
+    for %k ... iter(%acc, %read = 0, %write = S-2):
+        async_wait {pending = S-3, proxy_fence}   (tile k landed; the barrier also means every
+                                                   warpgroup retired the wgmma of iteration k-2)
+        async_copy %buf[%write], <address at %k + (S-2)*STEP>      (slot of iteration k-2)
+        %acc2 = dot local_load %a[%read], local_load %b[%read], %acc {pending = 1}
+    %acc3 = wgmma_wait %acc_final {pending = 0}       (before local_dealloc and any use)
+
+TMA (sm_90a, FUSEDOPS_TMA=1): when every candidate of the loop is a wgmma operand loaded by a
+tensor descriptor that the copy engine can read (`load {tma}`, passes/descriptors.py), the ring is
+filled by `tma_copy` instead (one thread: mbarrier expect_tx + one cp.async.bulk.tensor per swizzle
+atom of the tile, out-of-bounds boxes zero-filled by the engine), with one mbarrier per slot
+(`local_alloc {mbarrier_arrivals}`: each copy into the slot arrives once) and a carried phase bit:
+
+    for %k ... iter(%acc, %read, %write, %phase = 0):
+        mbarrier_wait %barriers[%read], %phase     (tile k landed; then a CTA barrier, as above)
+        tma_copy %buf[%write], <coordinates at %k + ahead * STEP>, predicate %k + ahead * STEP < %ub
+        ...
+        yield ..., %phase ^ (next %read == 0)
+
+Copies past the loop's end are not issued, so no copy is in flight after it and no barrier phase is
+left pending; the barriers' dealloc invalidates them (mbarrier.inval) before the memory is reused.
+The same schedule (ahead_by, the in-flight wgmma) applies; only the wait and the copies differ.
+
 Source of the schedule: the multistage mainloop of CUTLASS (`MmaMultistage`) and Triton's
 software pipeliner, written here for our IR.
 """
@@ -44,13 +78,15 @@ from typing import Optional
 from ..ir import Block, Function, Operation, OpCode, Value
 from ..ir.ops import ELEMENTWISE
 from ..ir.shared_buffer import SharedBufferType
-from ..language.dtypes import BlockType, int1, int32, shape_of
-from ..layouts.mma_shared import mma_operand_shared
+from ..language.dtypes import BlockType, int1, int32, int64, shape_of
+from ..layouts.mma_shared import (is_shared_layout, mma_operand_shared, shared_contiguous_dim,
+                                  wgmma_operand_tile)
 from ..layouts.shared import shared_offsets
 from ..layouts.swizzle import contiguous_dim
 from ..layouts.vectorize import vector_width as register_vector_width
 from ._axis_info import floor_pow2
 from .dce import eliminate_dead_code
+from .descriptors import TmaSource
 from .pointer_analysis import analyze_pointers
 
 # Ops an address computation may consist of to be recomputed for a later iteration (pure, cheap).
@@ -68,6 +104,15 @@ class _Candidate:
     address_ops: list          # the ops computing the load's pointer and mask, in dependency order
     contiguous_dim: int
     width: int                 # elements per cp.async
+    swizzle_bytes: Optional[int] = None   # a wgmma operand: the ring holds canonical wgmma tiles
+    tma: Optional[TmaSource] = None       # a descriptor load the copy engine can do (passes/descriptors.py)
+
+    @property
+    def alloc_attrs(self) -> dict:
+        attrs = {"contiguous_dim": self.contiguous_dim}
+        if self.swizzle_bytes is not None:
+            attrs["swizzle_bytes"] = self.swizzle_bytes
+        return attrs
 
 
 def pipeline_loops(function: Function, num_stages: int) -> bool:
@@ -79,9 +124,9 @@ def pipeline_loops(function: Function, num_stages: int) -> bool:
     uses = _use_counts(function)
     changed = False
     for loop in [op for op in function.walk() if op.opcode == OpCode.FOR]:
-        candidates = _candidates(loop, analysis, uses)
+        candidates = _with_copy_engine(_candidates(loop, analysis, uses))
         if candidates:
-            _pipeline(loop, candidates, num_stages)
+            _pipeline(loop, candidates, num_stages, _overlappable_dot(loop, candidates, uses, num_stages))
             changed = True
     if changed:
         eliminate_dead_code(function)
@@ -137,13 +182,14 @@ def _address_slice(body: Block, roots: list) -> Optional[list]:
     return ops if all(visit(root) for root in roots) else None
 
 
-def _copy_width(analysis, load: Operation, dim: int) -> int:
-    """Elements per cp.async along `dim` that the layout, the tile and the proven facts allow."""
+def _copy_width(analysis, load: Operation, tile) -> int:
+    """Elements per cp.async along the tile's contiguous dim that the layout, the tile and the
+    proven facts allow."""
     pointer = load.operands[0]
     element = pointer.type.element.element
     size = element.itemsize
     layout = pointer.layout
-    tile = mma_operand_shared(shape_of(pointer.type), element.bits, dim)
+    dim = shared_contiguous_dim(tile)
     width = min(register_vector_width(layout, dim, element.bits),
                 register_vector_width(shared_offsets(layout, tile), 0, element.bits))
     info = analysis.get(pointer)
@@ -165,7 +211,7 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
         return []
     out = []
     for dot in body.ops:
-        if dot.opcode != OpCode.DOT or dot.attrs.get("engine") != "mma":
+        if dot.opcode != OpCode.DOT or dot.attrs.get("engine") not in ("mma", "wgmma"):
             continue
         for index in (0, 1):
             convert = dot.operands[index].defining_op
@@ -184,11 +230,58 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
                 continue
             element = load.result.type.element
             dim = contiguous_dim(load.result.layout, element.bits)
-            width = _copy_width(analysis, load, dim)
-            if width * element.itemsize < MIN_COPY_BYTES:
+            swizzle = None
+            if is_shared_layout(convert.result.layout):       # a wgmma operand tile
+                tile = convert.result.layout
+                swizzle = wgmma_operand_tile(tile, index, element.bits).swizzle_bytes
+                if shared_contiguous_dim(tile) != dim:
+                    continue
+            else:
+                tile = mma_operand_shared(shape_of(load.result.type), element.bits, dim)
+            width = _copy_width(analysis, load, tile)
+            tma = load.attrs.get("tma")
+            if swizzle is None or tma is None or tma.contiguous_dim != dim:
+                tma = None
+            if width * element.itemsize < MIN_COPY_BYTES and tma is None:
                 continue
-            out.append(_Candidate(load, convert, address_ops, dim, width))
+            out.append(_Candidate(load, convert, address_ops, dim, width, swizzle, tma))
     return out
+
+
+def _with_copy_engine(candidates: list) -> list:
+    """The candidates of one loop, all filled by TMA when every one can be (one kind of wait per
+    ring), else all by cp.async (dropping those too narrow for it)."""
+    if candidates and all(c.tma is not None for c in candidates):
+        return candidates
+    return [dataclasses.replace(c, tma=None) for c in candidates
+            if c.width * c.load.result.type.element.itemsize >= MIN_COPY_BYTES]
+
+
+def _overlappable_dot(loop: Operation, candidates: list, uses: dict, num_stages: int) -> Optional[int]:
+    """The carried-value index of the loop's accumulator when its wgmma may stay in flight into the
+    next iteration (wait_group 1): the body's only dot is a wgmma reading both operands from the
+    ring, accumulating into a carried value that nothing else in the loop reads, and yielding its
+    result only; at least 3 stages (the in-flight wgmma keeps one slot). None otherwise."""
+    body = loop.regions[0]
+    dots = [op for op in body.walk() if op.opcode == OpCode.DOT]
+    if num_stages < 3 or len(dots) != 1 or dots[0].attrs.get("engine") != "wgmma" or dots[0].parent is not body:
+        return None
+    dot = dots[0]
+    ring = {id(c.convert.result) for c in candidates}
+    if not all(id(v) in ring for v in dot.operands[:2]):
+        return None
+    acc, terminator = dot.operands[2], body.terminator
+    if acc.owner is not body or acc.index == 0 or uses.get(id(acc)) != 1 or uses.get(id(dot.result)) != 1:
+        return None
+    index = acc.index - 1
+    return index if terminator.operands[index] is dot.result else None
+
+
+def _replace_uses(block: Block, start: int, old: Value, new: Value) -> None:
+    """Make the ops of `block` from index `start` on (and their regions) use `new` for `old`."""
+    for op in block.ops[start:]:
+        for nested in op.walk():
+            nested.operands = [new if v is old else v for v in nested.operands]
 
 
 # -- rewriting -------------------------------------------------------------------------------------------
@@ -215,9 +308,9 @@ class _Inserter:
         return self.value(OpCode.CONSTANT, [], type_, {"value": value})
 
 
-def _issue_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Value, induction: Value,
-                iteration: Value, upper: Value) -> None:
-    """async_copy of `candidate`'s tile for the iteration whose induction value is `iteration`."""
+def _clone_address_ops(at: _Inserter, candidate: _Candidate, induction: Value, iteration: Value) -> dict:
+    """Clone `candidate`'s address computation for the iteration whose induction value is
+    `iteration`; returns id(original value) -> its clone (the induction variable -> `iteration`)."""
     mapping = {id(induction): iteration}
     for op in candidate.address_ops:
         clone = at.op(op.opcode, [mapping.get(id(v), v) for v in op.operands], [r.type for r in op.results],
@@ -225,6 +318,13 @@ def _issue_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Valu
         for old, new in zip(op.results, clone.results):
             new.layout = old.layout
             mapping[id(old)] = new
+    return mapping
+
+
+def _issue_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Value, induction: Value,
+                iteration: Value, upper: Value) -> None:
+    """async_copy of `candidate`'s tile for the iteration whose induction value is `iteration`."""
+    mapping = _clone_address_ops(at, candidate, induction, iteration)
     load = candidate.load
     layout = load.result.layout
     shape = shape_of(load.result.type)
@@ -238,46 +338,87 @@ def _issue_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Valu
           load.loc)
 
 
+def _issue_tma_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Value, barriers: Value,
+                    induction: Value, iteration: Value, upper: Value) -> None:
+    """tma_copy of `candidate`'s tile for the iteration whose induction value is `iteration` (the
+    coordinates recomputed for it; nothing is copied past the loop's end)."""
+    mapping = _clone_address_ops(at, candidate, induction, iteration)
+    source = candidate.tma
+    coordinates = [mapping.get(id(c), c) for c in source.coordinates]
+    # Constant sizes and strides (ints specialized as 1) are made again here: the load that used
+    # them is gone, and dead-code elimination may have removed their ops since.
+    tensor = [at.constant(_constant_int(v), v.type) if _constant_int(v) is not None else v
+              for v in (*source.shape, *source.strides)]
+    in_range = at.value(OpCode.LT, [iteration, upper], int1)
+    at.op(OpCode.TMA_COPY, [buffer, index, barriers, source.base, *tensor, *coordinates, in_range], [], {},
+          candidate.load.loc)
+
+
 def _next_index(at: _Inserter, index: Value, num_stages: int) -> Value:
     incremented = at.value(OpCode.ADD, [index, at.constant(1)], int32)
     wrapped = at.value(OpCode.EQ, [incremented, at.constant(num_stages)], int1)
     return at.value(OpCode.WHERE, [wrapped, at.constant(0), incremented], int32)
 
 
-def _pipeline(loop: Operation, candidates: list, num_stages: int) -> None:
+def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Optional[int]) -> None:
+    """Rewrite `loop` (see the module docstring). overlapped: the carried index of a wgmma
+    accumulator whose dot may stay in flight (`_overlappable_dot`), or None."""
     outer = loop.parent
     body = loop.regions[0]
     lower, upper, step = loop.operands[:3]
     induction = body.args[0]
     step_value = _constant_int(step)
+    # Copies run `ahead` iterations ahead; an in-flight wgmma still reads the previous slot.
+    ahead_by = num_stages - 1 if overlapped is None else num_stages - 2
     before = _Inserter(outer, loop)
     buffers = []
     for candidate in candidates:
         element = candidate.load.result.type.element
         buffer_type = SharedBufferType(num_stages, shape_of(candidate.load.result.type), element)
-        buffers.append(before.value(OpCode.LOCAL_ALLOC, [], buffer_type, {"contiguous_dim": candidate.contiguous_dim}))
+        buffers.append(before.value(OpCode.LOCAL_ALLOC, [], buffer_type, candidate.alloc_attrs))
+    # TMA: one mbarrier per slot, on which every copy into the slot arrives (with its bytes).
+    barriers = None
+    if candidates[0].tma is not None:
+        barriers = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
+                                {"mbarrier_arrivals": len(candidates)})
 
-    # Prologue: the tiles of iterations 0 .. num_stages - 2.
-    for stage in range(num_stages - 1):
+    def issue(at: _Inserter, index: Value, iteration: Value) -> None:
+        for candidate, buffer in zip(candidates, buffers):
+            if barriers is not None:
+                _issue_tma_copy(at, candidate, buffer, index, barriers, induction, iteration, upper)
+            else:
+                _issue_copy(at, candidate, buffer, index, induction, iteration, upper)
+        if barriers is None:
+            at.op(OpCode.ASYNC_COMMIT, [], [])
+
+    # Prologue: the tiles of iterations 0 .. ahead_by - 1.
+    for stage in range(ahead_by):
         iteration = lower if stage == 0 else before.value(
             OpCode.ADD, [lower, before.constant(stage * step_value)], int32)
-        for candidate, buffer in zip(candidates, buffers):
-            _issue_copy(before, candidate, buffer, before.constant(stage), induction, iteration, upper)
-        before.op(OpCode.ASYNC_COMMIT, [], [])
+        issue(before, before.constant(stage), iteration)
 
-    # Loop-carried ring indices: the tile this iteration reads, and the one it fills.
+    # Loop-carried ring indices: the tile this iteration reads, and the one it fills (and with TMA
+    # the parity of the read slot's barrier phase, which flips each time the read index wraps).
     read = body.add_argument(int32, "read_stage")
     write = body.add_argument(int32, "write_stage")
-    loop.operands.extend([before.constant(0), before.constant(num_stages - 1)])
-    for _ in range(2):
+    loop.operands.extend([before.constant(0), before.constant(ahead_by)])
+    phase = None
+    if barriers is not None:
+        phase = body.add_argument(int32, "read_phase")
+        loop.operands.append(before.constant(0))
+    for _ in range(2 + (phase is not None)):
         loop.results.append(Value(int32, loop, len(loop.results)))
 
     head = _Inserter(body, body.ops[0])
-    head.op(OpCode.ASYNC_WAIT, [], [], {"pending": num_stages - 2})
-    ahead = head.value(OpCode.ADD, [induction, head.constant((num_stages - 1) * step_value)], int32)
-    for candidate, buffer in zip(candidates, buffers):
-        _issue_copy(head, candidate, buffer, write, induction, ahead, upper)
-    head.op(OpCode.ASYNC_COMMIT, [], [])
+    if barriers is not None:
+        head.op(OpCode.MBARRIER_WAIT, [barriers, read, phase], [])
+    else:
+        wait_attrs = {"pending": ahead_by - 1}
+        if any(c.swizzle_bytes is not None for c in candidates):
+            wait_attrs["proxy_fence"] = True       # cp.async wrote through the generic proxy; wgmma reads async
+        head.op(OpCode.ASYNC_WAIT, [], [], wait_attrs)
+    ahead = head.value(OpCode.ADD, [induction, head.constant(ahead_by * step_value)], int32)
+    issue(head, write, ahead)
 
     for candidate, buffer in zip(candidates, buffers):
         convert = candidate.convert
@@ -289,10 +430,26 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int) -> None:
         body.ops.remove(candidate.load)
 
     tail = _Inserter(body, body.terminator)
-    body.terminator.operands.extend([_next_index(tail, read, num_stages), _next_index(tail, write, num_stages)])
+    next_read = _next_index(tail, read, num_stages)
+    body.terminator.operands.extend([next_read, _next_index(tail, write, num_stages)])
+    if phase is not None:
+        wrapped = tail.value(OpCode.EQ, [next_read, tail.constant(0)], int1)
+        flipped = tail.value(OpCode.XOR, [phase, tail.constant(1)], int32)
+        body.terminator.operands.append(tail.value(OpCode.WHERE, [wrapped, flipped, phase], int32))
 
     after_index = outer.ops.index(loop) + 1
-    for buffer in buffers:
+    if overlapped is not None:
+        dot = body.terminator.operands[overlapped].defining_op
+        dot.attrs["pending"] = 1
+        result = loop.results[overlapped]
+        wait = Operation(OpCode.WGMMA_WAIT, [result], [result.type], {"pending": 0}, (), loop.loc)
+        wait.results[0].layout = result.layout
+        wait.parent = outer
+        outer.ops.insert(after_index, wait)
+        _replace_uses(outer, after_index + 1, result, wait.results[0])
+        after_index += 1
+    # (the barriers last: their dealloc invalidates them once the first dealloc's barrier passed)
+    for buffer in ([barriers] if barriers is not None else []) + buffers:
         dealloc = Operation(OpCode.LOCAL_DEALLOC, [buffer], [], {}, (), loop.loc)
         dealloc.parent = outer
         outer.ops.insert(after_index, dealloc)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import struct
 from typing import Callable, Optional, Sequence, Union
 
 from fusedops.dsl.errors import LaunchError
@@ -322,20 +323,52 @@ class KernelLauncher:
         shared_bytes = self.shared_bytes
         pack = self.packer.pack
         launch_failed = self._launch_failed
+        name = self.kernel.name
+        writer = self.packer.writer() if self.packer.kinds else None
+
+        def failed_call(error, grid, stream, args) -> None:
+            if isinstance(error, (struct.error, OverflowError, TypeError)):
+                pack(args)      # raises LaunchError naming the bad argument, if one is
+            raise LaunchError(f"cannot launch {name!r} on grid {grid!r}, stream {stream!r}: {error}") from None
+
+        if writer is None:
+            def launch(grid: tuple, stream: int, args: Sequence) -> None:
+                """Launch on `grid` = (gx, gy, gz) program instances on `stream` (a raw handle) with `args`.
+
+                Raises:
+                    LaunchError: bad arguments (naming the parameter), a bad grid, or a driver error.
+                """
+                try:
+                    grid_x, grid_y, grid_z = grid
+                    (code,) = cu_launch(function, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream,
+                                        pack(args), 0)
+                except (OverflowError, TypeError, ValueError) as error:
+                    raise LaunchError(f"cannot launch {name!r} on grid {grid!r}, stream {stream!r}: "
+                                      f"{error}") from None
+                if code:
+                    launch_failed(code, grid, stream, args)
+
+            return launch
+
+        local, new_buffer, pack_into, values_offset = writer
 
         def launch(grid: tuple, stream: int, args: Sequence) -> None:
-            """Launch on `grid` = (gx, gy, gz) program instances on `stream` (a raw handle) with `args`.
+            """Launch on `grid` = (gx, gy, gz) program instances on `stream` (a raw handle) with `args`
+            (packed here, into this thread's buffer: see launcher_args.ArgumentPacker).
 
             Raises:
                 LaunchError: bad arguments (naming the parameter), a bad grid, or a driver error.
             """
             try:
+                buffer, address = local.slot
+            except AttributeError:
+                buffer, address = new_buffer()
+            try:
+                pack_into(buffer, values_offset, *args)
                 grid_x, grid_y, grid_z = grid
-                (code,) = cu_launch(function, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream,
-                                    pack(args), 0)
-            except (OverflowError, TypeError, ValueError) as error:
-                raise LaunchError(f"cannot launch {self.kernel.name!r} on grid {grid!r}, stream {stream!r}: "
-                                  f"{error}") from None
+                (code,) = cu_launch(function, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream, address, 0)
+            except (struct.error, OverflowError, TypeError, ValueError) as error:
+                failed_call(error, grid, stream, args)
             if code:
                 launch_failed(code, grid, stream, args)
 

@@ -5,15 +5,20 @@ A `JITFunction` binds a launch's arguments to its parameters, computes the `Spec
 runs the IR in the NumPy interpreter (`interpret=True` or FUSEDOPS_INTERPRET=1; CPU and CUDA tensors)
 or launches the compiled kernel on the tensors' device and current stream.
 
-Cached GPU launches take a fast path (`run`): one pass over the positional arguments computes a
-launch key (per tensor its dtype, 16-byte alignment and device; per int its width and whether it
-is 1 or divisible by 16; the class of floats, bools and None; constexpr values and their classes;
-the keyword constexprs, the argument count and the launch options) and collects the runtime values
-(tensors as data pointers). The key finds a `_LaunchPlan`, made by the first launch with that key
-after the full path has checked everything (binding, argument kinds, devices) and compiled, so a
-launch whose arguments differ in anything those checks look at misses the cache and takes the
-full path, which raises or makes a new plan. The plan knows which values are runtime arguments and
-holds the device's prepared `KernelLauncher.launch` and stream getter.
+Cached GPU launches take a fast path: after the first GPU launch, `kernel[grid]` (and `run`) is an
+entry function generated for the kernel's signature (fast_path.make_entry, like Triton's binder), so
+CPython binds the arguments; it computes a launch key (per tensor its dtype, 16-byte alignment and
+device; per int its width and whether it is 1 or divisible by 16; the class of floats, bools and
+None; constexpr values and their classes; the launch options) and the runtime values (tensors as
+data pointers). The key finds a `_LaunchPlan`, made by the first launch with that key after the
+full path has checked everything (binding, argument kinds, devices) and compiled, so a launch whose
+arguments differ in anything those checks look at misses the cache and takes the full path, which
+raises or makes a new plan. The plan knows which values are runtime arguments and holds the
+device's prepared `KernelLauncher.launch` and stream getter.
+
+Launch wrappers that already know everything but the tensors' addresses (the library's, which cache
+per shapes, strides, dtypes and device) use `prepare` instead: it returns a launch of fixed grid and
+arguments taking only the tensors.
 
 Compilation errors are re-raised from here without the compiler's frames: the error's message
 points at the kernel source (file:line:col, the line and a caret).
@@ -25,13 +30,13 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import operator
 from typing import Callable, NamedTuple, Optional
 
 from ..errors import CompilationError, InterpreterError, UnsupportedError
 from ..ir import Function, print_function
 from ..language import core
 from . import knobs
+from .fast_path import MISSING, globals_guard, make_binder, make_entry, make_prepared, picker
 from .launcher import check_arch, check_num_warps, cuda_device, device_arch, normalize_grid
 from .signature import NO_DEFAULT, Parameter, SpecializationKey, specialize
 
@@ -76,37 +81,11 @@ class _Entry:
 class _LaunchPlan(NamedTuple):
     """What a cached GPU launch does once its launch key is found (see `JITFunction.run`)."""
 
-    globals_unchanged: Callable[[], bool]   # False once a global the kernel read has been rebound
-    select: Optional[Callable]              # picks the runtime values from the collected ones; None: all
-    defaults: tuple                         # runtime values of the parameters left at their defaults
+    globals_unchanged: Optional[Callable[[], bool]]   # False once a global the kernel read has been rebound
+    select: Optional[Callable]              # picks the runtime values from the binder's; None: all
     launch: Callable                        # the device's KernelLauncher.launch(grid, stream, values)
     stream_of: Callable                     # device index -> the current stream's raw handle
     device_index: int
-
-
-def _picker(indices: tuple, count: int) -> Optional[Callable]:
-    """A function that returns the items at `indices` of a sequence of `count` items as a tuple
-    (None when that is every item, in order)."""
-    if indices == tuple(range(count)):
-        return None
-    if len(indices) == 1:
-        (index,) = indices
-        return lambda values: (values[index],)
-    if not indices:
-        return lambda values: ()
-    return operator.itemgetter(*indices)
-
-
-def _globals_guard(used_globals: tuple) -> Callable[[], bool]:
-    """`GeneratedKernel.globals_unchanged` as a closure over its (table, name, object) triples; a
-    plain loop is the cheapest form for the few globals a kernel reads."""
-    def unchanged() -> bool:
-        for table, name, obj in used_globals:
-            if table.get(name, _MISSING) is not obj:
-                return False
-        return True
-
-    return unchanged
 
 
 @dataclasses.dataclass
@@ -136,10 +115,12 @@ class JITFunction:
         self._index = {p.name: i for i, p in enumerate(self.params)}
         self._source = None
         self._cache: dict = {}      # SpecializationKey -> _Entry
-        self._plans: dict = {}      # launch key (see _launch_key) -> _LaunchPlan
+        self._plans: dict = {}      # launch key (fast_path.make_binder) -> _LaunchPlan
         self._is_constexpr = tuple(p.is_constexpr for p in self.params)
         self._constexpr_names = frozenset(p.name for p in self.params if p.is_constexpr)
         self._tensor_type = None    # torch.Tensor, set by the first GPU launch (torch is imported then)
+        self._binder = None         # fast_path.make_binder's, made by the first GPU launch
+        self._launch_entry = None   # fast_path.make_entry's, made by the first GPU launch
 
     def __repr__(self) -> str:
         return f"<dsl.jit {self.fn.__module__}.{self.fn.__qualname__}>"
@@ -158,8 +139,11 @@ class JITFunction:
 
     # -- launching ---------------------------------------------------------------------------------
     def __getitem__(self, grid):
-        """`kernel[grid]`: the launcher; grid is a tuple of 1-3 ints or a callable of the meta-parameters."""
-        return functools.partial(self.run, grid)
+        """`kernel[grid]`: the launcher; grid is a tuple of 1-3 ints or a callable of the meta-parameters.
+        After the first GPU launch it is the generated entry (fast_path.make_entry), which does what
+        `run` does."""
+        entry = self._launch_entry
+        return functools.partial(self.run if entry is None else entry, grid)
 
     def run(self, grid, *args, num_warps: int = 4, num_stages: int = 3, interpret: Optional[bool] = None,
             **kwargs) -> None:
@@ -173,76 +157,95 @@ class JITFunction:
             CompilationError: the kernel is not valid kernel-language code.
             InterpreterError: the interpreter found a fault (e.g. an out-of-bounds access).
         """
+        entry = self._launch_entry
+        if entry is not None:   # made by the first GPU launch: the cached path, or the full one
+            return entry(grid, *args, num_warps=num_warps, num_stages=num_stages, interpret=interpret, **kwargs)
         if interpret is None:
             interpret = _interpret_enabled()
-        launch_key = None
-        if not interpret and self._tensor_type is not None:
-            launch_key, values = self._launch_key(args, kwargs, num_warps, num_stages)
-            try:
-                plan = self._plans.get(launch_key)
-            except TypeError:       # an unhashable constexpr (a list): the full path converts or explains
-                plan = launch_key = None
-            if plan is not None:
-                globals_unchanged, select, defaults, launch, stream_of, device_index = plan
-                if globals_unchanged():
-                    if callable(grid):
-                        grid = grid(self._meta(args, kwargs, num_warps, num_stages))
-                    grid = normalize_grid(grid, self.__name__)
-                    if select is not None:
-                        values = select(values)
-                    if defaults:
-                        values = (*values, *defaults)
-                    if grid[0] and grid[1] and grid[2]:
-                        launch(grid, stream_of(device_index), values)
-                    return
         try:
-            self._run(grid, args, kwargs, num_warps, num_stages, interpret, launch_key)
+            self._run(grid, args, kwargs, num_warps, num_stages, interpret)
         except (CompilationError, InterpreterError) as error:
             raise error.with_traceback(None) from None
 
-    def _launch_key(self, args: tuple, kwargs: dict, num_warps, num_stages) -> tuple:
-        """(launch key, values) for a GPU launch, in one pass over `args`; the key is None when an
-        argument is of a kind only the full path handles (e.g. a tensor passed by keyword).
+    def _slow(self, grid, values: tuple, extra: tuple, unknown: dict, num_warps, num_stages, interpret,
+              launch_key) -> None:
+        """The full path of a call of the generated entry: its arguments as the call gave them (the
+        values up to the first one not given by position, the others by keyword)."""
+        args, kwargs = list(extra), dict(unknown)
+        given = [value is not MISSING for value in values]
+        positional = given.index(False) if False in given else len(values)
+        args[:0] = values[:positional]
+        for param, value in zip(self.params[positional:], values[positional:]):
+            if value is not MISSING:
+                kwargs[param.name] = value
+        if interpret is None:
+            interpret = _interpret_enabled()
+        try:
+            self._run(grid, tuple(args), kwargs, num_warps, num_stages, interpret, launch_key)
+        except (CompilationError, InterpreterError) as error:
+            raise error.with_traceback(None) from None
 
-        values: the positional arguments of non-constexpr parameters, tensors as data pointers.
-        Ints are keyed on their width (int32 / int64 / uint64) and on being 1 or divisible by 16,
-        which is all `specialize` reads from them; tensors on dtype, 16-byte alignment and device
-        (`get_device()`: -1 on the CPU, so a CPU tensor never finds a plan made for CUDA ones).
+    def _meta_of_values(self, values: tuple, num_warps: int, num_stages: int) -> dict:
+        meta = {p.name: (v.value if isinstance(v, core.constexpr) else v) for p, v in zip(self.params, values)}
+        meta.update(num_warps=num_warps, num_stages=num_stages)
+        return meta
+
+    def prepare(self, grid, *args, num_warps: int = 4, num_stages: int = 3, interpret: Optional[bool] = None,
+                **kwargs) -> Callable:
+        """Check and compile `kernel[grid](*args, **kwargs)` without launching it, and return
+        `prepared(*tensors)`, which launches it with new tensors: one argument per parameter that was
+        given a tensor or None here (non-constexpr parameters only), in parameter order, None where None
+        was given. A launch wrapper caches it per (shapes, strides, dtypes, devices, ...), so that a
+        call costs the tensors' data pointers, an alignment check and the launch.
+
+        The caller guarantees that the tensors have the dtypes and the device of those given here (the
+        prepared launch does not look): wrappers key their caches on them. A tensor that was 16-byte
+        aligned here and is not in a call, a tensor where None was given, or a kernel global rebound
+        since, makes that call take the full path of `run`, so the kernel is never launched with a
+        specialization its arguments do not satisfy. The interpreter flag is read here: under the
+        interpreter (or for an empty grid) `prepared` calls `run` each time.
+
+        Raises: what `run` raises for these arguments.
         """
-        if (kwargs and not self._constexpr_names.issuperset(kwargs)) or type(num_warps) is not int \
-                or type(num_stages) is not int:
-            return None, None
-        tensor = self._tensor_type
-        key = [len(args), num_warps, num_stages]
-        append = key.append
-        values = []
-        collect = values.append
-        for value, is_constexpr in zip(args, self._is_constexpr):
-            cls = type(value)
-            if is_constexpr:
-                append(cls)
-                append(value)
-            elif cls is tensor or (cls is not int and isinstance(value, tensor)):
-                address = value.data_ptr()
-                append((value.dtype, address & 15 == 0, value.get_device()))
-                collect(address)
-            elif cls is int:
-                if -0x80000000 <= value <= 0x7FFFFFFF:
-                    append(1 if value == 1 else 16 if value & 15 == 0 else 0)
-                elif -0x8000000000000000 <= value <= 0xFFFFFFFFFFFFFFFF:
-                    append((value > 0x7FFFFFFFFFFFFFFF, value & 15 == 0))
-                else:
-                    return None, None
-                collect(value)
-            elif cls is float or cls is bool or value is None:
-                append(cls)
-                collect(value)
-            else:
-                return None, None
-        if kwargs:
-            append(tuple(kwargs.items()))
-            append(tuple(map(type, kwargs.values())))
-        return tuple(key), values
+        if interpret is None:
+            interpret = _interpret_enabled()
+        values = self._bind(args, kwargs)
+        tensor_type = self._tensor_type
+        if tensor_type is None:
+            import torch
+            tensor_type = torch.Tensor
+        positions = [i for i, value in enumerate(values)
+                     if isinstance(value, tensor_type) or (value is None and not self.params[i].is_constexpr)]
+        template = [None if i in positions else value for i, value in enumerate(values)]
+
+        def fallback(*tensors):
+            call = list(template)
+            for position, tensor in zip(positions, tensors):
+                call[position] = tensor
+            self.run(grid, *call, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+
+        try:
+            check_num_warps(num_warps, num_stages, self.__name__)
+            launch_grid = grid(self._meta(args, kwargs, num_warps, num_stages)) if callable(grid) else grid
+            launch_grid = normalize_grid(launch_grid, self.__name__)
+            if interpret:
+                self._lookup(values, num_warps, num_stages, "interpreter")   # checks the arguments
+                return fallback
+            entry, runtime, device_index = self._lookup(values, num_warps, num_stages, "cuda")
+        except (CompilationError, InterpreterError) as error:
+            raise error.with_traceback(None) from None
+        if 0 in launch_grid:
+            return fallback
+        # A tensor is always a runtime argument (a pointer), None never; `checked`: the tensors that
+        # were 16-byte aligned, as the kernel is specialized on.
+        slots = [runtime.index(i) if values[i] is not None else None for i in positions]
+        checked = [n for n, i in enumerate(positions) if values[i] is not None
+                   and not self.params[i].do_not_specialize and values[i].data_ptr() & 15 == 0]
+        for position in positions:
+            values[position] = None     # the prepared launch must not keep the tensors alive
+        launcher = entry.compiled.launcher(device_index)
+        return make_prepared(launcher.launch, launcher.stream_of, device_index, launch_grid,
+                             [values[i] for i in runtime], slots, checked, entry.kernel.used_globals, fallback)
 
     def _meta(self, args: tuple, kwargs: dict, num_warps: int, num_stages: int) -> dict:
         """The meta-parameters a grid callable sees: every argument by name, and the launch options."""
@@ -252,7 +255,8 @@ class JITFunction:
         return meta
 
     def _run(self, grid, args, kwargs, num_warps, num_stages, interpret, launch_key=None) -> None:
-        # The full path: every check, compiling on a cache miss; a GPU launch then records its plan.
+        # The full path: every check, compiling on a cache miss; a GPU launch then records its plan
+        # (under `launch_key`, the entry's; the first GPU launch computes it with the binder).
         name = self.__name__
         values = self._bind(args, kwargs)
         check_num_warps(num_warps, num_stages, name)
@@ -272,26 +276,30 @@ class JITFunction:
         entry, runtime, device_index = self._lookup(values, num_warps, num_stages, "cuda")
         if self._tensor_type is None:
             self._tensor_type = torch.Tensor
-            launch_key, _ = self._launch_key(args, kwargs, num_warps, num_stages)
-        tensors = [i for i in runtime if isinstance(values[i], torch.Tensor)]
-        # No plan for a launch without tensor arguments (it runs on the current device, which may
-        # change) nor with a tensor default (its address is read anew each launch).
-        if launch_key is not None and tensors and tensors[-1] < len(args):
-            self._plans[launch_key] = self._plan(entry, runtime, len(args), device_index)
+            self._binder = make_binder(self.params, torch.Tensor)
+            name = self.__name__
+            self._launch_entry = make_entry(name, self.params, torch.Tensor, self._plans, _interpret_enabled,
+                                     lambda grid: normalize_grid(grid, name), self._meta_of_values, self._slow)
+            try:
+                launch_key = self._binder(num_warps, num_stages, *args, **kwargs)[0] if self._binder else None
+            except TypeError:
+                launch_key = None
+        # No plan for a launch without tensor arguments: it runs on the current device, which may change.
+        if launch_key is not None and any(isinstance(values[i], torch.Tensor) for i in runtime):
+            self._plans[launch_key] = self._plan(entry, runtime, device_index)
         if 0 in grid:
             return
         addresses = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in (values[i] for i in runtime)]
         entry.compiled.launch(grid, addresses, None, device_index=device_index)
 
-    def _plan(self, entry: _Entry, runtime: tuple, positional: int, device_index: int) -> _LaunchPlan:
-        """The plan of a launch that passed `positional` arguments by position (the others are
-        keyword constexprs or defaults, see `_launch_key`)."""
-        collected = [i for i in range(positional) if not self._is_constexpr[i]]
-        select = _picker(tuple(collected.index(i) for i in runtime if i < positional), len(collected))
-        defaults = tuple(self.params[i].default for i in runtime if i >= positional)
+    def _plan(self, entry: _Entry, runtime: tuple, device_index: int) -> _LaunchPlan:
+        """The plan of a launch whose runtime arguments are the parameters at indices `runtime` (the
+        binder's values are every non-constexpr parameter's, see `fast_path.make_binder`)."""
+        collected = [i for i in range(len(self.params)) if not self._is_constexpr[i]]
+        select = picker(tuple(collected.index(i) for i in runtime), len(collected))
         launcher = entry.compiled.launcher(device_index)
-        return _LaunchPlan(_globals_guard(entry.kernel.used_globals), select, defaults, launcher.launch,
-                           launcher.stream_of, device_index)
+        guard = globals_guard(entry.kernel.used_globals) if entry.kernel.used_globals else None
+        return _LaunchPlan(guard, select, launcher.launch, launcher.stream_of, device_index)
 
     def _lookup(self, values: list, num_warps: int, num_stages: int, backend: str):
         """(entry, indices of the runtime arguments, CUDA device index) for a launch on `backend`

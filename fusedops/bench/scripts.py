@@ -1,0 +1,81 @@
+"""What the per-op scripts of bench/ share (`python bench/softmax.py`, ...), besides their timing
+(fusedops.bench.timing) and their output (fusedops.bench.report: CSV/JSON rows, tables, plots): the
+common part of their command line (--out, --quick, --dtypes) and the GPU check, the device-to-device
+copy that memory-bound ops are compared with, the relative error of a result against torch's, and the
+text that reports a provider's failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Optional, Sequence, Union
+
+import torch
+
+from fusedops.bench.timing import gpu_time_ms
+
+# The dtypes the scripts' --dtypes option takes.
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+OUT_DEFAULT = "bench-results"
+
+
+def argument_parser(doc: str, outputs: str = "CSV/JSON/PNG", quick: Optional[str] = None) -> argparse.ArgumentParser:
+    """A script's parser: `doc` (its module docstring) as the description, printed as written, and
+    `--out DIR` (default bench-results), the folder of the result files named by `outputs`. With
+    `quick` (what --quick runs, e.g. "N in [1024, 4096]"), also --quick and --dtypes fp16,bf16, which
+    run_dtypes() and run_repeats() read."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=OUT_DEFAULT, help=f"directory for {outputs} results")
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=f"fp16 only, {quick}, fewer repeats")
+        parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated: fp16, bf16")
+    return parser
+
+
+def run_dtypes(args: argparse.Namespace) -> List[str]:
+    """The dtype names to run: fp16 alone under --quick (whatever --dtypes says), else --dtypes."""
+    return ["fp16"] if args.quick else args.dtypes.split(",")
+
+
+def run_repeats(args: argparse.Namespace) -> int:
+    """How many timed runs a measurement takes the median of: fewer under --quick."""
+    return 10 if args.quick else 30
+
+
+def gpu_available() -> bool:
+    """Whether there is a CUDA GPU to time; without one, says so on stdout first."""
+    if torch.cuda.is_available():
+        return True
+    print("no CUDA GPU: nothing to benchmark")
+    return False
+
+
+def int_list(text: str) -> List[int]:
+    """A comma-separated list of integers ("1024,2048") as a list."""
+    return [int(item) for item in text.split(",")]
+
+
+def copy_ms(nbytes: int, device: str = "cuda") -> float:
+    """The GPU time (ms) of a device-to-device copy moving `nbytes` (nbytes / 2 read, nbytes / 2
+    written): the bandwidth a memory-bound op moving `nbytes` is compared with."""
+    source = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    return gpu_time_ms(lambda: target.copy_(source))
+
+
+Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+def relative_error(actual: Tensors, expected: Tensors) -> float:
+    """||actual - expected|| / ||expected|| in float32 (the largest over paired tensors when given
+    sequences): how far a provider's result is from torch's, as the scripts report it."""
+    if isinstance(actual, (tuple, list)):
+        return max(relative_error(a, e) for a, e in zip(actual, expected))
+    difference = torch.linalg.vector_norm(actual.float() - expected.float())
+    return float(difference / torch.linalg.vector_norm(expected.float()).clamp_min(1e-30))
+
+
+def failure_text(error: BaseException, limit: int = 200) -> str:
+    """The type and message of `error` ("ValueError: ..."), the message cut at `limit` characters: what
+    a failed provider's row and printed line say."""
+    return f"{type(error).__name__}: {str(error)[:limit]}"

@@ -1,0 +1,60 @@
+"""Rules for tensor-descriptor loads (`desc.load(offsets)`, the frontend's DESCRIPTOR_LOAD) and for the
+TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT), so a pipelined function
+can be run and compared with the original.
+
+A descriptor load reads the box at the offsets; elements outside [0, shape) per dim are zeros and
+touch no memory (what the copy engine does for a tensor map with OOB fill NONE). In-bounds elements
+are bounds-checked like any load. A TMA copy lands in its ring slot only when a MBARRIER_WAIT on that
+slot retires it (a read of the slot before that sees the slot's poison).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.ops import OpCode
+from .context import register
+from .rules_memory import _access
+
+_PENDING = object()      # key of the program's in-flight TMA copies in ProgramContext.env
+
+
+def read_box(ctx, op, base, shape, strides, offsets, block_shape, dtype) -> np.ndarray:
+    """The `block_shape` box of the 2-D tensor (base address, shape, element strides) at `offsets`,
+    zeros outside the tensor (see the module docstring)."""
+    rows = int(offsets[0]) + np.arange(block_shape[0], dtype=np.int64)
+    cols = int(offsets[1]) + np.arange(block_shape[1], dtype=np.int64)
+    inside = (((rows >= 0) & (rows < int(shape[0])))[:, None] & ((cols >= 0) & (cols < int(shape[1])))[None, :])
+    elements = rows[:, None] * int(strides[0]) + cols[None, :] * int(strides[1])
+    addresses = (int(base) + elements * dtype.itemsize).reshape(-1)
+    positions = np.flatnonzero(inside.reshape(-1))
+    result = np.zeros(addresses.size, dtype=dtype.numpy_dtype)
+    result[positions] = _access(ctx, op, "descriptor load", dtype, tuple(block_shape), positions,
+                                lambda: ctx.memory.read(addresses[positions], dtype))
+    return result.reshape(block_shape)
+
+
+@register(OpCode.DESCRIPTOR_LOAD)
+def _descriptor_load(ctx, op, base, shape0, shape1, stride0, stride1, offset0, offset1):
+    dtype = op.operands[0].type.element
+    return read_box(ctx, op, base, (shape0, shape1), (stride0, stride1), (offset0, offset1),
+                    op.attrs["block_shape"], dtype)
+
+
+@register(OpCode.TMA_COPY)
+def _tma_copy(ctx, op, buffer, index, barriers, base, shape0, shape1, stride0, stride1, coord0, coord1, predicate):
+    if not bool(predicate):
+        return
+    dtype = op.operands[0].type.element
+    box = read_box(ctx, op, base, (shape0, shape1), (stride0, stride1), (coord0, coord1),
+                   tuple(op.operands[0].type.tile_shape), dtype)
+    ctx.env.setdefault(_PENDING, []).append((buffer, int(index), box))
+
+
+@register(OpCode.MBARRIER_WAIT)
+def _mbarrier_wait(ctx, op, barriers, index, phase):
+    pending = ctx.env.setdefault(_PENDING, [])
+    for item in [p for p in pending if p[1] == int(index)]:
+        buffer, slot, box = item
+        buffer[slot] = box
+        pending.remove(item)

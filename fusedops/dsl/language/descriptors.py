@@ -1,0 +1,116 @@
+"""Tensor descriptors: `dsl.make_tensor_descriptor(base, shape, strides, block_shape)` and `desc.load(offsets)`.
+
+A tensor descriptor names a 2-D global tensor (a base pointer, its size and element strides per
+dim) and the box one load reads from it:
+
+    a_desc = dsl.make_tensor_descriptor(a_ptr, (M, K), (stride_am, stride_ak), (BLOCK_M, BLOCK_K))
+    a = a_desc.load((pid_m * BLOCK_M, k0))      # (BLOCK_M, BLOCK_K) block; zeros outside [0, M) x [0, K)
+
+Semantics (interpreter and every target): element (i, j) of the result is
+`base[(offset0 + i) * stride0 + (offset1 + j) * stride1]` where 0 <= offset0 + i < shape0 and
+0 <= offset1 + j < shape1, and 0 elsewhere: a ragged edge needs no mask.
+
+Why an explicit construct (issue 7; Triton's `tl.make_tensor_descriptor` and CuTe's TMA atoms are the
+same idea): on sm_90a with FUSEDOPS_TMA=1 a descriptor load that feeds a pipelined wgmma is copied by
+the bulk tensor copy engine, whose tensor map the host encodes from the launch's arguments
+(runtime/tensor_map.py). That is why `base`, `shape` and `strides` must be kernel arguments (or
+literal ints): the host finds them among the launch's values. Everywhere else the load is an
+ordinary masked load (passes/descriptors.py).
+
+Limits: rank 2; offsets are int32; shape/strides int32 or int64 arguments or ints.
+"""
+
+from __future__ import annotations
+
+from ..errors import CompilationError
+from ..ir import Block, OpCode, Value
+from .core import builtin
+from .dtypes import BlockType, DType, PointerType, int32, int64
+
+
+class TensorDescriptor:
+    """The compile-time value `make_tensor_descriptor` returns: IR values of the base, the shape and
+    the strides, and the box (`block_shape`) its `load` reads. Not a runtime value: it cannot be
+    stored, passed to another kernel or carried through a loop (it does not change there)."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape")
+
+    def __init__(self, base: Value, shape: tuple, strides: tuple, block_shape: tuple):
+        self.base, self.shape, self.strides, self.block_shape = base, shape, strides, block_shape
+
+    @property
+    def element(self) -> DType:
+        return self.base.type.element
+
+    def __repr__(self) -> str:
+        return f"TensorDescriptor({self.element}, block_shape={self.block_shape})"
+
+
+def _is_kernel_argument(value: Value) -> bool:
+    owner = value.owner
+    return isinstance(owner, Block) and owner.parent is None
+
+
+def _argument_or_constant(semantic, value, what: str) -> Value:
+    """`value` as an IR int scalar that is a kernel argument or a constant."""
+    if isinstance(value, bool) or not isinstance(value, (int, Value)):
+        raise CompilationError(f"make_tensor_descriptor: {what} must be an int kernel argument or an int, got {value!r}")
+    if isinstance(value, int):
+        return semantic.constant(value, int32 if -2**31 <= value < 2**31 else int64)
+    if isinstance(value.type, BlockType) or value.type not in (int32, int64):
+        raise CompilationError(f"make_tensor_descriptor: {what} must be an int32/int64 scalar, got {value.type}")
+    op = value.defining_op
+    if not _is_kernel_argument(value) and (op is None or op.opcode != OpCode.CONSTANT):
+        raise CompilationError(f"make_tensor_descriptor: {what} must be a kernel argument (or an int), not a value "
+                               "computed in the kernel: the host builds the tensor map from the launch's arguments")
+    return value
+
+
+def _pair(value, what: str) -> tuple:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise CompilationError(f"make_tensor_descriptor: {what} must be a tuple of 2 entries (2-D descriptors "
+                               f"only), got {value!r}")
+    return tuple(value)
+
+
+@builtin
+def make_tensor_descriptor(base, shape, strides, block_shape, *, _semantic=None):
+    """A descriptor of the 2-D tensor at `base` (a pointer kernel argument) of `shape` (2 ints:
+    kernel arguments or literals) and element `strides` (2 ints: kernel arguments or literals), whose
+    `load(offsets)` reads `block_shape` (2 constexpr powers of two) boxes; see the module docstring.
+
+    Raises CompilationError for a base, shape or stride that is not a kernel argument or literal,
+    a rank other than 2, or a block shape that is not powers of two."""
+    if not isinstance(base, Value) or not isinstance(base.type, PointerType) or not _is_kernel_argument(base):
+        raise CompilationError("make_tensor_descriptor: the base must be a tensor (pointer) kernel argument, "
+                               "not an offset pointer: the host builds the tensor map from the launch's arguments")
+    shape = tuple(_argument_or_constant(_semantic, s, "each size") for s in _pair(shape, "shape"))
+    strides = tuple(_argument_or_constant(_semantic, s, "each stride") for s in _pair(strides, "strides"))
+    block_shape = _pair(block_shape, "block_shape")
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1) for b in block_shape):
+        raise CompilationError(f"make_tensor_descriptor: block_shape must be constexpr powers of two, got {block_shape}")
+    return TensorDescriptor(base, shape, strides, tuple(block_shape))
+
+
+@builtin
+def descriptor_load(descriptor, offsets, *, _semantic=None):
+    """`descriptor.load(offsets)`: the `block_shape` box whose first element is at `offsets` (2 int32
+    scalars or ints; may be negative or past the end), zeros outside the tensor."""
+    if not isinstance(descriptor, TensorDescriptor):
+        raise CompilationError(f"load expects a tensor descriptor, got {descriptor!r}")
+    coordinates = []
+    for offset in _pair(offsets, "load offsets"):
+        if isinstance(offset, Value):
+            if isinstance(offset.type, BlockType) or offset.type != int32:
+                raise CompilationError(f"descriptor load offsets must be int32 scalars, got {offset.type}")
+        elif isinstance(offset, bool) or not isinstance(offset, int) or not -2**31 <= offset < 2**31:
+            raise CompilationError(f"descriptor load offsets must be int32 scalars, got {offset!r}")
+        else:
+            offset = _semantic.constant(offset, int32)
+        coordinates.append(offset)
+    operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates]
+    result = BlockType(descriptor.block_shape, descriptor.element)
+    return _semantic.builder.value(OpCode.DESCRIPTOR_LOAD, operands, result, block_shape=descriptor.block_shape)
+
+
+DESCRIPTOR_METHODS = {"load": descriptor_load}

@@ -1,0 +1,153 @@
+"""The custom operator fusedops::scaled_dot_product_attention and its backward,
+fusedops::scaled_dot_product_attention_backward, and `scaled_dot_product_attention`, what
+fusedops.functional calls while a graph is traced.
+
+| operator                       | returns                      | gradient through               |
+|--------------------------------|------------------------------|--------------------------------|
+| scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)       |
+|                                | (output, lse)                | scaled_dot_product_attention_backward |
+
+Like the norms' statistics, the operator also returns the base-2 log-sum-exp of each row (shaped like
+the output without its last dim), which its backward reads; the Python wrapper returns the output
+alone. The operator has no dropout argument (the kernels have no attention dropout).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from fusedops.autograd import attention as _attention
+from fusedops.kernels import attention as _attention_kernels
+from fusedops.library.common import accumulation_dtype, interpret_enabled
+
+
+def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
+    """The routing rule of fusedops.scaled_dot_product_attention: float16/bfloat16 CUDA tensors (CPU
+    tensors of any float dtype under FUSEDOPS_INTERPRET=1) with head dims up to the kernels' maximum."""
+    if max(query.size(-1), value.size(-1)) > _attention_kernels.MAX_HEAD_DIM:
+        return False
+    if query.is_cuda:
+        return query.dtype in (torch.float16, torch.bfloat16)
+    return query.device.type == "cpu" and interpret_enabled()
+
+
+def _attention_batch(query, key, value) -> tuple:
+    """The broadcast batch dims (those before heads) of the three inputs, at least one dim."""
+    rank = max(query.dim(), key.dim(), value.dim(), 4)
+    return torch.broadcast_shapes(*(((1,) * (rank - t.dim()) + tuple(t.shape))[:-3] for t in (query, key, value)))
+
+
+def _attention_scale(query: torch.Tensor, scale: Optional[float]) -> float:
+    return 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
+
+
+def _attention_probabilities(q, k, v, mask, causal: bool, scale: float):
+    """The math fallback on 4-D operands: (P, K, V) in the accumulation dtype with K and V repeated to
+    H heads (GQA); P = softmax(scale * q k^T + mask), 0 on fully masked rows; also the base-2 lse."""
+    wide = accumulation_dtype(q.dtype)
+    group = q.size(1) // max(k.size(1), 1)
+    k, v = (t.to(wide).repeat_interleave(group, 1) for t in (k, v))
+    s = q.to(wide) @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.to(wide)
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    lse = lse.masked_fill(lse == -math.inf, math.inf)      # the kernels' convention for fully masked rows
+    return torch.exp(s - lse[..., None]), k, v, lse * _attention_kernels.LOG2E
+
+
+@torch.library.custom_op("fusedops::scaled_dot_product_attention", mutates_args=())
+def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                  is_causal: bool, scale: Optional[float], enable_gqa: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """torch.nn.functional.scaled_dot_product_attention without dropout (see
+    fusedops.scaled_dot_product_attention): (output, lse), both new contiguous tensors; lse is shaped
+    like output without its last dim, float32 (float64 for float64 input), the base-2 log-sum-exp of
+    each row's logits (+inf for fully masked rows)."""
+    q, k, v, mask, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
+    scale = _attention_scale(query, scale)
+    if attention_runs_kernels(query, value):
+        o, lse = _attention_kernels.attention_forward(q, k, v, mask, is_causal, scale)
+    else:       # math attention in the accumulation dtype (the L x S logits are materialized)
+        p, _, v_heads, lse = _attention_probabilities(q, k, v, mask, is_causal, scale)
+        o = (p @ v_heads).to(query.dtype)
+    return o.reshape(out_shape).contiguous(), lse.reshape(out_shape[:-1]).contiguous()
+
+
+@torch.library.custom_op("fusedops::scaled_dot_product_attention_backward", mutates_args=())
+def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           output: torch.Tensor, lse: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                           is_causal: bool, scale: Optional[float],
+                           enable_gqa: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dquery, dkey, dvalue), contiguous, shaped and typed like query, key, value (gradients of
+    broadcast dims summed), from the output gradient and the forward's output and lse."""
+    q, k, v, mask, _ = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
+    scale = _attention_scale(query, scale)
+    rows = (q.size(0), q.size(1), q.size(2))
+    o, do = output.reshape(*rows, -1), grad_output.reshape(*rows, -1)
+    if attention_runs_kernels(query, value):
+        dq, dk, dv = _attention_kernels.attention_backward(do, q, k, v, o, lse.reshape(rows), mask, is_causal, scale)
+    else:       # dS = P * (dP - rowsum(dO * O)), dP = dO V^T (Dao 2023, Algorithm 2)
+        p, k_heads, v_heads, _ = _attention_probabilities(q, k, v, mask, is_causal, scale)
+        do = do.to(p.dtype)
+        ds = p * (do @ v_heads.transpose(-1, -2) - (do * o.to(p.dtype)).sum(-1, keepdim=True))
+        # sum the H query heads' gradients into the H_kv key/value heads they read
+        group_sum = lambda t: t.reshape(k.size(0), k.size(1), -1, *t.shape[2:]).sum(2)  # noqa: E731
+        dq = (ds @ k_heads * scale).to(q.dtype)
+        dk = group_sum(ds.transpose(-1, -2) @ q.to(p.dtype) * scale).to(k.dtype)
+        dv = group_sum(p.transpose(-1, -2) @ do).to(v.dtype)
+    # undo the flattening of the batch dims and sum over the dims _as_4d broadcast
+    batch = _attention_batch(query, key, value)
+    return tuple(grad.reshape(*batch, *grad.shape[1:]).sum_to_size(t.shape).contiguous()
+                 for grad, t in ((dq, query), (dk, key), (dv, value)))
+
+
+@_attention_op.register_fake
+def _(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+    _, _, _, _, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
+    return query.new_empty(out_shape), query.new_empty(out_shape[:-1], dtype=accumulation_dtype(query.dtype))
+
+
+@_attention_backward_op.register_fake
+def _(grad_output, query, key, value, output, lse, attn_mask, is_causal, scale, enable_gqa):
+    return tuple(t.new_empty(t.shape) for t in (query, key, value))
+
+
+def _setup_attention(ctx, inputs, output):
+    query, key, value, attn_mask, is_causal, scale, enable_gqa = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+    ctx.is_causal, ctx.scale, ctx.enable_gqa = is_causal, scale, enable_gqa
+
+
+def _attention_backward(ctx, grad_output, grad_lse):
+    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fusedops.scaled_dot_product_attention_backward(
+        grad_output, query, key, value, out, lse, attn_mask, ctx.is_causal, ctx.scale, ctx.enable_gqa)
+    return dq, dk, dv, None, None, None, None       # no gradient for the mask (see the functional)
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_setup_attention)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask, dropout_p: float, is_causal: bool,
+                                 scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
+    """fusedops.scaled_dot_product_attention while a graph is traced (inputs already autocast): torch's
+    argument errors, then the output of torch.ops.fusedops.scaled_dot_product_attention, or torch's op
+    where fusedops.functional runs torch's op (other devices and dtypes, a mask that requires grad)."""
+    _attention.check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
+    mask_grad = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
+    if not attention_runs_kernels(query, value) or mask_grad:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa)
+    if dropout_p > 0.0:
+        raise _attention.dropout_not_implemented(dropout_p)
+    scale = None if scale is None else float(scale)
+    return torch.ops.fusedops.scaled_dot_product_attention(query, key, value, attn_mask, bool(is_causal), scale,
+                                                           bool(enable_gqa))[0]

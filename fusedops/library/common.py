@@ -1,0 +1,36 @@
+"""What the operator modules of fusedops.library share: the namespace, the names of the operators that
+public functions route to, and the routing rule that picks an implementation per call (the same rule
+as fusedops.functional's)."""
+
+from __future__ import annotations
+
+import torch
+
+from fusedops.dsl.runtime import knobs
+
+NAMESPACE = "fusedops"
+# The operators that public functions route to (backward operators are internal).
+OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "scaled_dot_product_attention")
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@torch.compiler.assume_constant_result
+def interpret_enabled() -> bool:
+    """knobs.interpret_enabled(), read once per compiled graph: torch.compile treats the result as a
+    constant instead of tracing the environment lookup (a graph compiled without FUSEDOPS_INTERPRET
+    keeps its routing if the variable changes later; torch._dynamo.reset() recompiles)."""
+    return knobs.interpret_enabled()
+
+
+def runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
+    """The routing rule of fusedops.functional: CUDA tensors of the kernels' dtypes, or CPU tensors
+    under FUSEDOPS_INTERPRET=1."""
+    if x.is_cuda:
+        return all(d in KERNEL_DTYPES for d in dtypes)
+    return x.device.type == "cpu" and interpret_enabled()
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels accumulate and keep statistics in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -1,0 +1,78 @@
+"""The custom operator fusedops::matmul (its own backward: the input gradients are matmuls of the
+transposed operands), and `matmul`, what fusedops.functional calls while a graph is traced.
+
+| operator                       | returns                      | gradient through               |
+|--------------------------------|------------------------------|--------------------------------|
+| matmul(a, b, bias, activation, out_dtype) | output            | matmul (transposed operands)   |
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from fusedops.autograd import matmul as _matmul
+from fusedops.library.common import KERNEL_DTYPES, accumulation_dtype, interpret_enabled
+
+
+@torch.library.custom_op("fusedops::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """activation(a @ b + bias) with torch.matmul's shapes (see fusedops.matmul); a new contiguous tensor."""
+    out = out_dtype or a.dtype
+    if a.is_cuda:
+        runs = a.dtype in (torch.float16, torch.bfloat16) and out in KERNEL_DTYPES
+    else:
+        runs = a.device.type == "cpu" and interpret_enabled()
+    if runs:
+        return _matmul.forward_kernel(a, b, bias, activation, out)
+    return _matmul.reference(a, b, bias, activation, out).contiguous()
+
+
+def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> List:
+    # torch.matmul: broadcast batch dims, then M unless a is 1-D, then N unless b is 1-D.
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m = list(a.shape[-2:-1])
+    n = list(b.shape[-1:]) if b.dim() > 1 else []
+    return [*batch, *m, *n]
+
+
+@_matmul_op.register_fake
+def _(a, b, bias=None, activation=None, out_dtype=None):
+    return a.new_empty(_matmul_shape(a, b), dtype=out_dtype or a.dtype)
+
+
+def _setup_matmul(ctx, inputs, output):
+    a, b, bias, activation, _ = inputs
+    ctx.save_for_backward(a, b, bias if activation is not None else None)
+    ctx.activation = activation
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _matmul_backward(ctx, dc):
+    """dZ = dC * activation'(Z) (Z recomputed by one more matmul); dA = dZ @ B^T; dB = A^T @ dZ;
+    dbias = the column sums of dZ (fusedops.autograd.matmul.input_gradients, with the custom op)."""
+    a, b, bias = ctx.saved_tensors
+    mm = torch.ops.fusedops.matmul
+    if ctx.activation is None:
+        dz = dc.to(a.dtype)
+    else:
+        z = mm(a, b, bias, None, accumulation_dtype(a.dtype))
+        dz = (dc.to(z.dtype) * _matmul.activation_grad(z, ctx.activation)).to(a.dtype)
+    da, db, dbias = _matmul.input_gradients(dz, a, b, ctx.needs_input_grad, ctx.bias_dtype, mm)
+    return da, db, dbias, None, None
+
+
+_matmul_op.register_autograd(_matmul_backward, setup_context=_setup_matmul)
+
+
+def matmul(a, b, bias, activation, out_dtype) -> torch.Tensor:
+    """torch.ops.fusedops.matmul; with an activation and a gradient to compute, the matmul without the
+    activation plus the activation in torch ops (which the compiler fuses), so that the backward has
+    the pre-activation without recomputing it (as fusedops.autograd.matmul.MatmulFunction does)."""
+    tensors = (a, b) if bias is None else (a, b, bias)
+    if activation is None or not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return torch.ops.fusedops.matmul(a, b, bias, activation, out_dtype)
+    z = torch.ops.fusedops.matmul(a, b, bias, None, accumulation_dtype(a.dtype))
+    return _matmul.apply_activation(z, activation).to(out_dtype or a.dtype)

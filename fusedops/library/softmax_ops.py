@@ -1,0 +1,108 @@
+"""The custom operators fusedops::softmax, fusedops::log_softmax and their backward,
+fusedops::softmax_backward, and `softmax`, what fusedops.functional calls while a graph is traced.
+
+| operator                       | returns                      | gradient through               |
+|--------------------------------|------------------------------|--------------------------------|
+| softmax(input, dim, dtype)     | output                       | softmax_backward               |
+| log_softmax(input, dim, dtype) | output                       | softmax_backward               |
+
+Under tracing softmax copies a non-contiguous input first, so that the fake implementation can
+promise a contiguous output.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fusedops.kernels import softmax as _softmax_kernels
+from fusedops.library.common import accumulation_dtype, runs_kernels
+
+_EXACT_UPCASTS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
+                  (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
+
+
+def _softmax_output_dtype(input: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.dtype:
+    return dtype if dtype is not None else input.dtype
+
+
+def _softmax_forward(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
+    dim = dim % max(input.dim(), 1)
+    x = input.contiguous()
+    if dtype is not None and dtype != x.dtype and (x.dtype, dtype) not in _EXACT_UPCASTS:
+        x = x.to(dtype)         # torch casts first; only exact upcasts are fused into the kernel's loads
+    out_dtype = _softmax_output_dtype(input, dtype)
+    if not runs_kernels(x, x.dtype, out_dtype):
+        native = torch.log_softmax if log else torch.softmax
+        return native(x, dim, dtype=out_dtype).contiguous()
+    if x.dim() == 0:
+        return _softmax_forward(x.reshape(1), 0, dtype, log).reshape(())
+    kernel_dtype = out_dtype if out_dtype != x.dtype else None
+    return _softmax_kernels.softmax_forward(x, dim, log=log, dtype=kernel_dtype)
+
+
+@torch.library.custom_op("fusedops::softmax", mutates_args=())
+def _softmax_op(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """softmax of `input` over `dim` (see fusedops.softmax); a new contiguous tensor of `dtype`."""
+    return _softmax_forward(input, dim, dtype, log=False)
+
+
+@torch.library.custom_op("fusedops::log_softmax", mutates_args=())
+def _log_softmax_op(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """log_softmax of `input` over `dim` (see fusedops.log_softmax); a new contiguous tensor of `dtype`."""
+    return _softmax_forward(input, dim, dtype, log=True)
+
+
+@torch.library.custom_op("fusedops::softmax_backward", mutates_args=())
+def _softmax_backward_op(grad_output: torch.Tensor, output: torch.Tensor, dim: int, log: bool,
+                         input_dtype: torch.dtype) -> torch.Tensor:
+    """The input gradient of (log_)softmax from the output gradient and the output (any strides):
+    softmax: y * (dy - sum(dy * y)); log_softmax: dy - exp(y) * sum(dy); a contiguous tensor of input_dtype."""
+    dim = dim % max(output.dim(), 1)
+    y = output.contiguous()
+    if not runs_kernels(y, y.dtype, grad_output.dtype, input_dtype):
+        wide = accumulation_dtype(y.dtype)
+        dy, yw = grad_output.to(wide), y.to(wide)
+        if log:
+            dx = dy - torch.exp(yw) * dy.sum(dim, keepdim=True)
+        else:
+            dx = yw * (dy - (dy * yw).sum(dim, keepdim=True))
+        return dx.to(input_dtype).contiguous()
+    if y.dim() == 0:
+        return _softmax_backward_op(grad_output.reshape(1), y.reshape(1), 0, log, input_dtype).reshape(())
+    return _softmax_kernels.softmax_backward(grad_output, y, dim, log=log, dtype=input_dtype)
+
+
+def _fake_softmax(input, dim, dtype=None):
+    return input.new_empty(input.shape, dtype=_softmax_output_dtype(input, dtype))
+
+
+def _setup_softmax(ctx, inputs, output):
+    input, dim, _ = inputs
+    ctx.save_for_backward(output)
+    ctx.dim = dim
+    ctx.input_dtype = input.dtype
+
+
+def _softmax_backward(ctx, grad_output, log: bool):
+    (output,) = ctx.saved_tensors
+    return torch.ops.fusedops.softmax_backward(grad_output, output, ctx.dim, log, ctx.input_dtype), None, None
+
+
+_softmax_op.register_fake(_fake_softmax)
+_log_softmax_op.register_fake(_fake_softmax)
+_softmax_op.register_autograd(lambda ctx, g: _softmax_backward(ctx, g, False), setup_context=_setup_softmax)
+_log_softmax_op.register_autograd(lambda ctx, g: _softmax_backward(ctx, g, True), setup_context=_setup_softmax)
+
+
+@_softmax_backward_op.register_fake
+def _(grad_output, output, dim, log, input_dtype):
+    return output.new_empty(output.shape, dtype=input_dtype)
+
+
+def softmax(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype], *, log: bool) -> torch.Tensor:
+    """torch.ops.fusedops.(log_)softmax(input, dim, dtype) (what fusedops.functional calls while a graph
+    is traced, arguments already checked and autocast)."""
+    op = torch.ops.fusedops.log_softmax if log else torch.ops.fusedops.softmax
+    return op(input, dim, dtype)
