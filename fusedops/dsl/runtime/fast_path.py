@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import keyword
 import operator
+import struct
 from typing import Callable, Optional, Sequence
 
 _PREFIX = "_jit_"     # the generated code's own names; kernel parameters may not start with it
@@ -55,6 +56,9 @@ def _other_key(value, tensor_type) -> tuple:
 
 _WIDE_INT = object()    # the key slot of ints that need 64 bits
 
+# The 8 bytes of a float: what keys a float constexpr (see `signature.ArgSpec.value_key`).
+float_bits = struct.Struct("<d").pack
+
 
 def _argument_code(params: Sequence) -> tuple:
     """(lines computing the launch key's slots and the runtime values of `params`, the key's slot
@@ -63,7 +67,10 @@ def _argument_code(params: Sequence) -> tuple:
     for index, param in enumerate(params):
         name = param.name
         if param.is_constexpr:
-            key += [f"{_PREFIX}type({name})", name]
+            # A float by its bits: -0.0 == 0.0 (and -NaN == NaN in hex) but they are different
+            # constants (1 / C differs), and a NaN, never equal to itself, would miss its plan.
+            key += [f"{_PREFIX}type({name})",
+                    f"({_PREFIX}float_bits({name}) if {_PREFIX}type({name}) is {_PREFIX}float else {name})"]
             continue
         a, k1, k2 = f"{_PREFIX}a{index}", f"{_PREFIX}k{index}", f"{_PREFIX}j{index}"
         body += [
@@ -94,6 +101,7 @@ def _namespace(params: Sequence, tensor_type) -> Optional[dict]:
                  f"{_PREFIX}M": MISSING}
     # the builtins the generated code calls, under names no parameter can shadow
     namespace.update({f"{_PREFIX}{f.__name__}": f for f in (type, int, float, tuple, len, callable)})
+    namespace[f"{_PREFIX}float_bits"] = float_bits
     for index, param in enumerate(params):
         if param.has_default:
             namespace[f"{_PREFIX}default{index}"] = param.default

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import struct
 from typing import Any, Optional
 
 from ..language import core, dtypes
@@ -40,8 +41,11 @@ class ArgSpec:
 
     name: str
     type: Optional[object] = None        # runtime dsl type; None for a compile-time value
-    value: Any = None                    # the compile-time value (when type is None)
+    value: Any = dataclasses.field(default=None, compare=False)   # the compile-time value (type None)
     value_class: Optional[type] = None   # type(value): keeps True, 1 and 1.0 apart in the key
+    # What keys `value`: the value itself, or for a float its 8 bytes, which keep -0.0 and 0.0 (and
+    # -NaN and NaN) apart, as 1 / C differs, and make a NaN equal to itself.
+    value_key: Any = None
     equal_to_one: bool = False           # an int equal to 1: the IR constant 1, not a runtime argument
     divisible_by_16: bool = False        # an int divisible by 16, or a 16-byte aligned pointer
 
@@ -85,7 +89,8 @@ def _constexpr_spec(kernel: str, param: Parameter, value) -> ArgSpec:
     if type(value).__module__.startswith(("torch", "numpy")) and not isinstance(value, (DType, PointerType)):
         raise TypeError(f"argument `{param.name}` of kernel `{kernel}` is a dsl.constexpr and must be a Python "
                         f"value, got a {type(value).__module__}.{type(value).__name__}")
-    return ArgSpec(param.name, None, value, type(value))
+    key = struct.pack("<d", value) if type(value) is float else value
+    return ArgSpec(param.name, None, value, type(value), value_key=key)
 
 
 def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = False) -> tuple:
