@@ -309,8 +309,8 @@ def _dq_step(dq, q, do, lse, delta, kt_base, vt_base, mask_base, start_n, rm, rn
              L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale,
              BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
              MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
-    """dQ += dS K over the key block at start_n; MASKED = False: an interior block (no mask, the
-    key/value loads drop `rn < S`)."""
+    """dQ += dS K over the key block at start_n; MASKED = False: an interior block, whose scores take
+    no mask (the key/value loads keep their bounds masks: dropping them spilled at E = 128)."""
     rn = start_n + rn0
     cols = rn.to(dsl.int64)[None, :]
     key_mask = (re[:, None] < E) & (rn[None, :] < S)

@@ -175,8 +175,6 @@ def _row_geometry(shape: tuple, strides: tuple, n_cols: int) -> tuple:
     return n_rows, (row_stride if n_rows > 1 else n_cols * col_stride), col_stride
 
 
-
-
 def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, *,
                  subtract_mean: bool, n_cols: Optional[int] = None, config: Optional[ForwardConfig] = None,
                  interpret: Optional[bool] = None, allocate: Callable = torch.empty):
@@ -268,7 +266,7 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
             num_warps=config.num_warps, interpret=interpret)
 
     def launch(x, weight, bias):
-        y, mean, rstd = new_output(x), new_statistic() if subtract_mean else None, new_statistic()
+        y, mean, rstd = allocate_outputs(x)
         if not in_place:
             x = as_rows(x, n_rows, n_cols)
         if copy_weight:
@@ -281,13 +279,9 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     return launch
 
 
-def _row_alignment(x: torch.Tensor, y: torch.Tensor) -> int:
-    """forward_kernel's ALIGN: the power of two, at most a 16-byte vector, dividing both row strides."""
-    return _stride_alignment(x.stride(0), y.stride(0), x.element_size())
-
-
 def _stride_alignment(x_row_stride: int, y_row_stride: int, element_size: int) -> int:
-    """_row_alignment from the row strides (elements) and the element size (bytes)."""
+    """forward_kernel's ALIGN: the power of two, at most a 16-byte vector, dividing both row strides
+    (in elements; element_size in bytes)."""
     strides = x_row_stride | y_row_stride | (16 // element_size)
     return strides & -strides
 

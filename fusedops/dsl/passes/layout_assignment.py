@@ -50,6 +50,7 @@ import dataclasses
 
 from ..ir import Block, Function, Operation, OpCode, Value
 from ..ir.ops import ELEMENTWISE, UNARY_MATH
+from ..ir.rewrite import uses
 from ..language.dtypes import BlockType, PointerType, shape_of
 from ..layouts.blocked import default_blocked
 import fusedops.dsl.layouts.shape_ops as layout_shapes
@@ -476,15 +477,6 @@ def _init_layouts(state, op, first_index, count, args=()):
     return layouts
 
 
-def _users(function: Function) -> dict:
-    """id(value) -> the ops using it as an operand."""
-    users = {}
-    for op in function.walk():
-        for operand in op.operands:
-            users.setdefault(id(operand), []).append(op)
-    return users
-
-
 def _broadcast_load_layout(state: _State, load: Operation, users: dict):
     """The layout the broadcast using `load`'s result (through single-use casts and expand_dims)
     asks for, mapped back to the load's shape; None when there is no such broadcast, or when that
@@ -492,10 +484,10 @@ def _broadcast_load_layout(state: _State, load: Operation, users: dict):
     memory layout (a consumer in another layout, such as an mma accumulator, converts it anyway)."""
     value, axes = load.results[0], []
     while True:
-        uses = users.get(id(value), [])
-        if len(uses) != 1:
+        readers = users.get(id(value), [])
+        if len(readers) != 1:
             return None
-        (user,) = uses
+        ((user, _),) = readers
         if user.opcode == OpCode.CAST:
             value = user.results[0]
         elif user.opcode == OpCode.EXPAND_DIMS:
@@ -521,7 +513,7 @@ def _broadcast_load_layout(state: _State, load: Operation, users: dict):
 
 
 def _hint_broadcast_loads(state: _State, function: Function) -> None:
-    users = _users(function)
+    users = uses(function)
     for op in function.walk():
         if op.opcode == OpCode.LOAD and _is_block(op.operands[0]):
             layout = _broadcast_load_layout(state, op, users)
