@@ -1,5 +1,5 @@
-"""Matmul: fusedops.matmul (tensor cores via mma.sync, autotuned) against torch.matmul (cuBLAS) and a
-Triton 3.6 tutorial-style kernel (bench/triton_reference.py), in the same run.
+"""Matmul: fusedops.matmul (tensor cores: wgmma fed by TMA on sm_90a, mma.sync elsewhere; autotuned)
+against torch.matmul (cuBLAS) and a Triton 3.6 tutorial-style kernel (bench/triton_reference.py), in the same run.
 
     python bench/matmul.py [--out DIR] [--quick] [--dtypes fp16,bf16] [--shapes 4096x4096x4096,...]
                            [--epilogue] [--no-triton]
@@ -83,8 +83,11 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
         row["vs torch"] = torch_ms[family] / ms if family in torch_ms else None
         if provider.startswith("fusedops"):
             # the launch's key: (c, a, b, bias or c, M, N, K); c and bias have a's dtype here
-            key = K.tuned_matmul_kernel.key_of((a, a, b, a, m, n, k), {})
-            chosen = K.tuned_matmul_kernel.best.get(key)
+            # (the TMA kernel, when the product took it, has the same leading parameters)
+            tuned = K.tuned_matmul_tma_kernel if K._uses_tma(out[None], a[None], b[None]) else K.tuned_matmul_kernel
+            key = tuned.key_of((a, a, b, a, m, n, k), {})
+            chosen = tuned.best.get(key)
+            row["kernel"] = "tma" if tuned is K.tuned_matmul_tma_kernel else "cp.async"
             row["config"] = str(chosen) if chosen else str(K.SMALL_CONFIG)
         rows.append(row)
     return rows
@@ -96,7 +99,8 @@ COLUMNS = ["dtype", "M", "N", "K", "provider", "ms", "TFLOP/s", "vs torch", "rel
 def format_table(rows) -> str:
     """The rows as a table, then the config the autotuner chose for each fusedops row."""
     lines = [report.format_fixed_width(rows, COLUMNS, 10, {"vs torch": "{:.2f}x", "rel_error": "{:.2e}"})]
-    lines += [f"{row['dtype']} {row['M']}x{row['N']}x{row['K']} {row['provider']}: {row['config']}"
+    lines += [f"{row['dtype']} {row['M']}x{row['N']}x{row['K']} {row['provider']} ({row['kernel']} kernel): "
+              f"{row['config']}"
               for row in rows if row.get("config")]
     return "\n".join(lines)
 

@@ -24,10 +24,12 @@ import torch
 from fusedops import library as _library
 from fusedops.autograd import matmul as _matmul
 from fusedops.autograd import norms as _norms
-from fusedops.autograd.softmax import softmax_apply
-from fusedops.kernels.softmax import softmax_forward
+from fusedops.autograd import softmax as _softmax_autograd
 
 _KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
+# torch._C._is_any_autocast_enabled (private; torch >= 2.4): autocast on for CPU, CUDA or another of
+# torch's usual devices. Without it, the answer that sends _autocast_dtype to its full check.
+_any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
@@ -39,7 +41,11 @@ def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
 
 def _autocast_dtype(op: str, x: torch.Tensor) -> Optional[torch.dtype]:
     """_library.autocast_dtype(op, x's device type), asked only when autocast is on for that device
-    type (cheaper: x.device.type costs ~0.4 us, is_cuda ~0.1 us; the policy lookup ~0.5 us)."""
+    type (cheaper: x.device.type costs ~0.4 us, is_cuda ~0.1 us; the policy lookup ~0.5 us). Whether
+    autocast is on for any of torch's usual device types (CPU and CUDA among them) is one call without
+    arguments to parse, a quarter of torch.is_autocast_enabled(device_type)."""
+    if not _any_autocast_enabled() and (x.is_cuda or x.device.type == "cpu"):
+        return None
     device_type = "cuda" if x.is_cuda else x.device.type
     if device_type in ("cuda", "cpu") and not torch.is_autocast_enabled(device_type):
         return None
@@ -98,6 +104,12 @@ def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype]
 
 
 def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) -> torch.Tensor:
+    # Arguments laid out like ones that took the kernel path before (without autocast, an int dim) need
+    # neither checks nor routing.
+    if type(dim) is int and not torch.compiler.is_compiling() and not _any_autocast_enabled():
+        launches = _softmax_autograd.known_launches(input, dim, dtype, log)
+        if launches is not None:
+            return _softmax_autograd.softmax(input, launches)
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"fusedops.{name}(): argument 'input' must be a torch.Tensor, not {type(input).__name__}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -106,7 +118,7 @@ def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) 
     if dtype is None and not in_dtype.is_floating_point:
         raise TypeError(f"fusedops.{name}(): argument 'input' must be a floating-point tensor, got {in_dtype}; "
                         "pass dtype=torch.float32 to cast it first")
-    ndim = input.dim()
+    given, ndim = (dim, dtype), input.dim()
     if type(dim) is int and 0 <= dim < ndim:
         pass                        # the common case, checked without a call
     elif type(dim) is int and -ndim <= dim < 0:
@@ -118,7 +130,7 @@ def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) 
     out_dtype = dtype or in_dtype
     if dtype is not None and dtype != in_dtype and (in_dtype, dtype) not in _EXACT_UPCASTS:
         input = input.to(dtype)     # torch casts first; only exact upcasts are fused into the kernel
-        in_dtype = dtype
+        in_dtype, given = dtype, None
     if not _runs_kernels(input, in_dtype, out_dtype):
         native = torch.log_softmax if log else torch.softmax
         return native(input, dim, dtype=dtype)
@@ -126,10 +138,10 @@ def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) 
         return _library.softmax(input, dim, out_dtype if out_dtype != in_dtype else None, log=log)
     if ndim == 0:
         return _softmax(name, input.reshape(1), 0, dtype, log=log).reshape(())
-    kernel_dtype = out_dtype if out_dtype != in_dtype else None
-    if input.requires_grad and torch.is_grad_enabled():
-        return softmax_apply(input, dim, log, kernel_dtype)
-    return softmax_forward(input, dim, log=log, dtype=kernel_dtype)
+    remember = given is not None and type(given[0]) is int and not _any_autocast_enabled()
+    launches = _softmax_autograd.kernel_launches(input, dim, out_dtype if out_dtype != in_dtype else None, log,
+                                                 given if remember else None)
+    return _softmax_autograd.softmax(input, launches)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,15 +176,17 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
     autocast = _autocast_dtype("layer_norm", input) if isinstance(input, torch.Tensor) else None
     if autocast is not None:
         input, weight, bias = (_library.autocast_cast(t, autocast) for t in (input, weight, bias))
-    shape = _norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
-    if not _runs_kernels(input, input.dtype):
-        return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
-    if torch.compiler.is_compiling():
-        return _library.layer_norm(input, shape, weight, bias, float(eps))
-    if torch.is_grad_enabled() and (input.requires_grad or (weight is not None and weight.requires_grad)
-                                    or (bias is not None and bias.requires_grad)):
-        return _norms.layer_norm_apply(input, shape, weight, bias, float(eps))
-    return _norms.norm(input, shape, weight, bias, float(eps), subtract_mean=True)
+    # Arguments laid out like ones that took the kernel path before need neither checks nor routing.
+    known = None if torch.compiler.is_compiling() else _norms.known_launches(
+        "layer_norm", input, normalized_shape, weight, bias, eps)
+    if known is None:
+        shape = _norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
+        if not _runs_kernels(input, input.dtype):
+            return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
+        if torch.compiler.is_compiling():
+            return _library.layer_norm(input, shape, weight, bias, float(eps))
+        known = _norms.kernel_launches("layer_norm", input, shape, weight, bias, eps)
+    return _norms.normalize(input, weight, bias, *known)
 
 
 def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
@@ -197,16 +211,19 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     autocast = _autocast_dtype("rms_norm", input) if isinstance(input, torch.Tensor) else None
     if autocast is not None:
         input, weight = (_library.autocast_cast(t, autocast) for t in (input, weight))
-    shape = _norms.check_rms_norm_arguments(input, normalized_shape, weight)
-    dtypes = (input.dtype,) if weight is None else (input.dtype, weight.dtype)
-    if not _runs_kernels(input, *dtypes):
-        return torch.nn.functional.rms_norm(input, shape, weight, eps)
-    eps = _norms.default_rms_norm_eps(input.dtype) if eps is None else float(eps)
-    if torch.compiler.is_compiling():
-        return _library.rms_norm(input, shape, weight, eps)
-    if torch.is_grad_enabled() and (input.requires_grad or (weight is not None and weight.requires_grad)):
-        return _norms.rms_norm_apply(input, shape, weight, eps)
-    return _norms.norm(input, shape, weight, None, eps, subtract_mean=False)
+    # Arguments laid out like ones that took the kernel path before need neither checks nor routing.
+    known = None if torch.compiler.is_compiling() else _norms.known_launches(
+        "rms_norm", input, normalized_shape, weight, None, eps)
+    if known is None:
+        shape = _norms.check_rms_norm_arguments(input, normalized_shape, weight)
+        dtypes = (input.dtype,) if weight is None else (input.dtype, weight.dtype)
+        if not _runs_kernels(input, *dtypes):
+            return torch.nn.functional.rms_norm(input, shape, weight, eps)
+        if torch.compiler.is_compiling():
+            eps = _norms.default_rms_norm_eps(input.dtype) if eps is None else float(eps)
+            return _library.rms_norm(input, shape, weight, eps)
+        known = _norms.kernel_launches("rms_norm", input, shape, weight, None, eps)
+    return _norms.normalize(input, weight, None, *known)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -236,14 +253,16 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     autocast = _autocast_dtype("matmul", a) if isinstance(a, torch.Tensor) else None
     if autocast is not None:    # the autocast dtype (float16/bfloat16), as torch.matmul
         a, b, bias = (_library.autocast_cast(t, autocast) for t in (a, b, bias))
-    _matmul.check_arguments(a, b, bias, activation, out_dtype)
-    if not _matmul_runs_kernels(a, out_dtype):
-        return _matmul.reference(a, b, bias, activation, out_dtype)
-    if torch.compiler.is_compiling():
-        return _library.matmul(a, b, bias, activation, out_dtype)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
-        return _matmul.matmul_apply(a, b, bias, activation, out_dtype)
-    return _matmul.forward_kernel(a, b, bias, activation, out_dtype)
+    # Arguments laid out like ones that took the kernel path before need neither checks nor routing.
+    products = None if torch.compiler.is_compiling() else _matmul.known_products(a, b, bias, activation, out_dtype)
+    if products is None:
+        _matmul.check_arguments(a, b, bias, activation, out_dtype)
+        if not _matmul_runs_kernels(a, out_dtype):
+            return _matmul.reference(a, b, bias, activation, out_dtype)
+        if torch.compiler.is_compiling():
+            return _library.matmul(a, b, bias, activation, out_dtype)
+        products = _matmul.kernel_products(a, b, bias, activation, out_dtype)
+    return _matmul.multiply(a, b, bias, activation, out_dtype, products)
 
 
 def _matmul_runs_kernels(a: torch.Tensor, out_dtype: Optional[torch.dtype]) -> bool:
@@ -294,8 +313,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """
     from fusedops.autograd import attention as _attention
 
-    autocast = (_library.autocast_dtype("scaled_dot_product_attention", query.device.type)
-                if isinstance(query, torch.Tensor) else None)
+    autocast = _autocast_dtype("scaled_dot_product_attention", query) if isinstance(query, torch.Tensor) else None
     if autocast is not None:
         query, key, value, attn_mask = (_library.autocast_cast(t, autocast) for t in (query, key, value, attn_mask))
     if torch.compiler.is_compiling():   # a custom op in the graph (fusedops/library.py)

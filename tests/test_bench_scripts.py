@@ -160,7 +160,7 @@ def _matmul_rows():
     shape = {"op": "matmul", "M": 4096, "N": 4096, "K": 4096, "dtype": "fp16"}
     return [dict(shape, provider="torch", ms=0.2, **{"TFLOP/s": 687.1}, rel_error=1e-4, **{"vs torch": 1.0}),
             dict(shape, provider="fusedops", ms=0.25, **{"TFLOP/s": 550.0}, rel_error=2e-4, **{"vs torch": 0.8},
-                 config="Config(128, 256, 64)"),
+                 config="Config(128, 256, 64)", kernel="tma"),
             dict(shape, provider="triton", error="ImportError: no triton")]
 
 
@@ -172,7 +172,7 @@ def test_matmul_table_and_csv(tmp_path):
     assert lines[2] == "      fp16        4096        4096        4096    fusedops       0.250     550.000" \
                        "       0.80x    2.00e-04"
     assert lines[3].split() == ["fp16", "4096", "4096", "4096", "triton"]
-    assert lines[4] == "fp16 4096x4096x4096 fusedops: Config(128, 256, 64)"
+    assert lines[4] == "fp16 4096x4096x4096 fusedops (tma kernel): Config(128, 256, 64)"
     header = _csv_header(_matmul_rows(), tmp_path, "matmul")
     assert header[:10] == ["op", "M", "N", "K", "dtype", "provider", "ms", "TFLOP/s", "rel_error", "vs torch"]
     assert {"config", "error", "gpu", "fusedops"} <= set(header)

@@ -6,6 +6,7 @@ import ctypes
 import math
 import struct
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -269,3 +270,102 @@ def test_launch_errors_are_launch_errors():
         launcher.launch((-1, 1, 1), driver.current_raw_stream(0), args)
     with pytest.raises(LaunchError, match=r"argument 2 of kind int32"):
         launcher.launch((1, 1, 1), driver.current_raw_stream(0), [0, 0, 2**40, 1.0, 0.0, 0.0, 0, False, 0])
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixed arguments, the inlined launch statements and the stream handle, on the CPU (driver mocked)
+# ------------------------------------------------------------------------------------------------
+def test_packer_with_fixed_arguments_packs_them_once_per_thread(seed):
+    rng = np.random.default_rng(seed)
+    values = _random_mixed_values(rng)
+    pointers = {0, 11}                         # the launches pass these; the others are fixed
+    fixed = {i: value for i, value in enumerate(values) if i not in pointers}
+    packer = ArgumentPacker(_MIXED, fixed=fixed)
+    full = ArgumentPacker(_MIXED)
+    assert packer.variable == (0, 11)
+    assert packer.offsets[:2] == (0, 16)      # the variable values first, then the fixed ones
+    for call in range(2):
+        launched = [int(rng.integers(0, 2**40)) * 16 for _ in pointers]
+        address = packer.pack(launched)
+        expected = list(values)
+        expected[0], expected[11] = launched
+        assert packer.read(address) == full.read(full.pack(expected))
+        assert packer.pack_values(launched) == struct.pack("<QQ", *launched)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(packer.read(packer.pack([16, 32]))))
+    thread.start()
+    thread.join()
+    assert seen[0][1:11] == full.read(full.pack(values))[1:11]     # a new thread's buffer has them too
+
+
+def test_packer_with_fixed_arguments_names_bad_values():
+    kinds = [K.POINTER, K.INT32, K.FLOAT32, K.POINTER]
+    names = ["x_ptr", "n", "scale", "y_ptr"]
+    with pytest.raises(LaunchError, match=r"argument 1 \(n\) of kind int32: .*got 2147483648"):
+        ArgumentPacker(kinds, names, fixed={1: 2**31, 2: 1.0})
+    with pytest.raises(LaunchError, match=r"argument 2 \(scale\) of kind float32: .*got 'a'"):
+        ArgumentPacker(kinds, names, fixed={1: 3, 2: "a"})
+    packer = ArgumentPacker(kinds, names, fixed={1: 3, 2: 0.5})
+    with pytest.raises(LaunchError, match=r"argument 3 \(y_ptr\) of kind pointer: .*got -16"):
+        packer.pack([16, -16])
+    with pytest.raises(LaunchError, match="takes 2 arguments, got 3"):
+        packer.pack([16, 32, 48])
+    with pytest.raises(ValueError, match="fixed parameters"):
+        ArgumentPacker(kinds, fixed={4: 1})
+    bf16 = ArgumentPacker([K.POINTER, K.BFLOAT16], fixed={1: 1.5})     # converted once, to its bits
+    assert bf16.read(bf16.pack([64])) == (64, 0x3FC0)
+
+
+def _mocked_launcher(monkeypatch, kinds, names=None):
+    """A KernelLauncher on a mocked driver, and the list of its cuLaunchKernel calls."""
+    calls = []
+
+    def cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        calls.append(((gx, gy, gz), stream, params and launcher.packer.read(params)))
+        return (0,)
+
+    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
+    kernel = driver.LoadedKernel("k", None, None, None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT)
+    launcher = driver.KernelLauncher(kernel, kinds, num_warps=4, param_names=names)
+    return launcher, calls
+
+
+def _inlined(launcher, count: int, fixed=None):
+    """`launch(grid_x, grid_y, grid_z, stream, v0, ...)` made of driver.inline_launch_statements."""
+    parts = launcher.inline(fixed)
+    names = [f"v{i}" for i in range(count)]
+    source = "\n".join([f"def launch(grid_x, grid_y, grid_z, stream, {', '.join(names)}):",
+                        *("    " + line for line in driver.inline_launch_statements(names, "grid_x, grid_y, grid_z",
+                                                                                    "stream"))])
+    namespace = {"struct": struct, **parts._asdict()}
+    exec(source, namespace)
+    return namespace["launch"]
+
+
+def test_inlined_launch_packs_and_fails_like_launch(monkeypatch):
+    kinds = [K.POINTER, K.INT32, K.FLOAT32]
+    launcher, calls = _mocked_launcher(monkeypatch, kinds, ["x_ptr", "n", "scale"])
+    inlined = _inlined(launcher, 3)
+    launcher.launch((2, 1, 1), 0, [4096, 7, 0.5])
+    inlined(2, 1, 1, 0, 4096, 7, 0.5)
+    assert calls[0] == calls[1] == ((2, 1, 1), None, (4096, 7, 0.5))
+    for launch in (lambda *v: launcher.launch((1, 1, 1), 0, v), lambda *v: inlined(1, 1, 1, 0, *v)):
+        with pytest.raises(LaunchError, match=r"argument 1 \(n\) of kind int32"):
+            launch(4096, 2**40, 0.5)
+    with_fixed = _inlined(launcher, 1, fixed={1: 9, 2: 2.0})
+    with_fixed(3, 2, 1, 0, 8192)
+    assert calls[-1] == ((3, 2, 1), None, (8192, 9, 2.0))
+    with pytest.raises(LaunchError, match=r"argument 0 \(x_ptr\) of kind pointer"):
+        with_fixed(1, 1, 1, 0, -1)
+    assert driver.KernelLauncher.inline(_mocked_launcher(monkeypatch, [K.BFLOAT16])[0]) is None
+    assert driver.KernelLauncher.inline(_mocked_launcher(monkeypatch, [])[0]) is None
+
+
+def test_default_stream_is_passed_as_none(monkeypatch):
+    # cuda-python makes a CUstream of an int handle first; None, the legacy default stream, it takes as is
+    launcher, calls = _mocked_launcher(monkeypatch, [K.INT32])
+    inlined = _inlined(launcher, 1)
+    for stream, passed in [(0, None), (0x7F0000001000, 0x7F0000001000)]:
+        launcher.launch((1, 1, 1), stream, [1])
+        inlined(1, 1, 1, stream, 1)
+        assert [call[1] for call in calls[-2:]] == [passed, passed]

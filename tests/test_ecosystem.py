@@ -570,6 +570,10 @@ def _run(model, inputs, loss):
     return out.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
 
 
+def _named_grads(model):
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 def _assert_no_worse_than_torch(patched, unpatched, reference, inputs, loss, dtype):
     """The patched model's error against a float64 copy is at most 2x the unpatched model's error in
     the same dtype (plus the dtype's tolerance), for the output and every parameter gradient."""
@@ -666,13 +670,21 @@ def test_compile_patched_transformers_model_cuda(name):
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     loss = lambda out: out.float().square().mean()  # noqa: E731
-    eager_out, eager_grads = _run(model, {"input_ids": ids}, loss)
+    eager_out, _ = _run(model, {"input_ids": ids}, loss)
+    eager_grads = _named_grads(model)
     model.zero_grad()
-    out, grads = _run(compiled, {"input_ids": ids}, loss)
+    out, _ = _run(compiled, {"input_ids": ids}, loss)
+    grads = _named_grads(model)     # the compiled module shares the model's parameters
     assert_close(out, eager_out.double(), torch.bfloat16)
-    assert len(grads) == len(eager_grads)
-    for grad, eager_grad in zip(grads, eager_grads):
-        assert_close(grad, eager_grad.double(), torch.bfloat16)
+    # A parameter outside the loss (BERT's pooler) has no grad in eager mode; the compiled backward
+    # may give it zeros instead (AOTAutograd materializes the unused output's tangent). Compared as
+    # one vector: some grads are rounding noise around an exact zero (BERT's key biases: softmax is
+    # invariant to a per-row shift), which no per-parameter relative tolerance can hold.
+    assert set(grads) >= set(eager_grads)
+    names = sorted(grads)
+    flat = torch.cat([grads[n].flatten() for n in names])
+    eager_flat = torch.cat([eager_grads.get(n, torch.zeros_like(grads[n])).flatten() for n in names])
+    assert_close(flat, eager_flat.double(), torch.bfloat16)
 
 
 @pytest.mark.cuda

@@ -271,8 +271,25 @@ def test_prepared_launch_packs_what_a_launch_would(gpu, monkeypatch):
     assert len(lookups) == 1 and [grid for grid, _ in gpu] == [(4, 1, 1)] * 2
     (entry,) = kernel._cache.values()
     packer = entry.compiled.launcher(0).packer
-    assert ctypes.string_at(gpu[-1][1] + packer.values_offset, packer.values_size) == \
-        packer.pack_values([x2.data_ptr(), y2.data_ptr(), 64, 2.0, 0.5])
+    assert packer.read(gpu[-1][1]) == packer.read(packer.pack([x2.data_ptr(), y2.data_ptr(), 64, 2.0, 0.5]))
+
+
+def test_prepared_launch_packs_its_constants_once(gpu, monkeypatch):
+    def scalar_first_kernel(n, scale, x_ptr, y_ptr, BLOCK: dsl.constexpr):
+        offsets = dsl.arange(0, BLOCK)
+        dsl.store(y_ptr + offsets, dsl.load(x_ptr + offsets, mask=offsets < n) * scale, mask=offsets < n)
+
+    kernel = dsl.jit(scalar_first_kernel)
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    prepared = kernel.prepare((2,), 48, 0.5, x, y, BLOCK=16)
+    (entry,) = kernel._cache.values()
+    packer = entry.compiled.launcher(0).packer
+    for _ in range(2):      # the constants come first in the kernel's parameters, the pointers first in the buffer
+        x2, y2 = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+        prepared(x2, y2)
+        assert packer.read(gpu[-1][1]) == (48, 0.5, x2.data_ptr(), y2.data_ptr())
+    with pytest.raises(dsl.LaunchError, match=r"argument 1 \(scale\) of kind float32"):
+        kernel.prepare((1,), 48, 1e39, x, y, BLOCK=16)
 
 
 def test_prepared_launch_takes_the_full_path_for_what_it_was_not_prepared_for(gpu, monkeypatch):
@@ -396,7 +413,8 @@ def test_prepared_launch_is_per_device_and_thread_safe(gpu, monkeypatch):
 def _forget_library_launchers() -> None:
     """Drop every launcher the library kernels hold (built on another test's mocked driver), and the
     launches cached on them: the next launch builds them on this test's driver."""
-    from fusedops.autograd import matmul as matmul_autograd
+    from fusedops.autograd import attention as attention_autograd, matmul as matmul_autograd
+    from fusedops.autograd import norms as norms_autograd, softmax as softmax_autograd
     from fusedops.kernels import attention, matmul, norm_kernels, norms, softmax
 
     for module in (attention, matmul, norm_kernels, softmax):
@@ -408,29 +426,41 @@ def _forget_library_launchers() -> None:
                         entry.compiled._launchers.clear()
     for cache in (softmax._FORWARD_LAUNCHES, softmax._BACKWARD_LAUNCHES, norms._FORWARD_LAUNCHES,
                   norms._BACKWARD_LAUNCHES, matmul_autograd._FORWARD_LAUNCHES, attention._FORWARD_LAUNCHES,
-                  attention._BACKWARD_LAUNCHES):
+                  attention._BACKWARD_LAUNCHES, attention_autograd._KNOWN_LAUNCHES, matmul_autograd._KNOWN_PRODUCTS,
+                  norms_autograd._KNOWN_LAUNCHES, softmax_autograd._KNOWN_LAUNCHES):
         cache.clear()
 
 
 @pytest.fixture
 def launches(gpu, monkeypatch):
-    """The (kernel name, grid, runtime values) of every launch, CPU tensors passing for cuda:0."""
+    """The (kernel name, grid, argument values) of every launch, read back from the kernelParams the
+    driver is given (so launches inlined into generated code are seen too); CPU tensors pass for cuda:0."""
     from fusedops.dsl.runtime import jit as jit_module
 
     _forget_library_launchers()
     recorded = []
-    build = driver.KernelLauncher._build_launch
+    loaded = {}         # the stand-in CUfunction of each loaded kernel -> (its name, its launcher's packer)
 
-    def recording_build(self):
-        launch = build(self)
-        name = self.kernel.name
+    class _Function:    # one per loaded module
+        pass
 
-        def recording_launch(grid, stream, args):
-            recorded.append((name, tuple(grid), tuple(args)))
-            launch(grid, stream, args)
-        return recording_launch
+    def load_module(ptx, name, index=None):
+        return driver.LoadedKernel(name, None, _Function(), None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT)
 
-    monkeypatch.setattr(driver.KernelLauncher, "_build_launch", recording_build)
+    init = driver.KernelLauncher.__init__
+
+    def recording_init(self, kernel, *args, **kwargs):
+        init(self, kernel, *args, **kwargs)
+        loaded[kernel.function] = (kernel.name, self.packer)
+
+    def cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        name, packer = loaded[function]
+        recorded.append((name, (gx, gy, gz), packer.read(params)))
+        return (0,)
+
+    monkeypatch.setattr(driver, "load_module", load_module)
+    monkeypatch.setattr(driver.KernelLauncher, "__init__", recording_init)
+    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
     monkeypatch.setattr(jit_module, "cuda_device", lambda kernel, params, values: torch.device("cuda", 0))
     yield recorded
     _forget_library_launchers()
@@ -556,3 +586,112 @@ def test_entry_of_a_kernel_whose_parameters_shadow_builtins(gpu, monkeypatch):
     for _ in range(3):
         kernel[(1,)](x, y, 2, 3, 1.5, 7, BLOCK=16)
     assert len(lookups) == 1 and len(gpu) == 3
+
+
+# ------------------------------------------------------------------------------------------------
+# What the launch key keeps apart, what the cached launch re-reads each call
+# ------------------------------------------------------------------------------------------------
+def _constant_kernel() -> JITFunction:
+    def constant_kernel(y_ptr, C: dsl.constexpr):
+        dsl.store(y_ptr + dsl.arange(0, 2), dsl.full((2,), 1.0, dsl.float32) / C)
+
+    return dsl.jit(constant_kernel)
+
+
+def test_launch_key_keeps_constexprs_apart_that_compare_equal(gpu, monkeypatch):
+    kernel = _constant_kernel()
+    lookups = _counting_lookups(kernel, monkeypatch)
+    y = _cuda(torch.zeros(2))
+    values = [0.0, -0.0, float("nan"), 2, 2.0, -float("nan")]   # 0.0 == -0.0 and 2 == 2.0; nan != nan
+    for count, value in enumerate(values, start=1):
+        for _ in range(2):                          # the second launch of each takes its plan
+            kernel[(1,)](y, C=value)
+        assert len(lookups) == count, value
+    kernel[(1,)](y, C=float("nan"))                 # another nan object, the same bits: the same plan
+    assert len(lookups) == len(values) and len(kernel._plans) == len(values)
+    assert len({key.args[1].value_key for key in kernel._cache}) == len(values)
+
+
+def test_launch_key_keeps_devices_and_alignments_apart(gpu, monkeypatch):
+    kernel = _new_kernel()
+    lookups = _counting_lookups(kernel, monkeypatch)
+    streams = []
+    monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: streams.append(index) or 0))
+    base = [torch.zeros(80), torch.zeros(80)]
+    # (device, aligned): the slot of each is distinct, and each launch runs on its tensors' device
+    for device, offset in [(0, 0), (1, 0), (0, 1), (1, 1), (0, 0), (1, 1)]:
+        x, y = _cuda(base[device][offset:offset + 64], device), _cuda(torch.zeros(64), device)
+        kernel[(1,)](x, y, 64, 2.0, BLOCK=32)
+        kernel[(1,)](x, y, 64, 2.0, BLOCK=32)
+        assert streams[-1] == device
+    assert len(lookups) == 4 and len(kernel._plans) == 4
+    with pytest.raises(ValueError, match="is on cuda:1 but an earlier tensor argument is on cuda:0"):
+        kernel[(1,)](_cuda(torch.zeros(64)), _cuda(torch.zeros(64), 1), 64, 2.0, BLOCK=32)
+
+
+def test_cached_launch_reads_the_interpreter_setting_each_call(gpu, monkeypatch):
+    import os
+
+    kernel = _new_kernel()
+    lookups = _counting_lookups(kernel, monkeypatch)
+    x, y = _cuda(torch.arange(64.0)), _cuda(torch.zeros(64))
+    kernel[(1,)](x, y, 64, 2.0, BLOCK=64)
+    monkeypatch.setenv("FUSEDOPS_INTERPRET", "0")
+    kernel[(1,)](x, y, 64, 2.0, BLOCK=64)
+    assert len(lookups) == 1 and len(gpu) == 2      # set, but off: still the cached launch
+    cpu_x, cpu_y = torch.arange(64.0), torch.zeros(64)
+    monkeypatch.setattr(os, "environ", {"FUSEDOPS_INTERPRET": "1"})    # a replaced os.environ is read too
+    kernel[(1,)](cpu_x, cpu_y, 64, 3.0, BLOCK=64)
+    assert torch.equal(cpu_y, cpu_x * 3.0 + 0.5) and len(gpu) == 2
+
+
+def test_cached_launch_grids(gpu):
+    kernel = _new_kernel()
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    grids = [(1,), [2], 3, (2, 3), (1, 2, 3), [4, 1]]
+    for grid in grids:
+        kernel[grid](x, y, 64, 2.0, BLOCK=32)
+    assert [launched for launched, _ in gpu] == [(1, 1, 1), (2, 1, 1), (3, 1, 1), (2, 3, 1), (1, 2, 3), (4, 1, 1)]
+    assert len(kernel._plans) == 1
+    for grid, pattern in [((1.0,), "grid entry 0 of `scale_kernel` must be an int"), ((True,), "grid entry 0 .* bool"),
+                          ((2**31,), r"grid entry 0 .* must be in \[0, 2147483647\]"), ((1, -1), "grid entry 1"),
+                          ((1, 1, 1, 1), "1 to 3 dimensions"), ("1", "must be a tuple")]:
+        with pytest.raises(dsl.LaunchError, match=pattern):
+            kernel[grid](x, y, 64, 2.0, BLOCK=32)
+
+
+def test_launchers_that_wrap_a_kernel_launcher_are_called_not_inlined(gpu, monkeypatch):
+    # runtime.tensor_map's launcher appends arguments in its `launch`: cached launches must call it
+    from fusedops.dsl import compiler
+
+    wrapped = []
+
+    class Wrapper:
+        def __init__(self, inner):
+            self.inner = inner
+            self.stream_of = inner.stream_of
+
+        def launch(self, grid, stream, values):
+            wrapped.append(tuple(values))
+            self.inner.launch(grid, stream, values)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    original = compiler.CompiledKernel.launcher
+
+    def launcher(self, index):      # stored like runtime.tensor_map's, in place of the one it wraps
+        inner = original(self, index)
+        if not isinstance(inner, Wrapper):
+            inner = self._launchers[index] = Wrapper(inner)
+        return inner
+
+    monkeypatch.setattr(compiler.CompiledKernel, "launcher", launcher)
+    kernel = _new_kernel()
+    x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
+    kernel[(1,)](x, y, 64, 2.0, BLOCK=32)
+    kernel[(1,)](x, y, 48, 2.0, BLOCK=32)
+    kernel.prepare((1,), x, y, 64, 2.0, BLOCK=32)(x, y)
+    pointers = (x.data_ptr(), y.data_ptr())
+    assert wrapped == [(*pointers, 64, 2.0, 0.5), (*pointers, 48, 2.0, 0.5), (*pointers, 64, 2.0, 0.5)]
+    assert len(gpu) == 3

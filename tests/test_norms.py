@@ -299,6 +299,66 @@ def test_rms_norm_accepts_a_weight_of_another_dtype(interpret, seed):
     assert_close(w.grad, wd.grad, torch.bfloat16)
 
 
+# -- the kernel path's remembered arguments and launches (fusedops.autograd.norms.known_launches) -----
+def test_arguments_laid_out_like_known_ones_are_still_checked(interpret, monkeypatch, seed):
+    # A call that took the kernel path is remembered per argument layout; arguments that differ in
+    # anything the checks read must still be checked (and routed) in full.
+    x, w, b, _ = _inputs((6, 40), (40,), torch.float32, seed, True, True)
+    expected = fusedops.layer_norm(x, (40,), w, b)
+    assert torch.equal(fusedops.layer_norm(x, (40,), w, b), expected)      # the remembered launches
+    assert torch.equal(fusedops.layer_norm(x, [40], w, b), expected)        # the same shape as a list
+    with pytest.raises(TypeError, match=r"torch.float64.*torch.float32"):
+        fusedops.layer_norm(x, (40,), w, b.double())
+    with pytest.raises(ValueError, match="same shape as normalized_shape"):
+        fusedops.layer_norm(x, (40,), w.view(1, 40), b)
+    with pytest.raises(TypeError, match="normalized_shape"):
+        fusedops.layer_norm(x, (40.0,), w, b)
+    with pytest.raises(ValueError, match="is on meta"):
+        fusedops.layer_norm(x, (40,), w.to("meta"), b)
+    assert_close(fusedops.layer_norm(x, (40,), w, b, 0.5), _reference(LAYER_NORM, x, (40,), w, b, 0.5, x)[0],
+                 torch.float32)
+    fusedops.rms_norm(x, (40,), w)
+    with pytest.raises(TypeError, match="torch.int32"):
+        fusedops.rms_norm(x, (40,), w.int())
+    monkeypatch.delenv("FUSEDOPS_INTERPRET")                # CPU tensors: torch's op again
+    monkeypatch.setattr(norms, "norm_launches", None)
+    assert torch.equal(fusedops.layer_norm(x, (40,), w, b), F.layer_norm(x, (40,), w, b))
+    assert torch.equal(fusedops.rms_norm(x, (40,), w), F.rms_norm(x, (40,), w))
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_backward_of_one_forward_layout_for_every_dy_layout(interpret, op, seed):
+    # The backward launches are kept per layout of dy (and x) with the forward's: contiguous, expanded
+    # (the gradient of sum()) and transposed gradients of the same forward layout.
+    x, w, b, dy = _inputs((6, 24), (24,), torch.float32, seed, True, op == LAYER_NORM)
+    for grad in (dy, dy[:1].expand(6, 24), dy.t().contiguous().t()):
+        _compare(op, (24,), _run(op, x, (24,), w, b, 1e-5, grad), _reference(op, x, (24,), w, b, 1e-5, grad),
+                 torch.float32)
+
+
+def test_saved_tensor_hooks_that_lay_x_out_anew(interpret, seed):
+    # save_on_cpu gives the saved x back contiguous: the backward must not read it with the forward's
+    # (transposed) strides.
+    x, w, b, dy = _inputs((6, 24), (24,), torch.float32, seed, True, True)
+    x = x.t().contiguous().t()                                  # column stride 6
+    expected = _reference(LAYER_NORM, x, (24,), w, b, 1e-5, dy)
+    for hooks in (torch.autograd.graph.save_on_cpu(), torch.autograd.graph.saved_tensors_hooks(
+            lambda t: t.contiguous(), lambda t: t)):
+        with hooks:
+            actual = _run(LAYER_NORM, x, (24,), w, b, 1e-5, dy)
+        _compare(LAYER_NORM, (24,), actual, expected, torch.float32)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_double_backward_raises(interpret, op, seed):
+    x, w, _, _ = _inputs((3, 8), (8,), torch.float32, seed, True, False)
+    x.requires_grad_()
+    y = fusedops.layer_norm(x, (8,), w) if op == LAYER_NORM else fusedops.rms_norm(x, (8,), w)
+    (dx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dx.sum().backward()
+
+
 # -- argument checking (no kernel runs) ---------------------------------------------------------------
 @pytest.mark.parametrize("weight_dtype, bias_dtype", [(torch.float32, None), (None, torch.float32),
                                                       (torch.float16, torch.bfloat16)])
@@ -330,6 +390,7 @@ def test_argument_errors():
 def test_cpu_tensors_run_torch_without_the_interpreter(monkeypatch, seed):
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
     monkeypatch.setattr(norms, "norm_forward", None)     # any kernel launch would fail
+    monkeypatch.setattr(norms, "norm_launches", None)
     x, w, b, _ = _inputs((3, 10), (10,), torch.float32, seed, True, True)
     assert torch.equal(fusedops.layer_norm(x, (10,), w, b), F.layer_norm(x, (10,), w, b))
     assert torch.equal(fusedops.rms_norm(x, (10,), w), F.rms_norm(x, (10,), w))

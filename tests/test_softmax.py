@@ -20,6 +20,7 @@ import torch
 import fusedops
 import fusedops.dsl as dsl
 import fusedops.nn
+from fusedops.autograd import softmax as softmax_autograd
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import softmax as K
 from helpers import assert_close, poison, random_tensor
@@ -59,9 +60,18 @@ def interpret(monkeypatch):
 
 @pytest.fixture
 def poisoned_outputs(monkeypatch):
-    """Every output the kernels allocate starts as NaN, so an element they miss cannot pass."""
-    allocate = K.empty_in_order_of
+    """Every output the kernels allocate starts as NaN, so an element they miss cannot pass. The launches
+    made before (and during) the test hold their allocators: they are forgotten before and after it."""
+    allocate, allocator = K.empty_in_order_of, K._dense_allocator
     monkeypatch.setattr(K, "empty_in_order_of", lambda x, dtype: poison(allocate(x, dtype)))
+    monkeypatch.setattr(K, "_dense_allocator", lambda x, dtype: (lambda new: lambda t: poison(new(t)))(
+        allocator(x, dtype)))
+    caches = (K._FORWARD_LAUNCHES, K._BACKWARD_LAUNCHES, softmax_autograd._KNOWN_LAUNCHES)
+    for cache in caches:
+        cache.clear()
+    yield
+    for cache in caches:
+        cache.clear()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,6 +213,59 @@ def test_dtype_argument_casts_first(source, dtype, seed, interpret):
         x.requires_grad_()
         fusedops.log_softmax(x, 1, dtype=dtype).backward(torch.ones(3, 17, dtype=dtype))
         assert x.grad.dtype == source
+
+
+def test_arguments_laid_out_like_known_ones_are_still_checked(monkeypatch, seed, interpret):
+    # A call that took the kernel path is remembered per argument layout; arguments that differ in
+    # anything the checks and the routing read must still be checked and routed in full.
+    x = random_tensor((4, 20), torch.float16, seed=seed)
+    expected = fusedops.softmax(x, 1)
+    assert torch.equal(fusedops.softmax(x, 1), expected)           # the remembered launches
+    assert torch.equal(fusedops.softmax(x, -1), expected)
+    with pytest.raises(TypeError, match="'dim' must be int"):
+        fusedops.softmax(x, 1.0)
+    with pytest.raises(TypeError, match="'dtype'"):
+        fusedops.softmax(x, 1, dtype=torch.int32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):       # the autocast rules apply again
+        assert fusedops.softmax(x, 1).dtype == torch.softmax(x, 1).dtype
+    assert fusedops.softmax(x, 1, dtype=torch.float32).dtype == torch.float32
+    monkeypatch.delenv("FUSEDOPS_INTERPRET")                # CPU tensors: torch's op again
+    assert torch.equal(fusedops.softmax(x, 1), torch.softmax(x, 1))
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_backward_of_one_forward_layout_for_every_dy_layout(log, seed, interpret):
+    # The backward launches are kept per layout of dy (and y) with the forward's: contiguous, expanded
+    # (the gradient of sum()) and transposed gradients of the same forward layout, twice each.
+    x = random_tensor((5, 12), torch.float32, seed=seed).requires_grad_()
+    dy = random_tensor((5, 12), torch.float32, seed=seed + 1)
+    for grad in (dy, dy[:1].expand(5, 12), dy.t().contiguous().t()) * 2:
+        x.grad = None
+        ours(log)(x, 1).backward(grad)
+        assert_close(x.grad, reference_grad(x, grad, 1, log), torch.float32)
+
+
+def test_saved_tensor_hooks_that_lay_y_out_anew(seed, interpret):
+    # y keeps x's dim order (here not contiguous); save_on_cpu gives it back contiguous: the backward
+    # must not read it with the forward's strides.
+    x = random_tensor((12, 5), torch.float32, seed=seed).t().requires_grad_()     # (5, 12), strides (1, 5)
+    dy = random_tensor((5, 12), torch.float32, seed=seed + 1)
+    for hooks in (torch.autograd.graph.save_on_cpu(), torch.autograd.graph.saved_tensors_hooks(
+            lambda t: t.contiguous(), lambda t: t)):
+        x.grad = None
+        with hooks:
+            y = fusedops.softmax(x, 1)
+        assert not y.is_contiguous()
+        y.backward(dy)
+        assert_close(x.grad, reference_grad(x, dy, 1, False), torch.float32)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_double_backward_raises(log, interpret):
+    x = torch.randn(3, 7, requires_grad=True)
+    (dx,) = torch.autograd.grad(ours(log)(x, 1).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dx.sum().backward()
 
 
 def test_cpu_tensors_run_torch_without_the_interpreter(monkeypatch, seed):

@@ -9,7 +9,8 @@ import math
 
 import torch
 
-from fusedops.autograd.function_host import apply_of
+from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.dsl.runtime import knobs
 from fusedops.dsl.runtime.fast_path import BoundedCache
 from fusedops.kernels import attention as _kernels
 
@@ -20,20 +21,25 @@ _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 
 class AttentionFunction(torch.autograd.Function):
     """o = softmax(scale * q k^T + mask) v on 4-D (B, H, L, E) / (B, H_kv, S, E) / (B, H_kv, S, Ev)
-    tensors; gradients for q, k and v (a mask gets none: see `scaled_dot_product_attention`)."""
+    tensors; gradients for q, k and v (a mask gets none: see `scaled_dot_product_attention`).
+    `launches`: the kernels.attention.AttentionLaunches of these tensors' layouts, causal and scale
+    (attention_launches). Double backward is not supported (the backward is a kernel): it raises
+    RuntimeError."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal: bool, scale: float):
-        o, lse = _kernels.attention_forward(q, k, v, mask, causal, scale)
+    def forward(ctx, q, k, v, mask, causal: bool, scale: float, launches):
+        o, lse = _kernels.attention_forward(q, k, v, mask, causal, scale, launches=launches)
         ctx.save_for_backward(q, k, v, o, lse, mask)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.launches = causal, scale, launches
         return o
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse, mask = ctx.saved_tensors
-        dq, dk, dv = _kernels.attention_backward(do, q, k, v, o, lse, mask, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _kernels.attention_backward(do, q, k, v, o, lse, mask, ctx.causal, ctx.scale,
+                                                 launches=ctx.launches)
+        return dq, dk, dv, None, None, None, None
 
 
 # AttentionFunction.apply without the Python layer of torch's (function_host.py)
@@ -134,12 +140,30 @@ def _as_4d(query, key, value, attn_mask, enable_gqa):
 
 # The input shapes (and enable_gqa) for which _as_4d returns its inputs unchanged -> the output shape.
 _UNCHANGED_BY_AS_4D = BoundedCache(256)
+# (causal, scale, AttentionLaunches) of arguments that took the kernel path before as 4-D tensors that
+# _as_4d left as they are, per everything check_arguments, the routing and the launches read from them
+# (_argument_key): a later call with arguments laid out the same way needs neither (about half the
+# forward's host work).
+_KNOWN_LAUNCHES = BoundedCache(1024)
+
+
+def _argument_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> tuple:
+    """The layouts, dtypes and devices of the tensors, the other arguments and the interpreter flag.
+    Raises AttributeError for tensors that are not tensors, TypeError for unhashable arguments."""
+    device = query.get_device()
+    layouts = (query.shape, query.stride(), query.dtype, device, key.shape, key.stride(), key.dtype, key.get_device(),
+               value.shape, value.stride(), value.dtype, value.get_device(),
+               None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype,
+                                               attn_mask.get_device()),
+               dropout_p, is_causal, scale, enable_gqa, knobs.interpret_enabled())
+    if device < 0:      # get_device() is -1 on every non-CUDA device: name them (the interpreter's CPU tensors)
+        layouts += (query.device, key.device, value.device, None if attn_mask is None else attn_mask.device)
+    return layouts
 
 
 def _runs_kernels(query: torch.Tensor) -> bool:
     if query.is_cuda:
         return query.dtype in _CUDA_DTYPES and query.size(-1) <= _kernels.MAX_HEAD_DIM
-    from fusedops.dsl.runtime import knobs
     return query.device.type == "cpu" and knobs.interpret_enabled() and query.size(-1) <= _kernels.MAX_HEAD_DIM
 
 
@@ -154,6 +178,13 @@ def dropout_not_implemented(dropout_p: float) -> NotImplementedError:
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """See `fusedops.functional.scaled_dot_product_attention`."""
+    try:
+        known_key = _argument_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        known = _KNOWN_LAUNCHES.get(known_key)
+    except (AttributeError, TypeError):     # not tensors, unhashable arguments: left to the checks
+        known_key = known = None
+    if known is not None and (attn_mask is None or not (attn_mask.requires_grad and torch.is_grad_enabled())):
+        return _attend(query, key, value, attn_mask, *known)
     check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
     native = (not _runs_kernels(query) or value.size(-1) > _kernels.MAX_HEAD_DIM
               or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()))
@@ -172,8 +203,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if q is query and k is key and v is value and mask is attn_mask:
             _UNCHANGED_BY_AS_4D.put(shapes, out_shape)
     scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o = _attention_apply(q, k, v, mask, bool(is_causal), scale)
-    else:
-        o, _ = _kernels.attention_forward(q, k, v, mask, bool(is_causal), scale)
+    call = (bool(is_causal), scale, _kernels.attention_launches(q, k, v, mask, bool(is_causal), scale))
+    if q is query and k is key and v is value and mask is attn_mask and known_key is not None:
+        _KNOWN_LAUNCHES.put(known_key, call)
+    o = _attend(q, k, v, mask, *call)
     return o if o.shape == out_shape else o.reshape(out_shape)
+
+
+def _attend(q, k, v, mask, causal: bool, scale: float, launches) -> torch.Tensor:
+    """o of 4-D q, k, v and mask by `launches` (kernels.attention.attention_launches of these layouts,
+    causal and scale): through AttentionFunction when a gradient is needed."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _attention_apply(q, k, v, mask, causal, scale, launches)
+    return _kernels.attention_forward(q, k, v, mask, causal, scale, launches=launches)[0]

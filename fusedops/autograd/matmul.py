@@ -11,13 +11,16 @@ flattened to one (a copy when their strides do not allow a view).
 The forward runs one fused kernel. When a gradient is needed and an activation is fused, the
 forward keeps Z: it runs the kernel without the activation, applies the activation with torch,
 and saves Z for activation'(Z) (recomputing Z in the backward would cost another matmul). The
-gradient matmuls run the same kernel on transposed views (no copies).
+gradient matmuls run the same kernel on transposed views (no copies). On the GPU every launch is
+prepared once per operand layout (_Product), the gradient matmuls of the usual layouts too, as launches
+that read dZ, A and B in place without making the views each time.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -109,8 +112,8 @@ def _as_3d(x: torch.Tensor, batch_shape: tuple) -> torch.Tensor:
     return x.reshape(-1, *matrix)
 
 
-# Prepared launches of forward_kernel per everything it derives from its operands but their addresses
-# (shapes, strides, dtypes, devices, the bias's, activation, out_dtype): see _forward_launcher.
+# _Product per everything forward_kernel derives from its operands but their addresses (shapes, strides,
+# dtypes, devices, the bias's, activation, out_dtype): its prepared launches (see _Product).
 _FORWARD_LAUNCHES = BoundedCache(1024)
 
 
@@ -118,14 +121,22 @@ def forward_kernel(a, b, bias, activation, out_dtype) -> torch.Tensor:
     """The kernel path with torch.matmul's shape rules (see the module docstring). GPU launches are
     prepared once per operand shapes, strides, dtypes and devices; the interpreter takes the general
     path (kernels.matmul) each time."""
-    if _interpret_enabled():
+    product = _product(a, b, bias, activation, out_dtype)
+    if product is None:
         return _forward_general(a, b, bias, activation, out_dtype)
+    return product.forward(a, b, bias)
+
+
+def _product(a, b, bias, activation, out_dtype) -> Optional["_Product"]:
+    """The _Product of operands like these, made once per layout; None under the interpreter."""
+    if _interpret_enabled():
+        return None
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), activation, out_dtype)
-    launch = _FORWARD_LAUNCHES.get(key)
-    if launch is None:
-        launch = _FORWARD_LAUNCHES.put(key, _forward_launcher(a, b, bias, activation, out_dtype))
-    return launch(a, b, bias)
+    product = _FORWARD_LAUNCHES.get(key)
+    if product is None:
+        product = _FORWARD_LAUNCHES.put(key, _Product(a, b, bias, activation, out_dtype))
+    return product
 
 
 def _operands(a, b):
@@ -147,26 +158,99 @@ def _forward_general(a, b, bias, activation, out_dtype) -> torch.Tensor:
     return c.reshape(_output_shape(a, b, batch_shape, m, n))
 
 
-def _forward_launcher(a, b, bias, activation, out_dtype):
-    """`launch(a, b, bias) -> c` for operands like these (see forward_kernel): c allocated in its final
-    shape (contiguous, so its memory is the kernel's (batch, M, N) output) and one prepared launch that
-    reads a and b in place. Operands that need copies to be 3-D, empty outputs and batches over the
-    grid limit take the general path each time."""
+def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device) -> Callable:
+    """`new()`: an uninitialized contiguous tensor of `shape`: empty_like of one element expanded to it
+    (not dense, so the result is contiguous), a quarter of the host cost of torch.empty(shape, ...)
+    within a training step (.scratch/bench_host_cpu.py)."""
+    if 0 in shape:
+        return functools.partial(torch.empty, shape, dtype=dtype, device=device)
+    return functools.partial(torch.empty_like, torch.empty(1, dtype=dtype, device=device).expand(shape))
+
+
+def _prepared_product(a, b, bias, activation, out_dtype) -> Optional[tuple]:
+    """(launch(a, b, bias) -> c, c's shape): forward_kernel for operands like these as one prepared
+    launch that reads a and b in place (the kernel's 3-D operands are views of them, never copies); c
+    is allocated in its final shape (contiguous, so its memory is the kernel's (batch, M, N) output).
+    None where that does not hold (operands that need copies to be 3-D, empty outputs, batches over the
+    grid limit). The launch reads only its tensors' addresses: it may be given any tensors whose memory
+    is laid out as these operands' (e.g. b for the transposed view of b it was prepared with)."""
     a3, b3, batch_shape, m, n = _operands(a, b)
+    if a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr():     # copies, not views
+        return None
     shape = _output_shape(a, b, batch_shape, m, n)
     dtype = out_dtype or a.dtype
     c = torch.empty(shape, dtype=dtype, device=a.device)
-    c3 = c.view(max(a3.shape[0], b3.shape[0]), m, n)
-    in_place = a3.data_ptr() == a.data_ptr() and b3.data_ptr() == b.data_ptr()   # views, not copies
-    prepared = kernels.prepare_matmul(c3, a3, b3, bias, activation) if in_place else None
+    prepared = kernels.prepare_matmul(c.view(max(a3.shape[0], b3.shape[0]), m, n), a3, b3, bias, activation)
     if prepared is None:
-        return lambda a, b, bias: _forward_general(a, b, bias, activation, out_dtype)
-    new_empty = torch.empty(0, dtype=dtype, device=a.device).new_empty
+        return None
+    new_output = _allocator(shape, dtype, a.device)
 
     def launch(a, b, bias):
-        c = new_empty(shape)
+        c = new_output()
         prepared(c, a, b, bias)
         return c
+
+    return launch, shape
+
+
+class _Product:
+    """The launches of forward_kernel for one operand layout: `forward(a, b, bias) -> c`, and for
+    MatmulFunction's backward `gradients(dz, a, b, input_grad, weight_grad) -> (dA, dB)` (as
+    input_gradients computes them), whose launches are prepared per layout of dz, a and b."""
+
+    __slots__ = ("forward", "_gradients")
+
+    def __init__(self, a, b, bias, activation, out_dtype):
+        prepared = _prepared_product(a, b, bias, activation, out_dtype)
+        if prepared is None:
+            self.forward = lambda a, b, bias: _forward_general(a, b, bias, activation, out_dtype)
+        else:
+            self.forward = prepared[0]
+        self._gradients = BoundedCache(16)      # per (layouts of dz, a, b; the gradients asked for)
+
+    def gradients(self, dz: torch.Tensor, a: torch.Tensor, b: torch.Tensor, input_grad: bool,
+                  weight_grad: bool) -> tuple:
+        # a's and b's strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may lay them out anew
+        key = (dz.stride(), dz.dtype, a.stride(), b.stride(), input_grad, weight_grad)
+        launch = self._gradients.get(key, _UNKNOWN)
+        if launch is _UNKNOWN:
+            launch = self._gradients.put(key, _gradient_launches(dz, a, b, input_grad, weight_grad))
+        if launch is None:
+            return input_gradients(dz, a, b, (input_grad, weight_grad, False), None, forward_kernel)[:2]
+        return launch(dz, a, b)
+
+
+_UNKNOWN = object()
+
+
+def _gradient_launches(dz, a, b, input_grad: bool, weight_grad: bool) -> Optional[Callable]:
+    """`launch(dz, a, b) -> (dA, dB)`: input_gradients' matmuls for tensors laid out like these as
+    prepared launches that read dz, a and b in place, without the transposed and reshaped views
+    input_gradients makes (each costs about as much host time as a launch). None where one of them is
+    not a single such launch: 1-D operands, broadcast batches whose gradients are summed, operands that
+    must be copied, a dz of another dtype than a's."""
+    if a.dim() == 1 or b.dim() == 1 or dz.dtype != a.dtype:
+        return None
+    da = db = None
+    if input_grad:      # dA = dZ @ B^T
+        da = _prepared_product(dz, b.transpose(-1, -2), None, None, a.dtype)
+        if da is None or da[1] != a.shape:
+            return None
+        da = da[0]
+    if weight_grad:     # dB = A^T @ dZ; B shared by every batch: one (K, rows) @ (rows, N)
+        if b.dim() == 2 and dz.dim() > 2:
+            x = a.expand(*dz.shape[:-2], *a.shape[-2:]).reshape(-1, a.shape[-1]).transpose(0, 1)
+            y = dz.reshape(-1, dz.shape[-1])
+        else:
+            x, y = a.transpose(-1, -2), dz
+        in_place = x.data_ptr() == a.data_ptr() and y.data_ptr() == dz.data_ptr()
+        db = _prepared_product(x, y, None, None, b.dtype) if in_place else None
+        if db is None or db[1] != b.shape:
+            return None
+        db = db[0]
+
+    def launch(dz, a, b):
+        return (None if da is None else da(dz, b, None)), (None if db is None else db(a, dz, None))
 
     return launch
 
@@ -183,21 +267,24 @@ class MatmulFunction(torch.autograd.Function):
 
     forward(a, b, bias, activation, out_dtype): a, b with torch.matmul's shapes and one float
     dtype (float16/bfloat16 on the GPU); bias (N,) or None; returns C of out_dtype (default a's).
+    product: the _Product of the kernel launch it runs (activation(A @ B + bias) without the activation,
+    into out_dtype, or float32 with an activation), when the caller has it (kernel_products).
     """
 
     @staticmethod
-    def forward(ctx, a, b, bias, activation, out_dtype):
+    def forward(ctx, a, b, bias, activation, out_dtype, product=None):
         out_dtype = out_dtype or a.dtype
         if activation is None:
-            c, z = forward_kernel(a, b, bias, None, out_dtype), None
+            product = product or _product(a, b, bias, None, out_dtype)
+            z = None
+            c = _forward_general(a, b, bias, None, out_dtype) if product is None else product.forward(a, b, bias)
         else:
-            wide = torch.float64 if a.dtype == torch.float64 else torch.float32
-            z = forward_kernel(a, b, bias, None, wide)
+            wide = _wide(a.dtype)
+            product = product or _product(a, b, bias, None, wide)
+            z = _forward_general(a, b, bias, None, wide) if product is None else product.forward(a, b, bias)
             c = apply_activation(z, activation).to(out_dtype)
         ctx.save_for_backward(a, b, z)
-        ctx.activation = activation
-        ctx.has_bias = bias is not None
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.activation, ctx.bias_dtype, ctx.product = activation, None if bias is None else bias.dtype, product
         return c
 
     @staticmethod
@@ -205,12 +292,15 @@ class MatmulFunction(torch.autograd.Function):
     def backward(ctx, dc):
         a, b, z = ctx.saved_tensors
         if ctx.activation is None:
-            dz = dc.to(a.dtype)
+            dz = dc if dc.dtype == a.dtype else dc.to(a.dtype)
         else:
             dz = (dc.to(z.dtype) * activation_grad(z, ctx.activation)).to(a.dtype)
-        bias_dtype = ctx.bias_dtype if ctx.has_bias else None
-        da, db, dbias = input_gradients(dz, a, b, ctx.needs_input_grad, bias_dtype, forward_kernel)
-        return da, db, dbias, None, None
+        needs, product = ctx.needs_input_grad, ctx.product
+        if product is None or (ctx.bias_dtype is not None and needs[2]):
+            da, db, dbias = input_gradients(dz, a, b, needs, ctx.bias_dtype, forward_kernel)
+        else:   # the usual case: launches prepared for these layouts (_Product)
+            (da, db), dbias = product.gradients(dz, a, b, needs[0], needs[1]), None
+        return da, db, dbias, None, None, None
 
 
 def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):
@@ -242,3 +332,59 @@ def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):
 
 # MatmulFunction.apply without the Python layer of torch's (function_host.py)
 matmul_apply = apply_of(MatmulFunction, (0, 1, 2))
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of Z when an activation is fused: float32 (float64 for float64 operands)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# -- the kernel path of fusedops.matmul ---------------------------------------------------------------
+# fusedops.matmul checks its arguments, then on the kernel path calls kernel_products, which remembers
+# its result per argument layout (_KNOWN_PRODUCTS): a later call with arguments laid out the same way
+# finds it with known_products, without the checks, the routing and the _Product key.
+_KNOWN_PRODUCTS = BoundedCache(1024)
+
+
+def _argument_key(a, b, bias, activation, out_dtype) -> tuple:
+    """The layouts, dtypes and devices of the tensors, activation, out_dtype and the interpreter flag.
+    Raises AttributeError for tensors that are not tensors, TypeError for unhashable arguments."""
+    device = a.get_device()
+    key = (a.shape, a.stride(), a.dtype, device, b.shape, b.stride(), b.dtype, b.get_device(),
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+           activation, out_dtype, _interpret_enabled())
+    if device < 0:      # get_device() is -1 on every non-CUDA device: name them (the interpreter's CPU tensors)
+        key += (a.device, b.device, None if bias is None else bias.device)
+    return key
+
+
+def known_products(a, b, bias, activation, out_dtype) -> Optional[tuple]:
+    """kernel_products(...) as remembered for arguments laid out like these, or None."""
+    try:
+        return _KNOWN_PRODUCTS.get(_argument_key(a, b, bias, activation, out_dtype))
+    except (AttributeError, TypeError):     # not tensors, unhashable arguments: left to the checks
+        return None
+
+
+def kernel_products(a, b, bias, activation, out_dtype) -> Optional[tuple]:
+    """(the _Product of MatmulFunction, the _Product of the forward alone) for arguments that passed
+    check_arguments and take the kernel path, remembered for known_products; None under the
+    interpreter (which prepares no launches)."""
+    if _interpret_enabled():
+        return None
+    if activation is None:
+        product = _product(a, b, bias, None, out_dtype or a.dtype)
+        products = (product, product)
+    else:
+        products = (_product(a, b, bias, None, _wide(a.dtype)), _product(a, b, bias, activation, out_dtype))
+    return _KNOWN_PRODUCTS.put(_argument_key(a, b, bias, activation, out_dtype), products)
+
+
+def multiply(a, b, bias, activation, out_dtype, products: Optional[tuple]) -> torch.Tensor:
+    """activation(a @ b + bias) on the kernel path, with the products of kernel_products (None: found
+    per call): through MatmulFunction when a gradient is needed, else the forward alone."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
+        return matmul_apply(a, b, bias, activation, out_dtype, None if products is None else products[0])
+    if products is None:
+        return forward_kernel(a, b, bias, activation, out_dtype)
+    return products[1].forward(a, b, bias)

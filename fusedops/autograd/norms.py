@@ -1,5 +1,6 @@
-"""torch.autograd.Functions for layer_norm and rms_norm (kernels: fusedops/kernels/norms.py), and the
-argument checks that give them torch's semantics.
+"""The torch.autograd.Function of layer_norm and rms_norm (kernels: fusedops/kernels/norms.py), the
+argument checks that give them torch's semantics, and their kernel path (fusedops.functional calls it
+once the arguments are checked; arguments laid out like earlier ones skip the checks).
 
 The input's trailing dims (normalized_shape) are flattened into N columns and its leading dims into
 M rows, read in place through one row and one column stride wherever torch could express them as a
@@ -26,6 +27,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import norms as kernels
 
 _FLOATING = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
@@ -121,76 +124,100 @@ def _columns(normalized_shape: Tuple[int, ...]) -> int:
     return normalized_shape[0] if len(normalized_shape) == 1 else math.prod(normalized_shape)
 
 
-def norm(x: torch.Tensor, normalized_shape: Tuple[int, ...], weight: Optional[torch.Tensor],
-         bias: Optional[torch.Tensor], eps: float, *, subtract_mean: bool) -> torch.Tensor:
-    """The forward alone (no autograd graph): y shaped like x, contiguous, in x's dtype."""
-    y, _, _ = kernels.norm_forward(x, weight, bias, eps, subtract_mean=subtract_mean, n_cols=_columns(normalized_shape))
-    return y
+# -- the kernel path -------------------------------------------------------------------------------
+# fusedops.layer_norm and fusedops.rms_norm check their arguments, then run
+#     known = kernel_launches(op, x, normalized_shape, weight, bias, eps)   # on the kernel path
+#     y = normalize(x, weight, bias, *known)
+# kernel_launches remembers its result per argument layout (_KNOWN_LAUNCHES), so that a later call with
+# arguments laid out the same way finds it with known_launches instead, without the checks and the
+# kernels' own key (together about as costly as the rest of the forward's host work).
+_KNOWN_LAUNCHES = BoundedCache(1024)
 
 
-def _forward(ctx, x, normalized_shape, weight, bias, eps, subtract_mean: bool) -> torch.Tensor:
-    # x is read (and saved) as is: the kernels take its rows through their strides (kernels.norms)
-    n_cols = _columns(normalized_shape)
-    y, mean, rstd = kernels.norm_forward(x, weight, bias, eps, subtract_mean=subtract_mean, n_cols=n_cols)
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.options = (normalized_shape, n_cols, None if bias is None else bias.dtype, subtract_mean)
-    return y
+def _argument_key(op: str, x: torch.Tensor, normalized_shape: Tuple[int, ...], weight, bias, eps) -> tuple:
+    """Everything the argument checks, the kernel-path decision (fusedops.functional) and the launches
+    read from the arguments of `op`: the layouts, dtypes and devices of the tensors, the shape, eps and
+    the interpreter flag. Raises AttributeError / TypeError for arguments that are not tensors."""
+    device = x.get_device()
+    key = (op, normalized_shape, x.shape, x.stride(), x.dtype, device,
+           None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+           eps, interpret_enabled())
+    if device < 0:      # get_device() is -1 on every non-CUDA device: name them (the interpreter's CPU tensors)
+        key += (x.device, None if weight is None else weight.device, None if bias is None else bias.device)
+    return key
 
 
-def _backward(ctx, dy, input_grad: bool, weight_grad: bool, bias_grad: bool) -> tuple:
-    x, weight, mean, rstd = ctx.saved_tensors
-    normalized_shape, n_cols, bias_dtype, subtract_mean = ctx.options
-    dx, dweight, dbias = kernels.norm_backward(
-        dy, x, weight, mean, rstd, subtract_mean=subtract_mean, input_grad=input_grad, weight_grad=weight_grad,
-        bias_grad=bias_grad, bias_dtype=bias_dtype, n_cols=n_cols)
-    if len(normalized_shape) != 1:      # dweight and dbias are (N,)
-        dweight = None if dweight is None else dweight.view(normalized_shape)
-        dbias = None if dbias is None else dbias.view(normalized_shape)
-    return dx, dweight, dbias
+def known_launches(op: str, x, normalized_shape, weight, bias, eps) -> Optional[tuple]:
+    """kernel_launches(op, ...) as remembered for arguments laid out like these, or None (arguments
+    not seen before, which the caller checks and routes in full). Raises only what
+    normalized_shape_tuple raises."""
+    normalized_shape = normalized_shape_tuple(normalized_shape)
+    try:
+        return _KNOWN_LAUNCHES.get(_argument_key(op, x, normalized_shape, weight, bias, eps))
+    except (AttributeError, TypeError):     # not tensors, an unhashable eps: left to the checks
+        return None
 
 
-class LayerNormFunction(torch.autograd.Function):
-    """forward(x, normalized_shape, weight, bias, eps) -> y: LayerNorm over the trailing dims of x.
+def kernel_launches(op: str, x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor],
+                    bias: Optional[torch.Tensor], eps) -> tuple:
+    """(NormLaunches, normalized_shape as a tuple) of `op` ("layer_norm" or "rms_norm") for arguments
+    that passed its checks and take the kernel path (remembered for known_launches). eps: as given
+    (None: rms_norm's default). Raises TypeError / ValueError for an eps that is not a number."""
+    normalized_shape = normalized_shape_tuple(normalized_shape)
+    eps_value = default_rms_norm_eps(x.dtype) if eps is None else float(eps)
+    launches = kernels.norm_launches(x, weight, bias, eps_value, subtract_mean=op == "layer_norm",
+                                     n_cols=_columns(normalized_shape))
+    known = (launches, normalized_shape)
+    try:
+        _KNOWN_LAUNCHES.put(_argument_key(op, x, normalized_shape, weight, bias, eps), known)
+    except TypeError:       # an unhashable eps (a float-like object): not remembered
+        pass
+    return known
+
+
+def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+              launches: kernels.NormLaunches, normalized_shape: Tuple[int, ...]) -> torch.Tensor:
+    """The normalization of x by `launches` (kernel_launches): through NormFunction when a gradient
+    is needed, else the forward alone. Returns y shaped like x, contiguous, in x's dtype."""
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
+        return _norm_apply(x, weight, bias, launches, normalized_shape)
+    return launches.forward(x, weight, bias)[0]
+
+
+class NormFunction(torch.autograd.Function):
+    """forward(x, weight, bias, launches, normalized_shape) -> y: LayerNorm or RMSNorm (as `launches`,
+    a kernels.norms.NormLaunches, was made) over the trailing dims of x.
 
     x: float16/bfloat16/float32 CUDA tensor (any floating dtype on the CPU under FUSEDOPS_INTERPRET=1),
-    any strides; normalized_shape: a tuple of ints, x's trailing dims; weight, bias: shaped
-    normalized_shape, x's dtype, or None; eps: float. Arguments are checked by the caller
-    (check_layer_norm_arguments). Returns y shaped like x, contiguous, in x's dtype. Gradients: dx in
+    any strides; weight, bias: shaped normalized_shape (a tuple of ints, x's trailing dims) or None;
+    the arguments are checked by the caller (check_layer_norm_arguments / check_rms_norm_arguments) and
+    laid out as `launches` expects. Returns y shaped like x, contiguous, in x's dtype. Gradients: dx in
     x's dtype, dweight/dbias in theirs, deterministic. Double backward is not supported (the backward
     is a kernel): it raises RuntimeError.
     """
 
     @staticmethod
-    def forward(ctx, x, normalized_shape, weight, bias, eps):
-        return _forward(ctx, x, normalized_shape, weight, bias, eps, subtract_mean=True)
+    def forward(ctx, x, weight, bias, launches, normalized_shape):
+        # x is read (and saved) as is: the kernels take its rows through their strides (kernels.norms)
+        y, mean, rstd = launches.forward(x, weight, bias)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.launches, ctx.normalized_shape = launches, normalized_shape
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        dx, dweight, dbias = _backward(ctx, dy, needs[0], needs[2], needs[3])
-        return dx, None, dweight, dbias, None
+        dx, dweight, dbias = ctx.launches.backward(dy, x, weight, mean, rstd, needs[0], needs[1], needs[2])
+        normalized_shape = ctx.normalized_shape
+        if len(normalized_shape) != 1:      # dweight and dbias are (N,)
+            dweight = None if dweight is None else dweight.view(normalized_shape)
+            dbias = None if dbias is None else dbias.view(normalized_shape)
+        return dx, dweight, dbias, None, None
 
 
-class RMSNormFunction(torch.autograd.Function):
-    """forward(x, normalized_shape, weight, eps) -> y: RMSNorm over the trailing dims of x.
-
-    As LayerNormFunction, without bias; weight may have any floating dtype (y has x's dtype, dweight
-    weight's); eps is a float (check_rms_norm_arguments and default_rms_norm_eps give torch's rules).
-    """
-
-    @staticmethod
-    def forward(ctx, x, normalized_shape, weight, eps):
-        return _forward(ctx, x, normalized_shape, weight, None, eps, subtract_mean=False)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        needs = ctx.needs_input_grad
-        dx, dweight, _ = _backward(ctx, dy, needs[0], needs[2], False)
-        return dx, None, dweight, None
-
-
-# The Functions' apply without the Python layer of torch's (function_host.py)
-layer_norm_apply = apply_of(LayerNormFunction, (0, 2, 3))
-rms_norm_apply = apply_of(RMSNormFunction, (0, 2))
+# NormFunction.apply without the Python layer of torch's (function_host.py)
+_norm_apply = apply_of(NormFunction, (0, 1, 2))

@@ -1,4 +1,5 @@
-"""torch.autograd.Function for softmax and log_softmax over one dim (fusedops/kernels/softmax.py).
+"""torch.autograd.Function for softmax and log_softmax over one dim (fusedops/kernels/softmax.py), and
+the kernel path of fusedops.softmax / fusedops.log_softmax.
 
 The forward saves its output y, not its input: both gradients need only y,
     softmax:      dx = y * (dy - sum(dy * y))
@@ -13,37 +14,78 @@ from typing import Optional
 import torch
 
 from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import softmax as kernels
 
 
 class SoftmaxFunction(torch.autograd.Function):
-    """softmax (log=False) or log_softmax (log=True) of `x` over `dim`, differentiable once.
+    """softmax or log_softmax of `x` by `launches` (a kernels.softmax.SoftmaxLaunches, which holds dim,
+    log and the output dtype), differentiable once.
 
-    forward(x, dim, log, dtype):
+    forward(x, launches):
         x: float16/bfloat16/float32 CUDA tensor (any float dtype on the CPU under
-            FUSEDOPS_INTERPRET=1), rank >= 1, any strides; dim: in [0, x.dim()).
-        dtype: the output dtype, or None for x.dtype. The kernel reads x in its own dtype and
-            writes `dtype`; the gradient is returned in x.dtype.
-    Returns y, shaped like x, dense with x's dim order.
-    Double backward is not supported (the backward is a kernel): it raises RuntimeError.
+            FUSEDOPS_INTERPRET=1), rank >= 1, laid out as `launches` was made for.
+    Returns y, shaped like x, dense with x's dim order, in the launches' output dtype; the gradient is
+    returned in x.dtype. Double backward is not supported (the backward is a kernel): it raises
+    RuntimeError.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, log: bool, dtype: Optional[torch.dtype]) -> torch.Tensor:
-        y, plan = kernels.softmax_forward_planned(x, dim, log=log, dtype=dtype)
+    def forward(ctx, x: torch.Tensor, launches: kernels.SoftmaxLaunches) -> torch.Tensor:
+        y = launches.forward(x)
         ctx.save_for_backward(y)
-        ctx.options = (plan, dim, log, x.dtype)
+        ctx.launches = launches
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
-        plan, dim, log, input_dtype = ctx.options
-        if plan is not None:    # the launches prepared for this layout (kernels.softmax._Softmax)
-            return plan.backward(dy, y, input_dtype), None, None, None
-        return kernels.softmax_backward(dy, y, dim, log=log, dtype=input_dtype), None, None, None
+        return ctx.launches.backward(dy, y), None
 
 
-# SoftmaxFunction.apply(x, dim, log, dtype) without the Python layer of torch's apply (function_host.py)
-softmax_apply = apply_of(SoftmaxFunction)
+# SoftmaxFunction.apply(x, launches) without the Python layer of torch's apply (function_host.py)
+_softmax_apply = apply_of(SoftmaxFunction)
+
+
+def softmax(x: torch.Tensor, launches: kernels.SoftmaxLaunches) -> torch.Tensor:
+    """The softmax of x by `launches`: through SoftmaxFunction when x needs a gradient."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return _softmax_apply(x, launches)
+    return launches.forward(x)
+
+
+# -- the kernel path of fusedops.softmax / log_softmax ----------------------------------------------
+# fusedops.functional checks the arguments, then on the kernel path calls kernel_launches, which also
+# remembers the launches per argument layout (_KNOWN_LAUNCHES): a later call with arguments laid out the
+# same way finds them with known_launches, without the checks, the routing and the kernels' own key.
+_KNOWN_LAUNCHES = BoundedCache(1024)
+
+
+def _argument_key(x, dim, dtype, log: bool) -> tuple:
+    """x's layout, dtype and device, dim and dtype as given, log and the interpreter flag. Raises
+    AttributeError for an x that is not a tensor, TypeError for unhashable arguments."""
+    device = x.get_device()
+    key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, interpret_enabled())
+    # get_device() is -1 on every non-CUDA device: name it (the interpreter's CPU tensors)
+    return key if device >= 0 else (*key, x.device)
+
+
+def known_launches(x, dim, dtype, log: bool) -> Optional[kernels.SoftmaxLaunches]:
+    """The launches kernel_launches remembered for arguments laid out like these, or None."""
+    try:
+        return _KNOWN_LAUNCHES.get(_argument_key(x, dim, dtype, log))
+    except (AttributeError, TypeError):     # not a tensor, an unhashable dim or dtype: left to the checks
+        return None
+
+
+def kernel_launches(x: torch.Tensor, dim: int, kernel_dtype: Optional[torch.dtype], log: bool,
+                    given: Optional[tuple] = None) -> kernels.SoftmaxLaunches:
+    """The SoftmaxLaunches of x over dim (in [0, x.dim())) into kernel_dtype (None: x's), for checked
+    arguments on the kernel path. given: (dim, dtype) as the caller was given them, when x is the
+    caller's tensor: the launches are then remembered for known_launches."""
+    launches = kernels.softmax_launches(x, dim, log=log, dtype=kernel_dtype)
+    if given is not None:
+        _KNOWN_LAUNCHES.put(_argument_key(x, *given, log), launches)
+    return launches

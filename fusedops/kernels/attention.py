@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -506,16 +506,18 @@ def _layout_key(t: Optional[torch.Tensor]):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
-# Launches of attention_forward / attention_backward with the default options, per everything they
-# derive from their tensors but the addresses (shapes, strides, dtypes, devices, causal, scale, the
-# interpreter flag): closures over prepared kernels (JITFunction.prepare).
+# AttentionLaunches per everything attention_forward derives from its tensors but the addresses (shapes,
+# strides, dtypes, devices, causal, scale, the interpreter flag), made by attention_launches; the launches
+# of attention_backward with the default options per the same of its tensors: closures over prepared
+# kernels (JITFunction.prepare).
 _FORWARD_LAUNCHES = BoundedCache(1024)
 _BACKWARD_LAUNCHES = BoundedCache(1024)
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                       causal: bool, scale: float, *, interpret: Optional[bool] = None,
-                      config: Optional[AttentionConfig] = None) -> tuple:
+                      config: Optional[AttentionConfig] = None,
+                      launches: Optional["AttentionLaunches"] = None) -> tuple:
     """Flash attention forward: returns (o, lse).
 
     q: (B, H, L, E); k: (B, H_kv, S, E); v: (B, H_kv, S, Ev), one dtype (float16/bfloat16 on the GPU;
@@ -523,24 +525,67 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: O
     bool / float tensor *expanded* to (B, H, L, S) (stride 0 on broadcast dims). scale multiplies
     q . k. Returns o: (B, H, L, Ev) contiguous in q's dtype, and lse: (B, H, L) float32 (float64 for
     float64 inputs), the base-2 log-sum-exp of each row's logits (+inf for fully masked rows).
-    With the default interpret and config the launch is prepared once per layouts (`_FORWARD_LAUNCHES`).
+    With the default interpret and config the launch is prepared once per layouts (`attention_launches`);
+    `launches`: that AttentionLaunches (attention_launches(q, k, v, mask, causal, scale)) when the caller
+    has it, which saves finding it.
     """
-    cached = interpret is None and config is None
-    if cached:
-        key = (_layout_key(q), _layout_key(k), _layout_key(v), _layout_key(mask), causal, scale, _interpret_enabled())
-        launch = _FORWARD_LAUNCHES.get(key)
-        if launch is not None:
-            return launch(q, k, v, mask)
-    launch = _forward_launcher(q, k, v, mask, causal, scale, interpret, config)
-    if cached:
-        _FORWARD_LAUNCHES.put(key, launch)
-    return launch(q, k, v, mask)
+    if launches is not None:
+        return launches.forward(q, k, v, mask)
+    if interpret is None and config is None:
+        return attention_launches(q, k, v, mask, causal, scale).forward(q, k, v, mask)
+    return _forward_launcher(q, k, v, mask, causal, scale, interpret, config)(q, k, v, mask)
 
 
-def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device):
-    # new_empty of an empty tensor (no memory) of that dtype and device: no keyword arguments to parse
-    new_empty = torch.empty(0, dtype=dtype, device=device).new_empty
-    return lambda: new_empty(shape)
+def attention_launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                       causal: bool, scale: float) -> "AttentionLaunches":
+    """The AttentionLaunches of tensors like these (arguments as for attention_forward), made once per
+    layout."""
+    key = (_layout_key(q), _layout_key(k), _layout_key(v), _layout_key(mask), causal, scale, _interpret_enabled())
+    launches = _FORWARD_LAUNCHES.get(key)
+    if launches is None:
+        launches = _FORWARD_LAUNCHES.put(key, AttentionLaunches(
+            _forward_launcher(q, k, v, mask, causal, scale, None, None), causal, scale))
+    return launches
+
+
+class AttentionLaunches:
+    """The prepared launches of attention_forward for one layout of q, k, v and mask (with causal,
+    scale and the interpreter flag), and of the backward of its results: what the autograd Function
+    keeps from its forward to its backward, which then finds its launches by the strides of its tensors
+    alone (attention_backward's key covers seven tensors' shapes, strides, dtypes and devices).
+
+    forward(q, k, v, mask) -> (o, lse), as attention_forward, for tensors of this layout.
+    backward(do, q, k, v, o, lse, mask) -> (dq, dk, dv), as attention_backward, for q, k, v and mask of
+    this layout and the o and lse of their forward, prepared in that forward's mode (GPU or
+    interpreter: FUSEDOPS_INTERPRET then).
+    """
+
+    __slots__ = ("forward", "_causal", "_scale", "_backward")
+
+    def __init__(self, forward: Callable, causal: bool, scale: float):
+        self.forward, self._causal, self._scale = forward, causal, scale
+        self._backward = BoundedCache(16)   # per layouts of do and the saved tensors
+
+    def backward(self, do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                 lse: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple:
+        # the saved tensors' strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may lay
+        # them out anew (it makes an expanded mask contiguous)
+        key = (do.stride(), do.dtype, q.stride(), k.stride(), v.stride(), o.stride(), lse.stride(),
+               None if mask is None else mask.stride())
+        launch = self._backward.get(key)
+        if launch is None:
+            launch = self._backward.put(key, _backward_launcher(do, q, k, v, o, lse, mask, self._causal, self._scale,
+                                                                None, None))
+        return launch(do, q, k, v, o, lse, mask)
+
+
+def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device) -> Callable:
+    """`new()`: an uninitialized contiguous tensor of `shape`: empty_like of one element expanded to it
+    (not dense, so the result is contiguous), a quarter of the host cost of new_empty(shape) within a
+    training step (.scratch/bench_host_cpu.py)."""
+    if 0 in shape:
+        return functools.partial(torch.empty, shape, dtype=dtype, device=device)
+    return functools.partial(torch.empty_like, torch.empty(1, dtype=dtype, device=device).expand(shape))
 
 
 def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
@@ -577,14 +622,19 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, mask: Optional[torch.Tensor], causal: bool, scale: float, *,
-                       interpret: Optional[bool] = None, configs: Optional[tuple] = None) -> tuple:
+                       interpret: Optional[bool] = None, configs: Optional[tuple] = None,
+                       launches: Optional[AttentionLaunches] = None) -> tuple:
     """Flash attention backward: returns (dq, dk, dv), contiguous, shaped and typed like q, k, v.
 
     do: (B, H, L, Ev), any strides; q, k, v, mask, causal, scale as given to `attention_forward`;
     o and lse are its results. Deterministic (no atomics): dK/dV of a key/value head are summed over
     the query heads of its group inside one program. `configs`: (dK/dV config, dQ config) to force.
-    With the default interpret and configs the launches are prepared once per layouts.
+    With the default interpret and configs the launches are prepared once per layouts; `launches`: the
+    AttentionLaunches of the forward that gave o and lse, whose backward launches are found by the
+    tensors' strides alone (see there).
     """
+    if launches is not None:
+        return launches.backward(do, q, k, v, o, lse, mask)
     cached = interpret is None and configs is None
     if cached:
         key = (_layout_key(do), _layout_key(q), _layout_key(k), _layout_key(v), _layout_key(o), _layout_key(lse),

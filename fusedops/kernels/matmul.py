@@ -20,7 +20,7 @@ deep with cp.async (passes/pipelining.py): the kernel itself is plain tile code.
     (The interpreter also runs float32 and float64 inputs, accumulating in float64 for the latter:
     that is how gradcheck tests the autograd Function on the CPU.)
 
-TMA (opt-in, FUSEDOPS_TMA=1, until the H200 shows it correct and faster): a single product (batch 1)
+TMA (sm_90a; FUSEDOPS_TMA=0 turns it off): a single product (batch 1)
 whose operands a tensor map can describe runs `matmul_tma_kernel`, the same kernel reading A and B
 through `dsl.make_tensor_descriptor`, so that on sm_90a the bulk tensor copy engine fills the wgmma
 operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs are TMA_CONFIGS.
@@ -106,7 +106,7 @@ def matmul_tma_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, stride_
                       stride_cm, stride_cn, stride_bias,
                       BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_K: dsl.constexpr, GROUP_M: dsl.constexpr,
                       HAS_BIAS: dsl.constexpr, ACTIVATION: dsl.constexpr, ACC: dsl.constexpr):
-    # matmul_kernel for one (M, K) @ (K, N) product (FUSEDOPS_TMA=1), reading A and B through tensor
+    # matmul_kernel for one (M, K) @ (K, N) product (the TMA path), reading A and B through tensor
     # descriptors: on sm_90a the compiler fills the wgmma operand ring with TMA copies, whose ragged
     # edges the copy engine zero-fills. c_ptr: (M, N); a_ptr: (M, K); b_ptr: (K, N); grid: (tiles,).
     pid = dsl.program_id(0)
@@ -172,13 +172,13 @@ AUTOTUNE_MIN_WORK = 1 << 27
 SMALL_CONFIG = _config(64, 64, 32, 4, 3)
 
 tuned_matmul_kernel = dsl.autotune(CONFIGS, key=["M", "N", "K"])(matmul_kernel)
-# FUSEDOPS_TMA=1: wgmma configs only (TMA fills wgmma operand rings; elsewhere descriptors are plain loads).
+# The TMA path: wgmma configs only (TMA fills wgmma operand rings; elsewhere descriptors are plain loads).
 TMA_CONFIGS = WGMMA_CONFIGS + [SMALL_CONFIG]
 tuned_matmul_tma_kernel = dsl.autotune(TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
 
 
 def _uses_tma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a launch takes matmul_tma_kernel: FUSEDOPS_TMA=1, one product (batch 1), 16-bit
+    """Whether a launch takes matmul_tma_kernel: FUSEDOPS_TMA on (the default), one product (batch 1), 16-bit
     inputs, and operands a tensor map can describe (16-byte aligned, one unit stride, the other a
     multiple of 16 elements: what the kernel's specialization must prove for the compiler to use
     TMA; anything else keeps the cp.async kernel)."""

@@ -140,13 +140,6 @@ def _check_rows(n_rows: int) -> None:
         raise ValueError(f"{n_rows} rows: at most {_INT32_LIMIT - 1} rows are supported (row indices are int32)")
 
 
-# Launches of norm_forward / norm_backward with the default options, per everything they derive from
-# their tensors but the addresses (shapes, strides, dtypes, devices, flags, eps, the interpreter flag):
-# `_forward_launcher` / `_backward_launcher` closures whose kernels are prepared (JITFunction.prepare).
-_FORWARD_LAUNCHES = BoundedCache(1024)
-_BACKWARD_LAUNCHES = BoundedCache(1024)
-
-
 @functools.lru_cache(maxsize=1024)
 def _row_geometry(shape: tuple, strides: tuple, n_cols: int) -> tuple:
     """(n_rows, row stride, column stride) of a tensor of `shape` and `strides` whose trailing dims hold
@@ -194,37 +187,89 @@ def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional
         (M,) in the accumulation dtype (float32, float64 for float64 x).
 
     With the default config, interpret and allocate, the launch is prepared once per shapes, strides,
-    dtypes, devices, flags and eps (`_FORWARD_LAUNCHES`): a repeated call costs its allocations and
-    one launch.
+    dtypes, devices, flags and eps (`norm_launches`): a repeated call costs its allocations and one
+    launch.
     """
-    cached = config is None and interpret is None and allocate is torch.empty
-    if cached:
-        key = (x.shape, x.stride(), x.dtype, x.get_device(), n_cols,
-               None if weight is None else (weight.dtype, weight.is_contiguous(), weight.get_device()),
-               None if bias is None else (bias.dtype, bias.is_contiguous(), bias.get_device()),
-               eps, subtract_mean, _interpret_enabled())
-        launch = _FORWARD_LAUNCHES.get(key)
-        if launch is not None:
-            return launch(x, weight, bias)
-    launch = _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate)
-    if cached:
-        _FORWARD_LAUNCHES.put(key, launch)
-    return launch(x, weight, bias)
+    if config is None and interpret is None and allocate is torch.empty:
+        return norm_launches(x, weight, bias, eps, subtract_mean=subtract_mean, n_cols=n_cols).forward(x, weight, bias)
+    return _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate)(x, weight, bias)
+
+
+class NormLaunches:
+    """The prepared launches of norm_forward for one layout (x's shape, strides, dtype and device, the
+    dtypes, layouts and devices of weight and bias, eps, subtract_mean, the interpreter flag), and of
+    the backward of its results: what the autograd Function keeps from its forward to its backward,
+    which then finds its launches by the strides of dy and x alone (norm_backward's key costs a few
+    microseconds of host time).
+
+    forward(x, weight, bias) -> (y, mean, rstd), as norm_forward, for tensors of this layout.
+    backward(dy, x, weight, mean, rstd, input_grad, weight_grad, bias_grad) -> (dx, dweight, dbias), as
+    norm_backward, for x, weight and the mean and rstd of a forward of this layout (dbias in the
+    bias's dtype), prepared in that forward's mode (GPU or interpreter: FUSEDOPS_INTERPRET then).
+    """
+
+    __slots__ = ("forward", "_dtype", "_subtract_mean", "_bias_dtype", "_n_cols", "_backward")
+
+    def __init__(self, forward: Callable, x: torch.Tensor, bias_dtype: Optional[torch.dtype], subtract_mean: bool,
+                 n_cols: Optional[int]):
+        self.forward = forward
+        self._dtype, self._bias_dtype, self._subtract_mean, self._n_cols = x.dtype, bias_dtype, subtract_mean, n_cols
+        self._backward = BoundedCache(16)   # per (dy's and x's strides, the gradients asked for)
+
+    def backward(self, dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: Optional[torch.Tensor],
+                 rstd: torch.Tensor, input_grad: bool, weight_grad: bool, bias_grad: bool) -> tuple:
+        if dy.dtype is not self._dtype:
+            return norm_backward(dy, x, weight, mean, rstd, subtract_mean=self._subtract_mean, input_grad=input_grad,
+                                 weight_grad=weight_grad, bias_grad=bias_grad, bias_dtype=self._bias_dtype,
+                                 n_cols=self._n_cols)
+        # x's strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may give x back laid out anew
+        key = (dy.stride(), x.stride(), input_grad, weight_grad, bias_grad)
+        launch = self._backward.get(key)
+        if launch is None:
+            launch = self._backward.put(key, _backward_launcher(
+                dy, x, weight, mean, rstd, self._subtract_mean, input_grad, weight_grad, bias_grad, self._bias_dtype,
+                self._n_cols, None, None, torch.empty))
+        return launch(dy, x, weight, mean, rstd)
+
+
+# NormLaunches per layout (see there), made by norm_launches; norm_backward's launches per everything they
+# derive from their tensors but the addresses (shapes, strides, dtypes, devices, flags, the interpreter flag):
+# `_backward_launcher` closures whose kernels are prepared (JITFunction.prepare).
+_FORWARD_LAUNCHES = BoundedCache(1024)
+_BACKWARD_LAUNCHES = BoundedCache(1024)
+
+
+def norm_launches(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, *,
+                  subtract_mean: bool, n_cols: Optional[int] = None) -> NormLaunches:
+    """The NormLaunches of tensors like these (arguments as for norm_forward), made once per layout."""
+    interpret = _interpret_enabled()
+    key = (x.shape, x.stride(), x.dtype, x.get_device(), n_cols,
+           None if weight is None else (weight.dtype, weight.is_contiguous(), weight.get_device()),
+           None if bias is None else (bias.dtype, bias.is_contiguous(), bias.get_device()),
+           eps, subtract_mean, interpret)
+    launches = _FORWARD_LAUNCHES.get(key)
+    if launches is None:
+        forward = _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, None, None, torch.empty)
+        launches = _FORWARD_LAUNCHES.put(key, NormLaunches(forward, x, None if bias is None else bias.dtype,
+                                                           subtract_mean, n_cols))
+    return launches
 
 
 def _output_allocator(x: torch.Tensor, allocate: Callable) -> Callable:
     """`new(x)`: an uninitialized contiguous tensor shaped and typed like x, on its device."""
     if allocate is torch.empty and x.is_contiguous():
-        return torch.empty_like     # half the host cost of torch.empty(shape, ...); x's strides are contiguous
-    shape, dtype, device = tuple(x.shape), x.dtype, x.device
-    return lambda x: allocate(shape, dtype=dtype, device=device)
+        return torch.empty_like     # x's strides are contiguous
+    new = _allocator(tuple(x.shape), x.dtype, x.device, allocate)
+    return lambda x: new()
 
 
 def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device, allocate: Callable) -> Callable:
-    """`new()`: an uninitialized tensor of `shape` and `dtype` on `device`, made by `allocate`."""
-    if allocate is torch.empty:
-        # new_empty of an empty tensor (no memory) of that dtype and device: no keyword arguments to parse
-        return functools.partial(torch.empty(0, dtype=dtype, device=device).new_empty, shape)
+    """`new()`: an uninitialized contiguous tensor of `shape` and `dtype` on `device`, made by `allocate`."""
+    if allocate is torch.empty and 0 not in shape:
+        # empty_like of one element expanded to `shape`: its strides (0) are not dense, so the result is
+        # contiguous (torch.preserve_format). Within a training step that costs under half the host time of
+        # new_empty(shape) or torch.empty(shape, ...), which parse the shape on every call.
+        return functools.partial(torch.empty_like, torch.empty(1, dtype=dtype, device=device).expand(shape))
     return functools.partial(allocate, shape, dtype=dtype, device=device)
 
 

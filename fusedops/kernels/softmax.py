@@ -492,14 +492,28 @@ def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward
 
 # Launches prepared (JITFunction.prepare) per everything a launch derives from its tensors but their
 # addresses: shapes, strides, dtypes, devices, options and the interpreter flag; a cached launch costs
-# the output's allocation, this key and the launch itself. Forward: a _Softmax per key (it keeps the
-# autograd backward's launch too); backward: softmax_backward's launches.
+# the output's allocation, this key and the launch itself. Forward: a SoftmaxLaunches per key (it keeps
+# the autograd backward's launches too); backward: softmax_backward's launches.
 _FORWARD_LAUNCHES = BoundedCache(1024)
 _BACKWARD_LAUNCHES = BoundedCache(1024)
 
 
 def _no_launch(*tensors) -> None:
     return None
+
+
+def _dense_allocator(x: torch.Tensor, dtype: torch.dtype) -> Callable:
+    """`new(x)`: empty_in_order_of(x, dtype) for tensors laid out like x, at the least host cost."""
+    if not x.is_contiguous():
+        return lambda x: empty_in_order_of(x, dtype)
+    if dtype == x.dtype:
+        return torch.empty_like
+    if x.numel() == 0:
+        return lambda x: torch.empty_like(x, dtype=dtype)
+    # empty_like of one element expanded to x's shape (not dense, so the result is contiguous): no dtype
+    # keyword to parse
+    template = torch.empty(1, dtype=dtype, device=x.device).expand(x.shape)
+    return lambda x: torch.empty_like(template)
 
 
 def _prepare_forward(x: torch.Tensor, y: torch.Tensor, dim: int, log: bool, config: Optional[Config],
@@ -521,30 +535,38 @@ def _prepare_forward(x: torch.Tensor, y: torch.Tensor, dim: int, log: bool, conf
     return _forward_kernel.prepare(launch.grid, y, x, *launch.arguments, **launch.constexprs)
 
 
-class _Softmax:
-    """The launches of one softmax layout (x's shape, strides, dtype and device, dim, log, output
-    dtype, options): `forward(y, x)` (see _prepare_forward), and `backward(dy, y, dtype)` for the
-    autograd Function, which skips softmax_backward's key when dy is laid out and typed like y (the
-    usual gradient: contiguous like the output)."""
+class SoftmaxLaunches:
+    """The launches of one softmax layout (x's shape, strides, dtype and device, dim, log, the output
+    dtype, options, the interpreter flag):
 
-    __slots__ = ("forward", "dim", "log", "interpret", "y_stride", "y_dtype", "backward_launch")
+    forward(x) -> y: softmax_forward(x, dim, log=log, dtype=the output dtype) for an x of this layout.
+    backward(dy, y) -> dx: softmax_backward(dy, y, dim, log=log, dtype=x's dtype) for the y of such a
+        forward, with launches prepared per layout of dy and y (in that forward's mode: GPU or
+        interpreter) and kept here, so that the autograd Function's backward skips softmax_backward's key.
+    """
 
-    def __init__(self, forward: Callable, dim: int, log: bool, interpret: bool, y: torch.Tensor):
-        self.forward = forward
-        self.dim, self.log, self.interpret = dim, log, interpret
-        self.y_stride, self.y_dtype = y.stride(), y.dtype
-        self.backward_launch = None
+    __slots__ = ("_launch", "_new_output", "_dim", "_log", "_dtype", "_backward")
 
-    def backward(self, dy: torch.Tensor, y: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
-        """softmax_backward(dy, y, dim, log=log, dtype=dtype) for this forward's output y."""
-        if dy.dtype is not self.y_dtype or dy.stride() != self.y_stride or _interpret_enabled() != self.interpret:
-            return softmax_backward(dy, y, self.dim, log=self.log, dtype=dtype)
-        dx = empty_in_order_of(y, dtype or y.dtype)
-        launch = self.backward_launch
+    def __init__(self, x: torch.Tensor, dim: int, log: bool, out_dtype: torch.dtype, config: Optional[Config],
+                 max_one_pass_block: Optional[int]):
+        self._new_output = _dense_allocator(x, out_dtype)
+        self._launch = _prepare_forward(x, self._new_output(x), dim, log, config, max_one_pass_block)
+        self._dim, self._log, self._dtype = dim, log, x.dtype
+        self._backward = BoundedCache(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._new_output(x)
+        copied = self._launch(y, x)
+        return y if copied is None else copied
+
+    def backward(self, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # y's strides too: the output of a copied x, or a saved-tensor hook (torch.autograd.graph.save_on_cpu),
+        # may lay y out otherwise than the planned output
+        key = (dy.stride(), dy.dtype, y.stride())
+        launch = self._backward.get(key)
         if launch is None:
-            launch = self.backward_launch = _prepare_backward(dy, y, dx, self.dim, self.log, None, None)
-        copied = launch(dx, dy, y)
-        return dx if copied is None else copied
+            launch = self._backward.put(key, _backward_launcher(dy, y, self._dim, self._log, self._dtype, None, None))
+        return launch(dy, y)
 
 
 def softmax_forward(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
@@ -558,23 +580,20 @@ def softmax_forward(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[tor
     max_one_pass_block: override the one-pass limits (tests use it to reach the online path).
     Returns a new tensor shaped like `x`, dense, with its dims in `x`'s memory order.
     """
-    return softmax_forward_planned(x, dim, log=log, dtype=dtype, config=config,
-                                   max_one_pass_block=max_one_pass_block)[0]
+    return softmax_launches(x, dim, log=log, dtype=dtype, config=config,
+                            max_one_pass_block=max_one_pass_block).forward(x)
 
 
-def softmax_forward_planned(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
-                            config: Optional[Config] = None, max_one_pass_block: Optional[int] = None) -> tuple:
-    """(softmax_forward(...), its _Softmax): what the autograd Function keeps for the backward."""
+def softmax_launches(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
+                     config: Optional[Config] = None, max_one_pass_block: Optional[int] = None) -> SoftmaxLaunches:
+    """The SoftmaxLaunches of tensors like x (arguments as for softmax_forward), made once per layout."""
     out_dtype = dtype or x.dtype
-    y = empty_in_order_of(x, out_dtype)
-    interpret = _interpret_enabled()
-    key = (x.shape, x.stride(), x.dtype, out_dtype, x.get_device(), dim, log, config, max_one_pass_block, interpret)
-    plan = _FORWARD_LAUNCHES.get(key)
-    if plan is None:
-        plan = _FORWARD_LAUNCHES.put(key, _Softmax(_prepare_forward(x, y, dim, log, config, max_one_pass_block),
-                                                   dim, log, interpret, y))
-    copied = plan.forward(y, x)
-    return (y, plan) if copied is None else (copied, None)
+    key = (x.shape, x.stride(), x.dtype, out_dtype, x.get_device(), dim, log, config, max_one_pass_block,
+           _interpret_enabled())
+    launches = _FORWARD_LAUNCHES.get(key)
+    if launches is None:
+        launches = _FORWARD_LAUNCHES.put(key, SoftmaxLaunches(x, dim, log, out_dtype, config, max_one_pass_block))
+    return launches
 
 
 def _prepare_backward(dy: torch.Tensor, y: torch.Tensor, dx: torch.Tensor, dim: int, log: bool,
@@ -595,6 +614,20 @@ def _prepare_backward(dy: torch.Tensor, y: torch.Tensor, dx: torch.Tensor, dim: 
     return _backward_kernel.prepare(launch.grid, dx, dy, y, *launch.arguments, **launch.constexprs)
 
 
+def _backward_launcher(dy: torch.Tensor, y: torch.Tensor, dim: int, log: bool, dtype: torch.dtype,
+                       config: Optional[Config], max_one_pass_block: Optional[int]) -> Callable:
+    """`launch(dy, y) -> dx` (dx in `dtype`) for tensors like these (see softmax_backward)."""
+    new_gradient = _dense_allocator(y, dtype)
+    launch = _prepare_backward(dy, y, new_gradient(y), dim, log, config, max_one_pass_block)
+
+    def gradient(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        dx = new_gradient(y)
+        copied = launch(dx, dy, y)
+        return dx if copied is None else copied
+
+    return gradient
+
+
 def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, *, log: bool, dtype: Optional[torch.dtype] = None,
                      config: Optional[Config] = None, max_one_pass_block: Optional[int] = None) -> torch.Tensor:
     """The gradient of softmax (log=False) or log_softmax (log=True) with respect to its input.
@@ -605,11 +638,9 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, *, log: bool, 
     Returns dx, dense, with its dims in y's memory order.
     """
     dx_dtype = dtype or y.dtype
-    dx = empty_in_order_of(y, dx_dtype)
     key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, dx_dtype, y.get_device(), dy.get_device(), dim, log,
            config, max_one_pass_block, _interpret_enabled())
     launch = _BACKWARD_LAUNCHES.get(key)
     if launch is None:
-        launch = _BACKWARD_LAUNCHES.put(key, _prepare_backward(dy, y, dx, dim, log, config, max_one_pass_block))
-    copied = launch(dx, dy, y)
-    return dx if copied is None else copied
+        launch = _BACKWARD_LAUNCHES.put(key, _backward_launcher(dy, y, dim, log, dx_dtype, config, max_one_pass_block))
+    return launch(dy, y)

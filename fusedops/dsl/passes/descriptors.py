@@ -7,7 +7,7 @@
     load(base + rows[:, None] * stride0 + cols[None, :] * stride1, mask)        (zeros where masked)
 
 (the non-unit stride's product in int64, so tensors over 2**31 elements work), which every later
-pass and every target already handles: on sm_80, without FUSEDOPS_TMA, or where the copy engine
+pass and every target already handles: on sm_80, with FUSEDOPS_TMA=0, or where the copy engine
 does not apply, a descriptor is only a way to write a tile load.
 
 On sm_90a with FUSEDOPS_TMA=1 the load also gets attr `tma` (a `TmaSource`: the descriptor's base,

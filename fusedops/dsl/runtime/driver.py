@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import struct
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.runtime.launcher_args import ArgumentPacker, ParamKind
@@ -297,6 +297,10 @@ class KernelLauncher:
     grid = (gx, gy, gz) program instances on the raw `stream` handle with the argument values
     `args` (device pointers as ints, scalars as Python numbers).
 
+    The legacy default stream, handle 0 (torch's current stream unless another was set), is passed
+    to cuLaunchKernel as None: cuda-python takes None as is but makes a CUstream of an int first
+    (~0.9k instructions of the ~5.4k its call costs).
+
     Raises:
         LaunchError: the block is larger than the kernel allows, or the shared memory does not fit.
     """
@@ -315,6 +319,50 @@ class KernelLauncher:
         self.stream_of = raw_stream_getter()    # device index -> torch's current stream handle
         self.launch = self._build_launch()
 
+    def inline(self, fixed: Optional[Mapping[int, object]] = None) -> Optional["InlineLaunch"]:
+        """What code that inlines `launch` reads (see `inline_launch_statements`), or None when it
+        cannot: the kernel has no parameters, or bfloat16 ones (their values are converted first).
+
+        fixed: {parameter index: value} of arguments that every launch of this code passes: they
+        are packed once per thread (launcher_args.ArgumentPacker), and the code packs the others.
+
+        Raises:
+            LaunchError: a fixed value the parameter cannot take (naming it).
+        """
+        if not self.packer.kinds:
+            return None
+        failed = self._failed
+        packer = self.packer
+        if fixed:
+            packer = ArgumentPacker(packer.kinds, packer.names, fixed)
+            failed = functools.partial(self._failed_with, packer.variable, fixed)
+        writer = packer.writer()
+        if writer is None:
+            return None
+        local, new_buffer, pack_into, values_offset = writer
+        return InlineLaunch(local, new_buffer, pack_into, values_offset, _driver().cuLaunchKernel,
+                            self.kernel.function, 32 * self.num_warps, self.shared_bytes, failed)
+
+    def _failed_with(self, variable: tuple, fixed: Mapping[int, object], error, grid: tuple, stream: int,
+                     values: Sequence) -> None:
+        # `_failed` of a launch that passed the values of the parameters at `variable` and `fixed`
+        args = [None] * len(self.packer.kinds)
+        for index, value in zip(variable, values):
+            args[index] = value
+        for index, value in fixed.items():
+            args[index] = value
+        self._failed(error, grid, stream, args)
+
+    def _failed(self, error, grid: tuple, stream: int, args: Sequence) -> None:
+        """Raise the LaunchError of a launch that raised `error` (an exception) or returned `error` (a
+        CUresult); returns when a retry in this thread's context succeeded (see `_launch_failed`)."""
+        if not isinstance(error, BaseException):
+            self._launch_failed(error, grid, stream, args)
+            return
+        if isinstance(error, (struct.error, OverflowError, TypeError)):
+            self.packer.pack(args)      # raises LaunchError naming the bad argument, if one is
+        raise LaunchError(f"cannot launch {self.kernel.name!r} on grid {grid!r}, stream {stream!r}: {error}") from None
+
     def _build_launch(self):
         # A closure over locals: each attribute lookup saved is ~40 ns on a ~5 us launch.
         cu_launch = _driver().cuLaunchKernel
@@ -324,12 +372,8 @@ class KernelLauncher:
         pack = self.packer.pack
         launch_failed = self._launch_failed
         name = self.kernel.name
+        failed_call = self._failed
         writer = self.packer.writer() if self.packer.kinds else None
-
-        def failed_call(error, grid, stream, args) -> None:
-            if isinstance(error, (struct.error, OverflowError, TypeError)):
-                pack(args)      # raises LaunchError naming the bad argument, if one is
-            raise LaunchError(f"cannot launch {name!r} on grid {grid!r}, stream {stream!r}: {error}") from None
 
         if writer is None:
             def launch(grid: tuple, stream: int, args: Sequence) -> None:
@@ -340,8 +384,8 @@ class KernelLauncher:
                 """
                 try:
                     grid_x, grid_y, grid_z = grid
-                    (code,) = cu_launch(function, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream,
-                                        pack(args), 0)
+                    (code,) = cu_launch(function, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes,
+                                        stream or None, pack(args), 0)
                 except (OverflowError, TypeError, ValueError) as error:
                     raise LaunchError(f"cannot launch {name!r} on grid {grid!r}, stream {stream!r}: "
                                       f"{error}") from None
@@ -366,7 +410,8 @@ class KernelLauncher:
             try:
                 pack_into(buffer, values_offset, *args)
                 grid_x, grid_y, grid_z = grid
-                (code,) = cu_launch(function, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream, address, 0)
+                (code,) = cu_launch(function, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes, stream or None,
+                                    address, 0)
             except (struct.error, OverflowError, TypeError, ValueError) as error:
                 failed_call(error, grid, stream, args)
             if code:
@@ -380,7 +425,7 @@ class KernelLauncher:
             # A thread that never used this device has no current context (matters for stream 0).
             self.kernel.context.activate()
             (code,) = cu.cuLaunchKernel(self.kernel.function, grid[0], grid[1], grid[2], 32 * self.num_warps, 1, 1,
-                                        self.shared_bytes, stream, self.packer.pack(args), 0)
+                                        self.shared_bytes, stream or None, self.packer.pack(args), 0)
             if code == 0:
                 return
         hint = ""
@@ -388,3 +433,45 @@ class KernelLauncher:
             hint = f" (each grid dimension must be >= 1 and at most {_MAX_GRID})"
         raise LaunchError(f"launching {self.kernel.name!r} on grid {tuple(grid)} with {32 * self.num_warps} threads "
                           f"and {self.shared_bytes} bytes of dynamic shared memory failed: {error_name(code)}{hint}")
+
+
+class InlineLaunch(NamedTuple):
+    """The parts of a `KernelLauncher.launch` that code inlining it reads, by these names (see
+    `inline_launch_statements`)."""
+
+    local: object               # threading.local whose `slot` is this thread's (buffer, pointer array address)
+    new_buffer: Callable        # () -> a new slot for this thread
+    pack_into: Callable         # (buffer, values_offset, *values): writes the values, raises on a bad one
+    values_offset: int
+    cu_launch: Callable         # the driver's cuLaunchKernel
+    function: object            # the CUfunction
+    block_x: int                # threads per block
+    shared_bytes: int           # dynamic shared memory per block
+    failed: Callable            # (exception or CUresult, grid, stream, values): raises the LaunchError
+
+
+def inline_launch_statements(values: Sequence[str], grid: str, stream: str) -> list:
+    """The statements of `KernelLauncher.launch`, for code generated to launch without calling it
+    (fast_path's plans and prepared launches), which saves a call, the values tuple and the
+    unpacking of `*values` (~0.3 us).
+
+    values: the source of each argument value (at least one); grid: the source of the three grid
+    sizes, comma-separated; stream: the source of the stream handle (evaluated more than once: a
+    name). The statements read the names of `InlineLaunch` and the module `struct`, and assign
+    `buffer`, `address`, `code` and `error`.
+    """
+    packed = ", ".join(values)
+    return [
+        "try:",
+        "    buffer, address = local.slot",
+        "except AttributeError:",
+        "    buffer, address = new_buffer()",
+        "try:",
+        f"    pack_into(buffer, values_offset, {packed})",
+        f"    (code,) = cu_launch(function, {grid}, block_x, 1, 1, shared_bytes, {stream} or None, address, 0)",
+        "except (struct.error, OverflowError, TypeError, ValueError) as error:",
+        f"    failed(error, ({grid}), {stream}, ({packed},))",
+        "else:",
+        "    if code:",
+        f"        failed(code, ({grid}), {stream}, ({packed},))",
+    ]

@@ -14,21 +14,29 @@ interpreted per argument:
   tensors as data pointers.
 - `make_binder(...)`: the same key and values as `bind(num_warps, num_stages, *args, **kwargs)`
   (the first GPU launch uses it to file its plan).
+- `make_plan(...)`: what a launch key finds: a function generated for the launch that checks the
+  globals the kernel read, then packs the runtime values and calls cuLaunchKernel with the driver's
+  statements inlined (driver.inline_launch_statements), so a cached launch is two Python calls
+  (entry, plan) besides `kernel[grid]` itself.
 - `make_prepared(...)`: a launch whose every argument but the tensors' addresses is fixed, for the
   library's launch wrappers, which cache one per (shapes, strides, dtypes, device, ...): the call
   reads the addresses, checks the 16-byte alignment the kernel was specialized on, that arguments
-  given None then are None now and that the kernel's globals are still bound, and launches.
+  given None then are None now and that the kernel's globals are still bound, and launches, packing
+  only the addresses (its buffers hold the other values from the start).
 - `BoundedCache`: the dict those wrappers keep them in.
 
-Measured on the CPU with the driver mocked (.scratch/bench_host_cpu.py): a cached `kernel[(1,)]` of a
-3-tensor kernel ~3 us (5.8 us with the interpreted key); a prepared launch ~1.3 us.
+Host cost (instructions per call counted by callgrind on the CPU, real cuda-python over a stand-in
+libcuda whose cuLaunchKernel returns at once, of which ~4k are cuda-python's): a cached
+`kernel[(1,)](x, y, out, n, BLOCK=...)` ~22k (28.7k before the plans and this entry), a prepared
+launch of it ~11k (13.7k); torch.add(x, x, out=out) on the CPU ~10k. The tensors' `data_ptr()`,
+`dtype` and `get_device()` cost ~1.8k each tensor; what is left is Python bytecode.
 """
 
 from __future__ import annotations
 
 import functools
 import keyword
-import operator
+import os
 import struct
 from typing import Callable, Optional, Sequence
 
@@ -43,7 +51,8 @@ def _other_key(value, tensor_type) -> tuple:
     # (value, key slot a, key slot b) of an argument the generated code does not handle inline.
     if isinstance(value, tensor_type):      # a subclass, e.g. torch.nn.Parameter
         address = value.data_ptr()
-        return address, value.dtype, (address & 15 == 0) + 2 * value.get_device()
+        device = value.get_device()
+        return address, value.dtype, device if address & 15 else -3 - device
     cls = type(value)
     if cls is int:
         if -0x8000000000000000 <= value <= 0xFFFFFFFFFFFFFFFF:    # int64 / uint64
@@ -60,36 +69,58 @@ _WIDE_INT = object()    # the key slot of ints that need 64 bits
 float_bits = struct.Struct("<d").pack
 
 
-def _argument_code(params: Sequence) -> tuple:
+def _branches(name: str, a: str, k: str, j: str) -> dict:
+    """Per kind of runtime argument: (the test that an argument `name` is of it, the statements that
+    set its value `a` and its key slots `k` and `j`). The slots hold what `signature.specialize`
+    reads: a tensor's dtype, and its device d and 16-byte alignment as d, or -3 - d when aligned
+    (devices are >= -1, so the two ranges do not meet); an int32's class and whether it is 1 or
+    divisible by 16; the class of a float or None."""
+    p = _PREFIX
+    return {
+        "tensor": (f"{p}type({name}) is {p}T",
+                   [f"{a} = {name}.data_ptr()", f"{k} = {name}.dtype",
+                    f"{j} = {name}.get_device() if {a} & 15 else -3 - {name}.get_device()"]),
+        "int": (f"{p}type({name}) is {p}int and -0x80000000 <= {name} <= 0x7FFFFFFF",
+                [f"{a} = {name}", f"{k} = {p}int", f"{j} = 16 if not {name} & 15 else 1 if {name} == 1 else 0"]),
+        "float": (f"{p}type({name}) is {p}float", [f"{a} = {name}", f"{k} = {p}float", f"{j} = 0"]),
+        "None": (f"{name} is None", [f"{a} = None", f"{k} = None", f"{j} = 0"]),
+    }
+
+
+def _likely_kind(value) -> str:
+    """The kind of `value` among `_branches`' ("tensor" for any other value)."""
+    if value is None:
+        return "None"
+    return {int: "int", float: "float"}.get(type(value), "tensor")
+
+
+def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> tuple:
     """(lines computing the launch key's slots and the runtime values of `params`, the key's slot
-    expressions, the values' names), shared by the generated binder and entry."""
+    expressions, the values' names), shared by the generated binder and entry.
+
+    likely: per parameter, the kind of argument (see `_branches`) to test first, e.g. the first
+    launch's; the tests of the others follow, then `_other_key` for any other argument. The order
+    changes the cost, not the key."""
     body, key, values = [], [], []
     for index, param in enumerate(params):
         name = param.name
         if param.is_constexpr:
-            # A float by its bits: -0.0 == 0.0 (and -NaN == NaN in hex) but they are different
-            # constants (1 / C differs), and a NaN, never equal to itself, would miss its plan.
-            key += [f"{_PREFIX}type({name})",
-                    f"({_PREFIX}float_bits({name}) if {_PREFIX}type({name}) is {_PREFIX}float else {name})"]
+            # One slot: an int as itself, any other value as (its class, the value), which keeps
+            # True, 1 and 1.0 apart (an int never equals a tuple); a float as (float, its 8 bytes):
+            # -0.0 == 0.0 (and -NaN == NaN in hex) but they are different constants (1 / C
+            # differs), and a NaN, never equal to itself, would miss its plan.
+            cls = f"{_PREFIX}c{index}"
+            key.append(f"({name} if ({cls} := {_PREFIX}type({name})) is {_PREFIX}int else "
+                       f"({cls}, {_PREFIX}float_bits({name}) if {cls} is {_PREFIX}float else {name}))")
             continue
-        a, k1, k2 = f"{_PREFIX}a{index}", f"{_PREFIX}k{index}", f"{_PREFIX}j{index}"
-        body += [
-            f"if {_PREFIX}type({name}) is {_PREFIX}T:",
-            f"    {a} = {name}.data_ptr()",
-            f"    {k1} = {name}.dtype",
-            f"    {k2} = ({a} & 15 == 0) + 2 * {name}.get_device()",      # injective: devices are >= -1
-            f"elif {_PREFIX}type({name}) is {_PREFIX}int and -0x80000000 <= {name} <= 0x7FFFFFFF:",
-            f"    {a} = {name}",
-            f"    {k1} = {_PREFIX}int",
-            f"    {k2} = 1 if {name} == 1 else 16 if {name} & 15 == 0 else 0",
-            f"elif {_PREFIX}type({name}) is {_PREFIX}float or {name} is None:",
-            f"    {a} = {name}",
-            f"    {k1} = {_PREFIX}type({name})",
-            f"    {k2} = 0",
-            "else:",
-            f"    {a}, {k1}, {k2} = {_PREFIX}other({name}, {_PREFIX}T)",
-        ]
-        key += [k1, k2]
+        a, k, j = f"{_PREFIX}a{index}", f"{_PREFIX}k{index}", f"{_PREFIX}j{index}"
+        branches = _branches(name, a, k, j)
+        first = likely[index] if likely is not None else "tensor"
+        for number, kind in enumerate([first, *(kind for kind in branches if kind != first)]):
+            test, statements = branches[kind]
+            body += [f"{'if' if number == 0 else 'elif'} {test}:", *_indented(statements, 4)]
+        body += ["else:", f"    {a}, {k}, {j} = {_PREFIX}other({name}, {_PREFIX}T)"]
+        key += [k, j]
         values.append(a)
     return body, key, values
 
@@ -138,8 +169,26 @@ def make_binder(params: Sequence, tensor_type) -> Optional[Callable]:
 MISSING = object()      # what the generated entry's parameters hold when a call does not give them
 
 
+def _interpret_unset_test() -> Optional[dict]:
+    """Names for the entry's test that FUSEDOPS_INTERPRET is unset, or None when os.environ is not
+    CPython's `_Environ`.
+
+    `knobs.interpret_enabled()` costs a call (~0.12 us); the entry asks it only when the variable is
+    set or os.environ has been replaced. CPython's os.environ keeps its encoded items in the dict
+    `_data`, which every change made through os.environ updates, so while `os.environ is environ`,
+    `data.get(key) is None` exactly when the variable is unset.
+    """
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    if type(data) is not dict or not hasattr(environ, "encodekey"):
+        return None
+    return {f"{_PREFIX}os": os, f"{_PREFIX}environ": environ, f"{_PREFIX}environ_get": data.get,
+            f"{_PREFIX}interpret_key": environ.encodekey("FUSEDOPS_INTERPRET")}
+
+
 def make_entry(name: str, params: Sequence, tensor_type, plans: dict, interpret_enabled: Callable,
-               normalize_grid: Callable, meta: Callable, slow: Callable) -> Optional[Callable]:
+               normalize_grid: Callable, meta: Callable, slow: Callable,
+               sample: Optional[Sequence] = None) -> Optional[Callable]:
     """The generated `entry(grid, *args, num_warps=4, num_stages=3, interpret=None, **kwargs)` that
     `kernel[grid]` calls: the binder's work and the cached launch in one function, named `name`.
 
@@ -147,92 +196,160 @@ def make_entry(name: str, params: Sequence, tensor_type, plans: dict, interpret_
     `*extra` and `**unknown`; anything but a cached GPU launch (a binding error, the interpreter, a
     new launch key, an argument kind the key does not cover, a rebound global) calls
     `slow(grid, values, extra, unknown, num_warps, num_stages, interpret, key)`, the full path.
-    `meta(values, num_warps, num_stages)` gives a grid callable its meta-parameters.
+    `plans` maps launch keys to `make_plan`'s launches; `meta(values, num_warps, num_stages)` gives
+    a grid callable its meta-parameters. `sample`: arguments like those of the launches to come
+    (e.g. the first launch's, one per parameter); the entry tests their kinds first.
+
+    A missing argument needs no test of its own: MISSING is of no kind the key covers (the full
+    path is called), and as a constexpr it keys no plan (plans are made for bound launches only).
     """
     namespace = _namespace(params, tensor_type)
     if namespace is None or not name.isidentifier() or keyword.iskeyword(name):
         return None
     namespace.update({f"{_PREFIX}plans": plans, f"{_PREFIX}interpret": interpret_enabled,
-                      f"{_PREFIX}normalize": normalize_grid, f"{_PREFIX}meta": meta, f"{_PREFIX}slow": slow})
+                      f"{_PREFIX}normalize": normalize_grid, f"{_PREFIX}meta": meta, f"{_PREFIX}slow": slow,
+                      f"{_PREFIX}num_warps": 4, f"{_PREFIX}num_stages": 3})
+    unset_test = _interpret_unset_test()
+    if unset_test is None:
+        interpreting = f"{_PREFIX}interpret()"
+    else:
+        namespace.update(unset_test)
+        interpreting = (f"({_PREFIX}os.environ is not {_PREFIX}environ "
+                        f"or {_PREFIX}environ_get({_PREFIX}interpret_key) is not None) and {_PREFIX}interpret()")
     signature = [f"{_PREFIX}grid"]
     signature += [f"{p.name}={_PREFIX}default{i}" if p.has_default else f"{p.name}={_PREFIX}M"
                   for i, p in enumerate(params)]
-    signature += [f"*{_PREFIX}extra", "num_warps=4", "num_stages=3", "interpret=None", f"**{_PREFIX}unknown"]
+    signature += [f"*{_PREFIX}extra", f"num_warps={_PREFIX}num_warps", f"num_stages={_PREFIX}num_stages",
+                  "interpret=None", f"**{_PREFIX}unknown"]
     all_values = f"({''.join(p.name + ', ' for p in params)})"
     slow = (f"return {_PREFIX}slow({_PREFIX}grid, {all_values}, {_PREFIX}extra, {_PREFIX}unknown, num_warps, "
             f"num_stages, interpret, {{key}})")
-    missing = [f"{p.name} is {_PREFIX}M" for p in params if not p.has_default]
-    body, key, values = _argument_code(params)
+    likely = None if sample is None else [_likely_kind(value) for value in sample]
+    body, key, values = _argument_code(params, likely)
+    values = "".join(f", {value}" for value in values)
+    grid = f"{_PREFIX}grid"
     source = "\n".join([
         f"def {name}({', '.join(signature)}):",
-        f"    if {' or '.join([f'{_PREFIX}extra', f'{_PREFIX}unknown', *missing])} or (",
-        f"            {_PREFIX}interpret() if interpret is None else interpret) \\",
-        f"            or {_PREFIX}type(num_warps) is not {_PREFIX}int \\",
-        f"            or {_PREFIX}type(num_stages) is not {_PREFIX}int:",
+        # num_warps=4.0 equals 4: only ints may find a plan (the full path rejects the others); the
+        # defaults need no test
+        f"    if {_PREFIX}extra or {_PREFIX}unknown \\",
+        f"            or num_warps is not {_PREFIX}num_warps and {_PREFIX}type(num_warps) is not {_PREFIX}int \\",
+        f"            or num_stages is not {_PREFIX}num_stages and {_PREFIX}type(num_stages) is not {_PREFIX}int \\",
+        f"            or (interpret if interpret is not None else {interpreting}):",
         "        " + slow.format(key="None"),
         "    try:",
         *_indented(body, 8),
         f"        {_PREFIX}key = ({', '.join(['num_warps', 'num_stages', *key])},)",
-        f"        {_PREFIX}plan = {_PREFIX}plans.get({_PREFIX}key)",
+        f"        {_PREFIX}plan = {_PREFIX}plans[{_PREFIX}key]",
+        "    except KeyError:   # a new launch key",
+        "        " + slow.format(key=f"{_PREFIX}key"),
         f"    except TypeError:   # {_PREFIX}Miss, or an unhashable constexpr",
         "        " + slow.format(key="None"),
-        f"    if {_PREFIX}plan is None:",
-        "        " + slow.format(key=f"{_PREFIX}key"),
-        f"    {_PREFIX}guard, {_PREFIX}select, {_PREFIX}launch, {_PREFIX}stream_of, {_PREFIX}device = {_PREFIX}plan",
-        f"    if {_PREFIX}guard is not None and not {_PREFIX}guard():",
-        "        " + slow.format(key=f"{_PREFIX}key"),
-        f"    {_PREFIX}values = ({''.join(v + ', ' for v in values)})",
-        f"    if {_PREFIX}select is not None:",
-        f"        {_PREFIX}values = {_PREFIX}select({_PREFIX}values)",
-        f"    if {_PREFIX}type({_PREFIX}grid) is {_PREFIX}tuple and {_PREFIX}len({_PREFIX}grid) == 1 \\",
-        f"            and {_PREFIX}type({_PREFIX}grid[0]) is {_PREFIX}int \\",
-        f"            and 0 < {_PREFIX}grid[0] <= 0x7FFFFFFF:",
-        f"        {_PREFIX}launch(({_PREFIX}grid[0], 1, 1), {_PREFIX}stream_of({_PREFIX}device), {_PREFIX}values)",
-        "        return",
-        f"    if {_PREFIX}callable({_PREFIX}grid):",
-        f"        {_PREFIX}grid = {_PREFIX}grid({_PREFIX}meta({all_values}, num_warps, num_stages))",
-        f"    {_PREFIX}grid = {_PREFIX}normalize({_PREFIX}grid)",
-        f"    if {_PREFIX}grid[0] and {_PREFIX}grid[1] and {_PREFIX}grid[2]:",
-        f"        {_PREFIX}launch({_PREFIX}grid, {_PREFIX}stream_of({_PREFIX}device), {_PREFIX}values)",
+        # the common grid, one int, tested inline; a plan returns False, launching nothing, when a
+        # global the kernel read has been rebound since (the full path regenerates the kernel)
+        f"    if {_PREFIX}type({grid}) is {_PREFIX}tuple and {_PREFIX}len({grid}) == 1 \\",
+        f"            and {_PREFIX}type({_PREFIX}x := {grid}[0]) is {_PREFIX}int and 0 < {_PREFIX}x <= 0x7FFFFFFF:",
+        f"        if {_PREFIX}plan({_PREFIX}x, 1, 1{values}):",
+        "            return",
+        "    else:",
+        f"        if {_PREFIX}callable({grid}):",
+        f"            {grid} = {grid}({_PREFIX}meta({all_values}, num_warps, num_stages))",
+        f"        {grid} = {_PREFIX}normalize({grid})",
+        f"        if not ({grid}[0] and {grid}[1] and {grid}[2]) \\",
+        f"                or {_PREFIX}plan({grid}[0], {grid}[1], {grid}[2]{values}):",
+        "            return",
+        "    " + slow.format(key=f"{_PREFIX}key"),
     ])
     exec(compile(source, f"<launch entry of {name}>", "exec"), namespace)
     return namespace[name]
 
 
-def picker(indices: tuple, count: int) -> Optional[Callable]:
-    """A function that returns the items at `indices` of a sequence of `count` items as a tuple
-    (None when that is every item, in order)."""
-    if indices == tuple(range(count)):
+def _globals_unpacking(count: int) -> str:
+    # `(g0, n0, o0), ... = used_globals`: each (globals dict, name, object) a kernel read
+    return f"{''.join(f'(g{i}, n{i}, o{i}), ' for i in range(count))}= used_globals"
+
+
+def _globals_rebound(count: int) -> str:
+    return " or ".join(f"g{i}.get(n{i}, M) is not o{i}" for i in range(count))
+
+
+def _launch_statements(values: Sequence[str], grid: str, inline: Optional[tuple]) -> list:
+    """Launch over `grid` (three comma-separated sizes) with `values` on the device's current stream:
+    the driver's statements inlined (`inline`: the names they read), or a call of the launcher's
+    `launch`."""
+    lines = ["stream = stream_of(device_index)"]
+    if inline:
+        from .driver import inline_launch_statements     # not at import: the driver module loads llvmlite
+        return lines + inline_launch_statements(values, grid, "stream")
+    return lines + [f"launch(({grid}), stream, ({''.join(value + ', ' for value in values)}))"]
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_factory(count: int, positions: tuple, globals_read: int, inline: Optional[tuple]) -> Callable:
+    """The factory of `make_plan`'s launches of `count` values of which those at `positions` are the
+    kernel's runtime arguments, reading `globals_read` globals; `inline`: with the driver's
+    statements inlined, the names they read (`parts` is the launcher's driver.InlineLaunch)."""
+    names = [f"v{i}" for i in range(count)]
+    body = []
+    if globals_read:
+        body += [f"if {_globals_rebound(globals_read)}:", "    return False"]
+    body += _launch_statements([names[i] for i in positions], "grid_x, grid_y, grid_z", inline)
+    body.append("return True")
+    lines = ["def factory(launch, stream_of, device_index, used_globals, parts):"]
+    if globals_read:
+        lines.append("    " + _globals_unpacking(globals_read))
+    if inline:
+        lines.append(f"    {', '.join(inline)} = parts")
+    lines += [f"    def plan({', '.join(['grid_x', 'grid_y', 'grid_z', *names])}):",
+              *_indented(body, 8),
+              "    return plan"]
+    namespace: dict = {"M": MISSING, "struct": struct}
+    exec(compile("\n".join(lines), "<launch plan>", "exec"), namespace)
+    return namespace["factory"]
+
+
+def _inline_parts(launcher, values: Sequence, fixed: Optional[dict] = None):
+    """The driver.InlineLaunch of `launcher` (`fixed`: see KernelLauncher.inline), or None when its
+    launch cannot be inlined."""
+    from .driver import KernelLauncher
+
+    # Only a KernelLauncher's launch may be inlined: a wrapper (e.g. runtime.tensor_map's, which
+    # appends arguments) forwards attribute reads to the launcher it wraps, so it is never asked.
+    if not values or not isinstance(launcher, KernelLauncher):
         return None
-    if len(indices) == 1:
-        (index,) = indices
-        return lambda values: (values[index],)
-    if not indices:
-        return lambda values: ()
-    return operator.itemgetter(*indices)
+    return launcher.inline(fixed)
 
 
-def globals_guard(used_globals: tuple) -> Callable[[], bool]:
-    """`GeneratedKernel.globals_unchanged` as a closure over its (table, name, object) triples; a
-    plain loop is the cheapest form for the few globals a kernel reads."""
-    def unchanged() -> bool:
-        for table, name, obj in used_globals:
-            if table.get(name, MISSING) is not obj:
-                return False
-        return True
+def make_plan(launcher, device_index: int, count: int, positions: Sequence[int],
+              used_globals: Sequence[tuple]) -> Callable:
+    """The cached launch of one launch key: `plan(grid_x, grid_y, grid_z, *values) -> bool` launches
+    the values at `positions` of the `count` values the generated entry computes (every non-constexpr
+    argument, tensors as data pointers) with `launcher` on the current stream of device
+    `device_index`, and returns True; or launches nothing and returns False when a (globals dict,
+    name, object) of `used_globals` (the globals the kernel read) is bound to another object now.
 
-    return unchanged
+    Raises:
+        LaunchError: what `launcher.launch` raises.
+    """
+    positions = tuple(positions)
+    parts = _inline_parts(launcher, positions)
+    factory = _plan_factory(count, positions, len(used_globals), parts and parts._fields)
+    return factory(launcher.launch, launcher.stream_of, device_index, tuple(used_globals), parts)
 
 
 # ------------------------------------------------------------------------------------------------
 # Prepared launches
 # ------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
-def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: int) -> Callable:
+def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: int,
+                      inline: Optional[tuple]) -> Callable:
     """The factory of prepared launches of `count` runtime values. The launch takes one argument per
     entry of `slots`: the index of the runtime value it supplies (its data pointer), or None for an
     argument that must be None. `checked`: the arguments whose address must stay 16-byte aligned;
-    `globals_read`: how many (globals dict, name, object) triples to check are still bound."""
+    `globals_read`: how many (globals dict, name, object) triples to check are still bound;
+    `inline`: with the driver's launch statements inlined, the names they read (`parts` is the
+    launcher's driver.InlineLaunch, whose buffers hold the constants: only the data pointers are
+    packed)."""
     names = [f"t{i}" for i in range(len(slots))]
     items = [f"c{i}" for i in range(count)]
     for i, slot in enumerate(slots):
@@ -242,37 +359,47 @@ def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: in
     tests = [f"t{i} is not None" for i, slot in enumerate(slots) if slot is None]
     if checked:
         tests.append(f"({' | '.join(f'a{i}' for i in checked)}) & 15")
-    tests += [f"g{i}.get(n{i}, M) is not o{i}" for i in range(globals_read)]
-    lines = ["def factory(launch, stream_of, device_index, grid, constants, used_globals, fallback):"]
-    if constants:
+    if globals_read:
+        tests.append(_globals_rebound(globals_read))
+    lines = ["def factory(launch, stream_of, device_index, grid, constants, used_globals, fallback, parts):",
+             "    grid_x, grid_y, grid_z = grid"]
+    if constants and not inline:
         lines.append(f"    {''.join(c + ', ' for c in constants)}= constants")
     if globals_read:
-        lines.append(f"    {''.join(f'(g{i}, n{i}, o{i}), ' for i in range(globals_read))}= used_globals")
-    lines += [
-        f"    def prepared({', '.join(names)}):",
-        *[f"        a{i} = t{i}.data_ptr()" for i, slot in enumerate(slots) if slot is not None],
-    ]
+        lines.append("    " + _globals_unpacking(globals_read))
+    if inline:
+        lines.append(f"    {', '.join(inline)} = parts")
+    body = [f"a{i} = t{i}.data_ptr()" for i, slot in enumerate(slots) if slot is not None]
     if tests:
-        lines += [f"        if {' or '.join(tests)}:",
-                  f"            return fallback({', '.join(names)})"]
-    lines += [f"        launch(grid, stream_of(device_index), ({''.join(item + ', ' for item in items)}))",
-              "    return prepared"]
-    namespace: dict = {"M": MISSING}
+        body += [f"if {' or '.join(tests)}:", f"    return fallback({', '.join(names)})"]
+    pointers = [items[slot] for slot in sorted(slot for slot in slots if slot is not None)]
+    body += _launch_statements(pointers if inline else items, "grid_x, grid_y, grid_z", inline)
+    lines += [f"    def prepared({', '.join(names)}):", *_indented(body, 8), "    return prepared"]
+    namespace: dict = {"M": MISSING, "struct": struct}
     exec(compile("\n".join(lines), "<prepared launch>", "exec"), namespace)
     return namespace["factory"]
 
 
-def make_prepared(launch: Callable, stream_of: Callable, device_index: int, grid: tuple, values: Sequence,
-                  slots: Sequence[Optional[int]], checked: Sequence[int], used_globals: Sequence[tuple],
-                  fallback: Callable) -> Callable:
-    """`prepared(*tensors)`: `launch(grid, stream_of(device_index), values)` with `values[slots[i]]` the
-    data pointer of `tensors[i]` (`tensors[i]` must be None where `slots[i]` is None); `fallback(*tensors)`
-    instead when that does not hold, when a tensor in `checked` is not 16-byte aligned, or when a
-    (globals dict, name, object) of `used_globals` (the globals the kernel read) is bound to another
-    object now."""
+def make_prepared(launcher, device_index: int, grid: tuple, values: Sequence, slots: Sequence[Optional[int]],
+                  checked: Sequence[int], used_globals: Sequence[tuple], fallback: Callable) -> Callable:
+    """`prepared(*tensors)`: `launcher.launch(grid, stream, values)` on the current stream of device
+    `device_index`, with `values[slots[i]]` the data pointer of `tensors[i]` (`tensors[i]` must be
+    None where `slots[i]` is None); `fallback(*tensors)` instead when that does not hold, when a
+    tensor in `checked` is not 16-byte aligned, or when a (globals dict, name, object) of
+    `used_globals` (the globals the kernel read) is bound to another object now.
+
+    Raises:
+        LaunchError: a value the kernel's parameter cannot take (naming it).
+    """
     constants = tuple(value for i, value in enumerate(values) if i not in slots)
-    factory = _prepared_factory(len(values), tuple(slots), tuple(checked), len(used_globals))
-    return factory(launch, stream_of, device_index, grid, constants, tuple(used_globals), fallback)
+    pointers = [slot for slot in slots if slot is not None]
+    parts = None
+    if pointers:    # the constants are packed once, into each thread's buffer
+        parts = _inline_parts(launcher, values, {i: value for i, value in enumerate(values) if i not in slots})
+    factory = _prepared_factory(len(values), tuple(slots), tuple(checked), len(used_globals),
+                                parts and parts._fields)
+    return factory(launcher.launch, launcher.stream_of, device_index, grid, constants, tuple(used_globals),
+                   fallback, parts)
 
 
 class BoundedCache(dict):

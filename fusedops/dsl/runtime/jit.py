@@ -10,11 +10,12 @@ entry function generated for the kernel's signature (fast_path.make_entry, like 
 CPython binds the arguments; it computes a launch key (per tensor its dtype, 16-byte alignment and
 device; per int its width and whether it is 1 or divisible by 16; the class of floats, bools and
 None; constexpr values and their classes; the launch options) and the runtime values (tensors as
-data pointers). The key finds a `_LaunchPlan`, made by the first launch with that key after the
-full path has checked everything (binding, argument kinds, devices) and compiled, so a launch whose
-arguments differ in anything those checks look at misses the cache and takes the full path, which
-raises or makes a new plan. The plan knows which values are runtime arguments and holds the
-device's prepared `KernelLauncher.launch` and stream getter.
+data pointers). The key finds a plan (fast_path.make_plan), made by the first launch with that key
+after the full path has checked everything (binding, argument kinds, devices) and compiled, so a
+launch whose arguments differ in anything those checks look at misses the cache and takes the full
+path, which raises or makes a new plan. The plan is a function generated for its launch: it checks
+the globals the kernel read, and packs the runtime values and launches on the device's current
+stream with the driver's statements inlined.
 
 Launch wrappers that already know everything but the tensors' addresses (the library's, which cache
 per shapes, strides, dtypes and device) use `prepare` instead: it returns a launch of fixed grid and
@@ -30,13 +31,14 @@ import dataclasses
 import functools
 import importlib
 import inspect
-from typing import Callable, NamedTuple, Optional
+import types
+from typing import Callable, Optional
 
 from ..errors import CompilationError, InterpreterError, UnsupportedError
 from ..ir import Function, print_function
 from ..language import core
 from . import knobs
-from .fast_path import MISSING, globals_guard, make_binder, make_entry, make_prepared, picker
+from .fast_path import MISSING, make_binder, make_entry, make_plan, make_prepared
 from .launcher import check_arch, check_num_warps, cuda_device, device_arch, normalize_grid
 from .signature import NO_DEFAULT, Parameter, SpecializationKey, specialize
 
@@ -78,16 +80,6 @@ class _Entry:
     interpreter: object = None   # interpreter.Interpreter (the interpreter's key)
 
 
-class _LaunchPlan(NamedTuple):
-    """What a cached GPU launch does once its launch key is found (see `JITFunction.run`)."""
-
-    globals_unchanged: Optional[Callable[[], bool]]   # False once a global the kernel read has been rebound
-    select: Optional[Callable]              # picks the runtime values from the binder's; None: all
-    launch: Callable                        # the device's KernelLauncher.launch(grid, stream, values)
-    stream_of: Callable                     # device index -> the current stream's raw handle
-    device_index: int
-
-
 @dataclasses.dataclass
 class FrontendOnlyKernel:
     """What `kernel.compile` returns while `fusedops.dsl.compiler` does not exist: the IR only."""
@@ -115,7 +107,7 @@ class JITFunction:
         self._index = {p.name: i for i, p in enumerate(self.params)}
         self._source = None
         self._cache: dict = {}      # SpecializationKey -> _Entry
-        self._plans: dict = {}      # launch key (fast_path.make_binder) -> _LaunchPlan
+        self._plans: dict = {}      # launch key (fast_path.make_binder) -> fast_path.make_plan's launch
         self._is_constexpr = tuple(p.is_constexpr for p in self.params)
         self._constexpr_names = frozenset(p.name for p in self.params if p.is_constexpr)
         self._tensor_type = None    # torch.Tensor, set by the first GPU launch (torch is imported then)
@@ -141,9 +133,12 @@ class JITFunction:
     def __getitem__(self, grid):
         """`kernel[grid]`: the launcher; grid is a tuple of 1-3 ints or a callable of the meta-parameters.
         After the first GPU launch it is the generated entry (fast_path.make_entry), which does what
-        `run` does."""
+        `run` does, bound to `grid` as a method is to its object: cheaper to make and to call than a
+        functools.partial (~0.2 us)."""
         entry = self._launch_entry
-        return functools.partial(self.run if entry is None else entry, grid)
+        if entry is None:
+            return functools.partial(self.run, grid)
+        return types.MethodType(entry, grid)
 
     def run(self, grid, *args, num_warps: int = 4, num_stages: int = 3, interpret: Optional[bool] = None,
             **kwargs) -> None:
@@ -196,7 +191,8 @@ class JITFunction:
         `prepared(*tensors)`, which launches it with new tensors: one argument per parameter that was
         given a tensor or None here (non-constexpr parameters only), in parameter order, None where None
         was given. A launch wrapper caches it per (shapes, strides, dtypes, devices, ...), so that a
-        call costs the tensors' data pointers, an alignment check and the launch.
+        call costs the tensors' data pointers, an alignment check and the launch (the other arguments
+        are packed once, see fast_path.make_prepared).
 
         The caller guarantees that the tensors have the dtypes and the device of those given here (the
         prepared launch does not look): wrappers key their caches on them. A tensor that was 16-byte
@@ -205,7 +201,8 @@ class JITFunction:
         specialization its arguments do not satisfy. The interpreter flag is read here: under the
         interpreter (or for an empty grid) `prepared` calls `run` each time.
 
-        Raises: what `run` raises for these arguments.
+        Raises: what `run` raises for these arguments; LaunchError for a scalar its parameter cannot
+        take (e.g. a float beyond float32's range), which `run` raises at the launch.
         """
         if interpret is None:
             interpret = _interpret_enabled()
@@ -243,8 +240,7 @@ class JITFunction:
                    and not self.params[i].do_not_specialize and values[i].data_ptr() & 15 == 0]
         for position in positions:
             values[position] = None     # the prepared launch must not keep the tensors alive
-        launcher = entry.compiled.launcher(device_index)
-        return make_prepared(launcher.launch, launcher.stream_of, device_index, launch_grid,
+        return make_prepared(entry.compiled.launcher(device_index), device_index, launch_grid,
                              [values[i] for i in runtime], slots, checked, entry.kernel.used_globals, fallback)
 
     def _meta(self, args: tuple, kwargs: dict, num_warps: int, num_stages: int) -> dict:
@@ -279,7 +275,8 @@ class JITFunction:
             self._binder = make_binder(self.params, torch.Tensor)
             name = self.__name__
             self._launch_entry = make_entry(name, self.params, torch.Tensor, self._plans, _interpret_enabled,
-                                     lambda grid: normalize_grid(grid, name), self._meta_of_values, self._slow)
+                                            lambda grid: normalize_grid(grid, name), self._meta_of_values,
+                                            self._slow, sample=values)
             try:
                 launch_key = self._binder(num_warps, num_stages, *args, **kwargs)[0] if self._binder else None
             except TypeError:
@@ -292,14 +289,12 @@ class JITFunction:
         addresses = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in (values[i] for i in runtime)]
         entry.compiled.launch(grid, addresses, None, device_index=device_index)
 
-    def _plan(self, entry: _Entry, runtime: tuple, device_index: int) -> _LaunchPlan:
+    def _plan(self, entry: _Entry, runtime: tuple, device_index: int) -> Callable:
         """The plan of a launch whose runtime arguments are the parameters at indices `runtime` (the
-        binder's values are every non-constexpr parameter's, see `fast_path.make_binder`)."""
+        entry's values are every non-constexpr parameter's, see `fast_path.make_binder`)."""
         collected = [i for i in range(len(self.params)) if not self._is_constexpr[i]]
-        select = picker(tuple(collected.index(i) for i in runtime), len(collected))
-        launcher = entry.compiled.launcher(device_index)
-        guard = globals_guard(entry.kernel.used_globals) if entry.kernel.used_globals else None
-        return _LaunchPlan(guard, select, launcher.launch, launcher.stream_of, device_index)
+        return make_plan(entry.compiled.launcher(device_index), device_index, len(collected),
+                         [collected.index(i) for i in runtime], entry.kernel.used_globals)
 
     def _lookup(self, values: list, num_warps: int, num_stages: int, backend: str):
         """(entry, indices of the runtime arguments, CUDA device index) for a launch on `backend`

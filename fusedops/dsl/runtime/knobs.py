@@ -15,9 +15,9 @@ from `os.environ` directly.
 | FUSEDOPS_DEFAULT_ARCH   | default_arch    | "sm_<N>[a]" or None (= detect from the current device)  |
 | FUSEDOPS_LIBDEVICE_PATH | libdevice_path  | Path or None (= search the CUDA installation)           |
 | FUSEDOPS_DISABLE_WGMMA  | disable_wgmma   | bool, False: dots on sm_90a use mma.sync, not wgmma     |
-| FUSEDOPS_TMA            | tma             | bool, False: tensor-descriptor loads feeding wgmma use TMA |
+| FUSEDOPS_TMA            | tma             | bool, True: tensor-descriptor loads feeding wgmma use TMA  |
 
-Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty or unset means False). Any
+Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty means False, unset the default above). Any
 other value raises `ValueError` naming the variable, so a typo is loud instead of ignored.
 """
 
@@ -79,7 +79,7 @@ class Knobs:
     default_arch: Optional[str] = _knob("FUSEDOPS_DEFAULT_ARCH", _parse_arch, None)
     libdevice_path: Optional[Path] = _knob("FUSEDOPS_LIBDEVICE_PATH", _parse_path, None)
     disable_wgmma: bool = _knob("FUSEDOPS_DISABLE_WGMMA", _parse_bool, False)
-    tma: bool = _knob("FUSEDOPS_TMA", _parse_bool, False)
+    tma: bool = _knob("FUSEDOPS_TMA", _parse_bool, True)
 
     def __post_init__(self) -> None:
         # The home directory is looked up when the settings are built, not at import.

@@ -21,7 +21,7 @@ import ctypes
 import enum
 import struct
 import threading
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.language import dtypes
@@ -92,14 +92,22 @@ class ArgumentPacker:
 
     kinds: the ParamKind of each kernel parameter, in order.
     names: optional parameter names, used in error messages.
+    fixed: optional {parameter index: value} of arguments that never change (a prepared launch's
+        scalars): they are packed once, into each thread's buffer as it is made, and `pack` takes
+        the values of the other parameters only, in order (`variable`).
 
     `pack(values) -> int` (an attribute built once by `_build_pack`) writes the values into this
     thread's buffer and returns the address of its pointer array, to pass as `kernelParams`.
 
-    Buffer layout: [N x 8-byte pointers][values, each at an offset aligned to its size].
+    Buffer layout: [N x 8-byte pointers][values, each at an offset aligned to its size: the
+    variable parameters' in order, then the fixed ones'].
+
+    Raises:
+        LaunchError: a fixed value of the wrong type or out of range (naming the parameter).
     """
 
-    def __init__(self, kinds: Sequence[ParamKind], names: Optional[Sequence[str]] = None):
+    def __init__(self, kinds: Sequence[ParamKind], names: Optional[Sequence[str]] = None,
+                 fixed: Optional[Mapping[int, object]] = None):
         self.kinds = tuple(kinds)
         if names is not None and len(names) != len(self.kinds):
             raise ValueError(f"{len(names)} names for {len(self.kinds)} parameters")
@@ -108,30 +116,56 @@ class ArgumentPacker:
             if not isinstance(kind, ParamKind):
                 raise TypeError(f"parameter {index}: expected a ParamKind, got {kind!r}")
         count = len(self.kinds)
+        fixed = dict(fixed or {})
+        if any(not 0 <= index < count for index in fixed):
+            raise ValueError(f"fixed parameters {sorted(fixed)} of a kernel of {count} parameters")
+        self.variable = tuple(index for index in range(count) if index not in fixed)
         self.values_offset = 8 * count
-        offsets, fmt, cursor = [], "<", 0
-        for kind in self.kinds:
+        offsets, formats, ends, cursor = [0] * count, [], [], 0
+        for index in [*self.variable, *sorted(fixed)]:
+            kind = self.kinds[index]
             start = _aligned(cursor, kind.size)
-            fmt += "x" * (start - cursor) + kind.format
-            offsets.append(start)
-            cursor = start + kind.size
+            formats.append("x" * (start - cursor) + kind.format)    # padding, then the value
+            offsets[index], cursor = start, start + kind.size
+            ends.append(cursor)
         self.offsets = tuple(offsets)  # of each value, relative to the start of the values
         self.values_size = cursor
         self.buffer_size = max(self.values_offset + cursor, 1)
-        self._values_struct = struct.Struct(fmt)
+        split = len(self.variable)
+        self._values_struct = struct.Struct("<" + "".join(formats[:split]))
         self._pointers_struct = struct.Struct(f"<{count}Q")
-        self._convert = tuple(index for index, kind in enumerate(self.kinds) if kind is ParamKind.BFLOAT16)
+        # bfloat16 values are converted first (positions among the values `pack` takes)
+        self._convert = tuple(position for position, index in enumerate(self.variable)
+                              if self.kinds[index] is ParamKind.BFLOAT16)
+        # the fixed values' bytes, from the end of the variable ones (their padding included)
+        self._fixed_offset = self.values_offset + (ends[split - 1] if split else 0)
+        self._fixed_bytes = self._pack_fixed(struct.Struct("<" + "".join(formats[split:])), fixed) if fixed else b""
         self._local = threading.local()
         self.pack = self._build_pack()
 
     def __repr__(self) -> str:
         return f"ArgumentPacker([{', '.join(kind.name for kind in self.kinds)}])"
 
+    def _pack_fixed(self, fixed_struct: struct.Struct, fixed: dict) -> bytes:
+        values = []
+        for index in sorted(fixed):
+            value = fixed[index]
+            if self.kinds[index] is ParamKind.BFLOAT16:
+                value = self._bfloat16_bits(index, value)
+            try:
+                struct.pack("<" + self.kinds[index].format, value)
+            except (struct.error, OverflowError, TypeError) as error:
+                self._raise_bad_value(index, value, error)
+            values.append(value)
+        return fixed_struct.pack(*values)
+
     def _thread_buffer(self) -> tuple:
         buffer = ctypes.create_string_buffer(self.buffer_size)
         address = ctypes.addressof(buffer)
         values = address + self.values_offset
         self._pointers_struct.pack_into(buffer, 0, *(values + offset for offset in self.offsets))
+        if self._fixed_bytes:
+            ctypes.memmove(address + self._fixed_offset, self._fixed_bytes, len(self._fixed_bytes))
         slot = self._local.slot = (buffer, address)
         return slot
 
@@ -173,14 +207,16 @@ class ArgumentPacker:
         """(local, new_buffer, pack_into, values_offset) for a launcher that packs inline, saving the
         call of `pack` (~0.1 us): this thread's (buffer, address of the pointer array) is `local.slot`,
         or `new_buffer()` when the thread has none yet; `pack_into(buffer, values_offset, *values)`
-        writes the values (raising struct.error, OverflowError or TypeError for bad ones, which `pack`
-        explains). None when the values need converting first (bfloat16 parameters): use `pack`."""
+        writes the values `pack` takes (raising struct.error, OverflowError or TypeError for bad
+        ones, which `pack` explains). None when the values need converting first (bfloat16
+        parameters): use `pack`."""
         if self._convert:
             return None
         return self._local, self._thread_buffer, self._values_struct.pack_into, self.values_offset
 
     def pack_values(self, values: Sequence) -> bytes:
-        """The value bytes that `pack` writes after the pointer array (for tests and debugging)."""
+        """The bytes that `pack` writes for `values` after the pointer array (for tests and
+        debugging; the fixed values' follow them)."""
         if self._convert:
             values = self._converted(values)
         try:
@@ -188,33 +224,45 @@ class ArgumentPacker:
         except (struct.error, OverflowError, TypeError):
             self._raise_argument_error(values)
 
+    def read(self, params: int) -> tuple:
+        """The value of each parameter in a `kernelParams` array at address `params`, read through
+        its pointers (bfloat16 values as their bit patterns; for tests and debugging)."""
+        pointers = self._pointers_struct.unpack(ctypes.string_at(params, self.values_offset)) if self.kinds else ()
+        return tuple(struct.unpack("<" + kind.format, ctypes.string_at(pointer, kind.size))[0]
+                     for kind, pointer in zip(self.kinds, pointers))
+
+    def _bfloat16_bits(self, index: int, value) -> int:
+        # bfloat16 has no struct format: its values are packed as their bit patterns.
+        try:
+            if isinstance(value, (str, bytes)):  # float() would parse them
+                raise TypeError(f"expected a float, got {type(value).__name__}")
+            return bfloat16_bits(float(value))
+        except (TypeError, ValueError) as error:
+            raise LaunchError(f"{self._describe(index)}: expected {ParamKind.BFLOAT16.expected}, "
+                              f"got {value!r} ({error})") from None
+
     def _converted(self, values: Sequence) -> list:
-        # bfloat16 has no struct format: replace those values by their bit patterns first.
         values = list(values)
-        for index in self._convert:
-            if index < len(values):
-                value = values[index]
-                try:
-                    if isinstance(value, (str, bytes)):  # float() would parse them
-                        raise TypeError(f"expected a float, got {type(value).__name__}")
-                    values[index] = bfloat16_bits(float(value))
-                except (TypeError, ValueError) as error:
-                    raise LaunchError(f"{self._describe(index)}: expected {ParamKind.BFLOAT16.expected}, "
-                                      f"got {values[index]!r} ({error})") from None
+        for position in self._convert:
+            if position < len(values):
+                values[position] = self._bfloat16_bits(self.variable[position], values[position])
         return values
 
     def _describe(self, index: int) -> str:
         name = f" ({self.names[index]})" if self.names else ""
         return f"argument {index}{name} of kind {self.kinds[index].name.lower()}"
 
+    def _raise_bad_value(self, index: int, value, error: Exception) -> None:
+        raise LaunchError(f"{self._describe(index)}: expected {self.kinds[index].expected}, got {value!r} "
+                          f"({type(value).__name__}: {error})") from None
+
     def _raise_argument_error(self, values: Sequence) -> None:
         # Slow path, only after the single pack_into failed: find the first bad value.
-        if len(values) != len(self.kinds):
-            raise LaunchError(f"the kernel takes {len(self.kinds)} arguments, got {len(values)}") from None
-        for index, (kind, value) in enumerate(zip(self.kinds, values)):
+        if len(values) != len(self.variable):
+            raise LaunchError(f"the kernel takes {len(self.variable)} arguments, got {len(values)}") from None
+        for index, value in zip(self.variable, values):
             try:
-                struct.pack("<" + kind.format, value)
+                struct.pack("<" + self.kinds[index].format, value)
             except (struct.error, OverflowError, TypeError) as error:
-                raise LaunchError(f"{self._describe(index)}: expected {kind.expected}, got {value!r} "
-                                  f"({type(value).__name__}: {error})") from None
+                self._raise_bad_value(index, value, error)
         raise LaunchError(f"cannot pack arguments {list(values)!r} for {self!r}") from None
