@@ -55,11 +55,16 @@ def test_matmul_matches_float64(m, n, k, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_large_autotuned_matmul(dtype, seed):
+@pytest.mark.parametrize("tma", ["1", "0"])
+def test_large_autotuned_matmul(dtype, tma, seed, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_TMA", tma)     # on sm_90a: the TMA kernel (the default) or the cp.async one
     a = random_tensor((1536, 1024), dtype, "cuda", seed)
     b = random_tensor((1024, 2560), dtype, "cuda", seed + 1)
-    _check(fusedops.matmul(a, b), a, b)
-    assert mm.tuned_matmul_kernel.best, "the autotuner recorded no choice"
+    c = poison(torch.empty(1, 1536, 2560, dtype=dtype, device="cuda"))
+    mm.matmul_into(c, a[None], b[None])
+    _check(c[0], a, b)
+    tuner = mm.tuned_matmul_tma_kernel if mm._uses_tma(c, a[None], b[None]) else mm.tuned_matmul_kernel
+    assert tuner.best, "the autotuner recorded no choice"
 
 
 @pytest.mark.parametrize("config", mm.CONFIGS + [mm.SMALL_CONFIG], ids=str)
@@ -159,6 +164,7 @@ def test_linear_matches_torch(seed):
 
 def test_autotune_records_its_choice(tmp_path, monkeypatch, seed):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSEDOPS_TMA", "0")     # matmul_into takes tuned_matmul_kernel, replaced below
     tuner = dsl.autotune(mm.CONFIGS[:3], key=["M", "N", "K"])(mm.matmul_kernel)
     monkeypatch.setattr(mm, "tuned_matmul_kernel", tuner)
     a = random_tensor((1, 1024, 1024), torch.float16, "cuda", seed)
