@@ -145,11 +145,16 @@ _UNCHANGED_BY_AS_4D = BoundedCache(256)
 # (_argument_key): a later call with arguments laid out the same way needs neither (about half the
 # forward's host work).
 _KNOWN_LAUNCHES = BoundedCache(1024)
+_IMMUTABLE_SCALARS = frozenset((bool, int, float, type(None)))
 
 
 def _argument_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> tuple:
     """The layouts, dtypes and devices of the tensors, the other arguments and the interpreter flag.
-    Raises AttributeError for tensors that are not tensors, TypeError for unhashable arguments."""
+    Raises AttributeError for tensors that are not tensors, TypeError for unhashable arguments and for
+    dropout_p, is_causal, scale or enable_gqa not a Python bool, int, float or None (a 0-d tensor, which
+    torch accepts for dropout_p and scale, may change in place between calls)."""
+    if not _IMMUTABLE_SCALARS.issuperset((type(dropout_p), type(is_causal), type(scale), type(enable_gqa))):
+        raise TypeError("scalar arguments that are not Python numbers are not remembered")
     device = query.get_device()
     layouts = (query.shape, query.stride(), query.dtype, device, key.shape, key.stride(), key.dtype, key.get_device(),
                value.shape, value.stride(), value.dtype, value.get_device(),

@@ -18,7 +18,6 @@ that read dZ, A and B in place without making the views each time.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable, Optional
 
@@ -26,8 +25,9 @@ import torch
 
 from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.dsl.runtime.fast_path import BoundedCache
-from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
+from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled, tma_enabled as _tma_enabled
 from fusedops.kernels import matmul as kernels
+from fusedops.kernels.allocation import contiguous_allocator
 
 ACTIVATIONS = kernels.ACTIVATIONS
 
@@ -113,7 +113,7 @@ def _as_3d(x: torch.Tensor, batch_shape: tuple) -> torch.Tensor:
 
 
 # _Product per everything forward_kernel derives from its operands but their addresses (shapes, strides,
-# dtypes, devices, the bias's, activation, out_dtype): its prepared launches (see _Product).
+# dtypes, devices, the bias's, activation, out_dtype) and the FUSEDOPS_TMA setting: its prepared launches.
 _FORWARD_LAUNCHES = BoundedCache(1024)
 
 
@@ -132,7 +132,8 @@ def _product(a, b, bias, activation, out_dtype) -> Optional["_Product"]:
     if _interpret_enabled():
         return None
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
-           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), activation, out_dtype)
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), activation, out_dtype,
+           _tma_enabled())     # FUSEDOPS_TMA picks the kernel: a changed setting is seen on the next call
     product = _FORWARD_LAUNCHES.get(key)
     if product is None:
         product = _FORWARD_LAUNCHES.put(key, _Product(a, b, bias, activation, out_dtype))
@@ -158,15 +159,6 @@ def _forward_general(a, b, bias, activation, out_dtype) -> torch.Tensor:
     return c.reshape(_output_shape(a, b, batch_shape, m, n))
 
 
-def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device) -> Callable:
-    """`new()`: an uninitialized contiguous tensor of `shape`: empty_like of one element expanded to it
-    (not dense, so the result is contiguous), a quarter of the host cost of torch.empty(shape, ...)
-    within a training step (.scratch/bench_host_cpu.py)."""
-    if 0 in shape:
-        return functools.partial(torch.empty, shape, dtype=dtype, device=device)
-    return functools.partial(torch.empty_like, torch.empty(1, dtype=dtype, device=device).expand(shape))
-
-
 def _prepared_product(a, b, bias, activation, out_dtype) -> Optional[tuple]:
     """(launch(a, b, bias) -> c, c's shape): forward_kernel for operands like these as one prepared
     launch that reads a and b in place (the kernel's 3-D operands are views of them, never copies); c
@@ -183,7 +175,7 @@ def _prepared_product(a, b, bias, activation, out_dtype) -> Optional[tuple]:
     prepared = kernels.prepare_matmul(c.view(max(a3.shape[0], b3.shape[0]), m, n), a3, b3, bias, activation)
     if prepared is None:
         return None
-    new_output = _allocator(shape, dtype, a.device)
+    new_output = contiguous_allocator(shape, dtype, a.device)
 
     def launch(a, b, bias):
         c = new_output()
@@ -347,12 +339,12 @@ _KNOWN_PRODUCTS = BoundedCache(1024)
 
 
 def _argument_key(a, b, bias, activation, out_dtype) -> tuple:
-    """The layouts, dtypes and devices of the tensors, activation, out_dtype and the interpreter flag.
-    Raises AttributeError for tensors that are not tensors, TypeError for unhashable arguments."""
+    """The layouts, dtypes and devices of the tensors, activation, out_dtype, the interpreter flag and
+    FUSEDOPS_TMA. Raises AttributeError for tensors that are not tensors, TypeError for unhashable arguments."""
     device = a.get_device()
     key = (a.shape, a.stride(), a.dtype, device, b.shape, b.stride(), b.dtype, b.get_device(),
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-           activation, out_dtype, _interpret_enabled())
+           activation, out_dtype, _interpret_enabled(), _tma_enabled())
     if device < 0:      # get_device() is -1 on every non-CUDA device: name them (the interpreter's CPU tensors)
         key += (a.device, b.device, None if bias is None else bias.device)
     return key

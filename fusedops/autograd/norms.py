@@ -132,12 +132,17 @@ def _columns(normalized_shape: Tuple[int, ...]) -> int:
 # arguments laid out the same way finds it with known_launches instead, without the checks and the
 # kernels' own key (together about as costly as the rest of the forward's host work).
 _KNOWN_LAUNCHES = BoundedCache(1024)
+_IMMUTABLE_EPS = frozenset((float, int, type(None)))
 
 
 def _argument_key(op: str, x: torch.Tensor, normalized_shape: Tuple[int, ...], weight, bias, eps) -> tuple:
     """Everything the argument checks, the kernel-path decision (fusedops.functional) and the launches
     read from the arguments of `op`: the layouts, dtypes and devices of the tensors, the shape, eps and
-    the interpreter flag. Raises AttributeError / TypeError for arguments that are not tensors."""
+    the interpreter flag. Raises AttributeError / TypeError for arguments that are not tensors, and
+    TypeError for an eps that is not a Python float, int or None (a 0-d tensor, which torch accepts,
+    may change in place between calls: its value is read anew each time)."""
+    if type(eps) not in _IMMUTABLE_EPS:
+        raise TypeError("an eps that is not a Python number is not remembered")
     device = x.get_device()
     key = (op, normalized_shape, x.shape, x.stride(), x.dtype, device,
            None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
@@ -165,7 +170,8 @@ def kernel_launches(op: str, x: torch.Tensor, normalized_shape, weight: Optional
     that passed its checks and take the kernel path (remembered for known_launches). eps: as given
     (None: rms_norm's default). Raises TypeError / ValueError for an eps that is not a number."""
     normalized_shape = normalized_shape_tuple(normalized_shape)
-    eps_value = default_rms_norm_eps(x.dtype) if eps is None else float(eps)
+    # None is rms_norm's default only: layer_norm's eps must be a number, as torch's (float(None) raises)
+    eps_value = default_rms_norm_eps(x.dtype) if eps is None and op == "rms_norm" else float(eps)
     launches = kernels.norm_launches(x, weight, bias, eps_value, subtract_mean=op == "layer_norm",
                                      n_cols=_columns(normalized_shape))
     known = (launches, normalized_shape)

@@ -55,6 +55,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.language.dtypes import to_torch
 from fusedops.dsl.runtime.fast_path import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
+from fusedops.kernels.allocation import contiguous_allocator
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -579,23 +580,14 @@ class AttentionLaunches:
         return launch(do, q, k, v, o, lse, mask)
 
 
-def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device) -> Callable:
-    """`new()`: an uninitialized contiguous tensor of `shape`: empty_like of one element expanded to it
-    (not dense, so the result is contiguous), a quarter of the host cost of new_empty(shape) within a
-    training step (.scratch/bench_host_cpu.py)."""
-    if 0 in shape:
-        return functools.partial(torch.empty, shape, dtype=dtype, device=device)
-    return functools.partial(torch.empty_like, torch.empty(1, dtype=dtype, device=device).expand(shape))
-
-
 def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
     """`launch(q, k, v, mask) -> (o, lse)` for tensors like these (see attention_forward)."""
     batch, heads, length_q, dim = q.shape
     heads_kv, length_k, dim_v = k.shape[1], k.shape[2], v.shape[3]
     interpret = _interpret(interpret)
     acc = _acc_dtype(q)
-    new_o = _allocator((batch, heads, length_q, dim_v), q.dtype, q.device)
-    new_lse = _allocator((batch, heads, length_q), to_torch(acc), q.device)
+    new_o = contiguous_allocator((batch, heads, length_q, dim_v), q.dtype, q.device)
+    new_lse = contiguous_allocator((batch, heads, length_q), to_torch(acc), q.device)
     if batch * heads * length_q == 0:     # no rows (then no outputs either)
         return lambda q, k, v, mask: (new_o(), new_lse())
     block_e, block_ev = head_block(dim), head_block(dim_v)
@@ -655,7 +647,7 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
     heads_kv, length_k, dim_v = k.shape[1], k.shape[2], v.shape[3]
     interpret = _interpret(interpret)
     acc = _acc_dtype(q)
-    new_dq, new_dk, new_dv = (_allocator(tuple(t.shape), t.dtype, t.device) for t in (q, k, v))
+    new_dq, new_dk, new_dv = (contiguous_allocator(tuple(t.shape), t.dtype, t.device) for t in (q, k, v))
     if batch * heads * length_q == 0 or length_k == 0:   # nothing attends: every gradient is 0
         return lambda do, q, k, v, o, lse, mask: (new_dq().zero_(), new_dk().zero_(), new_dv().zero_())
     block_e, block_ev = head_block(dim), head_block(dim_v)
@@ -663,7 +655,7 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
     kv_config, q_config = configs
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")
-    new_delta = _allocator((batch, heads, length_q), to_torch(acc), q.device)
+    new_delta = contiguous_allocator((batch, heads, length_q), to_torch(acc), q.device)
     dq, dk, dv, delta = new_dq(), new_dk(), new_dv(), new_delta()
     mask_arg, mask_strides, mask_kind = _mask_arguments(mask, q)
     common = dict(BLOCK_E=block_e, BLOCK_EV=block_ev, CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc,

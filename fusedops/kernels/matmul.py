@@ -195,7 +195,7 @@ def _uses_tma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _tma_enabled() -> bool:
     from fusedops.dsl.runtime import knobs
-    return knobs.current().tma
+    return knobs.tma_enabled()
 
 
 def _tma_launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],

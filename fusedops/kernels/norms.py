@@ -27,6 +27,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.runtime.fast_path import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels import norm_kernels as K
+from fusedops.kernels.allocation import contiguous_allocator
 
 _INT32_LIMIT = 2**31
 # In the interpreter (CPU tensors) the grid of the backward is sized as for a small GPU of this many
@@ -214,7 +215,7 @@ class NormLaunches:
                  n_cols: Optional[int]):
         self.forward = forward
         self._dtype, self._bias_dtype, self._subtract_mean, self._n_cols = x.dtype, bias_dtype, subtract_mean, n_cols
-        self._backward = BoundedCache(16)   # per (dy's and x's strides, the gradients asked for)
+        self._backward = BoundedCache(16)   # per (dy's, x's and weight's strides, the gradients asked for)
 
     def backward(self, dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: Optional[torch.Tensor],
                  rstd: torch.Tensor, input_grad: bool, weight_grad: bool, bias_grad: bool) -> tuple:
@@ -222,8 +223,10 @@ class NormLaunches:
             return norm_backward(dy, x, weight, mean, rstd, subtract_mean=self._subtract_mean, input_grad=input_grad,
                                  weight_grad=weight_grad, bias_grad=bias_grad, bias_dtype=self._bias_dtype,
                                  n_cols=self._n_cols)
-        # x's strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may give x back laid out anew
-        key = (dy.stride(), x.stride(), input_grad, weight_grad, bias_grad)
+        # x's and weight's strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may give them
+        # back laid out anew (an expanded weight contiguous), and a launch reads a weight as it was prepared
+        key = (dy.stride(), x.stride(), None if weight is None else weight.stride(), input_grad, weight_grad,
+               bias_grad)
         launch = self._backward.get(key)
         if launch is None:
             launch = self._backward.put(key, _backward_launcher(
@@ -259,18 +262,8 @@ def _output_allocator(x: torch.Tensor, allocate: Callable) -> Callable:
     """`new(x)`: an uninitialized contiguous tensor shaped and typed like x, on its device."""
     if allocate is torch.empty and x.is_contiguous():
         return torch.empty_like     # x's strides are contiguous
-    new = _allocator(tuple(x.shape), x.dtype, x.device, allocate)
+    new = contiguous_allocator(tuple(x.shape), x.dtype, x.device, allocate)
     return lambda x: new()
-
-
-def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device, allocate: Callable) -> Callable:
-    """`new()`: an uninitialized contiguous tensor of `shape` and `dtype` on `device`, made by `allocate`."""
-    if allocate is torch.empty and 0 not in shape:
-        # empty_like of one element expanded to `shape`: its strides (0) are not dense, so the result is
-        # contiguous (torch.preserve_format). Within a training step that costs under half the host time of
-        # new_empty(shape) or torch.empty(shape, ...), which parse the shape on every call.
-        return functools.partial(torch.empty_like, torch.empty(1, dtype=dtype, device=device).expand(shape))
-    return functools.partial(allocate, shape, dtype=dtype, device=device)
 
 
 def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate) -> Callable:
@@ -286,7 +279,7 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     copy_weight = weight is not None and not weight.is_contiguous()
     copy_bias = bias is not None and not bias.is_contiguous()
 
-    new_statistic = _allocator((n_rows,), acc, device, allocate)
+    new_statistic = contiguous_allocator((n_rows,), acc, device, allocate)
 
     def allocate_outputs(x):
         return new_output(x), new_statistic() if subtract_mean else None, new_statistic()
@@ -393,8 +386,8 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
         dy_row_stride, dy_col_stride = n_cols, 1
     device, acc = x.device, rstd.dtype
     new_dx = _output_allocator(x, allocate)
-    new_dweight = _allocator((n_cols,), weight.dtype, device, allocate) if weight_grad else None
-    new_dbias = _allocator((n_cols,), bias_dtype, device, allocate) if bias_grad else None
+    new_dweight = contiguous_allocator((n_cols,), weight.dtype, device, allocate) if weight_grad else None
+    new_dbias = contiguous_allocator((n_cols,), bias_dtype, device, allocate) if bias_grad else None
     copy_weight = weight is not None and not weight.is_contiguous()
 
     def allocate_gradients(x):
@@ -423,7 +416,7 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
         rows_per_program, groups = _row_groups(n_rows, config.block_rows, target_programs)
-        chunks, new_partial, new_chunk_partial = 0, _allocator((groups, n_cols), acc, device, allocate), None
+        chunks, new_partial, new_chunk_partial = 0, contiguous_allocator((groups, n_cols), acc, device, allocate), None
         dweight_partial = new_partial() if weight_grad else None
         dbias_partial = new_partial() if bias_grad else None
         main = K.backward_fused_kernel.prepare((groups,), dx, dweight_partial, dbias_partial, dy_rows, x_rows, weight,
@@ -433,8 +426,8 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     else:
         chunks = dsl.cdiv(n_cols, config.block_n)
         rows_per_program, groups = _row_groups(n_rows, config.block_rows, max(1, target_programs // chunks))
-        new_partial = _allocator((groups, n_cols), acc, device, allocate)
-        new_chunk_partial = _allocator((n_rows, chunks), acc, device, allocate)
+        new_partial = contiguous_allocator((groups, n_cols), acc, device, allocate)
+        new_chunk_partial = contiguous_allocator((n_rows, chunks), acc, device, allocate)
         dweight_partial = new_partial() if weight_grad else None
         dbias_partial = new_partial() if bias_grad else None
         c1_partial = new_chunk_partial() if input_grad else None

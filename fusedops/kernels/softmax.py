@@ -47,6 +47,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.runtime.fast_path import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
+from fusedops.kernels.allocation import contiguous_allocator
 
 # Longest row the forward reads in one pass (elements); longer rows take the online path.
 MAX_ONE_PASS_BLOCK = 32768
@@ -510,10 +511,8 @@ def _dense_allocator(x: torch.Tensor, dtype: torch.dtype) -> Callable:
         return torch.empty_like
     if x.numel() == 0:
         return lambda x: torch.empty_like(x, dtype=dtype)
-    # empty_like of one element expanded to x's shape (not dense, so the result is contiguous): no dtype
-    # keyword to parse
-    template = torch.empty(1, dtype=dtype, device=x.device).expand(x.shape)
-    return lambda x: torch.empty_like(template)
+    new = contiguous_allocator(tuple(x.shape), dtype, x.device)
+    return lambda x: new()
 
 
 def _prepare_forward(x: torch.Tensor, y: torch.Tensor, dim: int, log: bool, config: Optional[Config],

@@ -40,6 +40,8 @@ import os
 import struct
 from typing import Callable, Optional, Sequence
 
+from ..language import core
+
 _PREFIX = "_jit_"     # the generated code's own names; kernel parameters may not start with it
 
 
@@ -67,6 +69,16 @@ _WIDE_INT = object()    # the key slot of ints that need 64 bits
 
 # The 8 bytes of a float: what keys a float constexpr (see `signature.ArgSpec.value_key`).
 float_bits = struct.Struct("<d").pack
+
+
+def _constexpr_key(wrapped: core.constexpr):
+    """The launch-key slot of a constexpr argument given as `dsl.constexpr(value)`: that of `value`
+    (see `_argument_code`)."""
+    value = wrapped.value
+    cls = type(value)
+    if cls is int:
+        return value
+    return cls, float_bits(value) if cls is float else value
 
 
 def _branches(name: str, a: str, k: str, j: str) -> dict:
@@ -108,10 +120,13 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
             # One slot: an int as itself, any other value as (its class, the value), which keeps
             # True, 1 and 1.0 apart (an int never equals a tuple); a float as (float, its 8 bytes):
             # -0.0 == 0.0 (and -NaN == NaN in hex) but they are different constants (1 / C
-            # differs), and a NaN, never equal to itself, would miss its plan.
+            # differs), and a NaN, never equal to itself, would miss its plan. A value wrapped in
+            # dsl.constexpr, which compares by value (constexpr(-0.0) == constexpr(0.0)), is keyed
+            # as the value it wraps, as the full path specializes it.
             cls = f"{_PREFIX}c{index}"
             key.append(f"({name} if ({cls} := {_PREFIX}type({name})) is {_PREFIX}int else "
-                       f"({cls}, {_PREFIX}float_bits({name}) if {cls} is {_PREFIX}float else {name}))")
+                       f"({cls}, {_PREFIX}float_bits({name}) if {cls} is {_PREFIX}float else {name}) "
+                       f"if {cls} is not {_PREFIX}constexpr else {_PREFIX}constexpr_key({name}))")
             continue
         a, k, j = f"{_PREFIX}a{index}", f"{_PREFIX}k{index}", f"{_PREFIX}j{index}"
         branches = _branches(name, a, k, j)
@@ -133,6 +148,7 @@ def _namespace(params: Sequence, tensor_type) -> Optional[dict]:
     # the builtins the generated code calls, under names no parameter can shadow
     namespace.update({f"{_PREFIX}{f.__name__}": f for f in (type, int, float, tuple, len, callable)})
     namespace[f"{_PREFIX}float_bits"] = float_bits
+    namespace.update({f"{_PREFIX}constexpr": core.constexpr, f"{_PREFIX}constexpr_key": _constexpr_key})
     for index, param in enumerate(params):
         if param.has_default:
             namespace[f"{_PREFIX}default{index}"] = param.default
@@ -411,6 +427,7 @@ class BoundedCache(dict):
         self.maxsize = maxsize
 
     def put(self, key, value):
+        """Store `value` under `key` (evicting the oldest entry when full) and return `value`."""
         if len(self) >= self.maxsize:
             try:
                 del self[next(iter(self))]

@@ -136,7 +136,7 @@ class JITFunction:
         `run` does, bound to `grid` as a method is to its object: cheaper to make and to call than a
         functools.partial (~0.2 us)."""
         entry = self._launch_entry
-        if entry is None:
+        if entry is None or grid is None:   # MethodType refuses None: `run` names the bad grid
             return functools.partial(self.run, grid)
         return types.MethodType(entry, grid)
 

@@ -2,6 +2,9 @@
 
 `current()` reads the environment each time it is called and returns a frozen `Knobs`; nothing is
 read at import, so a test (or a user) that changes a variable sees the change on the next call.
+The settings that change generated code (FUSEDOPS_TMA, FUSEDOPS_DISABLE_WGMMA, FUSEDOPS_DEFAULT_ARCH)
+apply to the kernels compiled after the change: a JIT function keeps the specializations it already
+compiled in memory (the disk cache keys them apart). The library matmul reads FUSEDOPS_TMA per call.
 Code that needs a setting takes it from `current()` (or from a `Knobs` passed down to it), never
 from `os.environ` directly.
 
@@ -102,7 +105,17 @@ def current(environ: Optional[Mapping[str, str]] = None) -> Knobs:
 
 
 def interpret_enabled() -> bool:
-    """`current().interpret`, reading only FUSEDOPS_INTERPRET (the launch path asks this every call).
+    """`current().interpret`, reading only FUSEDOPS_INTERPRET (the launch path asks this every call)."""
+    return _read_bool("FUSEDOPS_INTERPRET", False)
+
+
+def tma_enabled() -> bool:
+    """`current().tma`, reading only FUSEDOPS_TMA (the matmul wrappers ask this every call)."""
+    return _read_bool("FUSEDOPS_TMA", True)
+
+
+def _read_bool(variable: str, default: bool) -> bool:
+    """The boolean `variable` of os.environ (`default` when unset), for the per-call readers above.
 
     `os.environ.get` of an unset variable costs about 1 us (it raises and catches KeyError twice).
     CPython's `os.environ` keeps its encoded values in a dict, `_data`, which every change made
@@ -112,18 +125,22 @@ def interpret_enabled() -> bool:
     environ = os.environ
     data = getattr(environ, "_data", None)
     if type(data) is not dict:
-        return _parse_interpret(environ.get("FUSEDOPS_INTERPRET"))
-    raw = data.get(_INTERPRET_KEY)
-    return False if raw is None else _parse_interpret(environ.decodevalue(raw))
-
-
-# FUSEDOPS_INTERPRET encoded as a key of os.environ._data (bytes on POSIX, upper-case str on Windows).
-_INTERPRET_KEY = os.environ.encodekey("FUSEDOPS_INTERPRET") if hasattr(os.environ, "encodekey") else None
+        text = environ.get(variable)
+    else:
+        raw = data.get(_encoded_key(variable))
+        text = None if raw is None else environ.decodevalue(raw)
+    return default if text is None else _parse_bool_memo(variable, text)
 
 
 @functools.lru_cache(maxsize=16)
-def _parse_interpret(text: Optional[str]) -> bool:
-    return False if text is None else _parse_bool("FUSEDOPS_INTERPRET", text)
+def _encoded_key(variable: str):
+    # The variable as a key of os.environ._data (bytes on POSIX, upper-case str on Windows).
+    return os.environ.encodekey(variable)
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_bool_memo(variable: str, text: str) -> bool:
+    return _parse_bool(variable, text)
 
 
 @functools.lru_cache(maxsize=64)
