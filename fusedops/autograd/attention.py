@@ -11,7 +11,7 @@ import torch
 
 from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.dsl.runtime import knobs
-from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.kernels import attention as _kernels
 
 # Masks the kernels read: boolean (True = keep) or additive float (torch also accepts float32 masks

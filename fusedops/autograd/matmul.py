@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 
 from fusedops.autograd.function_host import apply_of, once_differentiable
-from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled, tma_enabled as _tma_enabled
 from fusedops.kernels import matmul as kernels
 from fusedops.kernels.allocation import contiguous_allocator

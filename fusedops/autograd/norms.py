@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from fusedops.autograd.function_host import apply_of, once_differentiable
-from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import norms as kernels
 

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from fusedops.autograd.function_host import apply_of, once_differentiable
-from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import softmax as kernels
 

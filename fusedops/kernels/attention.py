@@ -53,7 +53,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.language.dtypes import to_torch
-from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
 

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 
 import fusedops.dsl as dsl
-from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels import norm_kernels as K
 from fusedops.kernels.allocation import contiguous_allocator

@@ -45,7 +45,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 import fusedops.dsl as dsl
-from fusedops.dsl.runtime.fast_path import BoundedCache
+from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
 

@@ -23,7 +23,7 @@ interpreted per argument:
   reads the addresses, checks the 16-byte alignment the kernel was specialized on, that arguments
   given None then are None now and that the kernel's globals are still bound, and launches, packing
   only the addresses (its buffers hold the other values from the start).
-- `BoundedCache`: the dict those wrappers keep them in.
+  (The wrappers keep them in a `bounded_cache.BoundedCache`.)
 
 Host cost (instructions per call counted by callgrind on the CPU, real cuda-python over a stand-in
 libcuda whose cuLaunchKernel returns at once, of which ~4k are cuda-python's): a cached
@@ -416,22 +416,3 @@ def make_prepared(launcher, device_index: int, grid: tuple, values: Sequence, sl
                                 parts and parts._fields)
     return factory(launcher.launch, launcher.stream_of, device_index, grid, constants, tuple(used_globals),
                    fallback, parts)
-
-
-class BoundedCache(dict):
-    """A dict of at most `maxsize` entries: `put` evicts the oldest entry when full. Reads are plain
-    dict reads (thread-safe under the GIL; a racing `put` at worst evicts one entry too many)."""
-
-    def __init__(self, maxsize: int = 1024):
-        super().__init__()
-        self.maxsize = maxsize
-
-    def put(self, key, value):
-        """Store `value` under `key` (evicting the oldest entry when full) and return `value`."""
-        if len(self) >= self.maxsize:
-            try:
-                del self[next(iter(self))]
-            except (KeyError, StopIteration, RuntimeError):   # another thread changed it meanwhile
-                pass
-        self[key] = value
-        return value
