@@ -186,11 +186,16 @@ def test_what_specialization_reads_makes_a_new_specialization(gpu, monkeypatch):
 GLOBAL_SCALE = 2.0
 
 
-def test_rebinding_a_global_the_kernel_read_misses_the_plan(gpu, monkeypatch):
+def _global_kernel() -> JITFunction:
+    """A fresh kernel that stores the module global GLOBAL_SCALE (read when it compiles)."""
     def global_kernel(y_ptr):
         dsl.store(y_ptr, GLOBAL_SCALE)
 
-    kernel = dsl.jit(global_kernel)
+    return dsl.jit(global_kernel)
+
+
+def test_rebinding_a_global_the_kernel_read_misses_the_plan(gpu, monkeypatch):
+    kernel = _global_kernel()
     lookups = _counting_lookups(kernel, monkeypatch)
     y = _cuda(torch.zeros(4))
     kernel[(1,)](y)
@@ -353,10 +358,7 @@ def test_prepared_launch_keeps_no_tensor_alive(gpu):
 
 
 def test_prepared_launch_rereads_rebound_globals(gpu, monkeypatch):
-    def global_kernel(y_ptr):
-        dsl.store(y_ptr, GLOBAL_SCALE)
-
-    kernel = dsl.jit(global_kernel)
+    kernel = _global_kernel()
     lookups = _counting_lookups(kernel, monkeypatch)
     y = _cuda(torch.zeros(4))
     prepared = kernel.prepare((1,), y)

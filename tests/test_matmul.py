@@ -18,6 +18,7 @@ from fusedops.dsl.errors import CompilationError, LaunchError
 from fusedops.dsl.ir import OpCode
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from codegen_helpers import compile_library_matmul
 from helpers import assert_close, poison, random_tensor
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -152,15 +153,6 @@ def test_linear_is_a_drop_in(bias, seed, interpret):
 
 # -- PTX ------------------------------------------------------------------------------------------------
 
-def _compile(config, dtype=torch.float16, arch="sm_90a", transposed_b=False, m=4096, n=4096, k=4096):
-    x = torch.empty(16, dtype=dtype)
-    b_strides = (k * n, 1, k) if transposed_b else (k * n, n, 1)
-    return dsl.jit(mm.matmul_kernel.fn).compile(
-        x, x, x, x, m, n, k, m * k, k, 1, *b_strides, m * n, n, 1, 1, target=arch,
-        num_warps=config.num_warps, num_stages=config.num_stages, HAS_BIAS=True, ACTIVATION="gelu",
-        ACC=dsl.float32, **config.constexprs)
-
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps). 128x256 with 4 warps cannot avoid spills: each thread would
 # hold a 64x128 warp tile's accumulator, 256 fp32 registers, over the 255-register limit.
 _TILES = [(64, 64, 32, 4), (64, 64, 32, 8), (128, 128, 32, 4), (128, 128, 32, 8), (128, 256, 64, 8)]
@@ -171,7 +163,8 @@ _TILES = [(64, 64, 32, 4), (64, 64, 32, 8), (128, 128, 32, 4), (128, 128, 32, 8)
 def test_library_kernel_ptx_uses_tensor_cores_and_does_not_spill(tile, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     block_m, block_n, block_k, num_warps = tile
-    compiled = _compile(mm._config(block_m, block_n, block_k, num_warps, 3), arch="sm_90")   # sm_90a: test_wgmma.py
+    config = mm._config(block_m, block_n, block_k, num_warps, 3)
+    compiled = compile_library_matmul(config, arch="sm_90")   # sm_90a: test_wgmma.py
     ptx = compiled.asm["ptx"]
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4" in ptx
@@ -187,7 +180,7 @@ def test_library_kernel_ptx_uses_tensor_cores_and_does_not_spill(tile, tmp_path,
                          ids=str)
 def test_shipped_configs_assemble_without_spills(config, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    compiled = _compile(config, transposed_b=True)          # the nn.Linear case: B = weight^T
+    compiled = compile_library_matmul(config, transposed_b=True)          # the nn.Linear case: B = weight^T
     result = assemble(compiled.asm["ptx"], "sm_90a")
     assert result.spill_bytes == 0, result.log
     assert compiled.shared_bytes <= 227 * 1024
@@ -196,11 +189,11 @@ def test_shipped_configs_assemble_without_spills(config, tmp_path, monkeypatch):
 @needs_ptxas
 def test_bf16_on_sm80_and_unaligned_shapes(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    ptx = _compile(mm.CONFIGS[3], torch.bfloat16, "sm_80").asm["ptx"]
+    ptx = compile_library_matmul(mm.CONFIGS[3], torch.bfloat16, "sm_80").asm["ptx"]
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "cp.async" in ptx
     assert assemble(ptx, "sm_80").spill_bytes == 0
     # K = 4099: rows are not 16-byte aligned, so no cp.async; the dot still runs on tensor cores
-    odd = _compile(mm.CONFIGS[3], arch="sm_90", m=4095, n=4093, k=4099).asm["ptx"]
+    odd = compile_library_matmul(mm.CONFIGS[3], arch="sm_90", m=4095, n=4093, k=4099).asm["ptx"]
     assert "mma.sync" in odd and "ldmatrix" in odd and "cp.async" not in odd
     assert assemble(odd, "sm_90").spill_bytes == 0
 

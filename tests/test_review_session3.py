@@ -10,7 +10,7 @@ import torch
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.kernels import matmul as matmul_kernels
-from test_launch_fast_path import _counting_lookups, _cuda, _new_kernel, gpu, launches  # noqa: F401
+from test_launch_fast_path import _constant_kernel, _counting_lookups, _cuda, _new_kernel, gpu, launches  # noqa: F401
 from test_review_fastpaths import kernel_launches  # noqa: F401
 
 
@@ -22,17 +22,10 @@ def interp(monkeypatch):
 # ------------------------------------------------------------------------------------------------
 # The generated launch entry (runtime/fast_path.py)
 # ------------------------------------------------------------------------------------------------
-def _reciprocal_kernel():
-    def reciprocal_kernel(y_ptr, C: dsl.constexpr):
-        dsl.store(y_ptr + dsl.arange(0, 2), dsl.full((2,), 1.0, dsl.float32) / C)
-
-    return dsl.jit(reciprocal_kernel)
-
-
 def test_wrapped_constexpr_is_keyed_by_the_value_it_wraps(gpu, monkeypatch):
     # dsl.constexpr(-0.0) == dsl.constexpr(0.0), but the full path specializes on the wrapped float's
     # bits (1 / C is -inf, not inf): the cached launch of 0.0 must not run for -0.0
-    kernel = _reciprocal_kernel()
+    kernel = _constant_kernel()
     lookups = _counting_lookups(kernel, monkeypatch)
     y = _cuda(torch.zeros(2))
     for value in (0.0, 0.0, -0.0, -0.0):

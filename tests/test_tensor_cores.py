@@ -15,13 +15,13 @@ import fusedops.dsl as dsl
 from fusedops.dsl.codegen.mma import OperandLoader, mma_schedule, operand_tile, tile_store_groups
 from fusedops.dsl.ir import OpCode
 from fusedops.dsl.language.dtypes import float16
-from fusedops.dsl.layouts import (default_blocked, mma_accumulator, mma_operand_a, mma_operand_b,
-                                  transpose)
+from fusedops.dsl.layouts import mma_accumulator, mma_operand_a, mma_operand_b
 from fusedops.dsl.layouts.banks import phase_wavefronts
 from fusedops.dsl.layouts.mma_shared import ldmatrix_plan, mma_operand_shared, simulate_ldmatrix
 from fusedops.dsl.passes.dot_layouts import mma_warps
 from fusedops.dsl.passes.layout_assignment import assign_layouts
 from fusedops.dsl.passes.simplify import simplify
+from codegen_helpers import source_layout, vector_accesses
 
 
 def _ptx_a(lane, i):
@@ -36,36 +36,17 @@ def _ptx_c(lane, i):
     return (lane >> 2) + 8 * (i >> 1), 2 * (lane % 4) + (i & 1)
 
 
-def _xor_bits(bases, index):
-    out = 0
-    for bit, basis in enumerate(bases):
-        if index >> bit & 1:
-            out ^= basis
-    return out
-
-
-def _source_layout(shape, contiguous, num_warps):
-    """A blocked layout of `shape` holding 16-byte vectors along `contiguous` (what a load gives)."""
-    if contiguous == 1:
-        return default_blocked(shape, num_warps, 16)
-    return transpose(default_blocked((shape[1], shape[0]), num_warps, 16), (1, 0))
-
-
 def _stage_and_load(values, shape, source, operand, num_warps):
     """Registers of `operand` after storing `values` (block in `source`) into the staging tile and
     reading it with the ldmatrix plan: {(register, lane, warp): value}."""
     shared = operand_tile(shape, source, float16)
     width, groups, lanes, warps = tile_store_groups(source, shared, 16)
     memory = {}
-    for warp in range(num_warps):
-        for lane in range(32):
-            thread = _xor_bits(lanes, lane) ^ _xor_bits(warps, warp)
-            for first, constant in groups:
-                address = thread ^ constant
-                assert address % (2 * width) == 0, "misaligned vector store"
-                for i in range(width):
-                    coords = source.apply(register=first + i, lane=lane, warp=warp)
-                    assert memory.setdefault(address // 2 + i, coords) == coords
+    for warp, lane, first, address in vector_accesses(groups, lanes, warps, num_warps):
+        assert address % (2 * width) == 0, "misaligned vector store"
+        for i in range(width):
+            coords = source.apply(register=first + i, lane=lane, warp=warp)
+            assert memory.setdefault(address // 2 + i, coords) == coords
     assert len(memory) == shape[0] * shape[1]
     plan = OperandLoader(operand, shared, float16).plan
     out = {}
@@ -94,8 +75,8 @@ def test_simulated_mma_lowering_computes_a_times_b(m, n, k, num_warps, a_contigu
     warps = mma_warps((m, n), num_warps)
     layout_a, layout_b = mma_operand_a((m, k), warps), mma_operand_b((k, n), warps)
     layout_acc = mma_accumulator((m, n), warps)
-    a_regs = _stage_and_load(a, (m, k), _source_layout((m, k), a_contiguous, num_warps), layout_a, num_warps)
-    b_regs = _stage_and_load(b, (k, n), _source_layout((k, n), b_contiguous, num_warps), layout_b, num_warps)
+    a_regs = _stage_and_load(a, (m, k), source_layout((m, k), a_contiguous, num_warps), layout_a, num_warps)
+    b_regs = _stage_and_load(b, (k, n), source_layout((k, n), b_contiguous, num_warps), layout_b, num_warps)
     for (register, lane, warp), value in a_regs.items():     # ldmatrix gave exactly the operand layout
         assert value == a[layout_a.apply(register=register, lane=lane, warp=warp)]
     acc = {(r, lane, w): 0.0 for r in range(layout_acc.num_registers) for lane in range(32) for w in range(num_warps)}

@@ -31,7 +31,7 @@ from fusedops.dsl.codegen.mma import tile_store_groups
 from fusedops.dsl.codegen.wgmma import wgmma_plan
 from fusedops.dsl.interpreter import Interpreter
 from fusedops.dsl.ir import OpCode
-from fusedops.dsl.layouts import default_blocked, transpose, wgmma_accumulator
+from fusedops.dsl.layouts import default_blocked, wgmma_accumulator
 from fusedops.dsl.layouts.mma_shared import (encode_wgmma_descriptor, wgmma_operand_shared,
                                              wgmma_operand_tile)
 from fusedops.dsl.passes.dot_layouts import wgmma_instruction_n, wgmma_operand_layout
@@ -40,6 +40,7 @@ from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.runtime.signature import specialize
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from codegen_helpers import compile_library_matmul, source_layout, vector_accesses, xor_bits
 from helpers import assert_close, poison, random_tensor
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -136,34 +137,16 @@ def _fragment(lane: int, warp_in_group: int, d: int) -> tuple:
     return (16 * warp_in_group + lane // 4 + 8 * (d >> 1 & 1), 8 * (d >> 2) + 2 * (lane % 4) + (d & 1))
 
 
-def _xor_bits(bases, index: int) -> int:
-    out = 0
-    for bit, basis in enumerate(bases):
-        if index >> bit & 1:
-            out ^= basis
-    return out
-
-
-def _source_layout(shape, contiguous, num_warps):
-    """A blocked layout of `shape` holding 16-byte vectors along `contiguous` (what a load gives)."""
-    if contiguous == 1:
-        return default_blocked(shape, num_warps, 16)
-    return transpose(default_blocked((shape[1], shape[0]), num_warps, 16), (1, 0))
-
-
 def _store(memory: dict, values, source, shared, base: int, num_warps: int, width=None) -> None:
     """Execute the tile stores of codegen (`tile_store_groups`: cp.async / st.shared, `width`
     elements each) of `values` (a block in layout `source`) into the tile at byte `base`."""
     width, groups, lanes, warps = tile_store_groups(source, shared, 16, width)
-    for warp in range(num_warps):
-        for lane in range(32):
-            thread = _xor_bits(lanes, lane) ^ _xor_bits(warps, warp)
-            for first, constant in groups:
-                address = base + (thread ^ constant)
-                assert address % (2 * width) == 0, "misaligned vector store"
-                for i in range(width):
-                    coords = source.apply(register=first + i, lane=lane, warp=warp)
-                    assert memory.setdefault(address + 2 * i, values[coords]) == values[coords]
+    for warp, lane, first, offset in vector_accesses(groups, lanes, warps, num_warps):
+        address = base + offset
+        assert address % (2 * width) == 0, "misaligned vector store"
+        for i in range(width):
+            coords = source.apply(register=first + i, lane=lane, warp=warp)
+            assert memory.setdefault(address + 2 * i, values[coords]) == values[coords]
 
 
 def _simulate_dot(a, b, m, n, k, num_warps, a_contiguous, b_contiguous, a_base=3 * 1024):
@@ -171,20 +154,20 @@ def _simulate_dot(a, b, m, n, k, num_warps, a_contiguous, b_contiguous, a_base=3
     and the accumulator layout. The A tile starts at byte `a_base`, B 2 KB after A."""
     bases = (a_base, a_base + 2 * m * k + 2048)
     instr_n = wgmma_instruction_n((m, n), num_warps)
-    tile_a = wgmma_operand_layout((m, k), 16, 0, _source_layout((m, k), a_contiguous, num_warps), 64)
-    tile_b = wgmma_operand_layout((k, n), 16, 1, _source_layout((k, n), b_contiguous, num_warps), instr_n)
+    tile_a = wgmma_operand_layout((m, k), 16, 0, source_layout((m, k), a_contiguous, num_warps), 64)
+    tile_b = wgmma_operand_layout((k, n), 16, 1, source_layout((k, n), b_contiguous, num_warps), instr_n)
     accumulator = wgmma_accumulator((m, n), num_warps, instr_n)
     plan = wgmma_plan(tile_a, tile_b, accumulator)
     memory = {}
-    _store(memory, a, _source_layout((m, k), a_contiguous, num_warps), tile_a, bases[0], num_warps)
-    _store(memory, b, _source_layout((k, n), b_contiguous, num_warps), tile_b, bases[1], num_warps)
+    _store(memory, a, source_layout((m, k), a_contiguous, num_warps), tile_a, bases[0], num_warps)
+    _store(memory, b, source_layout((k, n), b_contiguous, num_warps), tile_b, bases[1], num_warps)
     assert len(memory) == m * k + k * n
     per_instruction = plan.instr_n // 2
     acc = {}
     for group in range(num_warps // 4):
         # the descriptor as codegen computes it: fields | (base >> 4 & 0x3FFF) + warpgroup + instruction
-        group_a = _xor_bits(plan.a_warp_offsets, group) >> 4
-        group_b = _xor_bits(plan.b_warp_offsets, group) >> 4
+        group_a = xor_bits(plan.a_warp_offsets, group) >> 4
+        group_b = xor_bits(plan.b_warp_offsets, group) >> 4
         desc_a = plan.a.descriptor_fields() | ((bases[0] >> 4 & 0x3FFF) + group_a)
         desc_b = plan.b.descriptor_fields() | ((bases[1] >> 4 & 0x3FFF) + group_b)
         for instruction in plan.instructions:
@@ -252,26 +235,18 @@ def test_swizzled_exchange_moves_every_element_without_bank_conflicts(shape, num
     size = bits // 8
     memory = {}
     width, groups, lanes, warps = tile_store_groups(source, tile, bits)
-    for warp in range(num_warps):
-        for lane in range(32):
-            thread = _xor_bits(lanes, lane) ^ _xor_bits(warps, warp)
-            for first, constant in groups:
-                address = thread ^ constant
-                assert address % (width * size) == 0
-                for i in range(width):
-                    coords = source.apply(register=first + i, lane=lane, warp=warp)
-                    assert memory.setdefault(address + size * i, coords) == coords
+    for warp, lane, first, address in vector_accesses(groups, lanes, warps, num_warps):
+        assert address % (width * size) == 0
+        for i in range(width):
+            coords = source.apply(register=first + i, lane=lane, warp=warp)
+            assert memory.setdefault(address + size * i, coords) == coords
     assert len(memory) == shape[0] * shape[1] and max(memory) < shape[0] * shape[1] * size
     width, groups, lanes, warps = tile_load_groups(target, tile, bits)
     assert width * size == 16, "the blocked side should read 16-byte vectors"
-    for warp in range(num_warps):
-        for lane in range(32):
-            thread = _xor_bits(lanes, lane) ^ _xor_bits(warps, warp)
-            for first, constant in groups:
-                address = thread ^ constant
-                assert address % (width * size) == 0
-                for i in range(width):
-                    assert memory[address + size * i] == target.apply(register=first + i, lane=lane, warp=warp)
+    for warp, lane, first, address in vector_accesses(groups, lanes, warps, num_warps):
+        assert address % (width * size) == 0
+        for i in range(width):
+            assert memory[address + size * i] == target.apply(register=first + i, lane=lane, warp=warp)
     choice = choose_swizzle(source, target, bits)
     assert choice.layout == tile
     for cost in (choice.store, choice.load):
@@ -419,15 +394,6 @@ def test_staged_dot_ptx(dtype, a_t, b_t, tmp_path, monkeypatch):
     assert result.spill_bytes == 0, result.log
 
 
-def _compile_matmul(config, dtype=torch.float16, arch="sm_90a", transposed_b=False, m=4096, n=4096, k=4096):
-    x = torch.empty(16, dtype=dtype)
-    b_strides = (k * n, 1, k) if transposed_b else (k * n, n, 1)
-    return dsl.jit(mm.matmul_kernel.fn).compile(
-        x, x, x, x, m, n, k, m * k, k, 1, *b_strides, m * n, n, 1, 1, target=arch,
-        num_warps=config.num_warps, num_stages=config.num_stages, HAS_BIAS=True, ACTIVATION="gelu",
-        ACC=dsl.float32, **config.constexprs)
-
-
 @needs_ptxas
 @pytest.mark.parametrize("config,dtype,transposed_b", [
     (mm.WGMMA_CONFIGS[0], torch.float16, False), (mm.WGMMA_CONFIGS[1], torch.bfloat16, True),
@@ -436,7 +402,7 @@ def _compile_matmul(config, dtype=torch.float16, arch="sm_90a", transposed_b=Fal
 ], ids=lambda v: str(v) if isinstance(v, dsl.Config) else None)
 def test_library_matmul_on_sm90a_uses_wgmma_without_spills(config, dtype, transposed_b, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    compiled = _compile_matmul(config, dtype, transposed_b=transposed_b)
+    compiled = compile_library_matmul(config, dtype, transposed_b=transposed_b)
     ptx = compiled.asm["ptx"]
     name = "f16" if dtype == torch.float16 else "bf16"
     assert "wgmma.mma_async.sync.aligned.m64n" in ptx and f"k16.f32.{name}.{name}" in ptx
@@ -463,7 +429,7 @@ def test_library_matmul_on_sm90a_uses_wgmma_without_spills(config, dtype, transp
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_other_targets_keep_mma_sync(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    ptx = _compile_matmul(mm.CONFIGS[3], arch=arch).asm["ptx"]
+    ptx = compile_library_matmul(mm.CONFIGS[3], arch=arch).asm["ptx"]
     assert "mma.sync.aligned.m16n8k16" in ptx and "ldmatrix" in ptx and "wgmma" not in ptx
     assert "fence.proxy" not in ptx and ".align 1024" not in ptx
     assert assemble(ptx, arch).spill_bytes == 0
@@ -472,10 +438,10 @@ def test_other_targets_keep_mma_sync(arch, tmp_path, monkeypatch):
 def test_disable_knob_keeps_mma_sync_and_keys_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FUSEDOPS_DISABLE_WGMMA", "1")
-    ptx = _compile_matmul(mm.SMALL_CONFIG).asm["ptx"]
+    ptx = compile_library_matmul(mm.SMALL_CONFIG).asm["ptx"]
     assert "mma.sync" in ptx and "wgmma" not in ptx
     monkeypatch.delenv("FUSEDOPS_DISABLE_WGMMA")
-    assert "wgmma.mma_async" in _compile_matmul(mm.SMALL_CONFIG).asm["ptx"]   # not the cached mma.sync kernel
+    assert "wgmma.mma_async" in compile_library_matmul(mm.SMALL_CONFIG).asm["ptx"]   # not the cached mma.sync kernel
 
 
 # -- GPU tier -----------------------------------------------------------------------------------------------
@@ -599,7 +565,7 @@ def test_gpu_wgmma_and_mma_sync_agree(seed, monkeypatch):
 @pytest.mark.cuda
 def test_gpu_sass_uses_hgmma(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    compiled = _compile_matmul(mm.WGMMA_CONFIGS[0])
+    compiled = compile_library_matmul(mm.WGMMA_CONFIGS[0])
     try:
         sass = compiled.asm["sass"]
     except KeyError as error:
