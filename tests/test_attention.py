@@ -3,7 +3,8 @@ math attention (odd L, S, padded head dims, causal with L < S and L > S, boolean
 fully masked rows, GQA, strided and broadcast inputs), gradients (gradcheck in float64, and against
 float64 autograd), torch's argument errors, the PTX of the shipped configs (mma.sync, 0 spills), and
 the GPU tier (`-m cuda`): realistic sizes, long sequences, batch * heads >= 65536, with an error at most
-twice torch's own same-dtype error.
+twice torch's own same-dtype error. On sm_90a the forward's key loop is checked in its PTX: wgmma with
+A from registers, one barrier per key block.
 """
 
 from __future__ import annotations
@@ -390,17 +391,51 @@ def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torc
         16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, **options)
 
 
+def _loop_bodies(ptx: str) -> list:
+    """The text of each outermost loop of `ptx` (a label up to the last backward branch to it)."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\$L__\w+):", line))}
+    spans = [(labels[m.group(1)], j) for j, line in enumerate(lines)
+             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)) and labels.get(m.group(1), j) < j]
+    outer = [s for s in spans if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in spans)]
+    return ["\n".join(lines[a:b + 1]) for a, b in sorted(outer)]
+
+
+_REGISTER_A = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16 \{[^}]*\}, \{%r")
+
+
 @needs_ptxas
-@pytest.mark.parametrize("dim,causal,mask_kind", [(64, True, at.NO_MASK), (128, False, at.BOOL_MASK),
-                                                  (256, False, at.ADDITIVE_MASK)])
+@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, at.NO_MASK), (64, True, at.BOOL_MASK),
+                                                  (128, True, at.NO_MASK), (128, False, at.ADDITIVE_MASK),
+                                                  (256, True, at.BOOL_MASK), (256, False, at.NO_MASK)])
 def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tmp_path, monkeypatch):
+    """sm_90a, E <= 128: both dots of every key block on wgmma with A from registers (Q converted once
+    before the loops, P straight from the logits' accumulator), K/V from the cp.async ring: one
+    barrier per key block (the ring's), no st.shared, row statistics by shuffles within a warp.
+    E = 256 (BLOCK_M = 64 on 8 warps: warpgroups split N) keeps mma.sync."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     compiled = compile_forward(dim, causal, mask_kind)
     ptx = compiled.asm["ptx"]
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "ldmatrix" in ptx
     assert "ex2.approx" in ptx
+    loops = _loop_bodies(ptx)
+    # the interior key blocks and the masked tail (with an attn_mask every block is masked: one loop)
+    assert len(loops) == (1 if mask_kind else 2)
+    for body in loops:
+        if dim == 256:
+            assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in body
+            continue
+        assert "mma.sync" not in body and "ldmatrix" not in body
+        assert len(_REGISTER_A.findall(body)) == len(re.findall(r"wgmma\.mma_async", body)) == dim // 16 + 64 // 16
+        assert "cp.async.cg.shared.global" in body
+        barriers = len(re.findall(r"\bbar\.sync", body))
+        if mask_kind:       # + the mask tile's move from its load layout to the logits' (through shared memory)
+            assert barriers <= 7, barriers
+            continue
+        assert barriers == 1 and "st.shared" not in body and "ld.shared" not in body
+        assert len(re.findall(r"\bshfl\.sync", body)) == 8     # max and sum of 2 row pairs, over 4 lanes each
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes == 0, result.log
+    assert "warning" not in result.log.lower(), result.log
     assert compiled.shared_bytes <= 227 * 1024
 
 

@@ -167,6 +167,73 @@ def test_split_backward_sums_more_chunks_than_one_block(interpret, monkeypatch, 
     _check(LAYER_NORM, (3, 70), (70,), torch.float32, seed)
 
 
+# Issue-5 variants forced at small sizes: (ForwardConfig, BackwardConfig). Block sizes are chosen so
+# that 16-bit rows of 21 columns take the aligned window (block >= 21 + 7) and the two-pass backward
+# splits a row into several parts and chunks.
+VARIANTS = {
+    "affine_first+window / persistent one-pass+prefetch+window": (
+        norms.ForwardConfig(False, 2, 32, 1, affine_first=True, aligned_window=True),
+        norms.BackwardConfig(False, 2, 32, 1, 1, prefetch=True, persistent=True, aligned_window=True)),
+    "persistent+prefetch+window / persistent two-pass parts+window": (
+        norms.ForwardConfig(False, 2, 32, 1, aligned_window=True, programs_per_sm=1, prefetch=True),
+        norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, aligned_window=True, chunk=4)),
+    "persistent looped / persistent two-pass whole rows+prefetch": (
+        norms.ForwardConfig(True, 1, 8, 1, programs_per_sm=1),
+        norms.BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True, two_pass=True, chunk=8)),
+}
+
+
+def _check_with_configs(op, shape, dtype, seed, forward_config, backward_config, weight=True, bias=True,
+                        transpose_x=False, expand_dy=False):
+    """The kernels' forward and backward under forced configs (launchers, interpreter) vs float64."""
+    subtract_mean = op == LAYER_NORM
+    x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, weight, bias and subtract_mean)
+    if transpose_x:
+        x = x.t().contiguous().t()
+    if expand_dy:
+        dy = dy[:1].expand(shape)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
+                                       interpret=True, allocate=_poisoned_cpu_empty)
+    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
+                                     config=backward_config, interpret=True, allocate=_poisoned_cpu_empty)
+    _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
+
+
+def _poisoned_cpu_empty(shape, dtype, device):
+    return poison(torch.empty(shape, dtype=dtype, device=device))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("dtype, shape", [(torch.float16, (13, 21)), (torch.float32, (9, 16)),
+                                          (torch.bfloat16, (6, 1))])
+def test_issue5_variants_match_float64(variant, op, dtype, shape, seed):
+    _check_with_configs(op, shape, dtype, seed, *VARIANTS[variant])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("weight, bias", AFFINE[1:])
+def test_issue5_variants_affine_combinations(variant, weight, bias, seed):
+    _check_with_configs(LAYER_NORM, (7, 21), torch.float16, seed, *VARIANTS[variant], weight=weight, bias=bias)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_issue5_variants_strided_x_and_expanded_dy(variant, seed):
+    # Neither layout takes the aligned window (column stride != 1, row stride 0): the plain addressing.
+    _check_with_configs(LAYER_NORM, (7, 21), torch.float16, seed, *VARIANTS[variant], transpose_x=True,
+                        expand_dy=True)
+
+
+def test_aligned_window_applies_only_to_rows_of_stride_n():
+    assert norms._window_shift(True, 32, 21, 1, 2, (21, 1), (21, 1)) == 8
+    assert norms._window_shift(True, None, 21, 1, 2, (21, 1), (0, 1)) == 0      # expanded dy
+    assert norms._window_shift(True, 32, 21, 1, 2, (1, 21)) == 0                 # transposed x
+    assert norms._window_shift(True, 16, 21, 1, 2, (21, 1)) == 0                 # window past the block
+    assert norms._window_shift(True, 32, 24, 8, 2, (24, 1)) == 0                 # rows already aligned
+    assert norms._window_shift(False, 32, 21, 1, 2, (21, 1)) == 0
+
+
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 @pytest.mark.parametrize("weight, bias", AFFINE)
 def test_gradcheck_float64(interpret, op, weight, bias, seed):
@@ -616,3 +683,45 @@ def test_gpu_layer_norm_under_autocast_runs_in_float32(seed):
         y, reference = ours(x), theirs(x)
     assert y.dtype == reference.dtype == torch.float32
     assert_close(y, F.layer_norm(x.double(), (1000,)), torch.float32)
+
+
+# -- issue-5 candidate configurations (bench/layernorm.py --sweep, .scratch/ln_sweep.py) compile --------
+def _candidate_launches():
+    """(name, kernel, args, constexprs, num_warps, spill_free) of the GPU candidates at fp16 LayerNorm."""
+    x = torch.empty(64, dtype=torch.float16)
+    stats = torch.empty(64)
+    launches = []
+    for n, warps in ((1024, 4), (2048, 4), (4096, 8), (8192, 16), (16384, 16)):
+        forward_args = (x, stats, stats, x, x, x, 8192, n, n, 1, n, 1e-5)
+        launches.append(("forward affine_first", K.forward_kernel, forward_args,
+                         dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=n, AFFINE_FIRST=True), warps, True))
+        if n <= 8192:
+            launches.append(("forward persistent", K.forward_persistent_kernel, forward_args,
+                             dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=n, PREFETCH=True), warps, True))
+    launches.append(("forward looped persistent", K.forward_looped_kernel,
+                     (x, stats, stats, x, x, x, 8192, 32768, 32768, 1, 32768, 1e-5),
+                     dict(SUBTRACT_MEAN=True, BLOCK_N=8192), 16, True))
+    for n, block_n, warps, prefetch, two_pass in ((1024, 1024, 4, True, False), (2048, 2048, 8, True, False),
+                                                  (4096, 4096, 8, True, False), (16384, 8192, 16, False, True)):
+        launches.append(("backward persistent", K.backward_persistent_kernel,
+                         (x, stats, stats, x, x, x, stats, stats, 8192, n, 132, n // block_n, n, 1, n, 1, n),
+                         dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=block_n, TWO_PASS=two_pass, CHUNK=4096,
+                              PREFETCH=prefetch), warps, True))
+    # The aligned window (odd N) costs registers: assembled, spills allowed (the GPU sweep decides).
+    launches.append(("forward window", K.forward_kernel, (x, stats, stats, x, x, x, 8192, 12289, 12289, 1, 12289,
+                                                          1e-5),
+                     dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=16384, SHIFT=8), 8, True))
+    launches.append(("backward window", K.backward_persistent_kernel,
+                     (x, stats, stats, x, x, x, stats, stats, 8192, 4097, 136, 1, 4097, 1, 4097, 1, 4097),
+                     dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=8192, TWO_PASS=False, CHUNK=4096, PREFETCH=False,
+                          SHIFT=8), 16, False))
+    return launches
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+def test_issue5_candidate_configs_assemble_for_sm90a(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    for name, kernel, args, constexprs, num_warps, spill_free in _candidate_launches():
+        compiled = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs)
+        result = assemble(compiled.asm["ptx"], "sm_90a")
+        assert not spill_free or result.spill_bytes == 0, (name, constexprs, num_warps, result.log)

@@ -340,7 +340,9 @@ def test_descriptor_loads_stay_plain_loads_without_tma(knob, arch, monkeypatch, 
 
 def test_pipelined_tma_ring_schedule(tma_on):
     """The ring of a TMA loop: one mbarrier per slot expecting both operands' copies, waits on the
-    read slot's phase (carried), copies predicated on the loop range, no cp.async."""
+    read slot's phase (carried), copies predicated on the loop range, no cp.async. (FUSEDOPS_WS=0's
+    schedule; tests/test_warp_specialization.py has FUSEDOPS_WS=1's.)"""
+    tma_on.setenv("FUSEDOPS_WS", "0")
     args, constexprs = _tma_matmul_args(64, 32, 96, torch.float16, False, True)
     kernel = dsl.jit(mm.matmul_tma_kernel.fn)
     function = kernel.ir(*args, **constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)

@@ -12,14 +12,21 @@ CPU tier:
     A @ B where the accumulator layout says;
   - the pipelining ring with a wgmma left in flight: no copy overwrites a slot a wgmma may still
     read, and the pipelined IR computes the same in the interpreter;
+  - A from registers: the A fragment layout (`layouts.mma.wgmma_operand_a`) against the ISA's
+    figure (every element once per warpgroup; the m64nNk16 accumulator of N = K is the same
+    layout), and a simulated dot whose A registers go to the instructions `wgmma_plan` names;
   - PTX: the library matmul's sm_90a configs and a small dot kernel use wgmma.mma_async, fence,
     commit_group, wait_group and fence.proxy.async, and ptxas accepts them with 0 spill bytes;
+    a dot whose A is computed in registers takes the register-A form with nothing staged for A;
     sm_80 / sm_90 / FUSEDOPS_DISABLE_WGMMA=1 keep mma.sync.
 GPU tier (`-m cuda`, H200): dots against float64 at several tile shapes, both orientations of A and
-B, ragged M/N/K, fp16 and bf16, many K iterations, the staged (non-cp.async) path, and HGMMA in SASS.
+B, ragged M/N/K, fp16 and bf16, many K iterations, the staged (non-cp.async) path, A from registers,
+and HGMMA in SASS.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -31,7 +38,7 @@ from fusedops.dsl.codegen.mma import tile_store_groups
 from fusedops.dsl.codegen.wgmma import wgmma_plan
 from fusedops.dsl.interpreter import Interpreter
 from fusedops.dsl.ir import OpCode
-from fusedops.dsl.layouts import default_blocked, wgmma_accumulator
+from fusedops.dsl.layouts import default_blocked, wgmma_accumulator, wgmma_operand_a
 from fusedops.dsl.layouts.mma_shared import (encode_wgmma_descriptor, wgmma_operand_shared,
                                              wgmma_operand_tile)
 from fusedops.dsl.passes.dot_layouts import wgmma_instruction_n, wgmma_operand_layout
@@ -217,6 +224,95 @@ def test_simulation_notices_a_tile_off_its_swizzle_pattern(seed):
     assert any(value != expected[layout.apply(register=r, lane=lane, warp=w)] for (r, lane, w), value in acc.items())
 
 
+# -- A from registers ----------------------------------------------------------------------------------------
+
+def _a_fragment(lane: int, warp_in_group: int, e: int) -> tuple:
+    """(row, col) of element a_e (e < 8; a0..a3 as .f16x2 pairs) of a thread in the 64x16 A sub-tile of
+    wgmma.m64nNk16 from registers (PTX ISA 9.7.15.5.1.1.1, the A fragment figure)."""
+    return (16 * warp_in_group + lane // 4 + 8 * (e >> 1 & 1), 2 * (lane % 4) + (e & 1) + 8 * (e >> 2))
+
+
+@pytest.mark.parametrize("m,k,n,num_warps", [(64, 16, 64, 4), (64, 64, 64, 4), (128, 64, 64, 8), (128, 128, 64, 4),
+                                             (256, 32, 128, 8), (64, 32, 64, 8)], ids=str)
+def test_register_a_fragment_follows_the_isa(m, k, n, num_warps):
+    instr_n = wgmma_instruction_n((m, n), num_warps)
+    layout = wgmma_operand_a((m, k), num_warps, instr_n, n)
+    groups_m = max(1, min(num_warps // 4, m // 64))
+    owners = {}
+    for warp in range(num_warps):
+        group, warp_in_group = divmod(warp, 4)
+        for lane in range(32):
+            for register in range(layout.num_registers):
+                row, col = layout.apply(register=register, lane=lane, warp=warp)
+                # register a + 8 * (kk + repK * i): element a of the 64x16 tile (i, kk) of its warpgroup
+                e, kk, i = register % 8, register // 8 % (k // 16), register // 8 // (k // 16)
+                frag_row, frag_col = _a_fragment(lane, warp_in_group, e)
+                assert (row, col) == (64 * (group % groups_m) + 64 * groups_m * i + frag_row, 16 * kk + frag_col)
+                owners.setdefault((group, row, col), []).append((warp, lane, register))
+    # every element once per warpgroup; warpgroups tiling M own disjoint rows, others hold copies
+    assert all(len(v) == 1 for v in owners.values())
+    assert len(owners) == m * k * (num_warps // 4) // groups_m
+
+
+@pytest.mark.parametrize("m,n,num_warps", [(64, 64, 4), (128, 64, 8), (128, 128, 8), (128, 32, 4), (256, 64, 8)],
+                         ids=str)
+def test_accumulator_is_the_next_register_a(m, n, num_warps):
+    """The m64nNk16 .f32 accumulator of an (M, N) dot whose warpgroups tile M, cast to 16 bits, is
+    already the A fragment of a dot with K = N (FlashAttention-3's P @ V): the same linear layout."""
+    instr_n = wgmma_instruction_n((m, n), num_warps)
+    assert instr_n == n
+    assert wgmma_operand_a((m, n), num_warps, instr_n, 64) == wgmma_accumulator((m, n), num_warps, instr_n)
+
+
+def _simulate_register_a_dot(a, b, m, n, k, num_warps, b_contiguous, b_base=2048):
+    """Registers after the wgmma lowering of acc = a @ b with A from registers: each instruction
+    takes the thread's registers `plan.instructions[i].a_registers` as a0..a7, which the hardware
+    reads as the A fragment figure says (`_a_fragment`)."""
+    instr_n = wgmma_instruction_n((m, n), num_warps)
+    a_layout = wgmma_operand_a((m, k), num_warps, instr_n, n)
+    tile_b = wgmma_operand_layout((k, n), 16, 1, source_layout((k, n), b_contiguous, num_warps), instr_n)
+    accumulator = wgmma_accumulator((m, n), num_warps, instr_n)
+    plan = wgmma_plan(a_layout, tile_b, accumulator)
+    assert plan.a is None and all(len(i.a_registers) == 8 for i in plan.instructions)
+    memory = {}
+    _store(memory, b, source_layout((k, n), b_contiguous, num_warps), tile_b, b_base, num_warps)
+    per_instruction = plan.instr_n // 2
+    acc = {}
+    for group in range(num_warps // 4):
+        desc_b = plan.b.descriptor_fields() | ((b_base >> 4 & 0x3FFF) + (xor_bits(plan.b_warp_offsets, group) >> 4))
+        for instruction in plan.instructions:
+            sub_a = np.zeros((64, 16))
+            for warp_in_group in range(4):
+                warp = 4 * group + warp_in_group
+                for lane in range(32):
+                    for e, register in enumerate(instruction.a_registers):
+                        sub_a[_a_fragment(lane, warp_in_group, e)] = a[a_layout.apply(register=register, lane=lane,
+                                                                                       warp=warp)]
+            reads_b = _hardware_addresses(desc_b + (instruction.b_offset >> 4), plan.b.mn_major, plan.instr_n)
+            sub_b = np.array([[memory[reads_b[(c, kk)]] for c in range(plan.instr_n)] for kk in range(16)])
+            product = sub_a @ sub_b
+            for warp_in_group in range(4):
+                for lane in range(32):
+                    for d in range(per_instruction):
+                        key = (instruction.first_register + d, lane, 4 * group + warp_in_group)
+                        acc[key] = acc.get(key, 0) + product[_fragment(lane, warp_in_group, d)]
+    return acc, accumulator
+
+
+@pytest.mark.parametrize("b_contiguous", [1, 0], ids=["B-nmajor", "B-kmajor"])
+@pytest.mark.parametrize("m,n,k,num_warps", [(64, 64, 64, 4), (128, 64, 64, 8), (128, 128, 32, 8), (128, 32, 64, 4)],
+                         ids=str)
+def test_simulated_register_a_wgmma_computes_a_times_b(m, n, k, num_warps, b_contiguous, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-4, 5, size=(m, k)).astype(np.float64)
+    b = rng.integers(-4, 5, size=(k, n)).astype(np.float64)
+    acc, layout = _simulate_register_a_dot(a, b, m, n, k, num_warps, b_contiguous)
+    assert len(acc) == layout.num_registers * 32 * num_warps
+    expected = a @ b
+    for (register, lane, warp), value in acc.items():
+        assert value == expected[layout.apply(register=register, lane=lane, warp=warp)]
+
+
 # -- the epilogue: accumulator -> blocked through a swizzled tile ------------------------------------------
 
 @pytest.mark.parametrize("shape,num_warps", [((128, 256), 8), ((256, 128), 8), ((128, 128), 4), ((64, 64), 4),
@@ -394,6 +490,43 @@ def test_staged_dot_ptx(dtype, a_t, b_t, tmp_path, monkeypatch):
     assert result.spill_bytes == 0, result.log
 
 
+@dsl.jit
+def _register_a_dot_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_ak, stride_bk, stride_bn,
+                           M: dsl.constexpr, N: dsl.constexpr, K: dsl.constexpr):
+    # A computed in registers (a + a: not a load), B loaded beside the dot: wgmma with A from registers.
+    rm, rn, rk = dsl.arange(0, M), dsl.arange(0, N), dsl.arange(0, K)
+    a = dsl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak)
+    b = dsl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn)
+    acc = dsl.dot(a + a, b, dsl.zeros((M, N), dsl.float32))
+    dsl.store(c_ptr + rm[:, None] * N + rn[None, :], acc)
+
+
+def _compile_register_a_dot(dtype, m, n, k, num_warps, b_t=False):
+    p, f = dsl.pointer_type(dtype), dsl.pointer_type(dsl.float32)
+    strides = (k, 1) + ((1, k) if b_t else (n, 1))
+    return dsl.jit(_register_a_dot_kernel.fn).compile(p, p, f, *strides, M=m, N=n, K=k, num_warps=num_warps,
+                                                      target="sm_90a")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("dtype", [dsl.float16, dsl.bfloat16])
+@pytest.mark.parametrize("m,n,k,num_warps,b_t", [(128, 64, 64, 8, False), (64, 128, 32, 4, True)], ids=str)
+def test_register_a_dot_ptx(dtype, m, n, k, num_warps, b_t, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    compiled = _compile_register_a_dot(dtype, m, n, k, num_warps, b_t)
+    assert 'engine="wgmma"' in compiled.asm["ir"]
+    ptx = compiled.asm["ptx"]
+    name = "f16" if dtype == dsl.float16 else "bf16"
+    # {d..}, {a0, a1, a2, a3}, b-desc, p, imm-scale-a, imm-scale-b, imm-trans-b
+    form = re.compile(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.{name}\.{name} \{{[^}}]*\}}, "
+                      rf"\{{%r\d+, %r\d+, %r\d+, %r\d+\}}, %rd\d+, p, 1, 1, {int(not b_t)};")
+    assert len(form.findall(ptx)) == k // 16 * (m // 64) // max(1, min(num_warps // 4, m // 64))
+    assert ptx.count("fence.proxy.async") == 1        # one tile staged for the async proxy: B's
+    result = assemble(ptx, "sm_90a")
+    assert result.spill_bytes == 0, result.log
+    assert "warning" not in result.log.lower(), result.log
+
+
 @needs_ptxas
 @pytest.mark.parametrize("config,dtype,transposed_b", [
     (mm.WGMMA_CONFIGS[0], torch.float16, False), (mm.WGMMA_CONFIGS[1], torch.bfloat16, True),
@@ -545,6 +678,18 @@ def test_gpu_single_staged_dot(m, n, k, num_warps, dtype, a_t, b_t, seed):
     kernel = dsl.jit(_dot_kernel.fn)
     kernel[(1,)](a, b, c, a.stride(0), a.stride(1), b.stride(0), b.stride(1), M=m, N=n, K=k, num_warps=num_warps)
     assert_close(c, a.double() @ b.double(), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,num_warps,b_t", [(128, 64, 64, 8, False), (64, 128, 32, 4, True),
+                                                 (256, 64, 128, 8, False), (64, 16, 16, 4, True)], ids=str)
+def test_gpu_register_a_dot(m, n, k, num_warps, b_t, dtype, seed):
+    a, b = _operands(m, n, k, dtype, False, b_t, seed)
+    c = poison(torch.empty(m, n, dtype=torch.float32, device="cuda"))
+    kernel = dsl.jit(_register_a_dot_kernel.fn)
+    kernel[(1,)](a, b, c, a.stride(0), a.stride(1), b.stride(0), b.stride(1), M=m, N=n, K=k, num_warps=num_warps)
+    assert_close(c, (a + a).double() @ b.double(), dtype)
 
 
 @pytest.mark.cuda

@@ -129,6 +129,8 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
         ir_text += "// FUSEDOPS_DISABLE_WGMMA\n"      # the knob changes the code, so it is part of the key
     if options.arch == "sm_90a" and knobs.current().tma:
         ir_text += "// FUSEDOPS_TMA\n"
+        if knobs.current().ws:
+            ir_text += f"// FUSEDOPS_WS={knobs.current().ws}\n"
     key = cache.cache_key(ir_text, function.arg_hints, options)
     entry = cache.load(key)
     if entry is not None:

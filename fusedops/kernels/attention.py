@@ -397,13 +397,17 @@ def head_block(dim: int) -> int:
     return max(16, 1 << max(0, dim - 1).bit_length())
 
 
-# The launch configs on sm_80/sm_90 (mma.sync), by padded head dim (the wider of BLOCK_E, BLOCK_EV):
-# a table that `python bench/attention.py --sweep` times against the alternatives below, so that one
-# GPU run picks it. Every entry and alternative assembles for sm_90a without spills at E = 64 / 128 /
-# 256, causal or not, with or without attn_mask (tests/test_attention.py). Why the alternatives: the
-# mma.sync warp grid of an (M, N) accumulator tiles M first only while M / warps >= N, and a row
-# reduction of the logits whose warps also tile N goes through shared memory with barriers (27
-# barriers per key block at 128x64 on 8 warps, 7 at 128x32, 3 at 128x64 on 4 warps at E = 64).
+# The launch configs on sm_80/sm_90a, by padded head dim (the wider of BLOCK_E, BLOCK_EV): a table that
+# `python bench/attention.py --sweep` (and .scratch/attn_sweep.py) times against the alternatives below,
+# so that one GPU run picks it. Every entry and alternative assembles for sm_90a without spills at
+# E = 64 / 128 / 256, causal or not, with or without attn_mask (tests/test_attention.py).
+# sm_90a forward (E <= 128): both dots of a key block run on wgmma with A from registers (Q converted
+# to the A fragment once, before the key loops; P = exp2(S - m) is the S accumulator itself), K and V
+# come through the cp.async ring, and each warpgroup owns 64 rows (BLOCK_M = 64 x warpgroups), so the
+# row max/sum are 2 shuffles over the 4 lanes of a row: 1 barrier per key block (the ring's), no
+# st.shared (the mma.sync lowering had 27 barriers and 46 st.shared per key block at 128x64 on 8 warps).
+# With an attn_mask the mask tile still moves to the logits' layout through shared memory (7 barriers).
+# E = 256 (64 x 32 on 8 warps: warpgroups split N) and sm_80 keep mma.sync.
 FORWARD_CONFIGS = {
     64: AttentionConfig(128, 64, 8, 3),
     128: AttentionConfig(128, 64, 8, 3),
@@ -417,8 +421,8 @@ BACKWARD_CONFIGS = {
 }
 # Alternatives the sweep times (besides the table's entry), by padded head dim.
 FORWARD_ALTERNATIVES = {
-    64: (AttentionConfig(128, 32, 8, 3), AttentionConfig(64, 32, 4, 2)),
-    128: (AttentionConfig(128, 32, 8, 2), AttentionConfig(64, 32, 4, 2)),
+    64: (AttentionConfig(128, 128, 8, 2), AttentionConfig(128, 32, 8, 3), AttentionConfig(64, 64, 4, 3)),
+    128: (AttentionConfig(128, 64, 8, 2), AttentionConfig(128, 32, 8, 2), AttentionConfig(64, 64, 4, 3)),
     256: (),
 }
 DKDV_ALTERNATIVES = {

@@ -24,6 +24,8 @@ TMA (sm_90a; FUSEDOPS_TMA=0 turns it off): a single product (batch 1)
 whose operands a tensor map can describe runs `matmul_tma_kernel`, the same kernel reading A and B
 through `dsl.make_tensor_descriptor`, so that on sm_90a the bulk tensor copy engine fills the wgmma
 operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs are TMA_CONFIGS.
+FUSEDOPS_WS=1 (read at compile time, runtime/knobs.py) replaces the K loop's CTA barrier by per-stage
+"empty" mbarriers (passes/pipelining.py); the default stays 0 until the H200 shows it faster.
 Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
 
 Configs are autotuned per (M, N, K, dtypes, device) among `CONFIGS` (fusedops.dsl.autotune) for

@@ -49,25 +49,34 @@ import fusedops.dsl as dsl
 
 
 @dsl.jit
-def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
-                   n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
-                   SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
-                   ALIGN: dsl.constexpr = 1):
-    # x_ptr: (n_rows, n_cols) strided; y_ptr: (n_rows, n_cols) unit column stride; weight_ptr, bias_ptr:
-    # (n_cols,) contiguous or None; mean_ptr (LayerNorm only, else None), rstd_ptr: (n_rows,) float32/64.
-    # One program per BLOCK_ROWS rows; BLOCK_N >= n_cols.
-    # ALIGN: a power of two dividing both row strides (in elements), so that rows of e.g. 1000 fp16
-    # elements still start 16-byte vectors.
+def _row_window(rows, cols, n_cols, row_stride, col_stride, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr):
+    # -> (offsets, logical, in_row): element offsets of the (rows, cols) tile of a tensor, the column of
+    # the row each element holds and whether it holds one (0 <= logical < n_cols). rows: (R,) int32.
+    # SHIFT = 0: `cols` are the row's columns; ALIGN (a power of two dividing the row stride) keeps
+    # 16-byte vectors for row strides such as 1000 fp16 elements. logical and in_row are then (1, C).
+    # SHIFT > 0 (the elements of a 16-byte vector; unit column stride, a row stride shared by every
+    # tensor addressed with it): rows that start anywhere (odd N) are read through a window that starts
+    # at the SHIFT-element boundary at or before the row, so whole 16-byte groups move as vectors;
+    # `cols` are window positions and the row's column c sits at position c + (row start mod SHIFT).
+    # logical and in_row are then (R, C). Row offsets are int64 (tensors may exceed 2**31 elements).
+    base = rows.to(dsl.int64) * row_stride
+    if SHIFT:
+        shift = base % SHIFT
+        logical = cols[None, :] - shift.to(dsl.int32)[:, None]
+        return (dsl.multiple_of(base - shift, SHIFT)[:, None] + cols[None, :], logical,
+                (logical >= 0) & (logical < n_cols))
+    logical = cols[None, :]
+    return dsl.multiple_of(base, ALIGN)[:, None] + logical * col_stride, logical, logical < n_cols
+
+
+@dsl.jit
+def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, weight_ptr, bias_ptr, logical, in_row,
+                    y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN: dsl.constexpr):
+    # The forward of a tile of whole rows: x (R, C) in its own dtype, 0 where `mask` is off; writes y at
+    # y_offsets and the rows' mean (LayerNorm) and rstd. weight, bias: loaded tiles (own dtype) or None;
+    # weight_ptr, bias_ptr: not None to load them here, after the reductions, at `logical` (masked by
+    # in_row): fewer registers live across the reductions.
     acc_dtype = rstd_ptr.dtype.element
-    rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
-    row_mask = rows < n_rows
-    rows64 = rows.to(dsl.int64)
-    cols = dsl.arange(0, BLOCK_N)[None, :]
-    col_mask = cols < n_cols
-    x_offsets = dsl.multiple_of(rows64 * x_row_stride, ALIGN)[:, None] + cols * x_col_stride
-    y_offsets = dsl.multiple_of(rows64 * y_row_stride, ALIGN)[:, None] + cols
-    mask = row_mask[:, None] & col_mask
-    x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN:
         mean = dsl.sum(x, axis=1) / n_cols
@@ -75,9 +84,13 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if weight_ptr is not None:
-        y = y * dsl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)
+        weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
     if bias_ptr is not None:
-        y = y + dsl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(acc_dtype)
+        bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+    if weight is not None:
+        y = y * weight.to(acc_dtype)
+    if bias is not None:
+        y = y + bias.to(acc_dtype)
     dsl.store(y_ptr + y_offsets, y, mask=mask)
     if SUBTRACT_MEAN:
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
@@ -85,12 +98,98 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
 
 
 @dsl.jit
+def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
+                   n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
+                   SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
+                   ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0, AFFINE_FIRST: dsl.constexpr = False):
+    # x_ptr: (n_rows, n_cols) strided; y_ptr: (n_rows, n_cols) unit column stride; weight_ptr, bias_ptr:
+    # (n_cols,) contiguous or None; mean_ptr (LayerNorm only, else None), rstd_ptr: (n_rows,) float32/64.
+    # One program per BLOCK_ROWS rows; BLOCK_N >= n_cols (>= n_cols + SHIFT - 1 with SHIFT).
+    # ALIGN, SHIFT: see _row_window (SHIFT needs x_row_stride == y_row_stride and x_col_stride == 1).
+    # AFFINE_FIRST: weight and bias are loaded with x, before the reductions (their latency overlaps
+    # x's), instead of after them.
+    rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
+    row_mask = rows < n_rows
+    cols = dsl.arange(0, BLOCK_N)
+    x_offsets, logical, in_row = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+    y_offsets, _, _ = _row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
+    mask = row_mask[:, None] & in_row
+    x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
+    if AFFINE_FIRST:
+        weight = None
+        bias = None
+        if weight_ptr is not None:
+            weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
+        if bias_ptr is not None:
+            bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
+                        rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
+    else:
+        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, None, None, weight_ptr, bias_ptr, logical, in_row,
+                        y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
+
+
+@dsl.jit
+def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
+                              n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
+                              SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
+                              ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0, PREFETCH: dsl.constexpr = False):
+    # Arguments as forward_kernel. A fixed grid (a few programs per SM); program p handles the row
+    # tiles p, p + G, p + 2G, ... (G = num_programs). weight and bias are loaded once per program and
+    # kept in registers (with SHIFT the launcher makes G * BLOCK_ROWS a multiple of SHIFT, so that lane
+    # i of every tile of a program sits at the same place in its window). PREFETCH: the next tile's x
+    # is loaded before the current tile is reduced (loads stay in flight across the reductions).
+    pid = dsl.program_id(0)
+    n_programs = dsl.num_programs(0)
+    n_tiles = dsl.cdiv(n_rows, BLOCK_ROWS)
+    lanes = dsl.arange(0, BLOCK_ROWS)
+    cols = dsl.arange(0, BLOCK_N)
+    _, logical, in_row = _row_window(pid * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
+                                     SHIFT)
+    weight = None
+    bias = None
+    if weight_ptr is not None:
+        weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
+    if bias_ptr is not None:
+        bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+    if PREFETCH:
+        rows = pid * BLOCK_ROWS + lanes
+        x_offsets, _, _ = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+        x = dsl.load(x_ptr + x_offsets, mask=(rows < n_rows)[:, None] & in_row, other=0.0)
+    for tile in range(pid, n_tiles, n_programs):
+        rows = tile * BLOCK_ROWS + lanes
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & in_row
+        if PREFETCH:
+            next_rows = rows + n_programs * BLOCK_ROWS
+            next_offsets, _, _ = _row_window(next_rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+            x_next = dsl.load(x_ptr + next_offsets, mask=(next_rows < n_rows)[:, None] & in_row, other=0.0)
+        else:
+            x_offsets, _, _ = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+            x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
+        y_offsets, _, _ = _row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
+        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
+                        rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
+        if PREFETCH:
+            x = x_next
+
+
+@dsl.jit
 def forward_looped_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
                           n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
                           SUBTRACT_MEAN: dsl.constexpr, BLOCK_N: dsl.constexpr):
-    # Arguments as forward_kernel; one program per row, any n_cols, BLOCK_N columns at a time.
+    # Arguments as forward_kernel; any n_cols, BLOCK_N columns at a time. Program p normalizes the rows
+    # p, p + G, p + 2G, ... (G = num_programs: n_rows, one row each, or a few programs per SM, whose
+    # second pass then finds the row in L2 as long as G rows fit there).
+    for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
+        _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
+                              x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N)
+
+
+@dsl.jit
+def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
+                          x_col_stride, y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr, BLOCK_N: dsl.constexpr):
     acc_dtype = rstd_ptr.dtype.element
-    row = dsl.program_id(0)
     x_row = x_ptr + row.to(dsl.int64) * x_row_stride
     y_row = y_ptr + row.to(dsl.int64) * y_row_stride
     lanes = dsl.arange(0, BLOCK_N)
@@ -108,7 +207,8 @@ def forward_looped_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         if SUBTRACT_MEAN:
             count += dsl.where(mask, 1.0, 0.0)
             delta = x - lane_mean
-            lane_mean += dsl.where(mask, delta / (chunk + 1.0), 0.0)
+            # one division per chunk, not per element (the loop is otherwise ALU-bound on divisions)
+            lane_mean += dsl.where(mask, delta * (1.0 / (chunk + 1.0)), 0.0)
             lane_m2 += dsl.where(mask, delta * (x - lane_mean), 0.0)
         else:
             lane_m2 += x * x
@@ -305,6 +405,137 @@ def backward_input_kernel(dx_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr,
     if SUBTRACT_MEAN:
         dx = dx - (dsl.sum(c2, axis=1) / n_cols)[:, None]
     dsl.store(dx_ptr + rows.to(dsl.int64)[:, None] * dx_row_stride + cols[None, :], dx * rstd[:, None], mask=mask)
+
+
+@dsl.jit
+def _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols, x_row_stride, x_col_stride,
+                  dy_row_stride, dy_col_stride, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr,
+                  SUBTRACT_MEAN: dsl.constexpr):
+    # -> (x, dy, mean, rstd, mask) of the (rows, cols) tile addressed through _row_window: x and dy in
+    # their own dtype (0 where masked off), the rows' statistics (rstd 0 for rows past the end; for
+    # RMSNorm `mean` is rstd, unused). With SHIFT, x and dy share one row stride.
+    row_mask = rows < n_rows
+    x_offsets, _, in_row = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+    dy_offsets, _, _ = _row_window(rows, cols, n_cols, dy_row_stride, dy_col_stride, ALIGN, SHIFT)
+    mask = row_mask[:, None] & in_row
+    x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
+    dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0)
+    rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+    mean = rstd
+    if SUBTRACT_MEAN:
+        mean = dsl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+    return x, dy, mean, rstd, mask
+
+
+@dsl.jit
+def _window_normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
+    # (xhat, dy, g = dy * weight) in the accumulation dtype, as _normalize, for a weight tile that
+    # broadcasts against x ((1, C) or (R, C), own dtype) or None.
+    acc_dtype = rstd.dtype
+    x = x.to(acc_dtype)
+    if SUBTRACT_MEAN:
+        x = dsl.where(mask, x - mean[:, None], 0.0)
+    xhat = x * rstd[:, None]
+    dy = dy.to(acc_dtype)
+    g = dy
+    if weight is not None:
+        g = dy * weight.to(acc_dtype)
+    return xhat, dy, g
+
+
+@dsl.jit
+def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr,
+                               rstd_ptr, n_rows, n_cols, n_groups, n_parts, x_row_stride, x_col_stride, dy_row_stride,
+                               dy_col_stride, dx_row_stride, SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr,
+                               BLOCK_N: dsl.constexpr, TWO_PASS: dsl.constexpr, CHUNK: dsl.constexpr,
+                               PREFETCH: dsl.constexpr, ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0):
+    # A fixed grid of n_groups * n_parts programs (n_parts = cdiv(n_cols + max(SHIFT - 1, 0), BLOCK_N):
+    # the window's columns); program p = group * n_parts + part handles the row tiles group, group + n_groups, ... and
+    # the columns (window positions) [part * BLOCK_N, (part + 1) * BLOCK_N) of them: it writes their dx
+    # and keeps their dweight/dbias column sums in registers across its tiles.
+    # TWO_PASS=False (needs n_parts = 1): the tile holds whole rows; c1 = sum(xhat * g) / N and c2 = sum(g) / N
+    # come from it (x and dy read once). PREFETCH: the next tile's x and dy are loaded first.
+    # TWO_PASS=True: rows longer than a tile (or whole rows whose registers would not hold x and dy next
+    # to the column sums). A first pass walks the whole row (window) in CHUNK-column
+    # pieces for c1 and c2 (lane-wise sums, one cross-thread reduction per tile); the second pass reads
+    # the part's tile again: this program read it a moment ago, so from L1/L2 as long as the live rows
+    # (n_groups * BLOCK_ROWS rows) fit in L2, and DRAM sees x and dy once.
+    # Partial sums: lane i of the tiles keeps its own column sums, written to row
+    # group * BLOCK_ROWS + i of d{weight,bias}_partial ((n_groups * BLOCK_ROWS, n_cols) float32/64, or
+    # None) at the row's own columns. With SHIFT the launcher makes n_groups * BLOCK_ROWS a multiple of
+    # SHIFT, so lane i of every tile of a program sits at the same place in its window.
+    # Arguments otherwise as backward_fused_kernel; with SHIFT, x, dy and dx share one row stride.
+    acc_dtype = rstd_ptr.dtype.element
+    pid = dsl.program_id(0)
+    group = pid // n_parts
+    part = pid % n_parts
+    n_tiles = dsl.cdiv(n_rows, BLOCK_ROWS)
+    lanes = dsl.arange(0, BLOCK_ROWS)
+    cols = part * BLOCK_N + dsl.arange(0, BLOCK_N)
+    _, logical, in_row = _row_window(group * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
+                                     SHIFT)
+    hoisted_weight = None
+    if weight_ptr is not None and not TWO_PASS:     # kept in registers (two-pass tiles reload it: L1 hits)
+        hoisted_weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
+    dweight_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
+    dbias_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
+    if PREFETCH:
+        x, dy, mean, rstd, mask = _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, group * BLOCK_ROWS + lanes, cols,
+                                                n_rows, n_cols, x_row_stride, x_col_stride, dy_row_stride,
+                                                dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
+    for tile in range(group, n_tiles, n_groups):
+        rows = tile * BLOCK_ROWS + lanes
+        if TWO_PASS and dx_ptr is not None:
+            chunk_cols = dsl.arange(0, CHUNK)
+            lane_c1 = dsl.zeros((BLOCK_ROWS, CHUNK), acc_dtype)
+            lane_c2 = dsl.zeros((BLOCK_ROWS, CHUNK), acc_dtype)
+            for start in range(0, n_cols + SHIFT, CHUNK):
+                _, chunk_logical, chunk_in_row = _row_window(rows, start + chunk_cols, n_cols, x_row_stride,
+                                                             x_col_stride, ALIGN, SHIFT)
+                chunk_weight = None
+                if weight_ptr is not None:
+                    chunk_weight = dsl.load(weight_ptr + chunk_logical, mask=chunk_in_row, other=0.0)
+                chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_mask = _window_loads(
+                    x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, start + chunk_cols, n_rows, n_cols, x_row_stride,
+                    x_col_stride, dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
+                chunk_xhat, _, chunk_g = _window_normalize(chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_weight,
+                                                           chunk_mask, SUBTRACT_MEAN)
+                lane_c1 += chunk_xhat * chunk_g
+                if SUBTRACT_MEAN:
+                    lane_c2 += chunk_g
+            c1 = dsl.sum(lane_c1, axis=1) / n_cols
+            c2 = dsl.sum(lane_c2, axis=1) / n_cols
+        weight = hoisted_weight
+        if TWO_PASS and weight_ptr is not None:
+            weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
+        if PREFETCH:
+            next_rows = rows + n_groups * BLOCK_ROWS
+            x_next, dy_next, mean_next, rstd_next, mask_next = _window_loads(
+                x_ptr, dy_ptr, mean_ptr, rstd_ptr, next_rows, cols, n_rows, n_cols, x_row_stride, x_col_stride,
+                dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
+        else:
+            x, dy, mean, rstd, mask = _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols,
+                                                    x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, ALIGN,
+                                                    SHIFT, SUBTRACT_MEAN)
+        xhat, dy_acc, g = _window_normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
+        dweight_sum += dy_acc * xhat
+        dbias_sum += dy_acc
+        if dx_ptr is not None:
+            if not TWO_PASS:
+                c1 = dsl.sum(xhat * g, axis=1) / n_cols
+                c2 = dsl.sum(g, axis=1) / n_cols
+            dx = g - xhat * c1[:, None]
+            if SUBTRACT_MEAN:
+                dx = dx - c2[:, None]
+            dx_offsets, _, _ = _row_window(rows, cols, n_cols, dx_row_stride, 1, ALIGN, SHIFT)
+            dsl.store(dx_ptr + dx_offsets, dx * rstd[:, None], mask=mask)
+        if PREFETCH:
+            x, dy, mean, rstd, mask = x_next, dy_next, mean_next, rstd_next, mask_next
+    partial = (group * BLOCK_ROWS + lanes).to(dsl.int64)[:, None] * n_cols + logical
+    if dweight_partial_ptr is not None:
+        dsl.store(dweight_partial_ptr + partial, dweight_sum, mask=in_row)
+    if dbias_partial_ptr is not None:
+        dsl.store(dbias_partial_ptr + partial, dbias_sum, mask=in_row)
 
 
 @dsl.jit

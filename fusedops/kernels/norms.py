@@ -38,12 +38,27 @@ _INTERPRETER_SMS = 4
 @dataclasses.dataclass(frozen=True)
 class ForwardConfig:
     """Tiling of the forward. looped=False: forward_kernel, (block_rows, block_n) tiles of whole rows
-    (block_n >= N). looped=True: forward_looped_kernel, one row per program in block_n-column chunks."""
+    (block_n >= N). looped=True: forward_looped_kernel, one row per program in block_n-column chunks.
+
+    Options of the whole-row kernels (looped=False):
+    affine_first: weight and bias are loaded with x, before the reductions (else after them).
+    aligned_window: rows that start off 16-byte boundaries (odd N) are read and written through a
+        16-byte-aligned window (norm_kernels._row_window's SHIFT), where it applies: unit column stride,
+        x's row stride N (y's), block_n >= N + 7 (fp16); else ignored.
+    programs_per_sm > 0: forward_persistent_kernel on a grid of that many programs per SM, weight and
+        bias loaded once per program; prefetch: it loads the next tile's x before reducing this one.
+        With looped=True: the looped kernel on that grid (each program loops over its rows, whose second
+        pass reads them from L2), else one program per row.
+    """
 
     looped: bool
     block_rows: int
     block_n: int
     num_warps: int
+    affine_first: bool = False
+    aligned_window: bool = False
+    programs_per_sm: int = 0
+    prefetch: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +72,13 @@ class BackwardConfig:
     input_block_n) tiles with input_num_warps.
     prefetch: the row loop loads the next row block before reducing the current one (twice the bytes
     in flight, more registers).
+    persistent=True (split ignored): backward_persistent_kernel, programs_per_sm programs per SM, each
+    walking the row tiles g, g + G, ... over a block_n-column part of the row (the parts of a long row
+    go to neighbouring programs): whole rows in one pass when they fit block_n, else a first pass in
+    chunk-column pieces for the row sums and a second that reads the part again (from L2) for dx
+    (two_pass=True: that also for rows that fit block_n: fewer registers).
+    aligned_window: as ForwardConfig's, for x, dy and dx (all of row stride N, unit column stride;
+    persistent only).
     """
 
     split: bool
@@ -68,6 +90,10 @@ class BackwardConfig:
     input_block_rows: int = 1
     input_block_n: int = 1
     input_num_warps: int = 4
+    persistent: bool = False
+    aligned_window: bool = False
+    chunk: int = 4096
+    two_pass: bool = False
 
 
 def _next_power_of_2(n: int) -> int:
@@ -292,16 +318,24 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
     args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, float(eps))
     if config.looped:
-        prepared = K.forward_looped_kernel.prepare((n_rows,), *args, SUBTRACT_MEAN=subtract_mean,
+        grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
+        prepared = K.forward_looped_kernel.prepare(grid, *args, SUBTRACT_MEAN=subtract_mean,
                                                    BLOCK_N=config.block_n, num_warps=config.num_warps,
                                                    interpret=interpret)
     else:
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
-        prepared = K.forward_kernel.prepare(
-            (dsl.cdiv(n_rows, config.block_rows),), *args, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows,
-            BLOCK_N=config.block_n, ALIGN=_stride_alignment(row_stride, n_cols, x.element_size()),
-            num_warps=config.num_warps, interpret=interpret)
+        align = _stride_alignment(row_stride, n_cols, x.element_size())
+        shift = _window_shift(config.aligned_window, config.block_n, n_cols, align, x.element_size(),
+                              (row_stride, col_stride), (n_cols, 1))
+        tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, ALIGN=align,
+                     SHIFT=shift, num_warps=config.num_warps, interpret=interpret)
+        n_tiles = dsl.cdiv(n_rows, config.block_rows)
+        if config.programs_per_sm > 0:
+            grid = (_round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), max(shift, 1)),)
+            prepared = K.forward_persistent_kernel.prepare(grid, *args, PREFETCH=config.prefetch, **tiles)
+        else:
+            prepared = K.forward_kernel.prepare((n_tiles,), *args, AFFINE_FIRST=config.affine_first, **tiles)
 
     def launch(x, weight, bias):
         y, mean, rstd = allocate_outputs(x)
@@ -322,6 +356,24 @@ def _stride_alignment(x_row_stride: int, y_row_stride: int, element_size: int) -
     (in elements; element_size in bytes)."""
     strides = x_row_stride | y_row_stride | (16 // element_size)
     return strides & -strides
+
+
+def _window_shift(requested: bool, block_n: Optional[int], n_cols: int, align: int, element_size: int,
+                  *strides) -> int:
+    """The SHIFT constexpr of norm_kernels._row_window: the elements of a 16-byte vector when an aligned
+    window is requested and applies (rows start off 16-byte boundaries, every tensor's (row stride,
+    column stride) is (n_cols, 1), the window fits block_n columns unless block_n is None), else 0.
+    strides: (row, column) stride pairs of the tensors addressed through the window."""
+    vector = 16 // element_size
+    if not requested or align >= vector or (block_n is not None and block_n < n_cols + vector - 1):
+        return 0
+    if any(pair != (n_cols, 1) for pair in strides):
+        return 0
+    return vector
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return dsl.cdiv(n, multiple) * multiple
 
 
 def _row_groups(n_rows: int, block_rows: int, target_programs: int) -> tuple:
@@ -412,7 +464,14 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     dy_rows = dy if dy_in_place else as_rows(dy, n_rows, n_cols)
     x_rows = x if x_in_place else as_rows(x, n_rows, n_cols)
     weight = _contiguous_or_none(weight)
-    if not config.split:
+    if config.persistent:
+        main, new_partial, new_chunk_partial, chunks = _persistent_backward(
+            config, dx, dy_rows, x_rows, weight, mean, rstd, n_rows, n_cols, strides, subtract_mean, input_grad,
+            weight_grad, bias_grad, target_programs, allocate, interpret)
+        dweight_partial = new_partial() if weight_grad else None
+        dbias_partial = new_partial() if bias_grad else None
+        input_kernel = None
+    elif not config.split:
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
         rows_per_program, groups = _row_groups(n_rows, config.block_rows, target_programs)
@@ -447,7 +506,7 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     if weight_grad or bias_grad:
         column_sums = _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret)
 
-    split = config.split
+    split = config.split and not config.persistent
 
     def launch(dy, x, weight, mean, rstd):
         dx, dweight, dbias = allocate_gradients(x)
@@ -472,6 +531,29 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
         return dx, dweight, dbias
 
     return launch
+
+
+def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, strides, subtract_mean, input_grad,
+                         weight_grad, bias_grad, target_programs, allocate, interpret) -> tuple:
+    """(prepared backward_persistent_kernel taking (dx, dweight_partial, dbias_partial, dy, x, weight, mean,
+    rstd), the partial buffers' allocator, None, 0) for config.persistent (see BackwardConfig)."""
+    x_row_stride, x_col_stride, dy_row_stride, dy_col_stride = strides
+    align = _stride_alignment(x_row_stride, n_cols, x.element_size())
+    align = min(align, _stride_alignment(dy_row_stride, n_cols, x.element_size()))
+    shift = _window_shift(config.aligned_window, None, n_cols, align, x.element_size(),
+                          (x_row_stride, x_col_stride), (dy_row_stride, dy_col_stride))
+    parts = dsl.cdiv(n_cols + max(shift - 1, 0), config.block_n)
+    groups = min(dsl.cdiv(n_rows, config.block_rows), max(1, target_programs // parts))
+    groups = _round_up(groups, max(shift, 1))
+    new_partial = contiguous_allocator((groups * config.block_rows, n_cols), rstd.dtype, x.device, allocate)
+    dweight_partial = new_partial() if weight_grad else None
+    dbias_partial = new_partial() if bias_grad else None
+    main = K.backward_persistent_kernel.prepare(
+        (groups * parts,), dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd, n_rows, n_cols, groups,
+        parts, *strides, n_cols, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+        TWO_PASS=parts > 1 or config.two_pass, CHUNK=min(config.chunk, config.block_n), PREFETCH=config.prefetch, ALIGN=align,
+        SHIFT=shift, num_warps=config.num_warps, interpret=interpret)
+    return main, new_partial, None, 0
 
 
 def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> Callable:

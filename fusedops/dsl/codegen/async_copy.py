@@ -72,7 +72,7 @@ def _local_alloc(ctx, op):
     buffer_type = op.result.type
     if not _follows(op, OpCode.LOCAL_ALLOC):
         barrier(ctx)
-    if "mbarrier_arrivals" in op.attrs:
+    if _is_mbarrier_array(op):
         _alloc_mbarriers(ctx, op)
         return
     swizzle = op.attrs.get("swizzle_bytes")
@@ -93,7 +93,7 @@ def _local_dealloc(ctx, op):
     if not _follows(op, OpCode.LOCAL_DEALLOC):
         _void_intrinsic(ctx, "llvm.nvvm.cp.async.wait.all", [], [])
         barrier(ctx)
-    if "mbarrier_arrivals" in op.operands[0].defining_op.attrs:
+    if _is_mbarrier_array(op.operands[0].defining_op):
         barriers: SharedBuffer = ctx.get(op.operands[0])
         with _first_thread(ctx):
             for slot in range(barriers.type.num_buffers):
@@ -164,11 +164,16 @@ def _first_thread(ctx, predicate=None):
         yield
 
 
+def _is_mbarrier_array(alloc) -> bool:
+    return "mbarrier_arrivals" in alloc.attrs or "mbarrier_per_warp" in alloc.attrs
+
+
 def _alloc_mbarriers(ctx, op) -> None:
-    """A `local_alloc {mbarrier_arrivals}`: one 8-byte mbarrier per slot, initialized by thread 0 to
-    expect that many arrivals per phase, the init fenced for the copy engine and ordered before any
-    copy by a CTA barrier. All threads first fence their earlier generic-proxy writes to shared
-    memory, which the copy engine's async-proxy writes to the ring must come after."""
+    """A `local_alloc {mbarrier_arrivals}` (or `{mbarrier_per_warp}`: one arrival per warp of the
+    CTA): one 8-byte mbarrier per slot, initialized by thread 0 to expect that many arrivals per
+    phase, the init fenced for the copy engine and ordered before any copy by a CTA barrier. All
+    threads first fence their earlier generic-proxy writes to shared memory, which the copy engine's
+    async-proxy writes to the ring must come after."""
     buffer_type = op.result.type
     offset = (ctx.scratch_offset + 15) // 16 * 16
     end = offset + buffer_type.nbytes
@@ -181,7 +186,7 @@ def _alloc_mbarriers(ctx, op) -> None:
     with _first_thread(ctx):
         for slot in range(buffer_type.num_buffers):
             tma.mbarrier_init(ctx.builder, barriers.tile_pointer(ctx, ir.Constant(T.i32, slot)),
-                              op.attrs["mbarrier_arrivals"])
+                              op.attrs.get("mbarrier_arrivals", ctx.num_warps))
         tma.fence_mbarrier_init(ctx.builder)
     barrier(ctx)
 
@@ -214,8 +219,27 @@ def _tma_copy(ctx, op):
 
 @lowering(OpCode.MBARRIER_WAIT)
 def _mbarrier_wait(ctx, op):
-    """Every thread waits for the slot's phase (its tile landed), then a CTA barrier: every thread is
-    also done reading the slot the copies issued next overwrite."""
+    """Every thread (attr issuer: thread 0, the one issuing the copies) waits for the slot's phase,
+    then a CTA barrier unless attr cta_barrier is False (FUSEDOPS_WS=0: every thread is also done
+    reading the slot the copies issued next overwrite)."""
     barriers: SharedBuffer = ctx.get(op.operands[0])
-    tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, ctx.get(op.operands[1])), ctx.get(op.operands[2]))
-    barrier(ctx)
+    index, phase = ctx.get(op.operands[1]), ctx.get(op.operands[2])
+    if op.attrs.get("issuer"):
+        with _first_thread(ctx):
+            tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, index), phase)
+    else:
+        tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, index), phase)
+    if op.attrs.get("cta_barrier", True):
+        barrier(ctx)
+
+
+@lowering(OpCode.MBARRIER_ARRIVE)
+def _mbarrier_arrive(ctx, op):
+    """Lane 0 of every warp (where the predicate holds) arrives on the slot's barrier: the warp's
+    earlier wgmma.wait_group retired the wgmmas that read the slot (a warpgroup's wgmma completes
+    for all its warps; one arrival per warp keeps the count independent of that)."""
+    barriers: SharedBuffer = ctx.get(op.operands[0])
+    b = ctx.builder
+    condition = b.and_(b.icmp_unsigned("==", ctx.lane_id, ir.Constant(T.i32, 0)), ctx.get(op.operands[2]))
+    with b.if_then(condition):
+        tma.mbarrier_arrive(b, barriers.tile_pointer(ctx, ctx.get(op.operands[1])))

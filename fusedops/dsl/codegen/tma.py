@@ -17,6 +17,9 @@ One copy (PTX ISA 9.7.9.25.5.2 cp.async.bulk.tensor; 9.7.13.15 mbarrier):
     cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
         [dst], [tensor_map, {c0, c1}], [bar]             c0: innermost coordinate (elements)
     mbarrier.try_wait.parity.shared::cta.b64 p, [bar], phase     every consumer, in a loop
+    mbarrier.arrive.shared::cta.b64 _, [empty]           FUSEDOPS_WS=1: one per warp once its
+                                                         wgmma reading the slot retired; the
+                                                         issuing thread try_waits before the refill
 The destination must be 128-byte aligned (1024 for the 128-byte swizzle, whose pattern is tied to
 address bits, as for wgmma tiles). Out-of-bounds box elements are written as zeros and still count
 toward `bytes`. A reused barrier alternates phase parity 0, 1, 0, ...
@@ -85,6 +88,13 @@ def mbarrier_arrive_expect_tx(builder: ir.IRBuilder, barrier, nbytes: int) -> No
     """`mbarrier.arrive.expect_tx`: arrive on `barrier` and expect `nbytes` more bytes of copies."""
     _asm(builder, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {int(nbytes)};", "r",
          [builder.ptrtoint(barrier, T.i32)])
+
+
+def mbarrier_arrive(builder: ir.IRBuilder, barrier) -> None:
+    """`mbarrier.arrive.shared::cta.b64`: one arrival on `barrier` (release semantics at CTA scope:
+    this thread's earlier shared-memory accesses, and the wgmmas it waited for, happen before the
+    phase completes for a waiter)."""
+    _asm(builder, "mbarrier.arrive.shared::cta.b64 _, [$0];", "r", [builder.ptrtoint(barrier, T.i32)])
 
 
 def mbarrier_wait(builder: ir.IRBuilder, barrier, phase) -> None:

@@ -1,5 +1,5 @@
 """Warpgroup tensor-core lowering (sm_90a): `dot` on `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`
-with both operands read from shared memory through matrix descriptors.
+with B (and A) read from shared memory through matrix descriptors, or A from registers.
 
 Layouts come from the layout pass (`passes/dot_layouts.py`): the accumulator is in
 `layouts.mma.wgmma_accumulator` (register d + (N/2) * (j + repN * i) is element d of the
@@ -14,6 +14,15 @@ proxy, st.shared and cp.async write it through the generic proxy, and the PTX IS
 proxy fence between the two (wgmma section "async proxy"; the memory model's proxy rules). Whether
 cp.async (non-bulk) counts as a generic-proxy write is not spelled out where wgmma is described:
 we assume it does and fence after `cp.async.wait_group` too (`async_copy.py`), which is cheap.
+
+A from registers (`dot_layouts.wgmma_register_a`: attention's P and Q): A is a list of registers in
+`layouts.mma.wgmma_operand_a`; each instruction takes the four .f16x2 (.b32) registers a0..a3 of
+its 64x16 sub-tile (PTX ISA 9.7.15.5.1.1.1, the A fragment of .m64nNk16):
+    wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16 {d..}, {a0, a1, a2, a3}, b-desc, p, 1, 1, trans-b;
+(no imm-trans-a: a register A is K-major by definition). Nothing is staged for A, so a dot whose B
+comes from the cp.async ring has no st.shared and no barrier of its own. The A registers are tied
+through `wgmma.fence` like the accumulator: the ISA asks for the fence between any register write
+and a wgmma that reads that register as A (not only as accumulator).
 
 One dot is (PTX ISA 9.7.15.5 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
     wgmma.fence.sync.aligned                 accumulator registers written by other instructions
@@ -72,6 +81,7 @@ class WgmmaInstruction:
     a_offset: int
     b_offset: int
     first_register: int
+    a_registers: tuple = ()     # A from registers: the 8 registers (a0..a7) of its A sub-tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +90,7 @@ class WgmmaPlan:
     of `a_warp_offsets[b]` (and `b_warp_offsets[b]`) of its set warp bits b to the offsets."""
 
     instr_n: int
-    a: WgmmaOperandTile
+    a: object                   # WgmmaOperandTile, or None for A from registers
     b: WgmmaOperandTile
     a_warp_offsets: tuple
     b_warp_offsets: tuple
@@ -98,26 +108,54 @@ def _check_fragment(accumulator) -> int:
     return low
 
 
+def _register_a_fragment(a_layout, accumulator) -> dict:
+    """{(row, col): register} of warpgroup 0's lane 0, warp 0 for a register A in `a_layout`
+    (`layouts.mma.wgmma_operand_a`); ValueError when the lanes and warps are not the A fragment's."""
+    lanes, warps = a_layout.bases_of(LANE), a_layout.bases_of(WARP)
+    if lanes != _FRAGMENT_LANES or warps[:2] != _FRAGMENT_WARPS \
+            or [w[0] for w in warps[2:]] != [w[0] for w in accumulator.bases_of(WARP)[2:]]:
+        raise ValueError(f"not a wgmma A fragment layout for this accumulator: {a_layout!r}")
+    out = {}
+    for register in range(a_layout.num_registers):
+        out.setdefault(a_layout.apply(register=register), register)
+    if len(out) != a_layout.num_registers:
+        raise ValueError(f"a wgmma A fragment layout with repeated registers: {a_layout!r}")
+    return out
+
+
 def wgmma_plan(a_shared, b_shared, accumulator, element_bits: int = 16) -> WgmmaPlan:
     """The wgmma instructions computing accumulator (M x N, `layouts.mma.wgmma_accumulator`) +=
-    A (M x K, tile `a_shared`) @ B (K x N, tile `b_shared`), K step by K step.
+    A (M x K, tile `a_shared`, or registers in `layouts.mma.wgmma_operand_a`) @ B (K x N, tile
+    `b_shared`), K step by K step.
 
-    Raises ValueError when the layouts are not a wgmma accumulator and canonical wgmma tiles."""
-    a, b = wgmma_operand_tile(a_shared, 0, element_bits), wgmma_operand_tile(b_shared, 1, element_bits)
+    Raises ValueError when the layouts are not a wgmma accumulator, canonical wgmma tiles and an A
+    fragment."""
+    from ..layouts.mma_shared import is_shared_layout
+    register_a = not is_shared_layout(a_shared)
+    b = wgmma_operand_tile(b_shared, 1, element_bits)
+    a = None if register_a else wgmma_operand_tile(a_shared, 0, element_bits)
+    fragment = _register_a_fragment(a_shared, accumulator) if register_a else None
     k = a_shared.shape[1]
     low = _check_fragment(accumulator)
     per_instruction = 1 << low
     instr_n = per_instruction * 2
     warp_a, warp_b = [], []
     for row, col in accumulator.bases_of(WARP)[2:]:
-        warp_a.append(a.byte_offset((row, 0)))
+        warp_a.append(0 if register_a else a.byte_offset((row, 0)))
         warp_b.append(b.byte_offset((0, col)))
     instructions = []
     for kk in range(k // WGMMA_K):
         for tile in range(accumulator.num_registers // per_instruction):
             row, col = accumulator.apply(register=tile * per_instruction)
-            instructions.append(WgmmaInstruction(kk, a.byte_offset((row, kk * WGMMA_K)),
-                                                 b.byte_offset((kk * WGMMA_K, col)), tile * per_instruction))
+            registers = ()
+            if register_a:     # a0..a7: rows +8 * ((e >> 1) & 1), columns (e & 1) + 8 * (e >> 2)
+                registers = tuple(fragment[(row + 8 * (e >> 1 & 1), kk * WGMMA_K + (e & 1) + 8 * (e >> 2))]
+                                  for e in range(8))
+                if any(registers[e] % 2 or registers[e + 1] != registers[e] + 1 for e in range(0, 8, 2)):
+                    raise ValueError(f"the A pairs of a wgmma are not register pairs: {a_shared!r}")
+            instructions.append(WgmmaInstruction(kk, 0 if register_a else a.byte_offset((row, kk * WGMMA_K)),
+                                                 b.byte_offset((kk * WGMMA_K, col)), tile * per_instruction,
+                                                 registers))
     return WgmmaPlan(instr_n, a, b, tuple(warp_a), tuple(warp_b), tuple(instructions))
 
 
@@ -182,25 +220,28 @@ def _stage(ctx, operands, element) -> None:
 
 # -- the instructions ------------------------------------------------------------------------------------
 
-def _tied_asm(ctx, asm: str, registers: list) -> list:
-    """Inline asm `asm` that takes and returns `registers` (f32, tied in place): an ordering point
-    for them that emits only `asm`."""
-    count = len(registers)
-    struct = ir.LiteralStructType([T.f32] * count)
-    constraints = ",".join(["=f"] * count + [str(i) for i in range(count)])
-    call = T.inline_asm(ctx.builder, asm, constraints, registers, struct, convergent=True)
-    return [ctx.builder.extract_value(call, i) for i in range(count)]
+def _tied_asm(ctx, asm: str, registers: list, words=()) -> tuple:
+    """Inline asm `asm` that takes and returns `registers` (f32) and `words` (i32), tied in place:
+    an ordering point for them that emits only `asm`. Returns (registers, words) after it."""
+    count, words = len(registers), list(words)
+    total = count + len(words)
+    struct = ir.LiteralStructType([T.f32] * count + [T.i32] * len(words))
+    constraints = ",".join(["=f"] * count + ["=r"] * len(words) + [str(i) for i in range(total)])
+    call = T.inline_asm(ctx.builder, asm, constraints, list(registers) + words, struct, convergent=True)
+    out = [ctx.builder.extract_value(call, i) for i in range(total)]
+    return out[:count], out[count:]
 
 
-def wgmma_fence(ctx, registers: list) -> list:
-    """`wgmma.fence.sync.aligned`, after every write of `registers` by other instructions."""
-    return _tied_asm(ctx, "wgmma.fence.sync.aligned;", registers)
+def wgmma_fence(ctx, registers: list, words=()) -> tuple:
+    """`wgmma.fence.sync.aligned`, after every write of `registers` (accumulators) and `words` (A
+    fragment registers) by other instructions: returns them (registers, words) after it."""
+    return _tied_asm(ctx, "wgmma.fence.sync.aligned;", registers, words)
 
 
 def wgmma_wait(ctx, registers: list, pending: int) -> list:
     """`wgmma.wait_group.sync.aligned pending`: at most `pending` groups of this warpgroup's wgmmas
     stay in flight; reads of `registers` (the results) come after it."""
-    return _tied_asm(ctx, f"wgmma.wait_group.sync.aligned {int(pending)};", registers)
+    return _tied_asm(ctx, f"wgmma.wait_group.sync.aligned {int(pending)};", registers)[0]
 
 
 def _commit(ctx) -> None:
@@ -220,47 +261,76 @@ def _descriptor(ctx, base, tile: WgmmaOperandTile, warp_offsets: tuple):
     return b.or_(b.zext(start, T.i64), ir.Constant(T.i64, tile.descriptor_fields()))
 
 
-def _mma_async(ctx, instr_n: int, type_name: str, trans_a: int, trans_b: int, desc_a, desc_b, scale, registers):
+def _mma_async(ctx, instr_n: int, type_name: str, trans_a: int, trans_b: int, desc_a, desc_b, scale, registers,
+               a_words=None):
+    """One wgmma.mma_async on `registers` (the accumulator); A through `desc_a`, or from the four
+    .b32 registers `a_words` (then desc_a and trans_a are unused)."""
     count = len(registers)
     outputs = ", ".join(f"${i}" for i in range(count))
-    asm = ("{\n.reg .pred p;\n"
-           f"setp.ne.b32 p, ${count + 2}, 0;\n"
-           f"wgmma.mma_async.sync.aligned.m64n{instr_n}k16.f32.{type_name}.{type_name} "
-           f"{{{outputs}}}, ${count}, ${count + 1}, p, 1, 1, {trans_a}, {trans_b};\n}}")
-    constraints = ",".join(["=f"] * count + ["l", "l", "r"] + [str(i) for i in range(count)])
+    name = f"wgmma.mma_async.sync.aligned.m64n{instr_n}k16.f32.{type_name}.{type_name}"
+    if a_words is None:
+        inputs = [desc_a, desc_b, scale]
+        asm = ("{\n.reg .pred p;\n"
+               f"setp.ne.b32 p, ${count + 2}, 0;\n"
+               f"{name} {{{outputs}}}, ${count}, ${count + 1}, p, 1, 1, {trans_a}, {trans_b};\n}}")
+        constraints = ["l", "l", "r"]
+    else:
+        inputs = list(a_words) + [desc_b, scale]
+        a_operands = ", ".join(f"${count + i}" for i in range(4))
+        asm = ("{\n.reg .pred p;\n"
+               f"setp.ne.b32 p, ${count + 5}, 0;\n"
+               f"{name} {{{outputs}}}, {{{a_operands}}}, ${count + 4}, p, 1, 1, {trans_b};\n}}")
+        constraints = ["r"] * 4 + ["l", "r"]
+    constraints = ",".join(["=f"] * count + constraints + [str(i) for i in range(count)])
     struct = ir.LiteralStructType([T.f32] * count)
-    call = T.inline_asm(ctx.builder, asm, constraints, [desc_a, desc_b, scale] + list(registers), struct,
-                        convergent=True)
+    call = T.inline_asm(ctx.builder, asm, constraints, inputs + list(registers), struct, convergent=True)
     return [ctx.builder.extract_value(call, i) for i in range(count)]
 
 
+def _pack_words(ctx, registers: list, element) -> list:
+    """The .b32 words (pairs 2p, 2p+1 as .f16x2 / .bf16x2) of 16-bit `registers`."""
+    b = ctx.builder
+    pair_type = ir.VectorType(T.llvm_type(element), 2)
+    words = []
+    for p in range(0, len(registers), 2):
+        pair = b.insert_element(ir.Constant(pair_type, ir.Undefined), registers[p], ir.Constant(T.i32, 0))
+        pair = b.insert_element(pair, registers[p + 1], ir.Constant(T.i32, 1))
+        words.append(b.bitcast(pair, T.i32))
+    return words
+
+
 def lower_wgmma_dot(ctx, op) -> None:
-    """`dot` with A and B in canonical wgmma tiles and the accumulator in the wgmma layout (see the
-    module docstring). The dot's attr `pending` (default 0) is the wait_group count after it."""
+    """`dot` with B (and A) in canonical wgmma tiles or A in registers, and the accumulator in the
+    wgmma layout (see the module docstring). The dot's attr `pending` (default 0) is the wait_group
+    count after it."""
     a, b_operand, acc = op.operands
     if ctx.arch != "sm_90a":
         raise CompilationError(f"internal error: wgmma needs sm_90a, the target is {ctx.arch}", op.loc)
     element = a.type.element
     a_value, b_value = ctx.get(a), ctx.get(b_operand)
-    if not isinstance(a_value, SharedOperand) or not isinstance(b_value, SharedOperand):
-        raise CompilationError("internal error: wgmma operands must be in shared memory", op.loc)
+    register_a = not isinstance(a_value, SharedOperand)
+    if not isinstance(b_value, SharedOperand):
+        raise CompilationError("internal error: the wgmma B operand must be in shared memory", op.loc)
     try:
         plan = wgmma_plan(a.layout, b_operand.layout, acc.layout, element.bits)
     except ValueError as error:
         raise CompilationError(f"internal error: {error}", op.loc) from None
-    _stage(ctx, (a_value, b_value), element)
-    registers = wgmma_fence(ctx, list(ctx.get(acc)))
-    desc_a = _descriptor(ctx, a_value.base, plan.a, plan.a_warp_offsets)
+    _stage(ctx, (b_value,) if register_a else (a_value, b_value), element)
+    words = _pack_words(ctx, list(a_value), element) if register_a else []
+    registers, words = wgmma_fence(ctx, list(ctx.get(acc)), words)
+    desc_a = None if register_a else _descriptor(ctx, a_value.base, plan.a, plan.a_warp_offsets)
     desc_b = _descriptor(ctx, b_value.base, plan.b, plan.b_warp_offsets)
     b = ctx.builder
     per_instruction = plan.instr_n // 2
     scale = ir.Constant(T.i32, 1)
     for instruction in plan.instructions:
         first = instruction.first_register
-        result = _mma_async(ctx, plan.instr_n, _TYPE_NAME[element], int(plan.a.mn_major), int(plan.b.mn_major),
-                            b.add(desc_a, ir.Constant(T.i64, instruction.a_offset >> 4)),
+        a_words = [words[r // 2] for r in instruction.a_registers[::2]] if register_a else None
+        result = _mma_async(ctx, plan.instr_n, _TYPE_NAME[element], 0 if register_a else int(plan.a.mn_major),
+                            int(plan.b.mn_major),
+                            None if register_a else b.add(desc_a, ir.Constant(T.i64, instruction.a_offset >> 4)),
                             b.add(desc_b, ir.Constant(T.i64, instruction.b_offset >> 4)), scale,
-                            registers[first:first + per_instruction])
+                            registers[first:first + per_instruction], a_words)
         registers[first:first + per_instruction] = result
     _commit(ctx)
     ctx.set(op.result, wgmma_wait(ctx, registers, op.attrs.get("pending", 0)))

@@ -1,5 +1,5 @@
 """Rules for tensor-descriptor loads (`desc.load(offsets)`, the frontend's DESCRIPTOR_LOAD) and for the
-TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT), so a pipelined function
+TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT, MBARRIER_ARRIVE), so a pipelined function
 can be run and compared with the original.
 
 A descriptor load reads the box at the offsets; elements outside [0, shape) per dim are zeros and
@@ -48,13 +48,20 @@ def _tma_copy(ctx, op, buffer, index, barriers, base, shape0, shape1, stride0, s
     dtype = op.operands[0].type.element
     box = read_box(ctx, op, base, (shape0, shape1), (stride0, stride1), (coord0, coord1),
                    tuple(op.operands[0].type.tile_shape), dtype)
-    ctx.env.setdefault(_PENDING, []).append((buffer, int(index), box))
+    ctx.env.setdefault(_PENDING, []).append((buffer, int(index), box, barriers))
 
 
 @register(OpCode.MBARRIER_WAIT)
 def _mbarrier_wait(ctx, op, barriers, index, phase):
     pending = ctx.env.setdefault(_PENDING, [])
-    for item in [p for p in pending if p[1] == int(index)]:
-        buffer, slot, box = item
+    # Only the copies completing on this barrier array land (a ring's "empty" barriers have none).
+    for item in [p for p in pending if p[1] == int(index) and p[3] is barriers]:
+        buffer, slot, box, _ = item
         buffer[slot] = box
         pending.remove(item)
+
+
+@register(OpCode.MBARRIER_ARRIVE)
+def _mbarrier_arrive(ctx, op, barriers, index, predicate):
+    # The interpreter runs a program's ops in order, so a release orders nothing it does not already.
+    return None

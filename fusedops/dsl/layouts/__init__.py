@@ -12,7 +12,7 @@ from .convert import LaneShufflePlan, lane_shuffle_plan, needs_shared_memory, re
 from .linear import (LANE, OFFSET, REGISTER, WARP, WARP_SIZE, LinearLayout, dim_names, distributed,
                      distributed_table)
 from .mma import (mma_accumulator, mma_operand_a, mma_operand_b, mma_warps_per_cta, wgmma_accumulator,
-                  wgmma_warpgroups_per_cta)
+                  wgmma_operand_a, wgmma_warpgroups_per_cta)
 from .reduction import ReductionPlan, reduction_plan
 from .shape_ops import broadcast, broadcast_to, expand_dims, reshape, slice_layout, transpose
 from .shared import SWIZZLE_MODES, nvmma_shared, shared_offsets, swizzled_shared
@@ -27,7 +27,7 @@ __all__ = [
     "LANE", "OFFSET", "REGISTER", "WARP", "WARP_SIZE", "LinearLayout", "dim_names", "distributed",
     "distributed_table",
     "mma_accumulator", "mma_operand_a", "mma_operand_b", "mma_warps_per_cta", "wgmma_accumulator",
-    "wgmma_warpgroups_per_cta",
+    "wgmma_operand_a", "wgmma_warpgroups_per_cta",
     "ReductionPlan", "reduction_plan",
     "broadcast", "broadcast_to", "expand_dims", "reshape", "slice_layout", "transpose",
     "SWIZZLE_MODES", "nvmma_shared", "shared_offsets", "swizzled_shared",

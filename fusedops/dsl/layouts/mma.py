@@ -8,6 +8,12 @@ wgmma.mma_async.m64nNk16" (accumulator D). With groupID = lane >> 2 and threadID
   C (16x8,  c0..c3): row = groupID + 8 * (i >> 1),                           col = 2 * threadID_in_group + (i & 1)
   wgmma D (64xN, d0..d(N/2-1)), warp w of the warpgroup:
            row = 16 * w + groupID + 8 * ((i >> 1) & 1),   col = 8 * (i >> 2) + 2 * threadID_in_group + (i & 1)
+  wgmma A from registers (64x16, a0..a7 in four .f16x2 registers; section 9.7.15.5.1.1.1, "register
+  fragment layout for matrix A" of .m64nNk16), warp w of the warpgroup:
+           row = 16 * w + groupID + 8 * ((i >> 1) & 1),   col = 2 * threadID_in_group + (i & 1) + 8 * (i >> 2)
+  i.e. each warp holds the mma.sync A fragment of its 16 rows, and elements d0..d7 of the wgmma
+  accumulator's columns 16 * c .. 16 * c + 15 sit where a0..a7 of K slice c do: an accumulator
+  converted to 16 bits *is* the A operand of the next wgmma (FlashAttention-3's P @ V).
 Each of these is linear in the bits of (i, lane, warp), so it is a LinearLayout; the CTA tile adds
 warp bits and the block adds repetition register bits on top.
 
@@ -149,4 +155,21 @@ def wgmma_accumulator(shape: Sequence[int], num_warps: int, instr_n: Optional[in
     register = ([(0, 1), (8, 0)] + [(0, MMA_N << k) for k in range(log2_exact(instr_n // MMA_N))]
                 + _repeats(shape, 1, instr_n * gn) + _repeats(shape, 0, WGMMA_M * gm))
     warp = [(16, 0), (32, 0)] + _steps(shape, 0, WGMMA_M, gm) + _steps(shape, 1, instr_n, gn)
+    return distributed(shape, register, _LANE_AC, warp)
+
+
+def wgmma_operand_a(shape: Sequence[int], num_warps: int, instr_n: int, accumulator_n: int) -> LinearLayout:
+    """The register layout of the A operand (M x K, 16-bit) of a wgmma.m64nNk16 read from registers
+    (sm_90a), for the dot whose (M, accumulator_n) accumulator is `wgmma_accumulator(..., instr_n)`.
+
+    Register r = a + 8 * (kk + repK * i) is element a (a0..a7; 2p, 2p+1 form the p-th .f16x2
+    register) of the 64x16 tile (i, kk) of this warpgroup. Warp bits 0-1 step the rows by 16, higher
+    warp bits are the warpgroups: along M as the accumulator's, broadcast (copies) where the
+    accumulator's warpgroups split N. For K = accumulator N and instr_n = N this is the accumulator
+    layout of that N itself (see the module docstring). M >= 64, K >= 16.
+    """
+    shape = _check_shape(shape, (WGMMA_M, WGMMA_K), "wgmma operand A")
+    gm, gn = wgmma_warpgroups_per_cta((shape[0], accumulator_n), num_warps, instr_n)
+    register = [(0, 1), (8, 0), (0, 8)] + _repeats(shape, 1, WGMMA_K) + _repeats(shape, 0, WGMMA_M * gm)
+    warp = [(16, 0), (32, 0)] + _steps(shape, 0, WGMMA_M, gm) + [zero(2)] * log2_exact(gn)
     return distributed(shape, register, _LANE_AC, warp)

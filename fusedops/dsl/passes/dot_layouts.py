@@ -3,14 +3,21 @@
 - Warpgroup tensor cores (`wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`, sm_90a only, not
   with FUSEDOPS_DISABLE_WGMMA=1): float16/bfloat16 inputs, float32 accumulator, num_warps a
   multiple of 4 (warpgroups of 4 warps), M a multiple of 64 (64 rows per instruction and
-  warpgroup), N >= 16, K a multiple of 16, and both operands loaded from global memory in the
-  dot's own block (results of `load`, e.g. in the loop body: the pipelined ring, or st.shared
-  staging when cp.async does not apply, puts them in shared memory, where wgmma reads them).
-  Other dots stay on mma.sync for now: operands computed in registers (attention's P; wgmma could
-  take A from registers, not implemented) and loop-invariant operands loaded before the loop,
-  which would be staged into shared memory again every iteration (hoisting that staging out of
-  the loop is not implemented). Warpgroups tile M first (up to M / 64), then N (each keeping an
-  instruction N >= 16, at most 256); warpgroups left over hold copies. The accumulator takes `layouts.mma.wgmma_accumulator` and A and B stay in shared memory: their
+  warpgroup), N >= 16, K a multiple of 16, and B loaded from global memory in the dot's own block
+  (a `load` there, e.g. in the loop body: the pipelined ring, or st.shared staging when cp.async
+  does not apply, puts it in shared memory, where wgmma reads it). A comes either
+  - from shared memory too, when it is also loaded in the dot's block (the matmul), or
+  - from registers (`wgmma_register_a`), when it is any other 16-bit block: attention's P (an
+    accumulator cast to 16 bits: the accumulator fragment *is* the A fragment, no data moves) or
+    a loop-invariant block loaded before the loop (Q: converted to the A layout once, before the
+    loop, not staged into shared memory every iteration). This form needs the accumulator's
+    warpgroups to tile M only (each holds the A rows it multiplies), and every dot of the block to
+    qualify for wgmma: one dot left on mma.sync beside it would move its values between the wgmma
+    and mma.sync layouts through shared memory every iteration.
+  Other dots stay on mma.sync (an operand that is a `trans` of a load, e.g.). Warpgroups tile M
+  first (up to M / 64), then N (each keeping an instruction N >= 16, at most 256); warpgroups left
+  over hold copies. The accumulator takes `layouts.mma.wgmma_accumulator`; a register A takes
+  `layouts.mma.wgmma_operand_a`; operands in shared memory stay there: their
   `convert_layout {dot_operand}` asks for the canonical wgmma tile (`layouts.mma_shared.
   wgmma_operand_shared`) contiguous along the dim the operand's own layout holds as vectors, i.e.
   the dim contiguous in global memory, so a transposed operand is read with the instruction's
@@ -30,7 +37,8 @@ from typing import Optional
 from ..ir import Operation, OpCode
 from ..language.dtypes import bfloat16, float16, float32, shape_of
 from ..layouts.mma import (MMA_K, MMA_M, MMA_N, WARPGROUP_WARPS, WGMMA_M, WGMMA_MAX_N, mma_accumulator,
-                           mma_operand_a, mma_operand_b, wgmma_accumulator, wgmma_warpgroups_per_cta)
+                           mma_operand_a, mma_operand_b, wgmma_accumulator, wgmma_operand_a,
+                           wgmma_warpgroups_per_cta)
 from ..layouts.mma_shared import WGMMA_K, wgmma_operand_shared, wgmma_swizzle_bytes
 from ..layouts.swizzle import contiguous_dim
 
@@ -85,13 +93,49 @@ def _loaded_beside(value, dot: Operation) -> bool:
     return op is not None and op.opcode == OpCode.LOAD and op.parent is dot.parent
 
 
-def uses_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
-    """Whether `dot` op runs on wgmma for `arch` and `num_warps` (see the module docstring)."""
+def _fits_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """The shape, type and target conditions of wgmma, and B loaded in the dot's block."""
     a, b, acc = op.operands
     k = shape_of(a.type)[1]
-    return (uses_tensor_cores(op, arch) and wgmma_enabled(arch) and k % WGMMA_K == 0
-            and _loaded_beside(a, op) and _loaded_beside(b, op)
+    return (uses_tensor_cores(op, arch) and wgmma_enabled(arch) and k % WGMMA_K == 0 and _loaded_beside(b, op)
             and wgmma_instruction_n(shape_of(acc.type), num_warps) is not None)
+
+
+def _warpgroups_tile_m(op: Operation, num_warps: int) -> bool:
+    shape = shape_of(op.operands[2].type)
+    return wgmma_warpgroups_per_cta(shape, num_warps, wgmma_instruction_n(shape, num_warps))[1] == 1
+
+
+def _register_a_candidate(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    return _fits_wgmma(op, arch, num_warps) and _warpgroups_tile_m(op, num_warps)
+
+
+def _wgmma_neighbour(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether another dot of the block runs on wgmma (already assigned by the layout pass, whose
+    conversions hide its loads, or about to be)."""
+    if "engine" in op.attrs:
+        return op.attrs["engine"] == "wgmma"
+    return _fits_wgmma(op, arch, num_warps) and (_loaded_beside(op.operands[0], op)
+                                                 or _warpgroups_tile_m(op, num_warps))
+
+
+def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether `dot` op runs on wgmma with A from registers (see the module docstring)."""
+    if _loaded_beside(op.operands[0], op) or not _register_a_candidate(op, arch, num_warps):
+        return False
+    block = op.parent
+    for other in (block.ops if block is not None else ()):
+        for nested in other.walk():
+            if nested.opcode == OpCode.DOT and nested is not op and not _wgmma_neighbour(nested, arch, num_warps):
+                return False
+    return True
+
+
+def uses_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether `dot` op runs on wgmma for `arch` and `num_warps` (see the module docstring)."""
+    if not _fits_wgmma(op, arch, num_warps):
+        return False
+    return _loaded_beside(op.operands[0], op) or wgmma_register_a(op, arch, num_warps)
 
 
 def wgmma_operand_layout(shape, element_bits: int, operand: int, source_layout, instr_mn: int):
@@ -114,16 +158,20 @@ def wgmma_accumulator_layout(op: Operation, num_warps: int):
     return wgmma_accumulator(shape, num_warps, wgmma_instruction_n(shape, num_warps))
 
 
-def wgmma_dot_layouts(op: Operation, num_warps: int) -> tuple:
+def wgmma_dot_layouts(op: Operation, num_warps: int, register_a: bool = False) -> tuple:
     """(A tile, B tile, accumulator layout) of a `dot` that `uses_wgmma`, whose operands have their
-    source layouts (see the module docstring). An instruction reads at least 64 rows of A and 16
-    columns of B, so every tile gets at least the 32-byte swizzle."""
+    source layouts (see the module docstring); with `register_a`, A's register layout
+    (`layouts.mma.wgmma_operand_a`) instead of a tile. An instruction reads at least 64 rows of A
+    and 16 columns of B, so every tile gets at least the 32-byte swizzle."""
     a, b, acc = op.operands
     shape = shape_of(acc.type)
     instr_n = wgmma_instruction_n(shape, num_warps)
     bits = a.type.element.bits
-    tiles = (wgmma_operand_layout(shape_of(a.type), bits, 0, a.layout, WGMMA_M),
-             wgmma_operand_layout(shape_of(b.type), bits, 1, b.layout, instr_n))
+    if register_a:
+        tile_a = wgmma_operand_a(shape_of(a.type), num_warps, instr_n, shape[1])
+    else:
+        tile_a = wgmma_operand_layout(shape_of(a.type), bits, 0, a.layout, WGMMA_M)
+    tiles = (tile_a, wgmma_operand_layout(shape_of(b.type), bits, 1, b.layout, instr_n))
     if None in tiles:
         raise ValueError(f"internal error: no wgmma swizzle fits the operands of a {shape} dot")
     return tiles + (wgmma_accumulator(shape, num_warps, instr_n),)

@@ -34,7 +34,10 @@ Rules, applied op by op in program order:
   inserts carry `dot_operand` = 0 / 1 (codegen stages them through swizzled shared memory and reads
   them with ldmatrix). On sm_90a a dot that fits wgmma (`dot_layouts.uses_wgmma`) takes the wgmma
   accumulator layout instead, and its operands are converted to *shared* layouts (input dim
-  "offset"): the canonical wgmma tiles the instruction reads through matrix descriptors. The FMA
+  "offset"): the canonical wgmma tiles the instruction reads through matrix descriptors; a wgmma
+  dot with A from registers (`dot_layouts.wgmma_register_a`) asks for A in the wgmma A fragment
+  layout instead, converted where A is defined when that is outside the dot's block (a
+  loop-invariant Q is converted once, before the loop, not every iteration). The FMA
   path keeps the accumulator in the default layout and asks for A and B in layouts that give each
   thread the rows/columns of its accumulator elements, K in registers.
 - Loop-carried values keep their initial value's layout, except that a carried value used as a
@@ -61,7 +64,7 @@ from ..codegen import layout_access
 from .dce import eliminate_dead_code
 from .pointer_analysis import analyze_pointers
 from .dot_layouts import (accumulator_layout, mma_dot_layouts, uses_tensor_cores, uses_wgmma,
-                          wgmma_dot_layouts)
+                          wgmma_dot_layouts, wgmma_register_a)
 
 _FLEXIBLE = frozenset({OpCode.CONSTANT, OpCode.SPLAT, OpCode.ARANGE})
 _MEMORY = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS})
@@ -119,6 +122,7 @@ class _State:
     preferred: dict = dataclasses.field(default_factory=dict)  # id(loop block arg) -> carried layout
     load_hints: dict = dataclasses.field(default_factory=dict)  # id(load op) -> layout of its pointer
     wgmma_accumulators: set = dataclasses.field(default_factory=set)  # layouts of wgmma dot results
+    hoisted: dict = dataclasses.field(default_factory=dict)     # (id(value), layout) -> converted value
 
     def default(self, shape) -> LinearLayout:
         return default_blocked(tuple(shape), self.num_warps, self.bits_by_shape.get(tuple(shape), 32))
@@ -447,19 +451,45 @@ def _assign_op(state: _State, op: Operation) -> None:
 
 
 def _assign_wgmma_dot(state: _State, op: Operation) -> None:
-    """A wgmma dot: the accumulator in the wgmma accumulator layout; A and B converted to shared
-    tiles (`convert_layout {dot_operand}` to a shared layout) contiguous along the dim their own
-    layouts hold as vectors (a flexible operand is first fixed to the default layout)."""
+    """A wgmma dot: the accumulator in the wgmma accumulator layout; B (and A, unless A comes from
+    registers) converted to shared tiles (`convert_layout {dot_operand}` to a shared layout)
+    contiguous along the dim their own layouts hold as vectors (a flexible operand is first fixed to
+    the default layout); a register A converted to the A fragment layout (`_require_hoisted`)."""
+    register_a = wgmma_register_a(op, state.arch, state.num_warps)
     _anchor(state, op, 0)
     _anchor(state, op, 1)
-    tile_a, tile_b, accumulator = wgmma_dot_layouts(op, state.num_warps)
+    tile_a, tile_b, accumulator = wgmma_dot_layouts(op, state.num_warps, register_a)
     _require(state, op, 2, accumulator)
-    for index, tile in ((0, tile_a), (1, tile_b)):
+    if register_a:
+        _require_hoisted(state, op, 0, tile_a)
+    for index, tile in ((1, tile_b),) if register_a else ((0, tile_a), (1, tile_b)):
         op.operands[index] = _convert(op.operands[index], tile, op)
         op.operands[index].defining_op.attrs["dot_operand"] = index
     op.attrs["engine"] = "wgmma"
     op.result.layout = accumulator
     state.wgmma_accumulators.add(accumulator)
+
+
+def _require_hoisted(state: _State, op: Operation, index: int, layout) -> None:
+    """`_require`, but a conversion of a value defined in an enclosing block goes right before the
+    op of that block that holds `op` (a loop-invariant operand is converted once, before the loop),
+    shared by every later op that needs it in that layout."""
+    value = op.operands[index]
+    if value.layout == layout:
+        return
+    home = value.owner if isinstance(value.owner, Block) else value.defining_op.parent
+    anchor = op
+    while anchor.parent is not home:
+        anchor = anchor.parent.parent
+        if anchor is None:
+            return _require(state, op, index, layout)
+    if anchor is op:
+        return _require(state, op, index, layout)
+    key = (id(value), layout)
+    found = state.hoisted.get(key)
+    if found is None or not _dominates(found, anchor):
+        found = state.hoisted[key] = _convert(value, layout, anchor)
+    op.operands[index] = found
 
 
 def _init_layouts(state, op, first_index, count, args=()):

@@ -66,6 +66,34 @@ Copies past the loop's end are not issued, so no copy is in flight after it and 
 left pending; the barriers' dealloc invalidates them (mbarrier.inval) before the memory is reused.
 The same schedule (ahead_by, the in-flight wgmma) applies; only the wait and the copies differ.
 
+TMA with FUSEDOPS_WS=1 (runtime/knobs.py): no CTA barrier in the loop. A second array of mbarriers,
+"empty" (`local_alloc {mbarrier_per_warp}`: one arrival per warp completes a phase), tells the issuing
+thread that every warp retired the wgmma reading a slot. With lag = 1 when the wgmma stays in flight
+(it still reads the previous slot) and 0 otherwise, copies run ahead_by = S - lag iterations ahead
+(one more than above) and iteration k does
+
+    mbarrier_wait %full[%read], %phase {cta_barrier = false}      (every thread: tile k landed)
+    %acc2 = dot local_load ..[%read] {pending = lag}               (wgmma k-1 retired when lag = 1)
+    mbarrier_arrive %empty[%write] if k >= lag                     (slot of iteration k - lag free:
+                                                                    one arrival per warp)
+    mbarrier_wait %empty[%write], %write_phase ^ 1 {issuer}         (thread 0: every warp released it)
+    tma_copy %buf[%write], <at %k + ahead_by * STEP>                (iteration j = k + ahead_by)
+
+Phase bookkeeping (PTX ISA 9.7.13.15: a phase completes when its pending arrivals and transaction
+bytes reach zero; `try_wait.parity P` succeeds once the phase of parity P is complete, and waiting
+on the parity of the phase *before* the current one succeeds at once). Fill j of slot j % S is the
+(j // S)-th fill of that slot, so consumers wait full[j % S] with parity (j // S) & 1 (%phase flips
+when %read wraps). Fill j may start once the (j // S - 1)-th release of its slot, that of iteration
+j - S, completed: parity (j // S - 1) & 1 = ((j // S) & 1) ^ 1 (%write_phase = (j // S) & 1 flips
+when %write wraps). For j < S that is the phase "before" phase 0 of a fresh barrier: no wait, no
+special case. Neither barrier can run two phases ahead of its waiter: fill j waits for the release
+of j - S, and that release follows the consumers' wait for fill j - S. Iteration k releases the
+slot of k - lag = j - S (so %write is the slot released and refilled), the copy waits for the
+releases of this same iteration by the other warps only, and those depend on nothing this thread
+has still to do: no cycle. Fills past the loop's end are not issued; the releases that no fill
+waits for leave phases pending, which mbarrier.inval at the dealloc discards.
+tests/test_warp_specialization.py simulates this protocol (ragged trip counts, 0 and 1 steps).
+
 Source of the schedule: the multistage mainloop of CUTLASS (`MmaMultistage`) and Triton's
 software pipeliner, written here for our IR.
 """
@@ -117,16 +145,23 @@ class _Candidate:
 
 def pipeline_loops(function: Function, num_stages: int) -> bool:
     """Pipeline every `for` loop with qualifying dot-operand loads `num_stages` deep (see the
-    module docstring). num_stages < 2 does nothing. Returns whether the IR changed."""
+    module docstring). num_stages < 2 does nothing. Returns whether the IR changed. A TMA ring
+    synchronizes as FUSEDOPS_WS says (runtime/knobs.py)."""
     if num_stages < 2:
         return False
+    from ..runtime import knobs
+    empty_barriers = knobs.current().ws >= 1
     analysis = analyze_pointers(function)
     uses = _use_counts(function)
     changed = False
     for loop in [op for op in function.walk() if op.opcode == OpCode.FOR]:
         candidates = _with_copy_engine(_candidates(loop, analysis, uses))
         if candidates:
-            _pipeline(loop, candidates, num_stages, _overlappable_dot(loop, candidates, uses, num_stages))
+            overlapped = _overlappable_dot(loop, candidates, uses, num_stages)
+            if candidates[0].tma is not None and empty_barriers:
+                _pipeline_with_empty_barriers(loop, candidates, num_stages, overlapped)
+            else:
+                _pipeline(loop, candidates, num_stages, overlapped)
             changed = True
     if changed:
         eliminate_dead_code(function)
@@ -360,6 +395,67 @@ def _next_index(at: _Inserter, index: Value, num_stages: int) -> Value:
     return at.value(OpCode.WHERE, [wrapped, at.constant(0), incremented], int32)
 
 
+def _allocate_ring(before: _Inserter, candidates: list, num_stages: int) -> list:
+    """One `local_alloc` of `num_stages` tiles per candidate (its ring)."""
+    buffers = []
+    for candidate in candidates:
+        element = candidate.load.result.type.element
+        buffer_type = SharedBufferType(num_stages, shape_of(candidate.load.result.type), element)
+        buffers.append(before.value(OpCode.LOCAL_ALLOC, [], buffer_type, candidate.alloc_attrs))
+    return buffers
+
+
+def _read_from_ring(body: Block, candidates: list, buffers: list, read: Value) -> None:
+    """Replace each candidate's load and dot-operand conversion by a `local_load` of slot `read`."""
+    for candidate, buffer in zip(candidates, buffers):
+        convert = candidate.convert
+        at = _Inserter(body, convert)
+        loaded = at.value(OpCode.LOCAL_LOAD, [buffer, read], convert.result.type, layout=convert.result.layout)
+        for user in body.ops:
+            user.operands = [loaded if v is convert.result else v for v in user.operands]
+        body.ops.remove(convert)
+        body.ops.remove(candidate.load)
+
+
+def _carry(loop: Operation, before: _Inserter, name: str, initial: int) -> Value:
+    """A new int32 value carried by `loop` (block argument `name`, starting at `initial`) and its
+    loop result; returns the block argument."""
+    argument = loop.regions[0].add_argument(int32, name)
+    loop.operands.append(before.constant(initial))
+    loop.results.append(Value(int32, loop, len(loop.results)))
+    return argument
+
+
+def _flip_on_wrap(at: _Inserter, phase: Value, next_index: Value) -> Value:
+    """`phase ^ 1` when the ring index `next_index` wrapped to 0, else `phase`."""
+    wrapped = at.value(OpCode.EQ, [next_index, at.constant(0)], int1)
+    flipped = at.value(OpCode.XOR, [phase, at.constant(1)], int32)
+    return at.value(OpCode.WHERE, [wrapped, flipped, phase], int32)
+
+
+def _finish(loop: Operation, overlapped: Optional[int], buffers: list) -> None:
+    """After `loop`: retire an in-flight wgmma (before any use of its result) and free `buffers` in
+    order (mbarrier arrays first in the list are freed last: their dealloc invalidates them once the
+    first dealloc's CTA barrier passed)."""
+    outer = loop.parent
+    body = loop.regions[0]
+    after_index = outer.ops.index(loop) + 1
+    if overlapped is not None:
+        dot = body.terminator.operands[overlapped].defining_op
+        dot.attrs["pending"] = 1
+        result = loop.results[overlapped]
+        wait = Operation(OpCode.WGMMA_WAIT, [result], [result.type], {"pending": 0}, (), loop.loc)
+        wait.results[0].layout = result.layout
+        wait.parent = outer
+        outer.ops.insert(after_index, wait)
+        _replace_uses(outer, after_index + 1, result, wait.results[0])
+        after_index += 1
+    for buffer in buffers:
+        dealloc = Operation(OpCode.LOCAL_DEALLOC, [buffer], [], {}, (), loop.loc)
+        dealloc.parent = outer
+        outer.ops.insert(after_index, dealloc)
+
+
 def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Optional[int]) -> None:
     """Rewrite `loop` (see the module docstring). overlapped: the carried index of a wgmma
     accumulator whose dot may stay in flight (`_overlappable_dot`), or None."""
@@ -371,11 +467,7 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     # Copies run `ahead` iterations ahead; an in-flight wgmma still reads the previous slot.
     ahead_by = num_stages - 1 if overlapped is None else num_stages - 2
     before = _Inserter(outer, loop)
-    buffers = []
-    for candidate in candidates:
-        element = candidate.load.result.type.element
-        buffer_type = SharedBufferType(num_stages, shape_of(candidate.load.result.type), element)
-        buffers.append(before.value(OpCode.LOCAL_ALLOC, [], buffer_type, candidate.alloc_attrs))
+    buffers = _allocate_ring(before, candidates, num_stages)
     # TMA: one mbarrier per slot, on which every copy into the slot arrives (with its bytes).
     barriers = None
     if candidates[0].tma is not None:
@@ -399,15 +491,9 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
 
     # Loop-carried ring indices: the tile this iteration reads, and the one it fills (and with TMA
     # the parity of the read slot's barrier phase, which flips each time the read index wraps).
-    read = body.add_argument(int32, "read_stage")
-    write = body.add_argument(int32, "write_stage")
-    loop.operands.extend([before.constant(0), before.constant(ahead_by)])
-    phase = None
-    if barriers is not None:
-        phase = body.add_argument(int32, "read_phase")
-        loop.operands.append(before.constant(0))
-    for _ in range(2 + (phase is not None)):
-        loop.results.append(Value(int32, loop, len(loop.results)))
+    read = _carry(loop, before, "read_stage", 0)
+    write = _carry(loop, before, "write_stage", ahead_by)
+    phase = _carry(loop, before, "read_phase", 0) if barriers is not None else None
 
     head = _Inserter(body, body.ops[0])
     if barriers is not None:
@@ -419,37 +505,63 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
         head.op(OpCode.ASYNC_WAIT, [], [], wait_attrs)
     ahead = head.value(OpCode.ADD, [induction, head.constant(ahead_by * step_value)], int32)
     issue(head, write, ahead)
-
-    for candidate, buffer in zip(candidates, buffers):
-        convert = candidate.convert
-        at = _Inserter(body, convert)
-        loaded = at.value(OpCode.LOCAL_LOAD, [buffer, read], convert.result.type, layout=convert.result.layout)
-        for user in body.ops:
-            user.operands = [loaded if v is convert.result else v for v in user.operands]
-        body.ops.remove(convert)
-        body.ops.remove(candidate.load)
+    _read_from_ring(body, candidates, buffers, read)
 
     tail = _Inserter(body, body.terminator)
     next_read = _next_index(tail, read, num_stages)
     body.terminator.operands.extend([next_read, _next_index(tail, write, num_stages)])
     if phase is not None:
-        wrapped = tail.value(OpCode.EQ, [next_read, tail.constant(0)], int1)
-        flipped = tail.value(OpCode.XOR, [phase, tail.constant(1)], int32)
-        body.terminator.operands.append(tail.value(OpCode.WHERE, [wrapped, flipped, phase], int32))
+        body.terminator.operands.append(_flip_on_wrap(tail, phase, next_read))
+    _finish(loop, overlapped, ([barriers] if barriers is not None else []) + buffers)
 
-    after_index = outer.ops.index(loop) + 1
-    if overlapped is not None:
-        dot = body.terminator.operands[overlapped].defining_op
-        dot.attrs["pending"] = 1
-        result = loop.results[overlapped]
-        wait = Operation(OpCode.WGMMA_WAIT, [result], [result.type], {"pending": 0}, (), loop.loc)
-        wait.results[0].layout = result.layout
-        wait.parent = outer
-        outer.ops.insert(after_index, wait)
-        _replace_uses(outer, after_index + 1, result, wait.results[0])
-        after_index += 1
-    # (the barriers last: their dealloc invalidates them once the first dealloc's barrier passed)
-    for buffer in ([barriers] if barriers is not None else []) + buffers:
-        dealloc = Operation(OpCode.LOCAL_DEALLOC, [buffer], [], {}, (), loop.loc)
-        dealloc.parent = outer
-        outer.ops.insert(after_index, dealloc)
+
+def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages: int,
+                                  overlapped: Optional[int]) -> None:
+    """Rewrite `loop`, whose candidates are all TMA copies, with per-stage full and empty mbarriers
+    and no CTA barrier in the loop (FUSEDOPS_WS=1; the module docstring has the schedule and its
+    phase bookkeeping)."""
+    outer = loop.parent
+    body = loop.regions[0]
+    lower, upper, step = loop.operands[:3]
+    induction = body.args[0]
+    step_value = _constant_int(step)
+    lag = 0 if overlapped is None else 1
+    ahead_by = num_stages - lag
+    before = _Inserter(outer, loop)
+    buffers = _allocate_ring(before, candidates, num_stages)
+    barrier_type = SharedBufferType(num_stages, (1,), int64)
+    full = before.value(OpCode.LOCAL_ALLOC, [], barrier_type, {"mbarrier_arrivals": len(candidates)})
+    empty = before.value(OpCode.LOCAL_ALLOC, [], barrier_type, {"mbarrier_per_warp": True})
+
+    def issue(at: _Inserter, index: Value, iteration: Value) -> None:
+        for candidate, buffer in zip(candidates, buffers):
+            _issue_tma_copy(at, candidate, buffer, index, full, induction, iteration, upper)
+
+    # Prologue: fills 0 .. ahead_by - 1 go to fresh slots (no release to wait for).
+    for stage in range(ahead_by):
+        iteration = lower if stage == 0 else before.value(
+            OpCode.ADD, [lower, before.constant(stage * step_value)], int32)
+        issue(before, before.constant(stage), iteration)
+
+    read = _carry(loop, before, "read_stage", 0)
+    read_phase = _carry(loop, before, "read_phase", 0)
+    write = _carry(loop, before, "write_stage", ahead_by % num_stages)
+    write_phase = _carry(loop, before, "write_phase", (ahead_by // num_stages) & 1)
+
+    head = _Inserter(body, body.ops[0])
+    head.op(OpCode.MBARRIER_WAIT, [full, read, read_phase], [], {"cta_barrier": False})
+    _read_from_ring(body, candidates, buffers, read)
+
+    tail = _Inserter(body, body.terminator)
+    released = (tail.value(OpCode.NE, [induction, lower], int1) if lag
+                else tail.value(OpCode.CONSTANT, [], int1, {"value": True}))
+    tail.op(OpCode.MBARRIER_ARRIVE, [empty, write, released], [])
+    waited = tail.value(OpCode.XOR, [write_phase, tail.constant(1)], int32)
+    tail.op(OpCode.MBARRIER_WAIT, [empty, write, waited], [], {"cta_barrier": False, "issuer": True})
+    issue(tail, write, tail.value(OpCode.ADD, [induction, tail.constant(ahead_by * step_value)], int32))
+
+    next_read = _next_index(tail, read, num_stages)
+    next_write = _next_index(tail, write, num_stages)
+    body.terminator.operands.extend([next_read, _flip_on_wrap(tail, read_phase, next_read),
+                                     next_write, _flip_on_wrap(tail, write_phase, next_write)])
+    _finish(loop, overlapped, [empty, full] + buffers)

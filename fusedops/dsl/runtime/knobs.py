@@ -19,6 +19,13 @@ from `os.environ` directly.
 | FUSEDOPS_LIBDEVICE_PATH | libdevice_path  | Path or None (= search the CUDA installation)           |
 | FUSEDOPS_DISABLE_WGMMA  | disable_wgmma   | bool, False: dots on sm_90a use mma.sync, not wgmma     |
 | FUSEDOPS_TMA            | tma             | bool, True: tensor-descriptor loads feeding wgmma use TMA  |
+| FUSEDOPS_WS             | ws              | int 0/1, 0: how a TMA ring's K loop synchronizes        |
+
+FUSEDOPS_WS (sm_90a TMA rings, passes/pipelining.py): 0 = one CTA barrier per K step before thread 0
+refills the slot (the shipped schedule); 1 = per-stage "empty" mbarriers that every warp arrives on
+once its wgmma reading the stage retired, thread 0 waiting on them before it refills (no CTA barrier
+in the loop, one more stage in flight). Warp specialization (a producer warpgroup, `setmaxnreg`) is
+the planned mode 2. Part of the compile cache key.
 
 Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty means False, unset the default above). Any
 other value raises `ValueError` naming the variable, so a typo is loud instead of ignored.
@@ -61,6 +68,14 @@ def _parse_arch(variable: str, text: str) -> Optional[str]:
     return value
 
 
+def _parse_ws(variable: str, text: str) -> int:
+    value = text.strip()
+    if value in ("", "0", "1"):
+        return int(value or 0)
+    raise ValueError(f"{variable}={text!r} is not a K-loop synchronization mode; use 0 (a CTA barrier per "
+                     "step) or 1 (per-stage empty mbarriers)")
+
+
 def _knob(variable: str, parse: Callable[[str, str], object], default):
     """A dataclass field read from `variable` with `parse(variable, text)`; `default` when unset."""
     return dataclasses.field(default=default, metadata={"variable": variable, "parse": parse})
@@ -83,6 +98,7 @@ class Knobs:
     libdevice_path: Optional[Path] = _knob("FUSEDOPS_LIBDEVICE_PATH", _parse_path, None)
     disable_wgmma: bool = _knob("FUSEDOPS_DISABLE_WGMMA", _parse_bool, False)
     tma: bool = _knob("FUSEDOPS_TMA", _parse_bool, True)
+    ws: int = _knob("FUSEDOPS_WS", _parse_ws, 0)
 
     def __post_init__(self) -> None:
         # The home directory is looked up when the settings are built, not at import.
