@@ -293,6 +293,164 @@ def test_errors_name_the_argument():
 
 
 # ------------------------------------------------------------------------------------------------
+# Persistent configs (Config.programs_per_sm): the row sweeps and the persistent tile loop
+# ------------------------------------------------------------------------------------------------
+def _sweeps(block: int, num_warps: int = 1, programs_per_sm: int = 2) -> K.Config:
+    return K.Config("rows", 1, block, False, num_warps, programs_per_sm)
+
+
+def _sliced_rows(seed):
+    # (6, 300) rows of stride 320 starting 3 elements into their storage: rows off 16-byte boundaries
+    return random_tensor((6, 320), torch.bfloat16, seed=seed, scale=2.0)[:, 3:303]
+
+
+# (input, dim, config, dtype). The interpreter plans persistent grids for K.INTERPRETER_MULTIPROCESSORS
+# (4) SMs. Chunks of 16 to 512 elements: rows of several chunks, pieces and edges; rows fewer than
+# the programs (5 < 8), not a multiple of them (13, 9), odd lengths (the SHIFT window), a strided
+# reduced dim with an inner index (SPLIT, col stride 7), sliced rows, one and two vectors per thread.
+ROW_SWEEP_CASES = {
+    "5x37_fewer_rows_than_programs": ((5, 37), 1, _sweeps(16), torch.float16),
+    "13x300_special_values": ((13, 300), 1, _sweeps(64), torch.float32),
+    "9x1001_two_vectors_per_thread": ((9, 1001), 1, _sweeps(512, 1, 1), torch.float16),
+    "3x50x7_strided_dim": ((3, 50, 7), 1, _sweeps(16, 1, 1), torch.float32),
+    "6x300_sliced_rows": (_sliced_rows, 1, _sweeps(64, 2, 1), torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("case", ROW_SWEEP_CASES, ids=str)
+def test_row_sweeps_match_float64(case, log, seed, interpret, poisoned_outputs):
+    shape, dim, config, dtype = ROW_SWEEP_CASES[case]
+    x = shape(seed) if callable(shape) else random_tensor(shape, dtype, seed=seed, scale=2.0)
+    if case == "13x300_special_values":
+        x[1] = -float("inf")                    # NaN, like torch
+        x[2, :200] = -float("inf")              # the edges and first chunks see only -inf
+        x[3, 1::2] = -float("inf")
+        x[4] += 1e4
+        x[5] -= 3e4
+    launch = K._plan_launch(x.shape, dim, (x.stride(), x.stride()), (dtype, dtype), False, log, config, None)
+    assert launch.constexprs["PERSISTENT"] and launch.grid == (min(launch.layout.n_rows, 4 * config.programs_per_sm),)
+    y = K.softmax_forward(x, dim, log=log, config=config)
+    assert_close(y, reference(x, dim, log), dtype)
+    dy = random_tensor(x.shape, dtype, seed=seed + 1)
+    dx = K.softmax_backward(dy, y, dim, log=log, config=config)
+    assert_close(dx, reference_backward(y, dy, dim, log), dtype)
+
+
+def test_row_sweeps_windows_of_every_shift(seed, interpret):
+    # Rows of 61 fp16 elements start at every offset mod 8 (SHIFT = 8); chunks of 16, 2 threads of 8.
+    x = random_tensor((8, 61), torch.float16, seed=seed, scale=2.0)
+    config = _sweeps(16, 1, 1)
+    assert K._plan_launch(x.shape, 1, (x.stride(),) * 2, (x.dtype,) * 2, False, False, config, None
+                          ).constexprs["SHIFT"] == 8
+    for log in (False, True):
+        assert_close(K.softmax_forward(x, 1, log=log, config=config), reference(x, 1, log), torch.float16)
+
+
+class _RowSweepsSoftmax(torch.autograd.Function):
+    """The kernels with a persistent row-sweeps config of 4-column chunks."""
+
+    CONFIG = K.Config("rows", 1, 4, False, 1, 1)
+
+    @staticmethod
+    def forward(ctx, x, log):
+        y = K.softmax_forward(x, 1, log=log, config=_RowSweepsSoftmax.CONFIG)
+        ctx.save_for_backward(y)
+        ctx.log = log
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return K.softmax_backward(dy, y, 1, log=ctx.log, config=_RowSweepsSoftmax.CONFIG), None
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_gradcheck_float64_row_sweeps(log, interpret):
+    x = torch.randn((3, 11), dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: _RowSweepsSoftmax.apply(t, log), (x,))
+
+
+@pytest.mark.parametrize("shape, dim, config", [
+    ((7, 50), 1, K.Config("rows", 2, 64, True, 1, 1)),              # one-pass tiles of two rows
+    ((3, 16, 20), 1, K.Config("columns", 8, 16, True, 1, 1)),        # one-pass column tiles
+    ((3, 40, 20), 1, K.Config("columns", 8, 4, False, 1, 2)),        # online column tiles
+    ((9, 40), 1, K.Config("rows", 2, 8, False, 1, 1)),               # online tiles of two rows
+], ids=str)
+def test_persistent_tile_loop(shape, dim, config, seed, interpret, poisoned_outputs):
+    # Persistent configs that are not one-row online "rows" tiles loop over the usual tiles.
+    x = random_tensor(shape, torch.float32, seed=seed, scale=2.0)
+    dy = random_tensor(shape, torch.float32, seed=seed + 1)
+    for log in (False, True):
+        y = K.softmax_forward(x, dim, log=log, config=config)
+        assert_close(y, reference(x, dim, log), torch.float32)
+        dx = K.softmax_backward(dy, y, dim, log=log, config=config)
+        assert_close(dx, reference_backward(y, dy, dim, log), torch.float32)
+
+
+def test_persistent_launch_plans():
+    strides, dtypes = ((50257, 1), (50257, 1)), (torch.float16, torch.float16)
+    config = _sweeps(8192, 16, 2)
+    launch = K._plan_launch((8192, 50257), 1, strides, dtypes, False, False, config, None, sm_count=132)
+    assert launch.grid == (264,)
+    assert {k: launch.constexprs[k] for k in ("PERSISTENT", "THREADS", "VECTOR", "SHIFT")} == dict(
+        PERSISTENT=True, THREADS=512, VECTOR=8, SHIFT=8)
+    assert K._plan_launch((100, 50257), 1, strides, dtypes, False, False, config, None, sm_count=132).grid == (100,)
+    # the dispatcher's choice for such rows (ROW_SWEEPS): 16384-column chunks at 16 warps, 2 programs per SM
+    chosen = K._plan_launch((8192, 50257), 1, strides, dtypes, False, False, None, None, sm_count=132)
+    assert chosen.grid == (264,) and chosen.config == _sweeps(16384, 16, 2)
+    backward = K._plan_launch((8192, 50257), 1, strides + ((50257, 1),), dtypes + (torch.float16,), True, False,
+                              None, None, sm_count=132)
+    assert backward.grid == (132,) and backward.config == _sweeps(16384, 32, 1)
+    # 32768 columns: past the one-pass limit, one program per row (64 per SM caps the grid above 8192 rows)
+    assert K._plan_launch((8192, 32768), 1, ((32768, 1),) * 2, dtypes, False, False, None, None,
+                          sm_count=132).config == _sweeps(8192, 16, 64)
+    # fp32 rows keep the online path
+    online = K._plan_launch((8, 50257), 1, strides, (torch.float32,) * 2, False, False, None, None, sm_count=132)
+    assert online.grid == (8,) and "PERSISTENT" not in online.constexprs
+    # fp16 in, fp32 out: vectors of the narrowest type
+    fused = K._plan_launch((64, 4096), 1, ((4096, 1),) * 2, (torch.float16, torch.float32), False, False,
+                           _sweeps(2048, 8, 4), None, sm_count=132)
+    assert (fused.constexprs["THREADS"], fused.constexprs["VECTOR"]) == (256, 8)
+
+
+# Persistent candidates of the H200 sweep (.scratch/sm_long_sweep.py): (direction, config).
+PERSISTENT_PTX_CONFIGS = [
+    ("forward", _sweeps(8192, 16, 2)), ("forward", _sweeps(16384, 32, 1)), ("forward", _sweeps(4096, 8, 4)),
+    ("backward", _sweeps(8192, 32, 1)), ("backward", _sweeps(4096, 16, 2)), ("backward", _sweeps(16384, 32, 1)),
+]
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="ptxas is not installed")
+@pytest.mark.parametrize("n_cols", [50257, 32768])
+def test_row_sweeps_assemble_with_16_byte_vectors_and_no_barrier_per_chunk(n_cols):
+    """The persistent row sweeps for sm_90a: 16-byte loads and stores, bar.sync only in the row-end
+    reductions (forward: max and sum, two each; backward: one sum), and at most one spilled register.
+    (ptxas 13 trades a loop-invariant shared-memory address, stored and reloaded once per row, for one
+    more resident CTA in a few variants: 4 bytes.)"""
+    problems = []
+    for i, (direction, config) in enumerate(PERSISTENT_PTX_CONFIGS):
+        backward = direction == "backward"
+        for dtype, log in ((torch.float16, bool(i % 2)), (torch.bfloat16, not i % 2), (torch.float32, False)):
+            tensors = 3 if backward else 2
+            launch = K._plan_launch((8192, n_cols), 1, ((n_cols, 1),) * tensors, (dtype,) * tensors, backward, log,
+                                    config, None, sm_count=132)
+            pointer = torch.empty(16, dtype=dtype, device="meta")
+            kernel = (K._backward_kernel if backward else K._forward_kernel).compile(
+                *[pointer] * tensors, *launch.arguments, target="sm_90a", **launch.constexprs)
+            ptx = kernel.asm["ptx"]
+            result = assemble(ptx, "sm_90a")
+            name = f"{direction} {config} {dtype} log={log}"
+            if result.spill_bytes > 8:
+                problems.append(f"{name}: {result.spill_bytes} bytes spilled")
+            if not _has_global_vectors(ptx, ".v4.b32"):
+                problems.append(f"{name}: no 16-byte accesses")
+            if ptx.count("bar.sync") > (2 if backward else 4):
+                problems.append(f"{name}: {ptx.count('bar.sync')} bar.sync")
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------------
 # Modules
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["Softmax", "LogSoftmax"])
@@ -383,7 +541,7 @@ def _compile(config: K.Config, dtype: torch.dtype, log: bool, backward: bool, wi
     constexprs = dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
                       SPLIT=config.tile == "columns", WIDE=wide, ALIGN=min(align, config.rows) if config.tile ==
                       "columns" else align, ACC=dsl.float32, SHIFT=shift, num_warps=config.num_warps,
-                      target="sm_90a")
+                      target="sm_90a", **K._persistent_constexprs(config, (dtype,)))
     # Strides as a contiguous (4096, n, 64) tensor has them (unit where unit).
     strides = (64 * n_cols, 1, 64) if config.tile == "columns" else (n_cols, 0, 1)
     sizes = (4096 * 64, n_cols, 64 if config.tile == "columns" else 1, 16)
@@ -581,3 +739,58 @@ def test_gpu_modules(name, seed, compiled):
     x = random_tensor((4, 12, 33, 33), torch.bfloat16, "cuda", seed)
     for dim in (-1, 1):
         assert_close(getattr(fusedops.nn, name)(dim)(x), getattr(torch.nn, name)(dim)(x.double()), torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", [K.Config("rows", 1, 8192, False, 16, 2), K.Config("rows", 1, 16384, False, 32, 1)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_rows, n_cols", [(67, 1), (67, 7), (300, 1000), (67, 50257), (300, 65536),
+                                            (5, (1 << 17) + 1)])
+def test_gpu_row_sweeps(n_rows, n_cols, dtype, config, seed, compiled, poisoned_outputs):
+    """The persistent row sweeps compiled: fewer and more rows than programs, odd lengths, one chunk or many."""
+    x = random_tensor((n_rows, n_cols), dtype, "cuda", seed, scale=2.0)
+    dy = random_tensor((n_rows, n_cols), dtype, "cuda", seed + 1)
+    for log in (False, True):
+        y = K.softmax_forward(x, 1, log=log, config=config)
+        assert_close(y, reference(x, 1, log), dtype)
+        assert_close(K.softmax_backward(dy, y, 1, log=log, config=config), reference_backward(y, dy, 1, log), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("view", ["sliced_unaligned", "strided_dim", "special_values"])
+def test_gpu_row_sweeps_layouts(view, seed, compiled, poisoned_outputs):
+    config = K.Config("rows", 1, 8192, False, 16, 2)
+    base = random_tensor((40, 20003), torch.float16, "cuda", seed, scale=2.0)
+    dim = 1
+    if view == "sliced_unaligned":          # rows 3 elements into the storage, odd row stride
+        x = base[:, 3:20000]
+    elif view == "strided_dim":             # the reduced dim strided (2): rows with an inner index
+        x = base[:, :800].reshape(40, 400, 2)
+    else:
+        x = base.clone()
+        x[0] = -float("inf")
+        x[1, :15000] = -float("inf")
+        x[2, 1::2] = -float("inf")
+        x[3] += 2000.0
+    for log in (False, True):
+        y = K.softmax_forward(x, dim, log=log, config=config)
+        assert_close(y, reference(x, dim, log), torch.float16)
+        dy = random_tensor(x.shape, torch.float16, "cuda", seed + 1)
+        assert_close(K.softmax_backward(dy, y, dim, log=log, config=config), reference_backward(y, dy, dim, log),
+                     torch.float16)
+
+
+@pytest.mark.cuda
+def test_gpu_row_sweeps_more_than_2_to_the_31_elements(compiled):
+    """int64 row offsets in the persistent row sweeps: a 4 GB fp16 tensor, checked at the start, middle and end."""
+    config = K.Config("rows", 1, 8192, False, 16, 2)
+    shape = ((1 << 15) + 1, 1 << 16)
+    x = torch.empty(shape, dtype=torch.float16, device="cuda").normal_(0, 3)
+    y = K.softmax_forward(x, 1, log=False, config=config)
+    dy = torch.empty_like(y).normal_()
+    dx = K.softmax_backward(dy, y, 1, log=False, config=config)
+    for start in (0, shape[0] // 2, shape[0] - 64):
+        rows = slice(start, start + 64)
+        assert_close(y[rows], reference(x[rows], 1, False), torch.float16)
+        assert_close(dx[rows], reference_backward(y[rows], dy[rows], 1, False), torch.float16)

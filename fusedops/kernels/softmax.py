@@ -27,13 +27,21 @@ BLOCK-wide chunks keeps a running max m and a sum s rescaled by exp(m_old - m_ne
 max grows; a second sweep writes the outputs. The backward sweeps once for sum(dy * y) (or
 sum(dy)), once for dx. Statistics are in ACC: float32 (float64 for float64 tensors, which only
 the interpreter runs).
+Persistent configs (Config.programs_per_sm > 0): a grid of min(tiles, SMs x programs_per_sm)
+programs, each looping over tiles pid, pid + programs, ... A one-row online "rows" tile then takes
+the row sweeps (_forward_row_sweeps, _backward_row_sweeps): the same two sweeps, with the chunks
+inside the row moved unmasked as whole 16-byte vectors, per-thread statistics reduced in
+registers, and few enough rows in flight that the second sweep reads them from L2, so that DRAM
+sees each input once (forward 1 read + 1 write, backward 2 reads + 1 write).
 
 Configs (`choose_config`, a small table): BLOCK is the next power of two >= n; the forward reads
-rows of up to MAX_ONE_PASS_BLOCK 2-byte elements in one pass (32 warps, 32 per thread), the
-backward (two tensors in registers), fp32 rows and column tiles up to MAX_ONE_PASS_TILE; num_warps
-by block from ROW_NUM_WARPS. The limits are what ptxas fits in registers without spilling
-(tests/test_softmax.py::test_shipped_configs_assemble_without_spills checks every config);
-`bench/softmax.py --sweep` times the alternatives on a GPU.
+rows of up to MAX_ONE_PASS_BLOCK 2-byte elements in one pass, the backward (two tensors in
+registers), fp32 rows and column tiles up to MAX_ONE_PASS_TILE; num_warps by block from
+ROW_NUM_WARPS; longer 2-byte rows take the persistent row sweeps of ROW_SWEEPS, longer fp32 rows
+the online path. The limits are
+what ptxas fits in registers without spilling (tests/test_softmax.py::
+test_shipped_configs_assemble_without_spills checks every config); `bench/softmax.py --sweep` and
+.scratch/sm_long_sweep.py time the alternatives on a GPU.
 """
 
 from __future__ import annotations
@@ -49,8 +57,10 @@ from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
 
-# Longest row the forward reads in one pass (elements); longer rows take the online path.
-MAX_ONE_PASS_BLOCK = 32768
+# Longest row the forward reads in one pass (elements); longer rows take the row sweeps (ROW_SWEEPS).
+# H200, M=8192 fp16, N=32768: one pass (32 warps, 1 CTA per SM) 83.6% of a copy's bandwidth, the row
+# sweeps 88.0% (.scratch/sm_long_sweep.py, session 4).
+MAX_ONE_PASS_BLOCK = 16384
 # Largest one-pass tile of the backward (dy and y in registers) and of column tiles.
 MAX_ONE_PASS_TILE = 16384
 # Chunk of a row per step of the online path: 2048 columns at 4 warps (16 per thread) let 8 programs
@@ -59,7 +69,9 @@ MAX_ONE_PASS_TILE = 16384
 ONLINE_BLOCK = 2048
 # num_warps of a one-row tile by its block: 8 to 32 elements per thread, i.e. one to four 16-byte
 # fp16 loads in flight, and at most 64 registers at 32 warps (what 1024 threads may use).
-ROW_NUM_WARPS = {1024: 4, 2048: 4, 4096: 8, 8192: 16, 16384: 16, 32768: 32}
+# 8192: 8 warps (48 registers, 5 CTAs per SM) read at 108.8% of the copy against 100.3% at 16 warps
+# (H200, M=8192 fp16; the backward is at 100% either way).
+ROW_NUM_WARPS = {1024: 4, 2048: 4, 4096: 8, 8192: 8, 16384: 16, 32768: 32}
 # Rows shorter than MIN_ROW_BLOCK are packed several per program, ROW_TILE_ELEMENTS elements in all.
 MIN_ROW_BLOCK = 1024
 ROW_TILE_ELEMENTS = 2048
@@ -67,6 +79,19 @@ ROW_TILE_ELEMENTS = 2048
 # the tile's size in the online path.
 COLUMN_ROWS = (8, 64)
 COLUMN_TILE_ELEMENTS = 4096
+# Rows of 2-byte elements past the one-pass limit, by direction: None, the online path (one program
+# per row, ONLINE_BLOCK); or ((largest row block, (block, num_warps, programs_per_sm)), ...) in
+# increasing order (None: any longer row), the persistent row sweeps, whose rows in flight (resident
+# programs x row bytes x tensors read) stay in L2 between the two sweeps. programs_per_sm = 64 leaves
+# the grid at one program per row for M <= 64 x SMs: residency (registers) then bounds the rows in
+# flight. From the H200 sweep (.scratch/sm_long_sweep.py, M=8192 fp16, % of a device copy / vs torch):
+#   forward  32768: (8192, 16, 64) 88.0% (one pass 83.6%); 50257: (16384, 16, 2) 73.2%, 1.27x torch
+#            (the online path 45.2%, 0.79x); 65536: 67.9%, 1.26x;
+#   backward 32768: (16384, 32, 1) 1.80x torch (online 1.34x); 50257: 1.74x (1.28x); 65536: 1.66x.
+ROW_SWEEPS = {
+    "forward": ((32768, (8192, 16, 64)), (None, (16384, 16, 2))),
+    "backward": ((None, (16384, 32, 1)),),
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -78,10 +103,11 @@ COLUMN_TILE_ELEMENTS = 4096
 
 
 @dsl.jit
-def _program_rows(n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.constexpr, SPLIT: dsl.constexpr):
-    # -> (outer index, inner index, row mask) of this program's ROWS rows, (ROWS,) int64 blocks.
+def _program_rows(tile, n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.constexpr,
+                  SPLIT: dsl.constexpr):
+    # -> (outer index, inner index, row mask) of tile `tile`'s ROWS rows, (ROWS,) int64 blocks.
     # SPLIT: rows have an inner index (inner > 1; always for "columns").
-    pid = dsl.program_id(0).to(dsl.int64)
+    pid = tile.to(dsl.int64)
     if TILE == "columns":
         outer = pid // inner_blocks
         inner = (pid - outer * inner_blocks) * ROWS + dsl.arange(0, ROWS)
@@ -143,16 +169,15 @@ def _row_sum(x, TILE: dsl.constexpr):
 
 
 @dsl.jit
-def _forward_kernel(
-    y_ptr, x_ptr,                                   # (outer, n_cols, inner) through the strides below
-    n_rows, n_cols, n_inner, inner_blocks,          # n_rows = outer * inner; inner_blocks: "columns" only
-    x_outer_stride, x_inner_stride, x_col_stride,   # in elements
-    y_outer_stride, y_inner_stride, y_col_stride,
+def _forward_tile(
+    tile, y_ptr, x_ptr, n_rows, n_cols, n_inner, inner_blocks,
+    x_outer_stride, x_inner_stride, x_col_stride, y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
-    SHIFT: dsl.constexpr = 0,
+    SHIFT: dsl.constexpr,
 ):
-    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
+    # The forward of one tile (see _forward_kernel).
+    outer, inner, row_mask = _program_rows(tile, n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         x_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, x_outer_stride, x_inner_stride,
@@ -205,19 +230,18 @@ def _forward_kernel(
                 y = dsl.exp(x - running_max) * inverse
             dsl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element), mask=mask)
 
-
 @dsl.jit
-def _backward_kernel(
-    dx_ptr, dy_ptr, y_ptr,                          # (outer, n_cols, inner) through the strides below
-    n_rows, n_cols, n_inner, inner_blocks,
+def _backward_tile(
+    tile, dx_ptr, dy_ptr, y_ptr, n_rows, n_cols, n_inner, inner_blocks,
     dx_outer_stride, dx_inner_stride, dx_col_stride,
     dy_outer_stride, dy_inner_stride, dy_col_stride,
     y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
-    SHIFT: dsl.constexpr = 0,
+    SHIFT: dsl.constexpr,
 ):
-    outer, inner, row_mask = _program_rows(n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
+    # The backward of one tile (see _backward_kernel).
+    outer, inner, row_mask = _program_rows(tile, n_rows, n_inner, inner_blocks, TILE, ROWS, SPLIT)
     cols = dsl.arange(0, BLOCK)
     if ONE_PASS:
         dy_offsets, mask = _tile(outer, inner, row_mask, cols, n_cols, dy_outer_stride, dy_inner_stride,
@@ -262,6 +286,289 @@ def _backward_kernel(
             else:
                 dx = y * (dy - total)
             dsl.store(dx_ptr + dx_offsets, dx.to(dx_ptr.dtype.element), mask=mask)
+
+
+# -- persistent row sweeps (PERSISTENT with one-row, multi-chunk "rows" tiles) ---------------------
+# A row of a tensor is addressed as a window (see _tile): window positions [first, end) hold its
+# columns 0 .. n_cols - 1 (first = 0 unless SHIFT). A sweep reads the window in three parts:
+#   edges   [0, GROUP) and [middle, middle + GROUP): one element per thread (EDGE = max(THREADS,
+#           2 GROUP) elements), masked per element;
+#   chunks  of BLOCK from GROUP on, as long as they end by `middle`: unmasked, so they move as
+#           whole 16-byte vectors, with no per-element predicates or addresses;
+#   pieces  of PIECE = THREADS * VECTOR (one vector per thread) from there to `middle`, masked by
+#           `positions < middle` alone, which is constant over each vector: one predicated vector
+#           access each.
+# GROUP = max(SHIFT, VECTOR) > first and middle = max(GROUP, end rounded down to VECTOR) are
+# multiples of VECTOR, so the masked parts stay light in registers.
+# Per-thread statistics: a chunk viewed as [BLOCK // PIECE, THREADS, VECTOR] (a piece as
+# [1, THREADS, VECTOR], the edges as [EDGE // THREADS, THREADS, 1]) matches its load layout (a
+# thread's vector along axis 2, threads along axis 1, a thread's further vectors along axis 0):
+# reducing axes 0 and 2 stays in each thread's registers and every part gives statistics in one
+# layout, [1, THREADS, 1]; the CTA reduces across threads once per row (no barrier per chunk).
+# The second sweep goes in the first one's order (least recently read first), while the row is
+# still in L2.
+@dsl.jit
+def _row_start(row, n_inner, outer_stride, inner_stride, SPLIT: dsl.constexpr):
+    # -> the int64 offset of row `row`'s column 0 in one tensor.
+    row = row.to(dsl.int64)
+    if SPLIT:
+        outer = row // n_inner
+        return outer * outer_stride + (row - outer * n_inner) * inner_stride
+    return row * outer_stride
+
+
+@dsl.jit
+def _row_window(ptr, start, first, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr):
+    # -> the pointer to window position 0 of the row whose column 0 is at `ptr + start`.
+    if SHIFT:
+        return ptr + dsl.multiple_of(start - first, SHIFT)
+    return ptr + dsl.multiple_of(start, ALIGN)
+
+
+@dsl.jit
+def _window_pointers(window, positions, col_stride, WIDE: dsl.constexpr):
+    if WIDE:
+        return window + positions.to(dsl.int64) * col_stride
+    return window + positions * col_stride
+
+
+@dsl.jit
+def _load_window(window, positions, col_stride, mask, OTHER: dsl.constexpr, MASKED: dsl.constexpr,
+                 WIDE: dsl.constexpr, ACC: dsl.constexpr):
+    # -> the elements at window `positions`, in ACC (OTHER where MASKED and not `mask`).
+    pointers = _window_pointers(window, positions, col_stride, WIDE)
+    if MASKED:
+        return dsl.load(pointers, mask=mask, other=OTHER).to(ACC)
+    return dsl.load(pointers).to(ACC)
+
+
+@dsl.jit
+def _store_window(window, positions, col_stride, mask, value, MASKED: dsl.constexpr, WIDE: dsl.constexpr):
+    pointers = _window_pointers(window, positions, col_stride, WIDE)
+    if MASKED:
+        dsl.store(pointers, value.to(window.dtype.element), mask=mask)
+    else:
+        dsl.store(pointers, value.to(window.dtype.element))
+
+
+@dsl.jit
+def _sweep_parts(n_cols, first, BLOCK: dsl.constexpr, PIECE: dsl.constexpr, GROUP: dsl.constexpr,
+                 VECTOR: dsl.constexpr, EDGE: dsl.constexpr):
+    # -> (edge positions, edge mask, middle, chunks, pieces' start, pieces) of a row (see above).
+    end = first + n_cols
+    middle = dsl.maximum(end // VECTOR * VECTOR, GROUP)
+    lanes = dsl.arange(0, EDGE)
+    edges = dsl.where(lanes < GROUP, lanes, middle - GROUP + lanes)     # lanes >= 2 GROUP: past `end`
+    chunks = (middle - GROUP) // BLOCK
+    tail = GROUP + chunks * BLOCK
+    return edges, (edges >= first) & (edges < end), middle, chunks, tail, (middle - tail + PIECE - 1) // PIECE
+
+
+@dsl.jit
+def _add_statistics(x, running_max, running_sum, THREADS: dsl.constexpr, VECTOR: dsl.constexpr):
+    # -> each thread's (max, sum of exp(x - max)) over its elements so far and those of x, a chunk,
+    # piece or the edges (-inf where masked): one exp per element, two per thread.
+    x = dsl.reshape(x, (x.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
+    new_max = dsl.maximum(running_max, dsl.max(dsl.max(x, axis=2, keep_dims=True), axis=0, keep_dims=True))
+    # Shift by 0 while a thread has seen only -inf (exp(-inf - (-inf)) is NaN).
+    shift = dsl.where(new_max == -float("inf"), 0.0, new_max)
+    terms = dsl.sum(dsl.sum(dsl.exp(x - shift), axis=2, keep_dims=True), axis=0, keep_dims=True)
+    return new_max, running_sum * dsl.exp(running_max - shift) + terms
+
+
+@dsl.jit
+def _forward_outputs(y_window, x_window, at, mask, x_col_stride, y_col_stride, row_max, scale, LOG: dsl.constexpr,
+                     MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr):
+    # Writes y at window positions `at`: scale is 1 / sum (softmax) or log(sum) (log_softmax).
+    x = _load_window(x_window, at, x_col_stride, mask, -float("inf"), MASKED, WIDE, ACC)
+    if LOG:
+        y = (x - row_max) - scale      # x - max is exact; adding log(sum) to the max first would round
+    else:
+        y = dsl.exp(x - row_max) * scale
+    _store_window(y_window, at, y_col_stride, mask, y, MASKED, WIDE)
+
+
+@dsl.jit
+def _forward_row_sweeps(
+    row, y_ptr, x_ptr, n_cols, n_inner,
+    x_outer_stride, x_inner_stride, x_col_stride, y_outer_stride, y_inner_stride, y_col_stride,
+    LOG: dsl.constexpr, BLOCK: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr,
+    ACC: dsl.constexpr, SHIFT: dsl.constexpr, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
+):
+    # The forward of one row in two sweeps (see above): statistics, then outputs.
+    x_start = _row_start(row, n_inner, x_outer_stride, x_inner_stride, SPLIT)
+    y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
+    first = (x_start % SHIFT).to(dsl.int32) if SHIFT else 0     # SHIFT: every tensor's rows start alike
+    x_window = _row_window(x_ptr, x_start, first, ALIGN, SHIFT)
+    y_window = _row_window(y_ptr, y_start, first, ALIGN, SHIFT)
+    PIECE: dsl.constexpr = THREADS * VECTOR
+    GROUP: dsl.constexpr = SHIFT if SHIFT > VECTOR else VECTOR
+    EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
+    edges, edge_mask, middle, chunks, tail, pieces = _sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
+    piece = dsl.arange(0, PIECE)
+    chunk = dsl.arange(0, BLOCK)
+    x = _load_window(x_window, edges, x_col_stride, edge_mask, -float("inf"), True, WIDE, ACC)
+    thread_max, thread_sum = _add_statistics(x, dsl.full((1, THREADS, 1), -float("inf"), ACC),
+                                             dsl.zeros((1, THREADS, 1), ACC), THREADS, 1)
+    for index in range(0, chunks):
+        x_chunk = _load_window(x_window, GROUP + index * BLOCK + chunk, x_col_stride, None, 0.0, False, WIDE, ACC)
+        thread_max, thread_sum = _add_statistics(x_chunk, thread_max, thread_sum, THREADS, VECTOR)
+    for index in range(0, pieces):
+        at = tail + index * PIECE + piece
+        x_piece = _load_window(x_window, at, x_col_stride, at < middle, -float("inf"), True, WIDE, ACC)
+        thread_max, thread_sum = _add_statistics(x_piece, thread_max, thread_sum, THREADS, VECTOR)
+    thread_max = dsl.reshape(thread_max, (THREADS,))
+    row_max = dsl.max(thread_max, axis=0)
+    # A row of only -inf: shift by 0; its outputs are NaN, like torch's.
+    shift = dsl.where(row_max == -float("inf"), 0.0, row_max)
+    total = dsl.sum(dsl.reshape(thread_sum, (THREADS,)) * dsl.exp(thread_max - shift), axis=0)
+    scale = dsl.log(total) if LOG else 1.0 / total
+    _forward_outputs(y_window, x_window, edges, edge_mask, x_col_stride, y_col_stride, row_max, scale, LOG, True,
+                     WIDE, ACC)
+    for index in range(0, chunks):
+        _forward_outputs(y_window, x_window, GROUP + index * BLOCK + chunk, None, x_col_stride, y_col_stride, row_max,
+                         scale, LOG, False, WIDE, ACC)
+    for index in range(0, pieces):
+        at = tail + index * PIECE + piece
+        _forward_outputs(y_window, x_window, at, at < middle, x_col_stride, y_col_stride, row_max, scale, LOG, True,
+                         WIDE, ACC)
+
+
+@dsl.jit
+def _backward_partial(dy_window, y_window, at, mask, dy_col_stride, y_col_stride, LOG: dsl.constexpr,
+                      MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr, THREADS: dsl.constexpr,
+                      VECTOR: dsl.constexpr):
+    # -> each thread's sum of dy (LOG) or dy * y at window positions `at`, [1, THREADS, 1].
+    terms = _load_window(dy_window, at, dy_col_stride, mask, 0.0, MASKED, WIDE, ACC)
+    if not LOG:
+        terms = terms * _load_window(y_window, at, y_col_stride, mask, 0.0, MASKED, WIDE, ACC)
+    terms = dsl.reshape(terms, (terms.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
+    return dsl.sum(dsl.sum(terms, axis=2, keep_dims=True), axis=0, keep_dims=True)
+
+
+@dsl.jit
+def _backward_outputs(dx_window, dy_window, y_window, at, mask, dx_col_stride, dy_col_stride, y_col_stride, total,
+                      LOG: dsl.constexpr, MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr):
+    # Writes dx at window positions `at`, given the row's sum(dy * y) (sum(dy), LOG).
+    dy = _load_window(dy_window, at, dy_col_stride, mask, 0.0, MASKED, WIDE, ACC)
+    y = _load_window(y_window, at, y_col_stride, mask, 0.0, MASKED, WIDE, ACC)
+    dx = dy - dsl.exp(y) * total if LOG else y * (dy - total)
+    _store_window(dx_window, at, dx_col_stride, mask, dx, MASKED, WIDE)
+
+
+@dsl.jit
+def _backward_row_sweeps(
+    row, dx_ptr, dy_ptr, y_ptr, n_cols, n_inner,
+    dx_outer_stride, dx_inner_stride, dx_col_stride,
+    dy_outer_stride, dy_inner_stride, dy_col_stride,
+    y_outer_stride, y_inner_stride, y_col_stride,
+    LOG: dsl.constexpr, BLOCK: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr,
+    ACC: dsl.constexpr, SHIFT: dsl.constexpr, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
+):
+    # The backward of one row in two sweeps (see above): the row's sum, then dx.
+    dx_start = _row_start(row, n_inner, dx_outer_stride, dx_inner_stride, SPLIT)
+    dy_start = _row_start(row, n_inner, dy_outer_stride, dy_inner_stride, SPLIT)
+    y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
+    first = (y_start % SHIFT).to(dsl.int32) if SHIFT else 0
+    dx_window = _row_window(dx_ptr, dx_start, first, ALIGN, SHIFT)
+    dy_window = _row_window(dy_ptr, dy_start, first, ALIGN, SHIFT)
+    y_window = _row_window(y_ptr, y_start, first, ALIGN, SHIFT)
+    PIECE: dsl.constexpr = THREADS * VECTOR
+    GROUP: dsl.constexpr = SHIFT if SHIFT > VECTOR else VECTOR
+    EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
+    edges, edge_mask, middle, chunks, tail, pieces = _sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
+    piece = dsl.arange(0, PIECE)
+    chunk = dsl.arange(0, BLOCK)
+    thread_total = _backward_partial(dy_window, y_window, edges, edge_mask, dy_col_stride, y_col_stride, LOG, True,
+                                     WIDE, ACC, THREADS, 1)
+    for index in range(0, chunks):
+        thread_total += _backward_partial(dy_window, y_window, GROUP + index * BLOCK + chunk, None, dy_col_stride,
+                                          y_col_stride, LOG, False, WIDE, ACC, THREADS, VECTOR)
+    for index in range(0, pieces):
+        at = tail + index * PIECE + piece
+        thread_total += _backward_partial(dy_window, y_window, at, at < middle, dy_col_stride, y_col_stride, LOG,
+                                          True, WIDE, ACC, THREADS, VECTOR)
+    total = dsl.sum(dsl.reshape(thread_total, (THREADS,)), axis=0)
+    _backward_outputs(dx_window, dy_window, y_window, edges, edge_mask, dx_col_stride, dy_col_stride, y_col_stride,
+                      total, LOG, True, WIDE, ACC)
+    for index in range(0, chunks):
+        _backward_outputs(dx_window, dy_window, y_window, GROUP + index * BLOCK + chunk, None, dx_col_stride,
+                          dy_col_stride, y_col_stride, total, LOG, False, WIDE, ACC)
+    for index in range(0, pieces):
+        at = tail + index * PIECE + piece
+        _backward_outputs(dx_window, dy_window, y_window, at, at < middle, dx_col_stride, dy_col_stride,
+                          y_col_stride, total, LOG, True, WIDE, ACC)
+
+
+@dsl.jit
+def _tile_count(n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.constexpr):
+    if TILE == "columns":
+        return (n_rows // n_inner) * inner_blocks
+    return dsl.cdiv(n_rows, ROWS)
+
+@dsl.jit
+def _forward_kernel(
+    y_ptr, x_ptr,                                   # (outer, n_cols, inner) through the strides below
+    n_rows, n_cols, n_inner, inner_blocks,          # n_rows = outer * inner; inner_blocks: "columns" only
+    x_outer_stride, x_inner_stride, x_col_stride,   # in elements
+    y_outer_stride, y_inner_stride, y_col_stride,
+    LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
+    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
+    SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
+    VECTOR: dsl.constexpr = 1,
+):
+    # One tile per program; PERSISTENT: each program loops over tiles pid, pid + programs, ...
+    # (one-row multi-chunk "rows" tiles by _forward_row_sweeps, THREADS and VECTOR describing the
+    # chunk's load layout: see above).
+    if PERSISTENT:
+        if TILE == "rows" and ROWS == 1 and not ONE_PASS:
+            for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
+                _forward_row_sweeps(row, y_ptr, x_ptr, n_cols, n_inner, x_outer_stride, x_inner_stride,
+                                    x_col_stride, y_outer_stride, y_inner_stride, y_col_stride, LOG, BLOCK,
+                                    SPLIT, WIDE, ALIGN, ACC, SHIFT, THREADS, VECTOR)
+        else:
+            for tile in range(dsl.program_id(0), _tile_count(n_rows, n_inner, inner_blocks, TILE, ROWS),
+                              dsl.num_programs(0)):
+                _forward_tile(tile, y_ptr, x_ptr, n_rows, n_cols, n_inner, inner_blocks, x_outer_stride,
+                              x_inner_stride, x_col_stride, y_outer_stride, y_inner_stride, y_col_stride, LOG,
+                              TILE, ROWS, BLOCK, ONE_PASS, SPLIT, WIDE, ALIGN, ACC, SHIFT)
+    else:
+        _forward_tile(dsl.program_id(0), y_ptr, x_ptr, n_rows, n_cols, n_inner, inner_blocks, x_outer_stride,
+                      x_inner_stride, x_col_stride, y_outer_stride, y_inner_stride, y_col_stride, LOG, TILE, ROWS,
+                      BLOCK, ONE_PASS, SPLIT, WIDE, ALIGN, ACC, SHIFT)
+
+@dsl.jit
+def _backward_kernel(
+    dx_ptr, dy_ptr, y_ptr,                          # (outer, n_cols, inner) through the strides below
+    n_rows, n_cols, n_inner, inner_blocks,
+    dx_outer_stride, dx_inner_stride, dx_col_stride,
+    dy_outer_stride, dy_inner_stride, dy_col_stride,
+    y_outer_stride, y_inner_stride, y_col_stride,
+    LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
+    ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
+    SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
+    VECTOR: dsl.constexpr = 1,
+):
+    # One tile per program, or PERSISTENT (see _forward_kernel).
+    if PERSISTENT:
+        if TILE == "rows" and ROWS == 1 and not ONE_PASS:
+            for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
+                _backward_row_sweeps(row, dx_ptr, dy_ptr, y_ptr, n_cols, n_inner, dx_outer_stride, dx_inner_stride,
+                                     dx_col_stride, dy_outer_stride, dy_inner_stride, dy_col_stride, y_outer_stride,
+                                     y_inner_stride, y_col_stride, LOG, BLOCK, SPLIT, WIDE, ALIGN, ACC, SHIFT,
+                                     THREADS, VECTOR)
+        else:
+            for tile in range(dsl.program_id(0), _tile_count(n_rows, n_inner, inner_blocks, TILE, ROWS),
+                              dsl.num_programs(0)):
+                _backward_tile(tile, dx_ptr, dy_ptr, y_ptr, n_rows, n_cols, n_inner, inner_blocks, dx_outer_stride,
+                               dx_inner_stride, dx_col_stride, dy_outer_stride, dy_inner_stride, dy_col_stride,
+                               y_outer_stride, y_inner_stride, y_col_stride, LOG, TILE, ROWS, BLOCK, ONE_PASS, SPLIT,
+                               WIDE, ALIGN, ACC, SHIFT)
+    else:
+        _backward_tile(dsl.program_id(0), dx_ptr, dy_ptr, y_ptr, n_rows, n_cols, n_inner, inner_blocks,
+                       dx_outer_stride, dx_inner_stride, dx_col_stride, dy_outer_stride, dy_inner_stride, dy_col_stride,
+                       y_outer_stride, y_inner_stride, y_col_stride, LOG, TILE, ROWS, BLOCK, ONE_PASS, SPLIT, WIDE,
+                       ALIGN, ACC, SHIFT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -341,13 +648,21 @@ def empty_in_order_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """How one launch tiles the rows: the kernels' TILE, ROWS, BLOCK, ONE_PASS and num_warps."""
+    """How one launch tiles the rows: the kernels' TILE, ROWS, BLOCK, ONE_PASS, PERSISTENT and num_warps.
+
+    programs_per_sm: 0, one program per tile; else a persistent grid of min(tiles, SMs x
+    programs_per_sm) programs, each looping over tiles (PERSISTENT). A persistent online "rows"
+    tile of one row takes the row sweeps of _forward_row_sweeps / _backward_row_sweeps: with few
+    programs in flight their rows stay in L2 between the two sweeps, so DRAM sees one read of each
+    input (forward: 1 read + 1 write; backward: 2 reads + 1 write).
+    """
 
     tile: str           # "rows" [rows, block] or "columns" [block, rows]
     rows: int           # rows per program (power of two)
     block: int          # columns per tile (power of two): the whole row when one_pass
     one_pass: bool
     num_warps: int
+    programs_per_sm: int = 0
 
 
 def _next_power_of_2(n: int) -> int:
@@ -388,6 +703,10 @@ def choose_config(layout: RowLayout, *, backward: bool = False, element_bytes: i
         return Config("columns", rows, block, False, _column_warps(rows * block))
     row_limit = tile_limit if backward or element_bytes > 2 or max_one_pass_block is not None else MAX_ONE_PASS_BLOCK
     if block > row_limit:
+        sweeps = ROW_SWEEPS["backward" if backward else "forward"]
+        if sweeps is not None and element_bytes == 2 and max_one_pass_block is None:
+            chunk, warps, per_sm = next(choice for largest, choice in sweeps if largest is None or block <= largest)
+            return Config("rows", 1, chunk, False, warps, per_sm)
         block = min(ONLINE_BLOCK, row_limit)
         return Config("rows", 1, block, False, ROW_NUM_WARPS.get(block, 4))
     if block < MIN_ROW_BLOCK:
@@ -461,11 +780,42 @@ def _row_shift(layout: RowLayout, config: Config, dtypes: tuple, align: int) -> 
     return vector
 
 
+# The SMs the interpreter plans persistent grids for (CPU tensors have no device to ask).
+INTERPRETER_MULTIPROCESSORS = 4
+
+
+@functools.lru_cache(maxsize=64)
+def _cuda_multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The SMs of `device` (INTERPRETER_MULTIPROCESSORS for a CPU device): what persistent grids are
+    sized by."""
+    if device.type != "cuda":
+        return INTERPRETER_MULTIPROCESSORS
+    return _cuda_multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _persistent_constexprs(config: Config, dtypes: tuple) -> dict:
+    """PERSISTENT, and the chunk's load layout the row sweeps reduce along (THREADS threads of VECTOR
+    consecutive elements; see _forward_row_sweeps): what the default 1-D blocked layout gives a
+    block of config.block elements of the narrowest dtype over config.num_warps warps."""
+    if not config.programs_per_sm:
+        return {}
+    vector = max(1, min(16 // min(dtype.itemsize for dtype in dtypes), config.block // (32 * config.num_warps)))
+    vector = min(vector, config.block)
+    return dict(PERSISTENT=True, THREADS=min(32 * config.num_warps, config.block // vector), VECTOR=vector)
+
+
 @functools.lru_cache(maxsize=1024)
 def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward: bool, log: bool,
-                 config: Optional[Config], max_one_pass_block: Optional[int]) -> Optional[_Launch]:
+                 config: Optional[Config], max_one_pass_block: Optional[int], device: Optional[torch.device] = None,
+                 sm_count: Optional[int] = None) -> Optional[_Launch]:
     # strides, dtypes: (x, y) for the forward, (y, dy, dx) for the backward (the first tensor's
     # memory order groups the rows); the kernels take strides in (x, y) and (dx, dy, y) order.
+    # Persistent configs size their grid by sm_count, else by the SMs of `device` (asked only then),
+    # else by INTERPRETER_MULTIPROCESSORS.
     layout = plan_rows(shape, dim, strides)
     if layout is None:
         return None
@@ -478,13 +828,18 @@ def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward
     else:
         inner_blocks = dsl.cdiv(layout.inner, config.rows)
         grid = (layout.outer * inner_blocks,)
+    if config.programs_per_sm:
+        if sm_count is None:
+            sm_count = INTERPRETER_MULTIPROCESSORS if device is None else multiprocessors(device)
+        grid = (max(1, min(grid[0], sm_count * config.programs_per_sm)),)
     # WIDE: column offsets (up to n_cols + block, times the col stride) may pass int32.
     widest = max(abs(s[2]) for s in layout.strides) * (layout.n_cols + config.block + 16)
     accumulate = dsl.float64 if torch.float64 in dtypes else dsl.float32
     align = _run_alignment(layout, config)
     constexprs = dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
                       SPLIT=layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ALIGN=align, ACC=accumulate,
-                      SHIFT=_row_shift(layout, config, dtypes, align), num_warps=config.num_warps)
+                      SHIFT=_row_shift(layout, config, dtypes, align), num_warps=config.num_warps,
+                      **_persistent_constexprs(config, dtypes))
     kernel_order = layout.strides[::-1] if backward else layout.strides
     arguments = (layout.n_rows, layout.n_cols, layout.inner, inner_blocks,
                  *[stride for per_tensor in kernel_order for stride in per_tensor])
@@ -521,7 +876,7 @@ def _prepare_forward(x: torch.Tensor, y: torch.Tensor, dim: int, log: bool, conf
     None, or the output when it had to copy x (other dims that do not collapse, see plan_rows)."""
     if y.numel() == 0:
         return _no_launch
-    options = ((x.dtype, y.dtype), False, log, config, max_one_pass_block)
+    options = ((x.dtype, y.dtype), False, log, config, max_one_pass_block, x.device)
     launch = _plan_launch(x.shape, dim, (x.stride(), y.stride()), *options)
     if launch is None:
         def copy_and_launch(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -600,7 +955,7 @@ def _prepare_backward(dy: torch.Tensor, y: torch.Tensor, dx: torch.Tensor, dim: 
     """`launch(dx, dy, y)` for tensors like these (see _prepare_forward)."""
     if dx.numel() == 0:
         return _no_launch
-    options = ((y.dtype, dy.dtype, dx.dtype), True, log, config, max_one_pass_block)
+    options = ((y.dtype, dy.dtype, dx.dtype), True, log, config, max_one_pass_block, y.device)
     launch = _plan_launch(y.shape, dim, (y.stride(), dy.stride(), dx.stride()), *options)
     if launch is None:
         def copy_and_launch(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
