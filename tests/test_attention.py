@@ -444,15 +444,44 @@ def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tm
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
 @pytest.mark.parametrize("dim,causal", [(64, True), (128, False), (256, True)])
 def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_path, monkeypatch):
+    """Every tile the backward loops read comes through the cp.async ring (each loaded in the
+    orientation its dot wants): 1 barrier per block and no st.shared without attn_mask. E = 64 (both
+    kernels) and E = 128 dQ: all dots of the loop on wgmma with A from registers (was mma.sync with
+    11-12 barriers and 26-34 st.shared per block); E = 128 dK/dV and E = 256 keep mma.sync."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     compiled = compile_backward(kernel, dim, causal)
     ptx = compiled.asm["ptx"]
-    assert "mma.sync.aligned.m16n8k16" in ptx
     assert not re.search(r"\b(atom|red)\.", ptx)                   # deterministic: no atomics
+    on_wgmma = dim == 64 or (dim == 128 and kernel == "dq")
+    dots = (4 if kernel == "dkdv" else 3)
+    for body in _loop_bodies(ptx):
+        if dim <= 128:      # E = 256 runs one stage: no ring
+            assert "cp.async.cg.shared.global" in body
+        if on_wgmma:
+            assert "mma.sync" not in body and "ldmatrix" not in body
+            wgmmas = len(re.findall(r"wgmma\.mma_async", body))
+            assert wgmmas == len(_REGISTER_A.findall(body)) >= dots
+            assert len(re.findall(r"\bbar\.sync", body)) == 1 and "st.shared" not in body
+        else:
+            assert "mma.sync.aligned.m16n8k16" in body
+            assert len(re.findall(r"\bbar\.sync", body)) <= 9
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes == 0, result.log
     assert compiled.shared_bytes <= 227 * 1024
 
+
+@needs_ptxas
+@pytest.mark.parametrize("kernel,dim,causal,mask_kind", [("dkdv", 64, False, at.BOOL_MASK),
+                                                         ("dq", 64, True, at.ADDITIVE_MASK),
+                                                         ("dkdv", 128, True, at.BOOL_MASK),
+                                                         ("dq", 128, False, at.BOOL_MASK)])
+def test_backward_ptx_with_attn_mask_without_spills(kernel, dim, causal, mask_kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    compiled = compile_backward(kernel, dim, causal, mask_kind)
+    result = assemble(compiled.asm["ptx"], "sm_90a")
+    assert result.spill_bytes == 0, result.log
+    if dim == 64 or kernel == "dq":
+        assert "mma.sync" not in compiled.asm["ptx"].split(".entry")[-1]
 
 
 @needs_ptxas
@@ -500,6 +529,8 @@ def _torch_sdpa(*args, **kwargs):
 _GPU_CASES = [  # (B, H, H_kv, L, S, E)
     (2, 16, 16, 1024, 1024, 64), (1, 8, 8, 2048, 2048, 128), (2, 8, 2, 1000, 1531, 128), (1, 4, 4, 777, 333, 80),
     (1, 4, 1, 513, 2047, 96), (1, 2, 2, 256, 256, 256), (3, 5, 5, 1, 129, 64), (2, 4, 4, 300, 1, 32),
+    # E = 64, L not a multiple of the blocks: the H200 sweep caught wrong causal dK/dV here (session 4)
+    (2, 8, 8, 1000, 1000, 64), (1, 4, 2, 1000, 700, 64),
 ]
 
 

@@ -218,32 +218,40 @@ def attention_backward_preprocess_kernel(
 
 
 @dsl.jit
-def _dkdv_step(dk, dv, k, v, qt_base, do_base, mask_base, lse_row, delta_row, m0, masked_end, rm0, rn, re, rev,
-               L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
+def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
                BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
                MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr):
     """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). Rows past L
     need no mask on the logits: their lse loads as +inf (P = 0) and their dO as 0. Without attn_mask
-    the causal mask is computed only for a block across the diagonal (m0 < masked_end)."""
+    the causal mask is a `where` on every block (true past the diagonal), not a branch on whether the
+    block crosses it: on the H200 that branch inside the pipelined wgmma loop gave wrong dK/dV (E = 64,
+    L = 1000, causal; the cause in the compiler is not found yet).
+    Q and dO are each loaded in both orientations (Q^T and Q, dO and dO^T) rather than loaded once
+    and `trans`-ed: each load then has the dot as its only use, so on sm_90a every one goes through
+    the cp.async ring straight into the wgmma tile its dot reads (the second copy hits L2), and the
+    four dots take A from registers (K, V before the loop; P^T and dS^T from the accumulators)."""
     rm = m0 + rm0
-    qt = dsl.load(qt_base + rm.to(dsl.int64)[None, :] * stride_qm, mask=(re[:, None] < E) & (rm[None, :] < L),
+    rows_ok = rm < L
+    qt = dsl.load(qt_base + rm.to(dsl.int64)[None, :] * stride_qm, mask=(re[:, None] < E) & rows_ok[None, :],
                   other=0.0)
     st = dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC)) * qk_scale
     if MASK_KIND != 0:
         st = _apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, False)
     elif CAUSAL:
-        if m0 < masked_end:         # a block across the diagonal; the later ones need no mask
-            st = dsl.where(rn[:, None] <= rm[None, :], st, -float("inf"))
+        st = dsl.where(rn[:, None] <= rm[None, :], st, -float("inf"))
     # rows past L (and fully masked rows) have lse = +inf: their P is 0
-    lse = dsl.load(lse_row + rm, mask=rm < L, other=float("inf"))
+    lse = dsl.load(lse_row + rm, mask=rows_ok, other=float("inf"))
     pt = dsl.exp2(st - lse[None, :])
-    do = dsl.load(do_base + rm.to(dsl.int64)[:, None] * stride_dom, mask=(rm[:, None] < L) & (rev[None, :] < EV),
+    do = dsl.load(do_base + rm.to(dsl.int64)[:, None] * stride_dom, mask=rows_ok[:, None] & (rev[None, :] < EV),
                   other=0.0)
     dv = dsl.dot(pt.to(do_base.dtype.element), do, dv)
-    dpt = dsl.dot(v, dsl.trans(do), dsl.zeros((BLOCK_N, BLOCK_M), ACC))
-    delta = dsl.load(delta_row + rm, mask=rm < L, other=0.0)
+    dot = dsl.load(dot_base + rm.to(dsl.int64)[None, :] * stride_dom, mask=(rev[:, None] < EV) & rows_ok[None, :],
+                   other=0.0)
+    dpt = dsl.dot(v, dot, dsl.zeros((BLOCK_N, BLOCK_M), ACC))
+    delta = dsl.load(delta_row + rm, mask=rows_ok, other=0.0)
     dst = pt * (dpt - delta[None, :])
-    dk = dsl.dot(dst.to(qt_base.dtype.element), dsl.trans(qt), dk)
+    q = dsl.load(q_base + rm.to(dsl.int64)[:, None] * stride_qm, mask=rows_ok[:, None] & (re[None, :] < E), other=0.0)
+    dk = dsl.dot(dst.to(qt_base.dtype.element), q, dk)
     return dk, dv
 
 
@@ -263,9 +271,8 @@ def attention_backward_dkdv_kernel(
     # dk_ptr, k_ptr: (B, H_KV, S, E); dv_ptr, v_ptr: (B, H_KV, S, EV); q_ptr: (B, H, L, E);
     # do_ptr: (B, H, L, EV); lse_ptr, delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
-    # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask only the
-    # blocks across the diagonal (m0 < masked_end) take it (one loop with a uniform branch: two loops
-    # would keep more values live and spill at E = 128).
+    # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loop
+    # starts at the first block that reaches the diagonal and every block takes the mask (_dkdv_step).
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     bhk = dsl.program_id(0)
     pid_n = dsl.program_id(1)
@@ -283,21 +290,22 @@ def attention_backward_dkdv_kernel(
     dk = dsl.zeros((BLOCK_N, BLOCK_E), ACC)
     dv = dsl.zeros((BLOCK_N, BLOCK_EV), ACC)
     start_m = 0
-    masked_end = 0                  # causal: query blocks in [start_m, masked_end) take the mask
     if CAUSAL:
         start_m = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M    # earlier queries see none of these keys
-        # from here on the block's first query row is at or past the block's last key
-        masked_end = dsl.minimum(L, (pid_n * BLOCK_N + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
     for g in range(0, GROUP):
         h = (kvh * GROUP + g).to(dsl.int64)
         bh = b * (H_KV * GROUP) + h
-        qt_base = q_ptr + b * stride_qb + h * stride_qh + re[:, None] * stride_qe
-        do_base = do_ptr + b * stride_dob + h * stride_doh + rev[None, :] * stride_doe
+        q_head = q_ptr + b * stride_qb + h * stride_qh
+        do_head = do_ptr + b * stride_dob + h * stride_doh
+        qt_base = q_head + re[:, None] * stride_qe
+        q_base = q_head + re[None, :] * stride_qe
+        do_base = do_head + rev[None, :] * stride_doe
+        dot_base = do_head + rev[:, None] * stride_doe
         mask_base = mask_ptr + b * stride_mb + h * stride_mh
         for m0 in range(start_m, L, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, qt_base, do_base, mask_base, lse_ptr + bh * L, delta_ptr + bh * L,
-                                m0, masked_end, rm0, rn, re, rev, L, S, E, EV, stride_qm, stride_dom, stride_mm,
-                                stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL)
+            dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * L,
+                                delta_ptr + bh * L, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm,
+                                stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn + re[None, :] * stride_dke,
               dk.to(dk_ptr.dtype.element), mask=(rn[:, None] < S) & (re[None, :] < E))
@@ -306,25 +314,32 @@ def attention_backward_dkdv_kernel(
 
 
 @dsl.jit
-def _dq_step(dq, q, do, lse, delta, kt_base, vt_base, mask_base, start_n, rm, rn0, re, rev,
+def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base, start_n, rm, rn0, re, rev,
              L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale,
              BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
              MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
     """dQ += dS K over the key block at start_n; MASKED = False: an interior block, whose scores take
-    no mask (the key/value loads keep their bounds masks: dropping them spilled at E = 128)."""
+    no mask (the key/value loads keep their bounds masks: dropping them spilled at E = 128). K is
+    loaded in both orientations (K^T for S, K for dS K), each load used by its dot alone: on sm_90a
+    both go through the cp.async ring into the wgmma tiles (see `_dkdv_step`)."""
     rn = start_n + rn0
+    keys_ok = rn < S
     cols = rn.to(dsl.int64)[None, :]
-    key_mask = (re[:, None] < E) & (rn[None, :] < S)
-    value_mask = (rev[:, None] < EV) & (rn[None, :] < S)
-    kt = dsl.load(kt_base + cols * stride_kn, mask=key_mask, other=0.0)
+    kt = dsl.load(kt_base + cols * stride_kn, mask=(re[:, None] < E) & keys_ok[None, :], other=0.0)
     s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)) * qk_scale
     if MASKED:
         s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, True)
+    # lse and delta are loaded here, not once before the loops: a load used only by a broadcast is read
+    # straight in the accumulator's row layout (L1 hits), where a loop-invariant vector would move to
+    # that layout through shared memory (2 barriers) every iteration
+    lse = dsl.load(lse_row, mask=rm < L, other=float("inf"))
     p = dsl.exp2(s - lse[:, None])
-    vt = dsl.load(vt_base + cols * stride_vn, mask=value_mask, other=0.0)
+    vt = dsl.load(vt_base + cols * stride_vn, mask=(rev[:, None] < EV) & keys_ok[None, :], other=0.0)
     dp = dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
+    delta = dsl.load(delta_row, mask=rm < L, other=0.0)
     ds = p * (dp - delta[:, None])
-    return dsl.dot(ds.to(kt_base.dtype.element), dsl.trans(kt), dq)
+    k = dsl.load(k_base + rn.to(dsl.int64)[:, None] * stride_kn, mask=keys_ok[:, None] & (re[None, :] < E), other=0.0)
+    return dsl.dot(ds.to(kt_base.dtype.element), k, dq)
 
 
 @dsl.jit
@@ -353,9 +368,10 @@ def attention_backward_dq_kernel(
                  mask=(rm[:, None] < L) & (re[None, :] < E), other=0.0)
     do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom + rev[None, :] * stride_doe,
                   mask=(rm[:, None] < L) & (rev[None, :] < EV), other=0.0)
-    lse = dsl.load(lse_ptr + bh.to(dsl.int64) * L + rm, mask=rm < L, other=float("inf"))
-    delta = dsl.load(delta_ptr + bh.to(dsl.int64) * L + rm, mask=rm < L, other=0.0)
+    lse_row = lse_ptr + bh.to(dsl.int64) * L + rm
+    delta_row = delta_ptr + bh.to(dsl.int64) * L + rm
     kt_base = k_ptr + b * stride_kb + kvh * stride_kh + re[:, None] * stride_ke
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re[None, :] * stride_ke
     vt_base = v_ptr + b * stride_vb + kvh * stride_vh + rev[:, None] * stride_ve
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
     dq = dsl.zeros((BLOCK_M, BLOCK_E), ACC)
@@ -364,12 +380,12 @@ def attention_backward_dq_kernel(
         end_n = dsl.minimum(S, (pid_m + 1) * BLOCK_M)
     unmasked_end = _unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
     for start_n in range(0, unmasked_end, BLOCK_N):
-        dq = _dq_step(dq, q, do, lse, delta, kt_base, vt_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV,
-                      stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
+        dq = _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base, start_n, rm, rn0, re, rev, L, S,
+                      E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
                       False)
     for start_n in range(unmasked_end, end_n, BLOCK_N):
-        dq = _dq_step(dq, q, do, lse, delta, kt_base, vt_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV,
-                      stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
+        dq = _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base, start_n, rm, rn0, re, rev, L, S,
+                      E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
                       True)
     dq = dq * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dq_ptr + b * stride_dqb + h * stride_dqh + rows_m * stride_dqm + re[None, :] * stride_dqe,
@@ -417,9 +433,18 @@ FORWARD_CONFIGS = {
     256: AttentionConfig(64, 32, 8, 2),
 }
 # (dK/dV kernel config, dQ kernel config); the preprocessing kernel uses the dQ kernel's BLOCK_M.
+# sm_90a backward: every tile the loops read is loaded in the orientation its dot wants (Q^T and Q, dO and
+# dO^T, K^T and K), each load used by its dot alone, so all of them come through the cp.async ring (1
+# barrier per block with no attn_mask). Where the dot's M (BLOCK_N for dK/dV, BLOCK_M for dQ) is 64 per
+# warpgroup, all dots of the loop run on wgmma with A from registers (K, V, Q, dO converted once before
+# the loops; P^T, dS^T, dS straight from the accumulators): E = 64 dK/dV 64x128 on 8 warps (was 12
+# barriers, 30 st.shared, 64 mma.sync per query block), dQ 64x64 on 4 warps and E = 128 dQ 128x64 on 8
+# warps (11 barriers -> 1). E = 128 dK/dV keeps mma.sync (32x64 on 8 warps, 12 -> 9 barriers): with K
+# and V as register A fragments beside the dk and dv accumulators (64 x 128 each on one warpgroup) wgmma
+# spills. E = 256 keeps mma.sync. Spill-free per tests/test_attention.py.
 BACKWARD_CONFIGS = {
-    64: (AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2)),
-    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(64, 64, 8, 2)),
+    64: (AttentionConfig(64, 128, 8, 2), AttentionConfig(64, 64, 4, 2)),
+    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(128, 64, 8, 2)),
     256: (AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)),
 }
 # Alternatives the sweep times (besides the table's entry), by padded head dim.
@@ -429,13 +454,13 @@ FORWARD_ALTERNATIVES = {
     256: (),
 }
 DKDV_ALTERNATIVES = {
-    64: (AttentionConfig(32, 64, 4, 2), AttentionConfig(32, 128, 8, 2)),
+    64: (AttentionConfig(64, 64, 4, 2), AttentionConfig(64, 64, 8, 2)),
     128: (AttentionConfig(32, 64, 8, 1),),
     256: (),
 }
 DQ_ALTERNATIVES = {
-    64: (AttentionConfig(128, 32, 8, 2), AttentionConfig(64, 32, 4, 2)),
-    128: (AttentionConfig(64, 32, 8, 2),),
+    64: (AttentionConfig(128, 64, 8, 2), AttentionConfig(64, 32, 4, 2)),
+    128: (AttentionConfig(64, 64, 8, 2),),
     256: (),
 }
 

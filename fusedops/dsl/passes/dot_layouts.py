@@ -14,7 +14,13 @@
     warpgroups to tile M only (each holds the A rows it multiplies), and every dot of the block to
     qualify for wgmma: one dot left on mma.sync beside it would move its values between the wgmma
     and mma.sync layouts through shared memory every iteration.
-  Other dots stay on mma.sync (an operand that is a `trans` of a load, e.g.). Warpgroups tile M
+  An operand may also be a `trans` of such a load (the attention backward's dS^T Q, dS K): `trans`
+  relabels the load's registers, so the converted tile is contiguous along the dim the *load*
+  reads as vectors (K-major or M/N-major for the transposed view, both of which wgmma reads for
+  16-bit inputs: PTX ISA 9.7.15.5.1.2 "Shared Memory Matrix Layout"); such a tile is staged from
+  registers with st.shared (the cp.async ring takes only a load whose single use is the dot, so
+  a kernel that wants the ring loads the transposed view itself, as attention's backward does).
+  Other dots stay on mma.sync. Warpgroups tile M
   first (up to M / 64), then N (each keeping an instruction N >= 16, at most 256); warpgroups left
   over hold copies. The accumulator takes `layouts.mma.wgmma_accumulator`; a register A takes
   `layouts.mma.wgmma_operand_a`; operands in shared memory stay there: their
@@ -88,8 +94,13 @@ def wgmma_instruction_n(shape, num_warps: int) -> Optional[int]:
 
 
 def _loaded_beside(value, dot: Operation) -> bool:
-    """Whether `value` is a `load` in the dot's own block (a loop body's per-iteration tile)."""
+    """Whether `value` is a `load` in the dot's own block (a loop body's per-iteration tile), or a
+    2-D `trans` of one (a transposed view of such a tile: its tile is staged contiguous along the
+    dim the load reads as vectors, K-major or M/N-major as that falls, see the module docstring)."""
     op = value.defining_op
+    if op is not None and op.opcode == OpCode.TRANS and op.parent is dot.parent \
+            and tuple(op.attrs.get("perm", (1, 0))) == (1, 0):
+        op = op.operands[0].defining_op
     return op is not None and op.opcode == OpCode.LOAD and op.parent is dot.parent
 
 

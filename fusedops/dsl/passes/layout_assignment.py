@@ -527,7 +527,12 @@ def _broadcast_load_layout(state: _State, load: Operation, users: dict):
             break
         else:
             return None
-    layout = project_broadcast(state.default(shape_of(user.result.type)), shape_of(value.type))
+    accumulator = _accumulator_beside(state, user, users)
+    if accumulator is not None and len(axes) == 1 and len(shape_of(user.result.type)) == 2:
+        # the row (column) slice a reduction of the accumulator leaves: no repeated registers
+        return reduction_plan(accumulator, axes[0]).result_layout
+    target = state.default(shape_of(user.result.type))
+    layout = project_broadcast(target, shape_of(value.type))
     for axis in reversed(axes):
         bases = {name: [tuple(c for d, c in enumerate(v) if d != axis) for v in layout.bases_of(name)]
                  for name in layout.in_dims}
@@ -540,6 +545,41 @@ def _broadcast_load_layout(state: _State, load: Operation, users: dict):
             or layout.num_registers > 2 * memory.num_registers:
         return None
     return layout
+
+
+def _accumulator_beside(state: _State, broadcast: Operation, users: dict):
+    """The tensor-core accumulator layout of the dot that the broadcast's only user combines it
+    with elementwise (`s - lse[:, None]` with s computed elementwise from a dot's result, through
+    scalings, `where` and `if` results), or None. A small per-row vector loaded in that layout's
+    row slice (2 values per thread) is combined in place; loaded in the default layout it would move
+    through shared memory (2 barriers) every iteration of the loop that holds the dot."""
+    readers = users.get(id(broadcast.result), [])
+    if state.arch is None or len(readers) != 1 or readers[0][0].opcode not in ELEMENTWISE:
+        return None
+    user = readers[0][0]
+    for start in user.operands:
+        if start is broadcast.result or not _is_block(start):
+            continue
+        value = start
+        for _ in range(8):
+            op = value.defining_op
+            if op is None:
+                break
+            if op.opcode == OpCode.DOT:
+                if uses_tensor_cores(op, state.arch):
+                    return accumulator_layout(op, state.arch, state.num_warps)
+                break
+            if op.opcode == OpCode.IF:          # the else branch's value (the one not masked)
+                value = op.regions[1].terminator.operands[op.results.index(value)]
+                continue
+            if op.opcode not in ELEMENTWISE:
+                break
+            blocks = [v for v in op.operands if _is_block(v) and shape_of(v.type) == shape_of(value.type)
+                      and (v.defining_op is None or v.defining_op.opcode != OpCode.BROADCAST)]
+            if not blocks:
+                break
+            value = op.operands[1] if op.opcode == OpCode.WHERE and op.operands[1] in blocks else blocks[0]
+    return None
 
 
 def _hint_broadcast_loads(state: _State, function: Function) -> None:
