@@ -527,6 +527,40 @@ def test_register_a_dot_ptx(dtype, m, n, k, num_warps, b_t, tmp_path, monkeypatc
     assert "warning" not in result.log.lower(), result.log
 
 
+@dsl.jit
+def _register_a_loop_kernel(a_ptr, b_ptr, c_ptr, n_steps, limit, M: dsl.constexpr, N: dsl.constexpr,
+                            K: dsl.constexpr, BRANCH: dsl.constexpr):
+    # A loop whose dot takes A from registers (a + a) and B loaded in the body; BRANCH: the dot's result
+    # passes through a run-time `if` on the loop index, as attention's dK/dV loop once did.
+    rm, rn, rk = dsl.arange(0, M), dsl.arange(0, N), dsl.arange(0, K)
+    a = dsl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    acc = dsl.zeros((M, N), dsl.float32)
+    for i in range(0, n_steps):
+        b = dsl.load(b_ptr + i * K * N + rk[:, None] * N + rn[None, :])
+        s = dsl.dot(a + a, b, dsl.zeros((M, N), dsl.float32))
+        if BRANCH:
+            if i < limit:
+                s = dsl.where(rm[:, None] >= rn[None, :], s, 0.0)
+        acc += s
+    dsl.store(c_ptr + rm[:, None] * N + rn[None, :], acc)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("branch", [False, True])
+def test_register_a_dot_beside_a_runtime_branch_stays_off_wgmma(branch, tmp_path, monkeypatch):
+    """A run-time branch in the block of register-A dots gave wrong results on the H200 (attention's
+    dK/dV loop, session 4; cause not found): such a block keeps its dots off register-A wgmma."""
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    p, f = dsl.pointer_type(dsl.float16), dsl.pointer_type(dsl.float32)
+    compiled = dsl.jit(_register_a_loop_kernel.fn).compile(p, p, f, 4, 2, M=128, N=64, K=64, BRANCH=branch,
+                                                           num_warps=8, target="sm_90a")
+    ptx = compiled.asm["ptx"]
+    register_a = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.f16\.f16 \{[^}]*\}, \{%r", ptx)
+    assert bool(register_a) != branch
+    assert ("mma.sync" in ptx) == branch
+    assert assemble(ptx, "sm_90a").spill_bytes == 0
+
+
 @needs_ptxas
 @pytest.mark.parametrize("config,dtype,transposed_b", [
     (mm.WGMMA_CONFIGS[0], torch.float16, False), (mm.WGMMA_CONFIGS[1], torch.bfloat16, True),
@@ -716,3 +750,20 @@ def test_gpu_sass_uses_hgmma(tmp_path, monkeypatch):
     except KeyError as error:
         pytest.skip(str(error))
     assert "HGMMA" in sass and "HMMA" not in sass
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("branch", [False, True])
+def test_gpu_register_a_loop_with_and_without_a_runtime_branch(branch, seed):
+    """The loop of `_register_a_loop_kernel` (register-A wgmma without the branch, mma.sync with it)
+    against float64, the masked steps (i < limit) included."""
+    m, n, k, steps, limit = 128, 64, 64, 4, 2
+    a = random_tensor((m, k), torch.float16, device="cuda", seed=seed)
+    b = random_tensor((steps, k, n), torch.float16, device="cuda", seed=seed + 1)
+    c = poison(torch.empty(m, n, dtype=torch.float32, device="cuda"))
+    dsl.jit(_register_a_loop_kernel.fn)[(1,)](a, b, c, steps, limit, M=m, N=n, K=k, BRANCH=branch, num_warps=8)
+    products = (2 * a.double()) @ b.double()                         # (steps, m, n)
+    if branch:
+        keep = torch.arange(m, device="cuda")[:, None] >= torch.arange(n, device="cuda")[None, :]
+        products[:limit] = torch.where(keep, products[:limit], torch.zeros((), dtype=torch.float64, device="cuda"))
+    assert_close(c, products.sum(0), torch.float16)

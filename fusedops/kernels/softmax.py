@@ -58,8 +58,8 @@ from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
 
 # Longest row the forward reads in one pass (elements); longer rows take the row sweeps (ROW_SWEEPS).
-# H200, M=8192 fp16, N=32768: one pass (32 warps, 1 CTA per SM) 83.6% of a copy's bandwidth, the row
-# sweeps 88.0% (.scratch/sm_long_sweep.py, session 4).
+# H200, M=8192 fp16, N=32768: one pass (32 warps, 1 CTA per SM) 0.335-0.345 ms, the row sweeps
+# 0.327-0.330 ms (79% of a 0.258 ms copy of the same bytes; .scratch/sm_long_sweep.py, session 4).
 MAX_ONE_PASS_BLOCK = 16384
 # Largest one-pass tile of the backward (dy and y in registers) and of column tiles.
 MAX_ONE_PASS_TILE = 16384
@@ -85,7 +85,7 @@ COLUMN_TILE_ELEMENTS = 4096
 # programs x row bytes x tensors read) stay in L2 between the two sweeps. programs_per_sm = 64 leaves
 # the grid at one program per row for M <= 64 x SMs: residency (registers) then bounds the rows in
 # flight. From the H200 sweep (.scratch/sm_long_sweep.py, M=8192 fp16, % of a device copy / vs torch):
-#   forward  32768: (8192, 16, 64) 88.0% (one pass 83.6%); 50257: (16384, 16, 2) 73.2%, 1.27x torch
+#   forward  32768: (8192, 16, 64) 79% (one pass 75-77%); 50257: (16384, 16, 2) 73.2%, 1.27x torch
 #            (the online path 45.2%, 0.79x); 65536: 67.9%, 1.26x;
 #   backward 32768: (16384, 32, 1) 1.80x torch (online 1.34x); 50257: 1.74x (1.28x); 65536: 1.66x.
 ROW_SWEEPS = {

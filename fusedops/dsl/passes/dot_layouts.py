@@ -136,6 +136,11 @@ def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int) -> bool
         return False
     block = op.parent
     for other in (block.ops if block is not None else ()):
+        # A run-time branch beside register-A dots: the attention dK/dV loop with an `if` on the key
+        # block gave wrong results on the H200 (session 4; the PTX reads right, the cause is not
+        # found), so such blocks keep their dots off this form.
+        if other.opcode == OpCode.IF:
+            return False
         for nested in other.walk():
             if nested.opcode == OpCode.DOT and nested is not op and not _wgmma_neighbour(nested, arch, num_warps):
                 return False
