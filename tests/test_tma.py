@@ -235,6 +235,7 @@ from fusedops.dsl.runtime.launcher_args import ArgumentPacker, ParamKind  # noqa
 from fusedops.dsl.runtime.tensor_map import TensorMapLauncher             # noqa: E402
 from fusedops.kernels import matmul as mm                                  # noqa: E402
 from tests.helpers import assert_close, poison, random_tensor              # noqa: E402
+from tests.codegen_helpers import interpret_pipelined_tma_matmul           # noqa: E402
 
 
 @dsl.jit
@@ -362,19 +363,9 @@ def test_pipelined_tma_ring_schedule(tma_on):
 def test_pipelined_tma_ir_computes_the_same_in_the_interpreter(m, n, k, num_stages, b_t, tma_on, seed):
     """The interpreter lands a TMA copy only at the mbarrier wait of its slot (NaN poison before),
     so a wrong slot, phase or wait shows here."""
-    from fusedops.dsl.interpreter import Interpreter
-    from fusedops.dsl.runtime.signature import specialize
     a, b = _operand(m, k, torch.float16, False, seed), _operand(k, n, torch.float16, b_t, seed + 1)
     c = poison(torch.empty(1, m, n, dtype=torch.float16))
-    args, constexprs, _ = mm._tma_launch(c, a[None], b[None], None, None)
-    kwargs = dict(constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
-    kernel = dsl.jit(mm.matmul_tma_kernel.fn)
-    function = kernel.ir(*args, **kwargs)
-    run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=num_stages))
-    assert (k > 0) <= any(op.opcode == OpCode.TMA_COPY for op in function.walk())
-    values = kernel._bind(args, kwargs)
-    runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
-    Interpreter(function).launch((dsl.cdiv(m, 64) * dsl.cdiv(n, 32), 1), runtime)
+    interpret_pipelined_tma_matmul(c, a, b, num_stages, OpCode.TMA_COPY)
     assert_close(c[0], a.double() @ b.double(), torch.float16)
 
 

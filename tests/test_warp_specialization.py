@@ -29,6 +29,7 @@ from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
 from tests.helpers import assert_close, poison, random_tensor
+from tests.codegen_helpers import interpret_pipelined_tma_matmul
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -236,17 +237,8 @@ def test_empty_barrier_schedule(num_stages, fills, empty_barriers):
 def test_empty_barrier_ir_computes_the_same_in_the_interpreter(m, n, k, num_stages, b_t, empty_barriers, seed):
     """The interpreter lands a copy only at the full wait of its slot (NaN poison before): a wrong
     slot, a refill before its read, or a missing fill shows here. Ragged M/N/K, K < BLOCK_K, K = 0."""
-    from fusedops.dsl.interpreter import Interpreter
-    from fusedops.dsl.runtime.signature import specialize
-    a, b, c, args, constexprs = _launch_args(m, n, k, b_t=b_t, seed=seed)
-    kwargs = dict(constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
-    kernel = dsl.jit(mm.matmul_tma_kernel.fn)
-    function = kernel.ir(*args, **kwargs)
-    run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=num_stages))
-    assert (k > 0) <= any(op.opcode == OpCode.MBARRIER_ARRIVE for op in function.walk())
-    values = kernel._bind(args, kwargs)
-    runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
-    Interpreter(function).launch((dsl.cdiv(m, 64) * dsl.cdiv(n, 32), 1), runtime)
+    a, b, c, _, _ = _launch_args(m, n, k, b_t=b_t, seed=seed)
+    interpret_pipelined_tma_matmul(c, a, b, num_stages, OpCode.MBARRIER_ARRIVE)
     assert_close(c[0], a.double() @ b.double(), torch.float16)
 
 

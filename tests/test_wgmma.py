@@ -182,12 +182,7 @@ def _simulate_dot(a, b, m, n, k, num_warps, a_contiguous, b_contiguous, a_base=3
             reads_b = _hardware_addresses(desc_b + (instruction.b_offset >> 4), plan.b.mn_major, plan.instr_n)
             sub_a = np.array([[memory[reads_a[(r, kk)]] for kk in range(16)] for r in range(64)])
             sub_b = np.array([[memory[reads_b[(c, kk)]] for c in range(plan.instr_n)] for kk in range(16)])
-            product = sub_a @ sub_b
-            for warp_in_group in range(4):
-                for lane in range(32):
-                    for d in range(per_instruction):
-                        key = (instruction.first_register + d, lane, 4 * group + warp_in_group)
-                        acc[key] = acc.get(key, 0) + product[_fragment(lane, warp_in_group, d)]
+            _accumulate(acc, sub_a @ sub_b, instruction, group, per_instruction)
     return acc, accumulator
 
 
@@ -264,6 +259,16 @@ def test_accumulator_is_the_next_register_a(m, n, num_warps):
     assert wgmma_operand_a((m, n), num_warps, instr_n, 64) == wgmma_accumulator((m, n), num_warps, instr_n)
 
 
+def _accumulate(acc: dict, product, instruction, group: int, per_instruction: int) -> None:
+    """Add one instruction tile's `product` into `acc` ({(register, lane, warp): value}), each element
+    at the accumulator fragment register of its thread in warpgroup `group`."""
+    for warp_in_group in range(4):
+        for lane in range(32):
+            for d in range(per_instruction):
+                key = (instruction.first_register + d, lane, 4 * group + warp_in_group)
+                acc[key] = acc.get(key, 0) + product[_fragment(lane, warp_in_group, d)]
+
+
 def _simulate_register_a_dot(a, b, m, n, k, num_warps, b_contiguous, b_base=2048):
     """Registers after the wgmma lowering of acc = a @ b with A from registers: each instruction
     takes the thread's registers `plan.instructions[i].a_registers` as a0..a7, which the hardware
@@ -290,12 +295,7 @@ def _simulate_register_a_dot(a, b, m, n, k, num_warps, b_contiguous, b_base=2048
                                                                                        warp=warp)]
             reads_b = _hardware_addresses(desc_b + (instruction.b_offset >> 4), plan.b.mn_major, plan.instr_n)
             sub_b = np.array([[memory[reads_b[(c, kk)]] for c in range(plan.instr_n)] for kk in range(16)])
-            product = sub_a @ sub_b
-            for warp_in_group in range(4):
-                for lane in range(32):
-                    for d in range(per_instruction):
-                        key = (instruction.first_register + d, lane, 4 * group + warp_in_group)
-                        acc[key] = acc.get(key, 0) + product[_fragment(lane, warp_in_group, d)]
+            _accumulate(acc, sub_a @ sub_b, instruction, group, per_instruction)
     return acc, accumulator
 
 

@@ -256,8 +256,9 @@ def _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask
 
 @dsl.jit
 def _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
-    # (xhat, dy, g = dy * weight) of a tile from _load_tile, in the accumulation dtype (rstd's); weight:
-    # the (BLOCK_N,) weight in its own dtype, or None. Masked-off elements of all three are 0.
+    # (xhat, dy, g = dy * weight) of an (R, C) tile (from _load_tile or a window), in the accumulation
+    # dtype (rstd's); weight: a tile in its own dtype that broadcasts against x ((C,): one per column,
+    # (1, C) or (R, C): window positions), or None. Masked-off elements of all three are 0.
     acc_dtype = rstd.dtype
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN:
@@ -266,7 +267,7 @@ def _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
     dy = dy.to(acc_dtype)
     g = dy
     if weight is not None:
-        g = dy * weight.to(acc_dtype)[None, :]
+        g = dy * weight.to(acc_dtype)
     return xhat, dy, g
 
 
@@ -428,22 +429,6 @@ def _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols,
 
 
 @dsl.jit
-def _window_normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
-    # (xhat, dy, g = dy * weight) in the accumulation dtype, as _normalize, for a weight tile that
-    # broadcasts against x ((1, C) or (R, C), own dtype) or None.
-    acc_dtype = rstd.dtype
-    x = x.to(acc_dtype)
-    if SUBTRACT_MEAN:
-        x = dsl.where(mask, x - mean[:, None], 0.0)
-    xhat = x * rstd[:, None]
-    dy = dy.to(acc_dtype)
-    g = dy
-    if weight is not None:
-        g = dy * weight.to(acc_dtype)
-    return xhat, dy, g
-
-
-@dsl.jit
 def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr,
                                rstd_ptr, n_rows, n_cols, n_groups, n_parts, x_row_stride, x_col_stride, dy_row_stride,
                                dy_col_stride, dx_row_stride, SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr,
@@ -498,7 +483,7 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
                 chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_mask = _window_loads(
                     x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, start + chunk_cols, n_rows, n_cols, x_row_stride,
                     x_col_stride, dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
-                chunk_xhat, _, chunk_g = _window_normalize(chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_weight,
+                chunk_xhat, _, chunk_g = _normalize(chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_weight,
                                                            chunk_mask, SUBTRACT_MEAN)
                 lane_c1 += chunk_xhat * chunk_g
                 if SUBTRACT_MEAN:
@@ -517,7 +502,7 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
             x, dy, mean, rstd, mask = _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols,
                                                     x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, ALIGN,
                                                     SHIFT, SUBTRACT_MEAN)
-        xhat, dy_acc, g = _window_normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
+        xhat, dy_acc, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
         dweight_sum += dy_acc * xhat
         dbias_sum += dy_acc
         if dx_ptr is not None:

@@ -506,6 +506,7 @@ def _tile_count(n_rows, n_inner, inner_blocks, TILE: dsl.constexpr, ROWS: dsl.co
         return (n_rows // n_inner) * inner_blocks
     return dsl.cdiv(n_rows, ROWS)
 
+
 @dsl.jit
 def _forward_kernel(
     y_ptr, x_ptr,                                   # (outer, n_cols, inner) through the strides below
@@ -536,6 +537,7 @@ def _forward_kernel(
         _forward_tile(dsl.program_id(0), y_ptr, x_ptr, n_rows, n_cols, n_inner, inner_blocks, x_outer_stride,
                       x_inner_stride, x_col_stride, y_outer_stride, y_inner_stride, y_col_stride, LOG, TILE, ROWS,
                       BLOCK, ONE_PASS, SPLIT, WIDE, ALIGN, ACC, SHIFT)
+
 
 @dsl.jit
 def _backward_kernel(
