@@ -530,34 +530,55 @@ def test_register_a_dot_ptx(dtype, m, n, k, num_warps, b_t, tmp_path, monkeypatc
 @dsl.jit
 def _register_a_loop_kernel(a_ptr, b_ptr, c_ptr, n_steps, limit, M: dsl.constexpr, N: dsl.constexpr,
                             K: dsl.constexpr, BRANCH: dsl.constexpr):
-    # A loop whose dot takes A from registers (a + a) and B loaded in the body; BRANCH: the dot's result
-    # passes through a run-time `if` on the loop index, as attention's dK/dV loop once did.
+    # A loop whose dot takes A from registers (a + a) and B loaded in the body. BRANCH: how run-time
+    # control flow meets the dot's result: "none"; "if" on the loop index (as attention's dK/dV loop
+    # once had); the same `if` inside an inner loop; a `while` or a `for` of 0 or 1 trips acting as
+    # the `if`; "dot_in_if": a second dot inside the `if`, whose masked result replaces the first's.
     rm, rn, rk = dsl.arange(0, M), dsl.arange(0, N), dsl.arange(0, K)
     a = dsl.load(a_ptr + rm[:, None] * K + rk[None, :])
     acc = dsl.zeros((M, N), dsl.float32)
     for i in range(0, n_steps):
         b = dsl.load(b_ptr + i * K * N + rk[:, None] * N + rn[None, :])
         s = dsl.dot(a + a, b, dsl.zeros((M, N), dsl.float32))
-        if BRANCH:
+        if BRANCH == "dot_in_if":
             if i < limit:
+                s = dsl.where(rm[:, None] >= rn[None, :], dsl.dot(a + a, b, dsl.zeros((M, N), dsl.float32)), 0.0)
+        if BRANCH == "if":
+            if i < limit:
+                s = dsl.where(rm[:, None] >= rn[None, :], s, 0.0)
+        if BRANCH == "if_in_inner_for":
+            for j in range(0, 1):
+                if i < limit:
+                    s = dsl.where(rm[:, None] >= rn[None, :], s, 0.0)
+        if BRANCH == "while_as_if":
+            j = i
+            while j < limit:
+                s = dsl.where(rm[:, None] >= rn[None, :], s, 0.0)
+                j = limit
+        if BRANCH == "for_as_if":
+            for j in range(i, limit, 1 << 20):
                 s = dsl.where(rm[:, None] >= rn[None, :], s, 0.0)
         acc += s
     dsl.store(c_ptr + rm[:, None] * N + rn[None, :], acc)
 
 
+_BRANCH_KINDS = ["none", "if", "if_in_inner_for", "while_as_if", "for_as_if", "dot_in_if"]
+
+
 @needs_ptxas
-@pytest.mark.parametrize("branch", [False, True])
+@pytest.mark.parametrize("branch", _BRANCH_KINDS)
 def test_register_a_dot_beside_a_runtime_branch_stays_off_wgmma(branch, tmp_path, monkeypatch):
     """A run-time branch in the block of register-A dots gave wrong results on the H200 (attention's
-    dK/dV loop, session 4; cause not found): such a block keeps its dots off register-A wgmma."""
+    dK/dV loop, session 4; cause not found): a loop body with run-time control flow keeps its dots
+    off register-A wgmma, however the branch is written."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     p, f = dsl.pointer_type(dsl.float16), dsl.pointer_type(dsl.float32)
     compiled = dsl.jit(_register_a_loop_kernel.fn).compile(p, p, f, 4, 2, M=128, N=64, K=64, BRANCH=branch,
                                                            num_warps=8, target="sm_90a")
     ptx = compiled.asm["ptx"]
     register_a = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.f16\.f16 \{[^}]*\}, \{%r", ptx)
-    assert bool(register_a) != branch
-    assert ("mma.sync" in ptx) == branch
+    assert bool(register_a) == (branch == "none")
+    assert ("mma.sync" in ptx) == (branch != "none")
     assert assemble(ptx, "sm_90a").spill_bytes == 0
 
 
@@ -753,9 +774,9 @@ def test_gpu_sass_uses_hgmma(tmp_path, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("branch", [False, True])
+@pytest.mark.parametrize("branch", _BRANCH_KINDS)
 def test_gpu_register_a_loop_with_and_without_a_runtime_branch(branch, seed):
-    """The loop of `_register_a_loop_kernel` (register-A wgmma without the branch, mma.sync with it)
+    """The loop of `_register_a_loop_kernel` (register-A wgmma without a branch, mma.sync with one)
     against float64, the masked steps (i < limit) included."""
     m, n, k, steps, limit = 128, 64, 64, 4, 2
     a = random_tensor((m, k), torch.float16, device="cuda", seed=seed)
@@ -763,7 +784,7 @@ def test_gpu_register_a_loop_with_and_without_a_runtime_branch(branch, seed):
     c = poison(torch.empty(m, n, dtype=torch.float32, device="cuda"))
     dsl.jit(_register_a_loop_kernel.fn)[(1,)](a, b, c, steps, limit, M=m, N=n, K=k, BRANCH=branch, num_warps=8)
     products = (2 * a.double()) @ b.double()                         # (steps, m, n)
-    if branch:
+    if branch != "none":
         keep = torch.arange(m, device="cuda")[:, None] >= torch.arange(n, device="cuda")[None, :]
         products[:limit] = torch.where(keep, products[:limit], torch.zeros((), dtype=torch.float64, device="cuda"))
     assert_close(c, products.sum(0), torch.float16)

@@ -134,17 +134,42 @@ def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int) -> bool
     """Whether `dot` op runs on wgmma with A from registers (see the module docstring)."""
     if _loaded_beside(op.operands[0], op) or not _register_a_candidate(op, arch, num_warps):
         return False
+    if _near_runtime_branch(op):
+        return False
     block = op.parent
     for other in (block.ops if block is not None else ()):
-        # A run-time branch beside register-A dots: the attention dK/dV loop with an `if` on the key
-        # block gave wrong results on the H200 (session 4; the PTX reads right, the cause is not
-        # found), so such blocks keep their dots off this form.
-        if other.opcode == OpCode.IF:
-            return False
         for nested in other.walk():
             if nested.opcode == OpCode.DOT and nested is not op and not _wgmma_neighbour(nested, arch, num_warps):
                 return False
     return True
+
+
+_BRANCHES = (OpCode.IF, OpCode.WHILE)
+
+
+def _near_runtime_branch(op: Operation) -> bool:
+    """Whether run-time control flow surrounds `dot` op: a branch (`if`, `while`) anywhere in its
+    block, or a nested loop there when that block is a loop body (a loop of 0 or 1 trips is a
+    branch); a branch among the ops of an enclosing block; or the dot itself inside a branch. The
+    attention dK/dV loop with an `if` beside its register-A dots gave wrong results on the H200
+    (session 4; the IR and PTX read right and the cause is not found), so the register-A form is kept
+    to straight-line loop bodies (enclosing loops, and loops beside a dot outside any loop, are what
+    the kernels that ship it have)."""
+    block = op.parent
+    if block is None:
+        return False
+    in_loop = block.parent is not None and block.parent.opcode == OpCode.FOR
+    stops = _BRANCHES + ((OpCode.FOR,) if in_loop else ())
+    if any(nested.opcode in stops for other in block.ops for nested in other.walk()):
+        return True
+    while block is not None and block.parent is not None:
+        owner = block.parent
+        if owner.opcode in _BRANCHES:
+            return True
+        block = owner.parent
+        if block is not None and any(other.opcode in _BRANCHES for other in block.ops):
+            return True
+    return False
 
 
 def uses_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
