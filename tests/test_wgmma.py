@@ -443,11 +443,14 @@ def test_pipelined_wgmma_ir_computes_the_same_in_the_interpreter(m, n, k, num_st
 
 @dsl.jit
 def _dot_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_ak, stride_bk, stride_bn,
-                M: dsl.constexpr, N: dsl.constexpr, K: dsl.constexpr):
-    # One dot of a (M, K) and b (K, N), no loop: the operands are staged with st.shared.
+                M: dsl.constexpr, N: dsl.constexpr, K: dsl.constexpr, REGISTER_A: dsl.constexpr = False):
+    # One dot of a (M, K) and b (K, N), no loop: the operands are staged with st.shared. REGISTER_A:
+    # the dot takes a + a (computed in registers, not a load), so wgmma reads A from registers.
     rm, rn, rk = dsl.arange(0, M), dsl.arange(0, N), dsl.arange(0, K)
     a = dsl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak)
     b = dsl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn)
+    if REGISTER_A:
+        a = a + a
     acc = dsl.dot(a, b, dsl.zeros((M, N), dsl.float32))
     dsl.store(c_ptr + rm[:, None] * N + rn[None, :], acc)
 
@@ -490,22 +493,11 @@ def test_staged_dot_ptx(dtype, a_t, b_t, tmp_path, monkeypatch):
     assert result.spill_bytes == 0, result.log
 
 
-@dsl.jit
-def _register_a_dot_kernel(a_ptr, b_ptr, c_ptr, stride_am, stride_ak, stride_bk, stride_bn,
-                           M: dsl.constexpr, N: dsl.constexpr, K: dsl.constexpr):
-    # A computed in registers (a + a: not a load), B loaded beside the dot: wgmma with A from registers.
-    rm, rn, rk = dsl.arange(0, M), dsl.arange(0, N), dsl.arange(0, K)
-    a = dsl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak)
-    b = dsl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn)
-    acc = dsl.dot(a + a, b, dsl.zeros((M, N), dsl.float32))
-    dsl.store(c_ptr + rm[:, None] * N + rn[None, :], acc)
-
-
 def _compile_register_a_dot(dtype, m, n, k, num_warps, b_t=False):
     p, f = dsl.pointer_type(dtype), dsl.pointer_type(dsl.float32)
     strides = (k, 1) + ((1, k) if b_t else (n, 1))
-    return dsl.jit(_register_a_dot_kernel.fn).compile(p, p, f, *strides, M=m, N=n, K=k, num_warps=num_warps,
-                                                      target="sm_90a")
+    return dsl.jit(_dot_kernel.fn).compile(p, p, f, *strides, M=m, N=n, K=k, REGISTER_A=True, num_warps=num_warps,
+                                           target="sm_90a")
 
 
 @needs_ptxas
@@ -742,8 +734,9 @@ def test_gpu_single_staged_dot(m, n, k, num_warps, dtype, a_t, b_t, seed):
 def test_gpu_register_a_dot(m, n, k, num_warps, b_t, dtype, seed):
     a, b = _operands(m, n, k, dtype, False, b_t, seed)
     c = poison(torch.empty(m, n, dtype=torch.float32, device="cuda"))
-    kernel = dsl.jit(_register_a_dot_kernel.fn)
-    kernel[(1,)](a, b, c, a.stride(0), a.stride(1), b.stride(0), b.stride(1), M=m, N=n, K=k, num_warps=num_warps)
+    kernel = dsl.jit(_dot_kernel.fn)
+    kernel[(1,)](a, b, c, a.stride(0), a.stride(1), b.stride(0), b.stride(1), M=m, N=n, K=k, REGISTER_A=True,
+                 num_warps=num_warps)
     assert_close(c, (a + a).double() @ b.double(), dtype)
 
 

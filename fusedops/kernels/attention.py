@@ -218,7 +218,8 @@ def attention_backward_preprocess_kernel(
 
 
 @dsl.jit
-def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
+def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row, m0, rm0, rn, re,
+               rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
                BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
                MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr):
     """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). Rows past L

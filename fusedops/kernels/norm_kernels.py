@@ -70,6 +70,18 @@ def _row_window(rows, cols, n_cols, row_stride, col_stride, ALIGN: dsl.constexpr
 
 
 @dsl.jit
+def _affine_tiles(weight_ptr, bias_ptr, logical, in_row):
+    # -> (weight, bias) at columns `logical` (masked by in_row) in their own dtype; None for a None pointer.
+    weight = None
+    bias = None
+    if weight_ptr is not None:
+        weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
+    if bias_ptr is not None:
+        bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+    return weight, bias
+
+
+@dsl.jit
 def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, weight_ptr, bias_ptr, logical, in_row,
                     y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN: dsl.constexpr):
     # The forward of a tile of whole rows: x (R, C) in its own dtype, 0 where `mask` is off; writes y at
@@ -83,10 +95,8 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, weight_ptr
         x = dsl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
-    if weight_ptr is not None:
-        weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
-    if bias_ptr is not None:
-        bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+    if weight_ptr is not None or bias_ptr is not None:
+        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
     if weight is not None:
         y = y * weight.to(acc_dtype)
     if bias is not None:
@@ -116,12 +126,7 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     mask = row_mask[:, None] & in_row
     x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
     if AFFINE_FIRST:
-        weight = None
-        bias = None
-        if weight_ptr is not None:
-            weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
-        if bias_ptr is not None:
-            bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
         _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
                         rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
     else:
@@ -146,12 +151,7 @@ def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
     cols = dsl.arange(0, BLOCK_N)
     _, logical, in_row = _row_window(pid * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
                                      SHIFT)
-    weight = None
-    bias = None
-    if weight_ptr is not None:
-        weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
-    if bias_ptr is not None:
-        bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+    weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
     if PREFETCH:
         rows = pid * BLOCK_ROWS + lanes
         x_offsets, _, _ = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
@@ -484,7 +484,7 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
                     x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, start + chunk_cols, n_rows, n_cols, x_row_stride,
                     x_col_stride, dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
                 chunk_xhat, _, chunk_g = _normalize(chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_weight,
-                                                           chunk_mask, SUBTRACT_MEAN)
+                                                    chunk_mask, SUBTRACT_MEAN)
                 lane_c1 += chunk_xhat * chunk_g
                 if SUBTRACT_MEAN:
                     lane_c2 += chunk_g

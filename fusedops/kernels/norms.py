@@ -482,12 +482,10 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     x_rows = x if x_in_place else as_rows(x, n_rows, n_cols)
     weight = _contiguous_or_none(weight)
     if config.persistent:
-        main, new_partial, new_chunk_partial, chunks = _persistent_backward(
-            config, dx, dy_rows, x_rows, weight, mean, rstd, n_rows, n_cols, strides, subtract_mean, input_grad,
-            weight_grad, bias_grad, target_programs, allocate, interpret)
-        dweight_partial = new_partial() if weight_grad else None
-        dbias_partial = new_partial() if bias_grad else None
-        input_kernel = None
+        main, new_partial, dweight_partial, dbias_partial = _persistent_backward(
+            config, dx, dy_rows, x_rows, weight, mean, rstd, n_rows, n_cols, strides, subtract_mean, weight_grad,
+            bias_grad, target_programs, allocate, interpret)
+        new_chunk_partial, input_kernel = None, None
     elif not config.split:
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
@@ -550,10 +548,11 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     return launch
 
 
-def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, strides, subtract_mean, input_grad,
+def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, strides, subtract_mean,
                          weight_grad, bias_grad, target_programs, allocate, interpret) -> tuple:
     """(prepared backward_persistent_kernel taking (dx, dweight_partial, dbias_partial, dy, x, weight, mean,
-    rstd), the partial buffers' allocator, None, 0) for config.persistent (see BackwardConfig)."""
+    rstd), the partial buffers' allocator, and the example dweight and dbias partials it was prepared with)
+    for config.persistent (see BackwardConfig)."""
     x_row_stride, x_col_stride, dy_row_stride, dy_col_stride = strides
     align = _stride_alignment(x_row_stride, n_cols, x.element_size())
     align = min(align, _stride_alignment(dy_row_stride, n_cols, x.element_size()))
@@ -570,7 +569,7 @@ def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, 
         parts, *strides, n_cols, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
         TWO_PASS=parts > 1 or config.two_pass, CHUNK=min(config.chunk, config.block_n), PREFETCH=config.prefetch,
         ALIGN=align, SHIFT=shift, num_warps=config.num_warps, interpret=interpret)
-    return main, new_partial, None, 0
+    return main, new_partial, dweight_partial, dbias_partial
 
 
 def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> Callable:

@@ -38,10 +38,9 @@ Configs (`choose_config`, a small table): BLOCK is the next power of two >= n; t
 rows of up to MAX_ONE_PASS_BLOCK 2-byte elements in one pass, the backward (two tensors in
 registers), fp32 rows and column tiles up to MAX_ONE_PASS_TILE; num_warps by block from
 ROW_NUM_WARPS; longer 2-byte rows take the persistent row sweeps of ROW_SWEEPS, longer fp32 rows
-the online path. The limits are
-what ptxas fits in registers without spilling (tests/test_softmax.py::
-test_shipped_configs_assemble_without_spills checks every config); `bench/softmax.py --sweep` and
-.scratch/sm_long_sweep.py time the alternatives on a GPU.
+the online path. The limits are what ptxas fits in registers without spilling
+(tests/test_softmax.py::test_shipped_configs_assemble_without_spills checks every config);
+`bench/softmax.py --sweep` and .scratch/sm_long_sweep.py time the alternatives on a GPU.
 """
 
 from __future__ import annotations
@@ -229,6 +228,7 @@ def _forward_tile(
             else:
                 y = dsl.exp(x - running_max) * inverse
             dsl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element), mask=mask)
+
 
 @dsl.jit
 def _backward_tile(

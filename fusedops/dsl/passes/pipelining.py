@@ -405,6 +405,20 @@ def _allocate_ring(before: _Inserter, candidates: list, num_stages: int) -> list
     return buffers
 
 
+def _full_barriers(before: _Inserter, candidates: list, num_stages: int) -> Value:
+    """One mbarrier per slot, on which every TMA copy into the slot arrives (with its bytes)."""
+    return before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
+                        {"mbarrier_arrivals": len(candidates)})
+
+
+def _prologue(before: _Inserter, issue, lower: Value, step_value: int, ahead_by: int) -> None:
+    """Before the loop: `issue` the tiles of iterations 0 .. ahead_by - 1 into slots 0 .. ahead_by - 1."""
+    for stage in range(ahead_by):
+        iteration = lower if stage == 0 else before.value(
+            OpCode.ADD, [lower, before.constant(stage * step_value)], int32)
+        issue(before, before.constant(stage), iteration)
+
+
 def _read_from_ring(body: Block, candidates: list, buffers: list, read: Value) -> None:
     """Replace each candidate's load and dot-operand conversion by a `local_load` of slot `read`."""
     for candidate, buffer in zip(candidates, buffers):
@@ -468,11 +482,7 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     ahead_by = num_stages - 1 if overlapped is None else num_stages - 2
     before = _Inserter(outer, loop)
     buffers = _allocate_ring(before, candidates, num_stages)
-    # TMA: one mbarrier per slot, on which every copy into the slot arrives (with its bytes).
-    barriers = None
-    if candidates[0].tma is not None:
-        barriers = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
-                                {"mbarrier_arrivals": len(candidates)})
+    barriers = _full_barriers(before, candidates, num_stages) if candidates[0].tma is not None else None
 
     def issue(at: _Inserter, index: Value, iteration: Value) -> None:
         for candidate, buffer in zip(candidates, buffers):
@@ -483,11 +493,7 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
         if barriers is None:
             at.op(OpCode.ASYNC_COMMIT, [], [])
 
-    # Prologue: the tiles of iterations 0 .. ahead_by - 1.
-    for stage in range(ahead_by):
-        iteration = lower if stage == 0 else before.value(
-            OpCode.ADD, [lower, before.constant(stage * step_value)], int32)
-        issue(before, before.constant(stage), iteration)
+    _prologue(before, issue, lower, step_value, ahead_by)
 
     # Loop-carried ring indices: the tile this iteration reads, and the one it fills (and with TMA
     # the parity of the read slot's barrier phase, which flips each time the read index wraps).
@@ -529,19 +535,15 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     ahead_by = num_stages - lag
     before = _Inserter(outer, loop)
     buffers = _allocate_ring(before, candidates, num_stages)
-    barrier_type = SharedBufferType(num_stages, (1,), int64)
-    full = before.value(OpCode.LOCAL_ALLOC, [], barrier_type, {"mbarrier_arrivals": len(candidates)})
-    empty = before.value(OpCode.LOCAL_ALLOC, [], barrier_type, {"mbarrier_per_warp": True})
+    full = _full_barriers(before, candidates, num_stages)
+    empty = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
+                         {"mbarrier_per_warp": True})
 
     def issue(at: _Inserter, index: Value, iteration: Value) -> None:
         for candidate, buffer in zip(candidates, buffers):
             _issue_tma_copy(at, candidate, buffer, index, full, induction, iteration, upper)
 
-    # Prologue: fills 0 .. ahead_by - 1 go to fresh slots (no release to wait for).
-    for stage in range(ahead_by):
-        iteration = lower if stage == 0 else before.value(
-            OpCode.ADD, [lower, before.constant(stage * step_value)], int32)
-        issue(before, before.constant(stage), iteration)
+    _prologue(before, issue, lower, step_value, ahead_by)     # fresh slots: no release to wait for
 
     read = _carry(loop, before, "read_stage", 0)
     read_phase = _carry(loop, before, "read_phase", 0)
