@@ -314,6 +314,8 @@ ROW_SWEEP_CASES = {
     "9x1001_two_vectors_per_thread": ((9, 1001), 1, _sweeps(512, 1, 1), torch.float16),
     "3x50x7_strided_dim": ((3, 50, 7), 1, _sweeps(16, 1, 1), torch.float32),
     "6x300_sliced_rows": (_sliced_rows, 1, _sweeps(64, 2, 1), torch.bfloat16),
+    "9x1001_l2_hints": ((9, 1001), 1, K.Config("rows", 1, 128, False, 2, 1, ("evict_last", "evict_first", ".cs")),
+                        torch.float16),
 }
 
 
@@ -415,9 +417,12 @@ def test_persistent_launch_plans():
 
 
 # Persistent candidates of the H200 sweep (.scratch/sm_long_sweep.py): (direction, config).
+L2_HINTS = ("evict_last", "evict_first", ".cs")
 PERSISTENT_PTX_CONFIGS = [
     ("forward", _sweeps(8192, 16, 2)), ("forward", _sweeps(16384, 32, 1)), ("forward", _sweeps(4096, 8, 4)),
     ("backward", _sweeps(8192, 32, 1)), ("backward", _sweeps(4096, 16, 2)), ("backward", _sweeps(16384, 32, 1)),
+    ("forward", K.Config("rows", 1, 8192, False, 16, 64, L2_HINTS)),
+    ("backward", K.Config("rows", 1, 16384, False, 32, 1, L2_HINTS)),
 ]
 
 
@@ -447,6 +452,10 @@ def test_row_sweeps_assemble_with_16_byte_vectors_and_no_barrier_per_chunk(n_col
                 problems.append(f"{name}: no 16-byte accesses")
             if ptx.count("bar.sync") > (2 if backward else 4):
                 problems.append(f"{name}: {ptx.count('bar.sync')} bar.sync")
+            hinted = ("ld.global.L1::evict_last.L2::cache_hint.v4", "ld.global.L1::evict_first.L2::cache_hint.v4",
+                      "st.global.cs.v4")
+            if config.sweep_hints and not all(text in ptx for text in hinted):
+                problems.append(f"{name}: the sweeps' cache hints are missing")
     assert not problems, "\n".join(problems)
 
 

@@ -334,21 +334,22 @@ def _window_pointers(window, positions, col_stride, WIDE: dsl.constexpr):
 
 @dsl.jit
 def _load_window(window, positions, col_stride, mask, OTHER: dsl.constexpr, MASKED: dsl.constexpr,
-                 WIDE: dsl.constexpr, ACC: dsl.constexpr):
+                 WIDE: dsl.constexpr, ACC: dsl.constexpr, EVICTION: dsl.constexpr = ""):
     # -> the elements at window `positions`, in ACC (OTHER where MASKED and not `mask`).
     pointers = _window_pointers(window, positions, col_stride, WIDE)
     if MASKED:
-        return dsl.load(pointers, mask=mask, other=OTHER).to(ACC)
-    return dsl.load(pointers).to(ACC)
+        return dsl.load(pointers, mask=mask, other=OTHER, eviction_policy=EVICTION).to(ACC)
+    return dsl.load(pointers, eviction_policy=EVICTION).to(ACC)
 
 
 @dsl.jit
-def _store_window(window, positions, col_stride, mask, value, MASKED: dsl.constexpr, WIDE: dsl.constexpr):
+def _store_window(window, positions, col_stride, mask, value, MASKED: dsl.constexpr, WIDE: dsl.constexpr,
+                  CACHE: dsl.constexpr = ""):
     pointers = _window_pointers(window, positions, col_stride, WIDE)
     if MASKED:
-        dsl.store(pointers, value.to(window.dtype.element), mask=mask)
+        dsl.store(pointers, value.to(window.dtype.element), mask=mask, cache_modifier=CACHE)
     else:
-        dsl.store(pointers, value.to(window.dtype.element))
+        dsl.store(pointers, value.to(window.dtype.element), cache_modifier=CACHE)
 
 
 @dsl.jit
@@ -378,14 +379,15 @@ def _add_statistics(x, running_max, running_sum, THREADS: dsl.constexpr, VECTOR:
 
 @dsl.jit
 def _forward_outputs(y_window, x_window, at, mask, x_col_stride, y_col_stride, row_max, scale, LOG: dsl.constexpr,
-                     MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr):
+                     MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr, EVICTION: dsl.constexpr,
+                     CACHE: dsl.constexpr):
     # Writes y at window positions `at`: scale is 1 / sum (softmax) or log(sum) (log_softmax).
-    x = _load_window(x_window, at, x_col_stride, mask, -float("inf"), MASKED, WIDE, ACC)
+    x = _load_window(x_window, at, x_col_stride, mask, -float("inf"), MASKED, WIDE, ACC, EVICTION)
     if LOG:
         y = (x - row_max) - scale      # x - max is exact; adding log(sum) to the max first would round
     else:
         y = dsl.exp(x - row_max) * scale
-    _store_window(y_window, at, y_col_stride, mask, y, MASKED, WIDE)
+    _store_window(y_window, at, y_col_stride, mask, y, MASKED, WIDE, CACHE)
 
 
 @dsl.jit
@@ -394,8 +396,10 @@ def _forward_row_sweeps(
     x_outer_stride, x_inner_stride, x_col_stride, y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, BLOCK: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr,
     ACC: dsl.constexpr, SHIFT: dsl.constexpr, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
+    FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr,
 ):
-    # The forward of one row in two sweeps (see above): statistics, then outputs.
+    # The forward of one row in two sweeps (see above): statistics, then outputs. FIRST_EVICTION /
+    # SECOND_EVICTION: the eviction_policy of x's loads in each sweep; STORE_CACHE: y's cache_modifier.
     x_start = _row_start(row, n_inner, x_outer_stride, x_inner_stride, SPLIT)
     y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
     first = (x_start % SHIFT).to(dsl.int32) if SHIFT else 0     # SHIFT: every tensor's rows start alike
@@ -407,15 +411,17 @@ def _forward_row_sweeps(
     edges, edge_mask, middle, chunks, tail, pieces = _sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
     piece = dsl.arange(0, PIECE)
     chunk = dsl.arange(0, BLOCK)
-    x = _load_window(x_window, edges, x_col_stride, edge_mask, -float("inf"), True, WIDE, ACC)
+    x = _load_window(x_window, edges, x_col_stride, edge_mask, -float("inf"), True, WIDE, ACC, FIRST_EVICTION)
     thread_max, thread_sum = _add_statistics(x, dsl.full((1, THREADS, 1), -float("inf"), ACC),
                                              dsl.zeros((1, THREADS, 1), ACC), THREADS, 1)
     for index in range(0, chunks):
-        x_chunk = _load_window(x_window, GROUP + index * BLOCK + chunk, x_col_stride, None, 0.0, False, WIDE, ACC)
+        x_chunk = _load_window(x_window, GROUP + index * BLOCK + chunk, x_col_stride, None, 0.0, False, WIDE, ACC,
+                               FIRST_EVICTION)
         thread_max, thread_sum = _add_statistics(x_chunk, thread_max, thread_sum, THREADS, VECTOR)
     for index in range(0, pieces):
         at = tail + index * PIECE + piece
-        x_piece = _load_window(x_window, at, x_col_stride, at < middle, -float("inf"), True, WIDE, ACC)
+        x_piece = _load_window(x_window, at, x_col_stride, at < middle, -float("inf"), True, WIDE, ACC,
+                               FIRST_EVICTION)
         thread_max, thread_sum = _add_statistics(x_piece, thread_max, thread_sum, THREADS, VECTOR)
     thread_max = dsl.reshape(thread_max, (THREADS,))
     row_max = dsl.max(thread_max, axis=0)
@@ -424,36 +430,37 @@ def _forward_row_sweeps(
     total = dsl.sum(dsl.reshape(thread_sum, (THREADS,)) * dsl.exp(thread_max - shift), axis=0)
     scale = dsl.log(total) if LOG else 1.0 / total
     _forward_outputs(y_window, x_window, edges, edge_mask, x_col_stride, y_col_stride, row_max, scale, LOG, True,
-                     WIDE, ACC)
+                     WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
     for index in range(0, chunks):
         _forward_outputs(y_window, x_window, GROUP + index * BLOCK + chunk, None, x_col_stride, y_col_stride, row_max,
-                         scale, LOG, False, WIDE, ACC)
+                         scale, LOG, False, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
     for index in range(0, pieces):
         at = tail + index * PIECE + piece
         _forward_outputs(y_window, x_window, at, at < middle, x_col_stride, y_col_stride, row_max, scale, LOG, True,
-                         WIDE, ACC)
+                         WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
 
 
 @dsl.jit
 def _backward_partial(dy_window, y_window, at, mask, dy_col_stride, y_col_stride, LOG: dsl.constexpr,
                       MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr, THREADS: dsl.constexpr,
-                      VECTOR: dsl.constexpr):
+                      VECTOR: dsl.constexpr, EVICTION: dsl.constexpr):
     # -> each thread's sum of dy (LOG) or dy * y at window positions `at`, [1, THREADS, 1].
-    terms = _load_window(dy_window, at, dy_col_stride, mask, 0.0, MASKED, WIDE, ACC)
+    terms = _load_window(dy_window, at, dy_col_stride, mask, 0.0, MASKED, WIDE, ACC, EVICTION)
     if not LOG:
-        terms = terms * _load_window(y_window, at, y_col_stride, mask, 0.0, MASKED, WIDE, ACC)
+        terms = terms * _load_window(y_window, at, y_col_stride, mask, 0.0, MASKED, WIDE, ACC, EVICTION)
     terms = dsl.reshape(terms, (terms.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
     return dsl.sum(dsl.sum(terms, axis=2, keep_dims=True), axis=0, keep_dims=True)
 
 
 @dsl.jit
 def _backward_outputs(dx_window, dy_window, y_window, at, mask, dx_col_stride, dy_col_stride, y_col_stride, total,
-                      LOG: dsl.constexpr, MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr):
+                      LOG: dsl.constexpr, MASKED: dsl.constexpr, WIDE: dsl.constexpr, ACC: dsl.constexpr,
+                      EVICTION: dsl.constexpr, CACHE: dsl.constexpr):
     # Writes dx at window positions `at`, given the row's sum(dy * y) (sum(dy), LOG).
-    dy = _load_window(dy_window, at, dy_col_stride, mask, 0.0, MASKED, WIDE, ACC)
-    y = _load_window(y_window, at, y_col_stride, mask, 0.0, MASKED, WIDE, ACC)
+    dy = _load_window(dy_window, at, dy_col_stride, mask, 0.0, MASKED, WIDE, ACC, EVICTION)
+    y = _load_window(y_window, at, y_col_stride, mask, 0.0, MASKED, WIDE, ACC, EVICTION)
     dx = dy - dsl.exp(y) * total if LOG else y * (dy - total)
-    _store_window(dx_window, at, dx_col_stride, mask, dx, MASKED, WIDE)
+    _store_window(dx_window, at, dx_col_stride, mask, dx, MASKED, WIDE, CACHE)
 
 
 @dsl.jit
@@ -464,8 +471,9 @@ def _backward_row_sweeps(
     y_outer_stride, y_inner_stride, y_col_stride,
     LOG: dsl.constexpr, BLOCK: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr,
     ACC: dsl.constexpr, SHIFT: dsl.constexpr, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
+    FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr,
 ):
-    # The backward of one row in two sweeps (see above): the row's sum, then dx.
+    # The backward of one row in two sweeps (see above): the row's sum, then dx (hints as in the forward).
     dx_start = _row_start(row, n_inner, dx_outer_stride, dx_inner_stride, SPLIT)
     dy_start = _row_start(row, n_inner, dy_outer_stride, dy_inner_stride, SPLIT)
     y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
@@ -480,24 +488,24 @@ def _backward_row_sweeps(
     piece = dsl.arange(0, PIECE)
     chunk = dsl.arange(0, BLOCK)
     thread_total = _backward_partial(dy_window, y_window, edges, edge_mask, dy_col_stride, y_col_stride, LOG, True,
-                                     WIDE, ACC, THREADS, 1)
+                                     WIDE, ACC, THREADS, 1, FIRST_EVICTION)
     for index in range(0, chunks):
         thread_total += _backward_partial(dy_window, y_window, GROUP + index * BLOCK + chunk, None, dy_col_stride,
-                                          y_col_stride, LOG, False, WIDE, ACC, THREADS, VECTOR)
+                                          y_col_stride, LOG, False, WIDE, ACC, THREADS, VECTOR, FIRST_EVICTION)
     for index in range(0, pieces):
         at = tail + index * PIECE + piece
         thread_total += _backward_partial(dy_window, y_window, at, at < middle, dy_col_stride, y_col_stride, LOG,
-                                          True, WIDE, ACC, THREADS, VECTOR)
+                                          True, WIDE, ACC, THREADS, VECTOR, FIRST_EVICTION)
     total = dsl.sum(dsl.reshape(thread_total, (THREADS,)), axis=0)
     _backward_outputs(dx_window, dy_window, y_window, edges, edge_mask, dx_col_stride, dy_col_stride, y_col_stride,
-                      total, LOG, True, WIDE, ACC)
+                      total, LOG, True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
     for index in range(0, chunks):
         _backward_outputs(dx_window, dy_window, y_window, GROUP + index * BLOCK + chunk, None, dx_col_stride,
-                          dy_col_stride, y_col_stride, total, LOG, False, WIDE, ACC)
+                          dy_col_stride, y_col_stride, total, LOG, False, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
     for index in range(0, pieces):
         at = tail + index * PIECE + piece
         _backward_outputs(dx_window, dy_window, y_window, at, at < middle, dx_col_stride, dy_col_stride,
-                          y_col_stride, total, LOG, True, WIDE, ACC)
+                          y_col_stride, total, LOG, True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
 
 
 @dsl.jit
@@ -516,7 +524,8 @@ def _forward_kernel(
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
     SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
-    VECTOR: dsl.constexpr = 1,
+    VECTOR: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "", SECOND_EVICTION: dsl.constexpr = "",
+    STORE_CACHE: dsl.constexpr = "",
 ):
     # One tile per program; PERSISTENT: each program loops over tiles pid, pid + programs, ...
     # (one-row multi-chunk "rows" tiles by _forward_row_sweeps, THREADS and VECTOR describing the
@@ -526,7 +535,8 @@ def _forward_kernel(
             for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
                 _forward_row_sweeps(row, y_ptr, x_ptr, n_cols, n_inner, x_outer_stride, x_inner_stride,
                                     x_col_stride, y_outer_stride, y_inner_stride, y_col_stride, LOG, BLOCK,
-                                    SPLIT, WIDE, ALIGN, ACC, SHIFT, THREADS, VECTOR)
+                                    SPLIT, WIDE, ALIGN, ACC, SHIFT, THREADS, VECTOR, FIRST_EVICTION,
+                                    SECOND_EVICTION, STORE_CACHE)
         else:
             for tile in range(dsl.program_id(0), _tile_count(n_rows, n_inner, inner_blocks, TILE, ROWS),
                               dsl.num_programs(0)):
@@ -549,7 +559,8 @@ def _backward_kernel(
     LOG: dsl.constexpr, TILE: dsl.constexpr, ROWS: dsl.constexpr, BLOCK: dsl.constexpr,
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
     SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
-    VECTOR: dsl.constexpr = 1,
+    VECTOR: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "", SECOND_EVICTION: dsl.constexpr = "",
+    STORE_CACHE: dsl.constexpr = "",
 ):
     # One tile per program, or PERSISTENT (see _forward_kernel).
     if PERSISTENT:
@@ -558,7 +569,7 @@ def _backward_kernel(
                 _backward_row_sweeps(row, dx_ptr, dy_ptr, y_ptr, n_cols, n_inner, dx_outer_stride, dx_inner_stride,
                                      dx_col_stride, dy_outer_stride, dy_inner_stride, dy_col_stride, y_outer_stride,
                                      y_inner_stride, y_col_stride, LOG, BLOCK, SPLIT, WIDE, ALIGN, ACC, SHIFT,
-                                     THREADS, VECTOR)
+                                     THREADS, VECTOR, FIRST_EVICTION, SECOND_EVICTION, STORE_CACHE)
         else:
             for tile in range(dsl.program_id(0), _tile_count(n_rows, n_inner, inner_blocks, TILE, ROWS),
                               dsl.num_programs(0)):
@@ -665,6 +676,9 @@ class Config:
     one_pass: bool
     num_warps: int
     programs_per_sm: int = 0
+    # Row sweeps: (eviction_policy of the first sweep's loads, of the second's, cache_modifier of the
+    # stores), or () for none.
+    sweep_hints: tuple = ()
 
 
 def _next_power_of_2(n: int) -> int:
@@ -807,7 +821,8 @@ def _persistent_constexprs(config: Config, dtypes: tuple) -> dict:
         return {}
     vector = max(1, min(16 // min(dtype.itemsize for dtype in dtypes), config.block // (32 * config.num_warps)))
     vector = min(vector, config.block)
-    return dict(PERSISTENT=True, THREADS=min(32 * config.num_warps, config.block // vector), VECTOR=vector)
+    hints = dict(zip(("FIRST_EVICTION", "SECOND_EVICTION", "STORE_CACHE"), config.sweep_hints))
+    return dict(PERSISTENT=True, THREADS=min(32 * config.num_warps, config.block // vector), VECTOR=vector, **hints)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -36,6 +36,7 @@ class LoweringContext:
     lane_id: Optional[ir.Value] = None
     warp_id: Optional[ir.Value] = None
     tensor_maps: dict = dataclasses.field(default_factory=dict)      # id(tma_copy op) -> (LLVM param, TensorMapParam)
+    cache_policies: dict = dataclasses.field(default_factory=dict)   # eviction policy -> i64 L2 policy (cache_hints.py)
 
     def arch_at_least(self, sm: int) -> bool:
         """Whether the target's compute capability (sm_90a -> 90) is at least `sm`."""

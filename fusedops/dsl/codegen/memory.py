@@ -3,8 +3,9 @@
 A thread's registers that its layout maps to consecutive elements along the last dim, with the
 pointer's divisibility and the mask's constancy proven by the pointer analysis, become one vector
 access of up to 16 bytes under one predicate. Everything else is split into scalar
-accesses, so correctness never depends on the vector path. Masked groups are predicated
-instructions (see `predicated.py`).
+accesses, so correctness never depends on the vector path. Masked groups, and groups with cache
+qualifiers (`cache_modifier` / `eviction_policy`, cache_hints.py), are predicated inline PTX
+(predicated.py).
 
 Elements held by more than one thread (a block smaller than the CTA) are stored and atomically
 updated only by their owner (see `ownership.py`).
@@ -19,9 +20,13 @@ from ..language.dtypes import BlockType
 from ..passes.pointer_analysis import vector_width
 from ..target import llvm_types as T
 from . import layout_access
+from .cache_hints import cache_hint
 from .ownership import owner_predicate, owned_registers
 from .predicated import predicated_load, predicated_store
 from .registry import lowering
+
+
+_TRUE = ir.Constant(T.i1, 1)
 
 
 def _contiguous_registers(layout) -> int:
@@ -83,9 +88,10 @@ def _load(ctx, op):
     element = pointer.type.scalar.element
     memory_type = T.llvm_memory_type(element)
     size = element.itemsize
+    hint = cache_hint(ctx, op)
     if not isinstance(pointer.type, BlockType):
         loaded = _load_vector(ctx, ctx.get(pointer), ctx.get(mask) if mask else None,
-                              [ctx.get(other)] if other else None, element, memory_type, 1)
+                              [ctx.get(other)] if other else None, element, memory_type, 1, hint)
         ctx.set(op.result, loaded[0])
         return
     pointers = ctx.get(pointer)
@@ -97,7 +103,7 @@ def _load(ctx, op):
         group_others = others[start:start + width]
         if masks is None or mask_width == width:
             out.extend(_load_vector(ctx, pointers[start], masks[start] if masks else None,
-                                    group_others, element, memory_type, width))
+                                    group_others, element, memory_type, width, hint))
             continue
         sub_masks = [masks[j] for j in range(start, start + width, mask_width)]
         whole = _all(b, sub_masks)
@@ -105,25 +111,26 @@ def _load(ctx, op):
         for j, sub_mask in zip(range(start, start + width, mask_width), sub_masks):
             predicate = b.and_(sub_mask, b.not_(whole))
             partial.extend(_load_vector(ctx, pointers[j], predicate, others[j:j + mask_width], element,
-                                        memory_type, mask_width))
-        out.extend(_load_vector(ctx, pointers[start], whole, partial, element, memory_type, width))
+                                        memory_type, mask_width, hint))
+        out.extend(_load_vector(ctx, pointers[start], whole, partial, element, memory_type, width, hint))
     ctx.set(op.result, out)
 
 
-def _load_vector(ctx, pointer, mask, others, element, memory_type, width):
+def _load_vector(ctx, pointer, mask, others, element, memory_type, width, hint=None):
     """`width` consecutive elements from `pointer` (aligned to their total size); where `mask` is
-    false, `others` (None entries: zero)."""
+    false, `others` (None entries: zero). hint: cache qualifiers (cache_hints.py) or None."""
     b = ctx.builder
     nbytes = element.itemsize * width
     vector_type = ir.VectorType(memory_type, width)
-    if mask is None:
+    if mask is None and hint is None:
         loaded = b.load(pointer, typ=vector_type, align=nbytes)
     else:
+        mask = _TRUE if mask is None else mask
         if others is not None and all(o is not None for o in others):
             passthru = _pack(b, [_to_memory(b, o, element) for o in others], vector_type)
         else:
             passthru = ir.Constant(vector_type, None)
-        loaded = predicated_load(b, pointer, mask, passthru, vector_type, nbytes)
+        loaded = predicated_load(b, pointer, mask, passthru, vector_type, nbytes, hint)
     return [_from_memory(b, b.extract_element(loaded, ir.Constant(T.i32, i)), element) for i in range(width)]
 
 
@@ -135,8 +142,9 @@ def _store(ctx, op):
     pointer, value = op.operands[0], op.operands[1]
     mask = op.operands[2] if op.attrs.get("masked") else None
     element = pointer.type.scalar.element
+    hint = cache_hint(ctx, op)
     if not isinstance(pointer.type, BlockType):
-        _store_vector(ctx, ctx.get(pointer), [ctx.get(value)], ctx.get(mask) if mask else None, element)
+        _store_vector(ctx, ctx.get(pointer), [ctx.get(value)], ctx.get(mask) if mask else None, element, hint)
         return
     width, mask_width = _widths(ctx, pointer, mask, element.itemsize)
     pointers, values = ctx.get(pointer), ctx.get(value)
@@ -148,14 +156,15 @@ def _store(ctx, op):
             continue
         if masks is None or mask_width == width:
             predicate = _and_optional(b, masks[start] if masks else None, owner)
-            _store_vector(ctx, pointers[start], values[start:start + width], predicate, element)
+            _store_vector(ctx, pointers[start], values[start:start + width], predicate, element, hint)
             continue
         sub_masks = [masks[j] for j in range(start, start + width, mask_width)]
         whole = _all(b, sub_masks)
-        _store_vector(ctx, pointers[start], values[start:start + width], _and_optional(b, whole, owner), element)
+        _store_vector(ctx, pointers[start], values[start:start + width], _and_optional(b, whole, owner), element,
+                      hint)
         for j, sub_mask in zip(range(start, start + width, mask_width), sub_masks):
             predicate = _and_optional(b, b.and_(sub_mask, b.not_(whole)), owner)
-            _store_vector(ctx, pointers[j], values[j:j + mask_width], predicate, element)
+            _store_vector(ctx, pointers[j], values[j:j + mask_width], predicate, element, hint)
 
 
 def _and_optional(b, a, c):
@@ -164,13 +173,13 @@ def _and_optional(b, a, c):
     return a if c is None else b.and_(a, c)
 
 
-def _store_vector(ctx, pointer, values, predicate, element):
+def _store_vector(ctx, pointer, values, predicate, element, hint=None):
     b = ctx.builder
     width = len(values)
     nbytes = element.itemsize * width
     vector_type = ir.VectorType(T.llvm_memory_type(element), width)
     packed = _pack(b, [_to_memory(b, v, element) for v in values], vector_type)
-    if predicate is None:
+    if predicate is None and hint is None:
         b.store(packed, pointer, align=nbytes)
     else:
-        predicated_store(b, pointer, predicate, packed, nbytes)
+        predicated_store(b, pointer, _TRUE if predicate is None else predicate, packed, nbytes, hint)

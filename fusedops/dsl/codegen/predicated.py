@@ -48,24 +48,44 @@ def _from_words(b, words, vector_type, nbytes: int):
     return b.bitcast(packed, vector_type)
 
 
-def predicated_load(b, pointer, predicate, passthru, vector_type, nbytes: int, cache: str = ""):
-    """`vector_type` value loaded from `pointer` where `predicate` (i1) holds, else `passthru`."""
+def predicated_load(b, pointer, predicate, passthru, vector_type, nbytes: int, hint=None):
+    """`vector_type` value loaded from `pointer` where `predicate` (i1) holds, else `passthru`;
+    hint: a cache_hints.CacheHint or None."""
     word, count, suffix, letter = _word_layout(nbytes)
     outputs = ", ".join(f"${i}" for i in range(count))
     destination = outputs if count == 1 else "{" + outputs + "}"
-    asm = f"@${count + 1} ld.global{cache}{_vector_prefix(count)}.{suffix} {destination}, [${count}];"
+    qualifiers, policy = _qualifiers(hint, 2 * count + 2)
+    asm = f"@${count + 1} ld.global{qualifiers}{_vector_prefix(count)}.{suffix} {destination}, [${count}]{policy};"
     constraints = ",".join([f"={letter}"] * count + ["l", "b"] + [str(i) for i in range(count)])
+    args = [pointer, predicate] + _to_words(b, passthru, nbytes)
+    constraints, args = _with_policy(hint, constraints, args)
     return_type = word if count == 1 else ir.LiteralStructType([word] * count)
-    call = T.inline_asm(b, asm, constraints, [pointer, predicate] + _to_words(b, passthru, nbytes), return_type)
+    call = T.inline_asm(b, asm, constraints, args, return_type)
     words = [call] if count == 1 else [b.extract_value(call, i) for i in range(count)]
     return _from_words(b, words, vector_type, nbytes)
 
 
-def predicated_store(b, pointer, predicate, vector, nbytes: int, cache: str = ""):
-    """Store `vector` to `pointer` where `predicate` (i1) holds."""
+def predicated_store(b, pointer, predicate, vector, nbytes: int, hint=None):
+    """Store `vector` to `pointer` where `predicate` (i1) holds; hint: a cache_hints.CacheHint or None."""
     _, count, suffix, letter = _word_layout(nbytes)
     values = ", ".join(f"${i + 1}" for i in range(count))
     source = values if count == 1 else "{" + values + "}"
-    asm = f"@${count + 1} st.global{cache}{_vector_prefix(count)}.{suffix} [$0], {source};"
+    qualifiers, policy = _qualifiers(hint, count + 2)
+    asm = f"@${count + 1} st.global{qualifiers}{_vector_prefix(count)}.{suffix} [$0], {source}{policy};"
     constraints = ",".join(["l"] + [letter] * count + ["b"])
-    T.inline_asm(b, asm, constraints, [pointer] + _to_words(b, vector, nbytes) + [predicate])
+    args = [pointer] + _to_words(b, vector, nbytes) + [predicate]
+    constraints, args = _with_policy(hint, constraints, args)
+    T.inline_asm(b, asm, constraints, args)
+
+
+def _qualifiers(hint, policy_operand: int) -> tuple:
+    """(the qualifiers after `ld.global` / `st.global`, the `, $n` cache-policy operand or "")."""
+    if hint is None:
+        return "", ""
+    return hint.qualifiers, "" if hint.policy is None else f", ${policy_operand}"
+
+
+def _with_policy(hint, constraints: str, args: list) -> tuple:
+    if hint is None or hint.policy is None:
+        return constraints, args
+    return constraints + ",l", args + [hint.policy]

@@ -7,7 +7,9 @@ from ..ir import OpCode, Value
 from .dtypes import (BlockType, DType, PointerType, float32, float64, int1, int8, int32, shape_of,
                      uint8, uint32, with_shape)
 
-_CACHE_MODIFIERS = ("", ".ca", ".cg", ".cs", ".cv", ".wb", ".wt")
+# PTX cache operators (PTX ISA, "Cache Operators"), by access.
+_LOAD_CACHE_MODIFIERS = ("", ".ca", ".cg", ".cs", ".lu", ".cv")
+_STORE_CACHE_MODIFIERS = ("", ".wb", ".cg", ".cs", ".wt")
 _EVICTION_POLICIES = ("", "evict_first", "evict_last", "evict_normal")
 _ATOMIC_KINDS = ("add", "max", "min", "and", "or", "xor", "xchg")
 _SEMANTICS = ("relaxed", "acquire", "release", "acq_rel")
@@ -37,7 +39,7 @@ class BlockOps:
     def load(self, ptr, mask=None, other=None, cache_modifier: str = "", eviction_policy: str = "") -> Value:
         """Read the elements `ptr` points to where `mask` is true; `other` (default 0) elsewhere."""
         ptr = self._pointer(ptr, "load")
-        self._check_cache(cache_modifier, eviction_policy)
+        self._check_cache("load", _LOAD_CACHE_MODIFIERS, cache_modifier, eviction_policy)
         element = _element(ptr).element
         if mask is not None:
             mask = self.to_condition(mask, allow_block=True)
@@ -57,7 +59,7 @@ class BlockOps:
     def store(self, ptr, value, mask=None, cache_modifier: str = "", eviction_policy: str = "") -> None:
         """Write `value` (converted to the pointee type) where `mask` is true."""
         ptr = self._pointer(ptr, "store")
-        self._check_cache(cache_modifier, eviction_policy)
+        self._check_cache("store", _STORE_CACHE_MODIFIERS, cache_modifier, eviction_policy)
         element = _element(ptr).element
         value = self.cast(self.to_value(value, element), element)
         if mask is not None:
@@ -69,11 +71,12 @@ class BlockOps:
         self.builder.create(OpCode.STORE, operands, [], dict(masked=mask is not None, cache=cache_modifier,
                                                              eviction=eviction_policy))
 
-    def _check_cache(self, cache_modifier, eviction_policy):
-        if cache_modifier not in _CACHE_MODIFIERS:
-            raise CompilationError(f"cache_modifier must be one of {_CACHE_MODIFIERS}, got {cache_modifier!r}")
+    def _check_cache(self, what: str, modifiers: tuple, cache_modifier, eviction_policy):
+        if cache_modifier not in modifiers:
+            raise CompilationError(f"{what}: cache_modifier must be one of {modifiers}, got {cache_modifier!r}")
         if eviction_policy not in _EVICTION_POLICIES:
-            raise CompilationError(f"eviction_policy must be one of {_EVICTION_POLICIES}, got {eviction_policy!r}")
+            raise CompilationError(f"{what}: eviction_policy must be one of {_EVICTION_POLICIES}, "
+                                   f"got {eviction_policy!r}")
 
     # -- reductions and scans ----------------------------------------------------------------------
     def _axis(self, x: Value, axis, what: str) -> int:

@@ -113,15 +113,20 @@ def load(pointer, mask=None, other=None, cache_modifier="", eviction_policy="", 
     """Read memory: `pointer` is a pointer scalar or block; the result has its shape and pointee dtype.
 
     mask: int1 (or anything `!= 0`) scalar/block broadcast with `pointer`; masked-off lanes do not
-    touch memory and read `other` (default 0). cache_modifier: "", ".ca", ".cg", ".cs", ".cv";
-    eviction_policy: "", "evict_first", "evict_last", "evict_normal".
+    touch memory and read `other` (default 0). cache_modifier: the PTX cache operator, "", ".ca",
+    ".cg", ".cs", ".lu", ".cv"; eviction_policy: "", "evict_first", "evict_last" (an L2 cache policy
+    and the L1 eviction priority), "evict_normal" (PTX ISA "ld", "createpolicy"; codegen/cache_hints.py).
+    Raises CompilationError for other values.
     """
     return _semantic.load(pointer, mask, other, cache_modifier, eviction_policy)
 
 
 @builtin
 def store(pointer, value, mask=None, cache_modifier="", eviction_policy="", *, _semantic=None):
-    """Write `value` (converted to the pointee dtype, broadcast to `pointer`'s shape) where `mask`."""
+    """Write `value` (converted to the pointee dtype, broadcast to `pointer`'s shape) where `mask`.
+
+    cache_modifier: "", ".wb", ".cg", ".cs", ".wt"; eviction_policy as for `load`.
+    """
     return _semantic.store(pointer, value, mask, cache_modifier, eviction_policy)
 
 
