@@ -23,7 +23,8 @@ that buffer up in a fixed order.
 
 Kernels and when the launchers (norms.py) use them:
 - `forward_kernel`: a (BLOCK_ROWS, BLOCK_N) tile of whole rows in registers, one pass over memory.
-  Used while the padded row fits (see norms.forward_config).
+  Used while the padded row fits (see norms.forward_config). RELOAD (`_normalize_rows_reloaded`): the
+  variance and the output re-read x (L1 hits) instead of keeping it in registers (issue-5 candidate).
 - `forward_looped_kernel`: one row per program in BLOCK_N-column chunks: a first pass keeps per-lane
   Welford statistics (count, mean, M2) that are merged exactly at the end, a second pass normalizes.
 - `backward_fused_kernel`: a program walks its row group BLOCK_ROWS rows at a time with whole rows in
@@ -70,24 +71,26 @@ def _row_window(rows, cols, n_cols, row_stride, col_stride, ALIGN: dsl.constexpr
 
 
 @dsl.jit
-def _affine_tiles(weight_ptr, bias_ptr, logical, in_row):
+def _affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION: dsl.constexpr = ""):
     # -> (weight, bias) at columns `logical` (masked by in_row) in their own dtype; None for a None pointer.
+    # EVICTION: their loads' eviction_policy ("evict_last": every row of the launch reads them again).
     weight = None
     bias = None
     if weight_ptr is not None:
-        weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
+        weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0, eviction_policy=EVICTION)
     if bias_ptr is not None:
-        bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0)
+        bias = dsl.load(bias_ptr + logical, mask=in_row, other=0.0, eviction_policy=EVICTION)
     return weight, bias
 
 
 @dsl.jit
 def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, weight_ptr, bias_ptr, logical, in_row,
-                    y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN: dsl.constexpr):
+                    y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN: dsl.constexpr,
+                    EVICTION: dsl.constexpr = ""):
     # The forward of a tile of whole rows: x (R, C) in its own dtype, 0 where `mask` is off; writes y at
     # y_offsets and the rows' mean (LayerNorm) and rstd. weight, bias: loaded tiles (own dtype) or None;
     # weight_ptr, bias_ptr: not None to load them here, after the reductions, at `logical` (masked by
-    # in_row): fewer registers live across the reductions.
+    # in_row): fewer registers live across the reductions; EVICTION: their loads' eviction_policy.
     acc_dtype = rstd_ptr.dtype.element
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN:
@@ -96,7 +99,7 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, weight_ptr
     rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if weight_ptr is not None or bias_ptr is not None:
-        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
+        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION)
     if weight is not None:
         y = y * weight.to(acc_dtype)
     if bias is not None:
@@ -108,42 +111,104 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, weight_ptr
 
 
 @dsl.jit
+def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
+                             x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr,
+                             BLOCK_N: dsl.constexpr, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr,
+                             CHUNKS: dsl.constexpr, CACHE_HINTS: dsl.constexpr):
+    # _normalize_rows for a tile whose x (R, BLOCK_N, its own dtype, 0 where masked off) was just loaded
+    # at window positions arange(BLOCK_N) of `rows`, keeping fewer registers live: x is read again
+    # (L1 hits: this program read it a moment ago; DRAM sees it once) for the variance (LayerNorm) and
+    # for the output, so that only the tile of the first read, in its own 16-bit dtype, is live until
+    # the mean is taken. (Converting the kept 16-bit tile a second time does not help: the compiler
+    # reuses the first float32 conversion, keeping it live across the reduction.) The output is written
+    # in CHUNKS column chunks of BLOCK_N // CHUNKS, each reading its x, weight and bias: weight and bias
+    # are never live as whole rows. CACHE_HINTS: weight and bias are loaded with evict_last and y is
+    # stored with evict_first.
+    acc_dtype = rstd_ptr.dtype.element
+    x_offsets, _, in_row = _row_window(rows, dsl.arange(0, BLOCK_N), n_cols, x_row_stride, x_col_stride, ALIGN,
+                                       SHIFT)
+    mask = row_mask[:, None] & in_row
+    if SUBTRACT_MEAN:
+        mean = dsl.sum(x.to(acc_dtype), axis=1) / n_cols
+        x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
+        centered = dsl.where(mask, x.to(acc_dtype) - mean[:, None], 0.0)
+        rstd = 1.0 / dsl.sqrt(dsl.sum(centered * centered, axis=1) / n_cols + eps)
+    else:
+        x = x.to(acc_dtype)
+        rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
+    CHUNK: dsl.constexpr = BLOCK_N // CHUNKS
+    for chunk in dsl.static_range(CHUNKS):
+        cols = chunk * CHUNK + dsl.arange(0, CHUNK)
+        chunk_offsets, logical, chunk_in_row = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
+                                                           SHIFT)
+        chunk_mask = row_mask[:, None] & chunk_in_row
+        y = dsl.load(x_ptr + chunk_offsets, mask=chunk_mask, other=0.0).to(acc_dtype)
+        if SUBTRACT_MEAN:
+            y = y - mean[:, None]
+        y = y * rstd[:, None]
+        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, chunk_in_row,
+                                     "evict_last" if CACHE_HINTS else "")
+        if weight is not None:
+            y = y * weight.to(acc_dtype)
+        if bias is not None:
+            y = y + bias.to(acc_dtype)
+        y_offsets, _, _ = _row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
+        dsl.store(y_ptr + y_offsets, y, mask=chunk_mask, eviction_policy="evict_first" if CACHE_HINTS else "")
+    if SUBTRACT_MEAN:
+        dsl.store(mean_ptr + rows, mean, mask=row_mask)
+    dsl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@dsl.jit
 def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
                    n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
                    SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
-                   ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0, AFFINE_FIRST: dsl.constexpr = False):
+                   ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0, AFFINE_FIRST: dsl.constexpr = False,
+                   RELOAD: dsl.constexpr = False, CHUNKS: dsl.constexpr = 1, CACHE_HINTS: dsl.constexpr = False):
     # x_ptr: (n_rows, n_cols) strided; y_ptr: (n_rows, n_cols) unit column stride; weight_ptr, bias_ptr:
     # (n_cols,) contiguous or None; mean_ptr (LayerNorm only, else None), rstd_ptr: (n_rows,) float32/64.
     # One program per BLOCK_ROWS rows; BLOCK_N >= n_cols (>= n_cols + SHIFT - 1 with SHIFT).
     # ALIGN, SHIFT: see _row_window (SHIFT needs x_row_stride == y_row_stride and x_col_stride == 1).
     # AFFINE_FIRST: weight and bias are loaded with x, before the reductions (their latency overlaps
-    # x's), instead of after them.
+    # x's), instead of after them. RELOAD (AFFINE_FIRST ignored): _normalize_rows_reloaded, with
+    # CHUNKS and CACHE_HINTS (with CACHE_HINTS and without RELOAD: x is loaded with evict_first,
+    # weight and bias with evict_last).
     rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
     row_mask = rows < n_rows
     cols = dsl.arange(0, BLOCK_N)
     x_offsets, logical, in_row = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
     y_offsets, _, _ = _row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
     mask = row_mask[:, None] & in_row
-    x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
-    if AFFINE_FIRST:
-        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
+    x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0,
+                 eviction_policy="evict_first" if CACHE_HINTS and not RELOAD else "")
+    affine_eviction: dsl.constexpr = "evict_last" if CACHE_HINTS else ""
+    if RELOAD:
+        _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
+                                 x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N, ALIGN, SHIFT,
+                                 CHUNKS, CACHE_HINTS)
+    elif AFFINE_FIRST:
+        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row, affine_eviction)
         _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
                         rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
     else:
         _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, None, None, weight_ptr, bias_ptr, logical, in_row,
-                        y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
+                        y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN, affine_eviction)
 
 
 @dsl.jit
 def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
                               n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
                               SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
-                              ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0, PREFETCH: dsl.constexpr = False):
+                              ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0, PREFETCH: dsl.constexpr = False,
+                              RELOAD: dsl.constexpr = False, CHUNKS: dsl.constexpr = 1,
+                              CACHE_HINTS: dsl.constexpr = False):
     # Arguments as forward_kernel. A fixed grid (a few programs per SM); program p handles the row
     # tiles p, p + G, p + 2G, ... (G = num_programs). weight and bias are loaded once per program and
     # kept in registers (with SHIFT the launcher makes G * BLOCK_ROWS a multiple of SHIFT, so that lane
     # i of every tile of a program sits at the same place in its window). PREFETCH: the next tile's x
     # is loaded before the current tile is reduced (loads stay in flight across the reductions).
+    # RELOAD: each tile by _normalize_rows_reloaded (CHUNKS, CACHE_HINTS there); weight and bias are
+    # then read per output chunk, not kept.
     pid = dsl.program_id(0)
     n_programs = dsl.num_programs(0)
     n_tiles = dsl.cdiv(n_rows, BLOCK_ROWS)
@@ -151,7 +216,10 @@ def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
     cols = dsl.arange(0, BLOCK_N)
     _, logical, in_row = _row_window(pid * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
                                      SHIFT)
-    weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
+    weight = None
+    bias = None
+    if not RELOAD:
+        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
     if PREFETCH:
         rows = pid * BLOCK_ROWS + lanes
         x_offsets, _, _ = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
@@ -167,9 +235,14 @@ def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
         else:
             x_offsets, _, _ = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
-        y_offsets, _, _ = _row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
-        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
-                        rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
+        if RELOAD:
+            _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
+                                     x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N, ALIGN,
+                                     SHIFT, CHUNKS, CACHE_HINTS)
+        else:
+            y_offsets, _, _ = _row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
+            _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
+                            rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
         if PREFETCH:
             x = x_next
 

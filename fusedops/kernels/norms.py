@@ -49,6 +49,14 @@ class ForwardConfig:
         bias loaded once per program; prefetch: it loads the next tile's x before reducing this one.
         With looped=True: the looped kernel on that grid (each program loops over its rows, whose second
         pass reads them from L2), else one program per row.
+    reload: the variance and the output read x again (L1 hits; DRAM sees x once) instead of keeping it in
+        registers: only the first read's 16-bit tile is live until the mean is taken, and weight and bias
+        are read per output chunk (norm_kernels._normalize_rows_reloaded; affine_first ignored; with
+        programs_per_sm, weight and bias are not kept per program). Fewer registers: more programs per SM,
+        more bytes of x in flight.
+    output_chunks: with reload, the output is written in this many column chunks (block_n divisible).
+    cache_hints: weight and bias are loaded with eviction_policy="evict_last" (every row reads them);
+        without reload x is loaded with "evict_first", with reload y is stored with "evict_first".
     """
 
     looped: bool
@@ -59,6 +67,9 @@ class ForwardConfig:
     aligned_window: bool = False
     programs_per_sm: int = 0
     prefetch: bool = False
+    reload: bool = False
+    output_chunks: int = 1
+    cache_hints: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,6 +358,10 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
                               (row_stride, col_stride), (n_cols, 1))
         tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, ALIGN=align,
                      SHIFT=shift, num_warps=config.num_warps, interpret=interpret)
+        if config.reload or config.cache_hints:      # (the shipped configs pass neither: their PTX is unchanged)
+            if config.block_n % config.output_chunks:
+                raise ValueError(f"output_chunks={config.output_chunks} does not divide block_n={config.block_n}")
+            tiles.update(RELOAD=config.reload, CHUNKS=config.output_chunks, CACHE_HINTS=config.cache_hints)
         n_tiles = dsl.cdiv(n_rows, config.block_rows)
         if config.programs_per_sm > 0:
             grid = (_round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), max(shift, 1)),)
