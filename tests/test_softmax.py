@@ -316,6 +316,7 @@ ROW_SWEEP_CASES = {
     "6x300_sliced_rows": (_sliced_rows, 1, _sweeps(64, 2, 1), torch.bfloat16),
     "9x1001_l2_hints": ((9, 1001), 1, K.Config("rows", 1, 128, False, 2, 1, ("evict_last", "evict_first", ".cs")),
                         torch.float16),
+    "7x999_reversed_second_sweep": (_sliced_rows, 1, K.Config("rows", 1, 64, False, 2, 1, reverse=True), torch.bfloat16),
 }
 
 

@@ -397,9 +397,11 @@ def _forward_row_sweeps(
     LOG: dsl.constexpr, BLOCK: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr,
     ACC: dsl.constexpr, SHIFT: dsl.constexpr, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
     FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr,
+    REVERSE: dsl.constexpr,
 ):
     # The forward of one row in two sweeps (see above): statistics, then outputs. FIRST_EVICTION /
-    # SECOND_EVICTION: the eviction_policy of x's loads in each sweep; STORE_CACHE: y's cache_modifier.
+    # SECOND_EVICTION: the eviction_policy of x's loads in each sweep; STORE_CACHE: y's cache_modifier;
+    # REVERSE: the second sweep walks the row backwards (the last parts read, likeliest still cached, first).
     x_start = _row_start(row, n_inner, x_outer_stride, x_inner_stride, SPLIT)
     y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
     first = (x_start % SHIFT).to(dsl.int32) if SHIFT else 0     # SHIFT: every tensor's rows start alike
@@ -429,15 +431,24 @@ def _forward_row_sweeps(
     shift = dsl.where(row_max == -float("inf"), 0.0, row_max)
     total = dsl.sum(dsl.reshape(thread_sum, (THREADS,)) * dsl.exp(thread_max - shift), axis=0)
     scale = dsl.log(total) if LOG else 1.0 / total
+    if REVERSE:
+        for step in range(0, pieces):
+            at = tail + (pieces - 1 - step) * PIECE + piece
+            _forward_outputs(y_window, x_window, at, at < middle, x_col_stride, y_col_stride, row_max, scale, LOG,
+                             True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
+        for step in range(0, chunks):
+            _forward_outputs(y_window, x_window, GROUP + (chunks - 1 - step) * BLOCK + chunk, None, x_col_stride,
+                             y_col_stride, row_max, scale, LOG, False, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
     _forward_outputs(y_window, x_window, edges, edge_mask, x_col_stride, y_col_stride, row_max, scale, LOG, True,
                      WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
-    for index in range(0, chunks):
-        _forward_outputs(y_window, x_window, GROUP + index * BLOCK + chunk, None, x_col_stride, y_col_stride, row_max,
-                         scale, LOG, False, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
-    for index in range(0, pieces):
-        at = tail + index * PIECE + piece
-        _forward_outputs(y_window, x_window, at, at < middle, x_col_stride, y_col_stride, row_max, scale, LOG, True,
-                         WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
+    if not REVERSE:
+        for index in range(0, chunks):
+            _forward_outputs(y_window, x_window, GROUP + index * BLOCK + chunk, None, x_col_stride, y_col_stride,
+                             row_max, scale, LOG, False, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
+        for index in range(0, pieces):
+            at = tail + index * PIECE + piece
+            _forward_outputs(y_window, x_window, at, at < middle, x_col_stride, y_col_stride, row_max, scale, LOG,
+                             True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
 
 
 @dsl.jit
@@ -472,8 +483,10 @@ def _backward_row_sweeps(
     LOG: dsl.constexpr, BLOCK: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr,
     ACC: dsl.constexpr, SHIFT: dsl.constexpr, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
     FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr,
+    REVERSE: dsl.constexpr,
 ):
-    # The backward of one row in two sweeps (see above): the row's sum, then dx (hints as in the forward).
+    # The backward of one row in two sweeps (see above): the row's sum, then dx (hints and REVERSE as in
+    # the forward).
     dx_start = _row_start(row, n_inner, dx_outer_stride, dx_inner_stride, SPLIT)
     dy_start = _row_start(row, n_inner, dy_outer_stride, dy_inner_stride, SPLIT)
     y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
@@ -497,15 +510,25 @@ def _backward_row_sweeps(
         thread_total += _backward_partial(dy_window, y_window, at, at < middle, dy_col_stride, y_col_stride, LOG,
                                           True, WIDE, ACC, THREADS, VECTOR, FIRST_EVICTION)
     total = dsl.sum(dsl.reshape(thread_total, (THREADS,)), axis=0)
+    if REVERSE:
+        for step in range(0, pieces):
+            at = tail + (pieces - 1 - step) * PIECE + piece
+            _backward_outputs(dx_window, dy_window, y_window, at, at < middle, dx_col_stride, dy_col_stride,
+                              y_col_stride, total, LOG, True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
+        for step in range(0, chunks):
+            _backward_outputs(dx_window, dy_window, y_window, GROUP + (chunks - 1 - step) * BLOCK + chunk, None,
+                              dx_col_stride, dy_col_stride, y_col_stride, total, LOG, False, WIDE, ACC,
+                              SECOND_EVICTION, STORE_CACHE)
     _backward_outputs(dx_window, dy_window, y_window, edges, edge_mask, dx_col_stride, dy_col_stride, y_col_stride,
                       total, LOG, True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
-    for index in range(0, chunks):
-        _backward_outputs(dx_window, dy_window, y_window, GROUP + index * BLOCK + chunk, None, dx_col_stride,
-                          dy_col_stride, y_col_stride, total, LOG, False, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
-    for index in range(0, pieces):
-        at = tail + index * PIECE + piece
-        _backward_outputs(dx_window, dy_window, y_window, at, at < middle, dx_col_stride, dy_col_stride,
-                          y_col_stride, total, LOG, True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
+    if not REVERSE:
+        for index in range(0, chunks):
+            _backward_outputs(dx_window, dy_window, y_window, GROUP + index * BLOCK + chunk, None, dx_col_stride,
+                              dy_col_stride, y_col_stride, total, LOG, False, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
+        for index in range(0, pieces):
+            at = tail + index * PIECE + piece
+            _backward_outputs(dx_window, dy_window, y_window, at, at < middle, dx_col_stride, dy_col_stride,
+                              y_col_stride, total, LOG, True, WIDE, ACC, SECOND_EVICTION, STORE_CACHE)
 
 
 @dsl.jit
@@ -525,7 +548,7 @@ def _forward_kernel(
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
     SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
     VECTOR: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "", SECOND_EVICTION: dsl.constexpr = "",
-    STORE_CACHE: dsl.constexpr = "",
+    STORE_CACHE: dsl.constexpr = "", REVERSE: dsl.constexpr = False,
 ):
     # One tile per program; PERSISTENT: each program loops over tiles pid, pid + programs, ...
     # (one-row multi-chunk "rows" tiles by _forward_row_sweeps, THREADS and VECTOR describing the
@@ -536,7 +559,7 @@ def _forward_kernel(
                 _forward_row_sweeps(row, y_ptr, x_ptr, n_cols, n_inner, x_outer_stride, x_inner_stride,
                                     x_col_stride, y_outer_stride, y_inner_stride, y_col_stride, LOG, BLOCK,
                                     SPLIT, WIDE, ALIGN, ACC, SHIFT, THREADS, VECTOR, FIRST_EVICTION,
-                                    SECOND_EVICTION, STORE_CACHE)
+                                    SECOND_EVICTION, STORE_CACHE, REVERSE)
         else:
             for tile in range(dsl.program_id(0), _tile_count(n_rows, n_inner, inner_blocks, TILE, ROWS),
                               dsl.num_programs(0)):
@@ -560,7 +583,7 @@ def _backward_kernel(
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
     SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
     VECTOR: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "", SECOND_EVICTION: dsl.constexpr = "",
-    STORE_CACHE: dsl.constexpr = "",
+    STORE_CACHE: dsl.constexpr = "", REVERSE: dsl.constexpr = False,
 ):
     # One tile per program, or PERSISTENT (see _forward_kernel).
     if PERSISTENT:
@@ -569,7 +592,7 @@ def _backward_kernel(
                 _backward_row_sweeps(row, dx_ptr, dy_ptr, y_ptr, n_cols, n_inner, dx_outer_stride, dx_inner_stride,
                                      dx_col_stride, dy_outer_stride, dy_inner_stride, dy_col_stride, y_outer_stride,
                                      y_inner_stride, y_col_stride, LOG, BLOCK, SPLIT, WIDE, ALIGN, ACC, SHIFT,
-                                     THREADS, VECTOR, FIRST_EVICTION, SECOND_EVICTION, STORE_CACHE)
+                                     THREADS, VECTOR, FIRST_EVICTION, SECOND_EVICTION, STORE_CACHE, REVERSE)
         else:
             for tile in range(dsl.program_id(0), _tile_count(n_rows, n_inner, inner_blocks, TILE, ROWS),
                               dsl.num_programs(0)):
@@ -679,6 +702,7 @@ class Config:
     # Row sweeps: (eviction_policy of the first sweep's loads, of the second's, cache_modifier of the
     # stores), or () for none.
     sweep_hints: tuple = ()
+    reverse: bool = False       # row sweeps: the second sweep walks the row backwards
 
 
 def _next_power_of_2(n: int) -> int:
@@ -822,6 +846,8 @@ def _persistent_constexprs(config: Config, dtypes: tuple) -> dict:
     vector = max(1, min(16 // min(dtype.itemsize for dtype in dtypes), config.block // (32 * config.num_warps)))
     vector = min(vector, config.block)
     hints = dict(zip(("FIRST_EVICTION", "SECOND_EVICTION", "STORE_CACHE"), config.sweep_hints))
+    if config.reverse:
+        hints["REVERSE"] = True
     return dict(PERSISTENT=True, THREADS=min(32 * config.num_warps, config.block // vector), VECTOR=vector, **hints)
 
 
