@@ -317,6 +317,9 @@ ROW_SWEEP_CASES = {
     "9x1001_l2_hints": ((9, 1001), 1, K.Config("rows", 1, 128, False, 2, 1, ("evict_last", "evict_first", ".cs")),
                         torch.float16),
     "7x999_reversed_second_sweep": (_sliced_rows, 1, K.Config("rows", 1, 64, False, 2, 1, reverse=True), torch.bfloat16),
+    # rows 16-byte aligned (SHIFT 0: no head edge) with a 3-element tail past the last whole vector
+    "4x1003_aligned_rows_odd_length": (lambda seed: random_tensor((4, 1008), torch.float16, seed=seed, scale=2.0)[:, :1003],
+                                       1, _sweeps(128, 2, 1), torch.float16),
 }
 
 
@@ -399,15 +402,16 @@ def test_persistent_launch_plans():
     assert {k: launch.constexprs[k] for k in ("PERSISTENT", "THREADS", "VECTOR", "SHIFT")} == dict(
         PERSISTENT=True, THREADS=512, VECTOR=8, SHIFT=8)
     assert K._plan_launch((100, 50257), 1, strides, dtypes, False, False, config, None, sm_count=132).grid == (100,)
-    # the dispatcher's choice for such rows (ROW_SWEEPS): 16384-column chunks at 16 warps, 2 programs per SM
+    # the dispatcher's choice for such rows (ROW_SWEEPS): 16384-column chunks at 16 warps, 2 programs per SM,
+    # L2 hints, the second sweep reversed
     chosen = K._plan_launch((8192, 50257), 1, strides, dtypes, False, False, None, None, sm_count=132)
-    assert chosen.grid == (264,) and chosen.config == _sweeps(16384, 16, 2)
+    assert chosen.grid == (264,) and chosen.config == K.Config("rows", 1, 16384, False, 16, 2, K.L2_HINTS, True)
     backward = K._plan_launch((8192, 50257), 1, strides + ((50257, 1),), dtypes + (torch.float16,), True, False,
                               None, None, sm_count=132)
-    assert backward.grid == (132,) and backward.config == _sweeps(16384, 32, 1)
+    assert backward.grid == (132,) and backward.config == K.Config("rows", 1, 16384, False, 32, 1, K.L2_HINTS, True)
     # 32768 columns: past the one-pass limit, one program per row (64 per SM caps the grid above 8192 rows)
     assert K._plan_launch((8192, 32768), 1, ((32768, 1),) * 2, dtypes, False, False, None, None,
-                          sm_count=132).config == _sweeps(8192, 16, 64)
+                          sm_count=132).config == K.Config("rows", 1, 8192, False, 16, 64, K.L2_HINTS)
     # fp32 rows keep the online path
     online = K._plan_launch((8, 50257), 1, strides, (torch.float32,) * 2, False, False, None, None, sm_count=132)
     assert online.grid == (8,) and "PERSISTENT" not in online.constexprs
@@ -418,12 +422,13 @@ def test_persistent_launch_plans():
 
 
 # Persistent candidates of the H200 sweep (.scratch/sm_long_sweep.py): (direction, config).
-L2_HINTS = ("evict_last", "evict_first", ".cs")
+L2_HINTS = K.L2_HINTS
 PERSISTENT_PTX_CONFIGS = [
     ("forward", _sweeps(8192, 16, 2)), ("forward", _sweeps(16384, 32, 1)), ("forward", _sweeps(4096, 8, 4)),
     ("backward", _sweeps(8192, 32, 1)), ("backward", _sweeps(4096, 16, 2)), ("backward", _sweeps(16384, 32, 1)),
     ("forward", K.Config("rows", 1, 8192, False, 16, 64, L2_HINTS)),
-    ("backward", K.Config("rows", 1, 16384, False, 32, 1, L2_HINTS)),
+    ("backward", K.Config("rows", 1, 16384, False, 32, 1, L2_HINTS, True)),
+    ("forward", K.Config("rows", 1, 16384, False, 16, 2, L2_HINTS, True)),
 ]
 
 

@@ -79,17 +79,21 @@ ROW_TILE_ELEMENTS = 2048
 COLUMN_ROWS = (8, 64)
 COLUMN_TILE_ELEMENTS = 4096
 # Rows of 2-byte elements past the one-pass limit, by direction: None, the online path (one program
-# per row, ONLINE_BLOCK); or ((largest row block, (block, num_warps, programs_per_sm)), ...) in
-# increasing order (None: any longer row), the persistent row sweeps, whose rows in flight (resident
-# programs x row bytes x tensors read) stay in L2 between the two sweeps. programs_per_sm = 64 leaves
-# the grid at one program per row for M <= 64 x SMs: residency (registers) then bounds the rows in
-# flight. From the H200 sweep (.scratch/sm_long_sweep.py, M=8192 fp16, % of a device copy / vs torch):
-#   forward  32768: (8192, 16, 64) 79% (one pass 75-77%); 50257: (16384, 16, 2) 73.2%, 1.27x torch
-#            (the online path 45.2%, 0.79x); 65536: 67.9%, 1.26x;
-#   backward 32768: (16384, 32, 1) 1.80x torch (online 1.34x); 50257: 1.74x (1.28x); 65536: 1.66x.
+# per row, ONLINE_BLOCK); or ((largest row block, (block, num_warps, programs_per_sm, sweep_hints,
+# reverse)), ...) in increasing order (None: any longer row), the persistent row sweeps, whose rows in
+# flight (resident programs x row bytes x tensors read) stay in L2 between the two sweeps; the first
+# sweep's loads evict_last, the second's evict_first and streaming (.cs) stores keep them there.
+# programs_per_sm = 64 leaves the grid at one program per row for M <= 64 x SMs: residency
+# (registers) then bounds the rows in flight. H200, M=8192 fp16, % of a device copy / vs torch
+# (.scratch/sm_long_sweep.py, session 5; without hints in brackets):
+#   forward  32768: (8192, 16, 64) 87.7% [79.0%], 1.54x; 50257: (16384, 16, 2) 82.5% [72.6%], 1.45x;
+#            65536: (16384, 16, 2, reversed) 89.3% [75.1%], 1.49x;
+#   backward 32768: (8192, 16, 64) 90.2% [80.9% at (16384, 32, 1)], 1.98x; 50257: (16384, 32, 1) 1.75x
+#            [1.71x]; 65536: (16384, 32, 1, reversed) 2.02x [1.66x].
+L2_HINTS = ("evict_last", "evict_first", ".cs")
 ROW_SWEEPS = {
-    "forward": ((32768, (8192, 16, 64)), (None, (16384, 16, 2))),
-    "backward": ((None, (16384, 32, 1)),),
+    "forward": ((32768, (8192, 16, 64, L2_HINTS, False)), (None, (16384, 16, 2, L2_HINTS, True))),
+    "backward": ((32768, (8192, 16, 64, L2_HINTS, False)), (None, (16384, 32, 1, L2_HINTS, True))),
 }
 
 
@@ -298,7 +302,8 @@ def _backward_tile(
 #   pieces  of PIECE = THREADS * VECTOR (one vector per thread) from there to `middle`, masked by
 #           `positions < middle` alone, which is constant over each vector: one predicated vector
 #           access each.
-# GROUP = max(SHIFT, VECTOR) > first and middle = max(GROUP, end rounded down to VECTOR) are
+# GROUP = max(SHIFT, VECTOR) > first (0 when there is no SHIFT: first = 0, so the row's head needs no
+# edge and chunks start at its column 0) and middle = max(GROUP, end rounded down to VECTOR) are
 # multiples of VECTOR, so the masked parts stay light in registers.
 # Per-thread statistics: a chunk viewed as [BLOCK // PIECE, THREADS, VECTOR] (a piece as
 # [1, THREADS, VECTOR], the edges as [EDGE // THREADS, THREADS, 1]) matches its load layout (a
@@ -306,7 +311,7 @@ def _backward_tile(
 # reducing axes 0 and 2 stays in each thread's registers and every part gives statistics in one
 # layout, [1, THREADS, 1]; the CTA reduces across threads once per row (no barrier per chunk).
 # The second sweep goes in the first one's order (least recently read first), while the row is
-# still in L2.
+# still in L2, or backwards (REVERSE); eviction hints (ROW_SWEEPS) keep the first sweep's reads in L2.
 @dsl.jit
 def _row_start(row, n_inner, outer_stride, inner_stride, SPLIT: dsl.constexpr):
     # -> the int64 offset of row `row`'s column 0 in one tensor.
@@ -408,7 +413,7 @@ def _forward_row_sweeps(
     x_window = _row_window(x_ptr, x_start, first, ALIGN, SHIFT)
     y_window = _row_window(y_ptr, y_start, first, ALIGN, SHIFT)
     PIECE: dsl.constexpr = THREADS * VECTOR
-    GROUP: dsl.constexpr = SHIFT if SHIFT > VECTOR else VECTOR
+    GROUP: dsl.constexpr = (SHIFT if SHIFT > VECTOR else VECTOR) if SHIFT else 0
     EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
     edges, edge_mask, middle, chunks, tail, pieces = _sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
     piece = dsl.arange(0, PIECE)
@@ -495,7 +500,7 @@ def _backward_row_sweeps(
     dy_window = _row_window(dy_ptr, dy_start, first, ALIGN, SHIFT)
     y_window = _row_window(y_ptr, y_start, first, ALIGN, SHIFT)
     PIECE: dsl.constexpr = THREADS * VECTOR
-    GROUP: dsl.constexpr = SHIFT if SHIFT > VECTOR else VECTOR
+    GROUP: dsl.constexpr = (SHIFT if SHIFT > VECTOR else VECTOR) if SHIFT else 0
     EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
     edges, edge_mask, middle, chunks, tail, pieces = _sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
     piece = dsl.arange(0, PIECE)
@@ -745,8 +750,9 @@ def choose_config(layout: RowLayout, *, backward: bool = False, element_bytes: i
     if block > row_limit:
         sweeps = ROW_SWEEPS["backward" if backward else "forward"]
         if sweeps is not None and element_bytes == 2 and max_one_pass_block is None:
-            chunk, warps, per_sm = next(choice for largest, choice in sweeps if largest is None or block <= largest)
-            return Config("rows", 1, chunk, False, warps, per_sm)
+            chunk, warps, per_sm, hints, reverse = next(choice for largest, choice in sweeps
+                                                         if largest is None or block <= largest)
+            return Config("rows", 1, chunk, False, warps, per_sm, hints, reverse)
         block = min(ONLINE_BLOCK, row_limit)
         return Config("rows", 1, block, False, ROW_NUM_WARPS.get(block, 4))
     if block < MIN_ROW_BLOCK:
