@@ -8,7 +8,7 @@ from .errors import CompilationError, InterpreterError, LaunchError, Unsupported
 from .language.core import (abs, arange, argmax, argmin, atomic_add, atomic_and, atomic_cas, atomic_max,
                             atomic_min, atomic_or, atomic_xchg, atomic_xor, broadcast_to, cast, cdiv, ceil,
                             constexpr, cos, cumsum, device_assert, device_print, dot, erf, exp, exp2,
-                            expand_dims, floor, fma, full, load, log, log2, max, max_contiguous, maximum, min,
+                            expand_dims, floor, fma, full, launch_bounds, load, log, log2, max, max_contiguous, maximum, min,
                             minimum, multiple_of, num_programs, program_id, reshape, rsqrt, sigmoid, sin, sqrt,
                             static_range, store, sum, tanh, trans, where, zeros)
 from .language.descriptors import TensorDescriptor, make_tensor_descriptor
@@ -28,5 +28,5 @@ __all__ = [
     "ceil", "fma", "cdiv", "cast", "sum", "max", "min", "argmax", "argmin", "cumsum", "dot",
     "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg",
     "atomic_cas", "reshape", "trans", "broadcast_to", "expand_dims", "multiple_of", "max_contiguous",
-    "device_print", "device_assert", "make_tensor_descriptor", "TensorDescriptor",
+    "device_print", "device_assert", "launch_bounds", "make_tensor_descriptor", "TensorDescriptor",
 ]

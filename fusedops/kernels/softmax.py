@@ -553,11 +553,13 @@ def _forward_kernel(
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
     SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
     VECTOR: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "", SECOND_EVICTION: dsl.constexpr = "",
-    STORE_CACHE: dsl.constexpr = "", REVERSE: dsl.constexpr = False,
+    STORE_CACHE: dsl.constexpr = "", REVERSE: dsl.constexpr = False, MIN_BLOCKS: dsl.constexpr = 0,
 ):
     # One tile per program; PERSISTENT: each program loops over tiles pid, pid + programs, ...
     # (one-row multi-chunk "rows" tiles by _forward_row_sweeps, THREADS and VECTOR describing the
     # chunk's load layout: see above).
+    if MIN_BLOCKS:
+        dsl.launch_bounds(MIN_BLOCKS)
     if PERSISTENT:
         if TILE == "rows" and ROWS == 1 and not ONE_PASS:
             for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
@@ -588,9 +590,11 @@ def _backward_kernel(
     ONE_PASS: dsl.constexpr, SPLIT: dsl.constexpr, WIDE: dsl.constexpr, ALIGN: dsl.constexpr, ACC: dsl.constexpr,
     SHIFT: dsl.constexpr = 0, PERSISTENT: dsl.constexpr = False, THREADS: dsl.constexpr = 1,
     VECTOR: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "", SECOND_EVICTION: dsl.constexpr = "",
-    STORE_CACHE: dsl.constexpr = "", REVERSE: dsl.constexpr = False,
+    STORE_CACHE: dsl.constexpr = "", REVERSE: dsl.constexpr = False, MIN_BLOCKS: dsl.constexpr = 0,
 ):
     # One tile per program, or PERSISTENT (see _forward_kernel).
+    if MIN_BLOCKS:
+        dsl.launch_bounds(MIN_BLOCKS)
     if PERSISTENT:
         if TILE == "rows" and ROWS == 1 and not ONE_PASS:
             for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
@@ -708,6 +712,7 @@ class Config:
     # stores), or () for none.
     sweep_hints: tuple = ()
     reverse: bool = False       # row sweeps: the second sweep walks the row backwards
+    min_blocks_per_sm: int = 0  # row sweeps: dsl.launch_bounds (registers capped for this many CTAs per SM)
 
 
 def _next_power_of_2(n: int) -> int:
@@ -854,6 +859,8 @@ def _persistent_constexprs(config: Config, dtypes: tuple) -> dict:
     hints = dict(zip(("FIRST_EVICTION", "SECOND_EVICTION", "STORE_CACHE"), config.sweep_hints))
     if config.reverse:
         hints["REVERSE"] = True
+    if config.min_blocks_per_sm:
+        hints["MIN_BLOCKS"] = config.min_blocks_per_sm
     return dict(PERSISTENT=True, THREADS=min(32 * config.num_warps, config.block // vector), VECTOR=vector, **hints)
 
 

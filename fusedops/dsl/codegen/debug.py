@@ -90,6 +90,11 @@ def _print(ctx, op):
                     pids + coords + [_printable(bld, register, element)])
 
 
+@lowering(OpCode.LAUNCH_BOUNDS)
+def _launch_bounds(ctx, op):
+    """Nothing in the body: kernel.py turns the directive into `.minnctapersm`."""
+
+
 @lowering(OpCode.ASSERT)
 def _assert(ctx, op):
     bld = ctx.builder

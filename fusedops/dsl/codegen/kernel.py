@@ -14,7 +14,8 @@ import dataclasses
 
 from llvmlite import ir
 
-from ..ir import Function
+from ..errors import CompilationError
+from ..ir import Function, OpCode
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
 from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes, tma  # noqa: F401  (rules)
@@ -39,13 +40,21 @@ def _parameter_type(type_):
     return T.llvm_type(type_)
 
 
+def _min_blocks_per_sm(function: Function):
+    """The kernel's `dsl.launch_bounds(min_blocks_per_sm)` (None when it has none)."""
+    values = {op.attrs["min_blocks_per_sm"] for op in function.walk() if op.opcode == OpCode.LAUNCH_BOUNDS}
+    if len(values) > 1:
+        raise CompilationError(f"launch_bounds: the kernel asks for different min_blocks_per_sm {sorted(values)}")
+    return values.pop() if values else None
+
+
 def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -> LoweredKernel:
     module = ir.Module(name=function.name)
     param_types = [a.type for a in function.args]
     tensor_maps, tensor_map_of = tma.tensor_map_parameters(function)
     llvm_types = [_parameter_type(t) for t in param_types] + [tma.tensor_map_parameter_type()] * len(tensor_maps)
     fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
-    T.mark_kernel(fn, max_threads=32 * num_warps)
+    T.mark_kernel(fn, max_threads=32 * num_warps, min_blocks_per_sm=_min_blocks_per_sm(function))
     hints = function.arg_hints or [{}] * len(param_types)
     for arg, type_, hint, name in zip(fn.args, param_types, hints, function.arg_names):
         arg.name = name

@@ -77,6 +77,11 @@ def _print(ctx, op, *values):
         print(f"pid ({x}, {y}, {z}) " + (f"{prefix} " if prefix else "") + text)
 
 
+@register(OpCode.LAUNCH_BOUNDS)
+def _launch_bounds(ctx, op):
+    """A directive for ptxas: nothing to run."""
+
+
 @register(OpCode.ASSERT)
 def _assert(ctx, op, condition):
     condition = np.asarray(condition)

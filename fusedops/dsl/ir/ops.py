@@ -30,6 +30,7 @@ Operand conventions (checked by `verifier.py`):
 | MULTIPLE_OF, MAX_CONTIGUOUS | x | values (one per dim) | x's type (a compiler hint) |
 | PRINT | values... | prefix, hex | - |
 | ASSERT | cond | message | - |
+| LAUNCH_BOUNDS | - | min_blocks_per_sm | - (a kernel-wide directive for ptxas) |
 | FOR | lb, ub, step, inits... | - | final loop-carried values; region 0 args: iv, carried... |
 | WHILE | inits... | - | final carried values; region 0 (before): args carried, ends in CONDITION; region 1 (after): args forwarded, ends in YIELD |
 | IF | cond (scalar int1) | - | region 0 (then), region 1 (else), each ends in YIELD |
@@ -121,6 +122,7 @@ class OpCode(enum.Enum):
     MAX_CONTIGUOUS = "max_contiguous"
     PRINT = "print"
     ASSERT = "assert"
+    LAUNCH_BOUNDS = "launch_bounds"
     # structured control flow
     FOR = "for"
     WHILE = "while"
@@ -166,7 +168,7 @@ FLOAT_ONLY = UNARY_MATH | frozenset({OpCode.DIV, OpCode.FMA})
 INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.SHL, OpCode.SHR})
 # Ops whose removal changes what the program does even when their results are unused.
 SIDE_EFFECTS = frozenset({
-    OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT,
+    OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT, OpCode.LAUNCH_BOUNDS,
     OpCode.YIELD, OpCode.CONDITION,
     OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT, OpCode.WGMMA_WAIT,
     OpCode.TMA_COPY, OpCode.MBARRIER_WAIT, OpCode.MBARRIER_ARRIVE,

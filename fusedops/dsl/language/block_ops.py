@@ -234,6 +234,12 @@ class BlockOps:
         operands = [self.to_value(v) for v in values]
         self.builder.create(OpCode.PRINT, operands, [], dict(prefix=prefix, hex=bool(hex)))
 
+    def launch_bounds(self, min_blocks_per_sm) -> None:
+        if type(min_blocks_per_sm) is not int or not 1 <= min_blocks_per_sm <= 32:
+            raise CompilationError(f"launch_bounds: min_blocks_per_sm must be a constexpr int from 1 to 32, got "
+                                   f"{min_blocks_per_sm!r}")
+        self.builder.create(OpCode.LAUNCH_BOUNDS, [], [], dict(min_blocks_per_sm=min_blocks_per_sm))
+
     def device_assert(self, condition, message: str = "") -> None:
         if not isinstance(message, str):
             raise CompilationError("device_assert's message must be a string")

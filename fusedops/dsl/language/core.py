@@ -332,6 +332,20 @@ def device_print(prefix, *args, hex=False, _semantic=None):
 
 
 @builtin
+def launch_bounds(min_blocks_per_sm, *, _semantic=None):
+    """Ask ptxas to fit `min_blocks_per_sm` programs (CTAs) of this kernel on one SM at once: it caps
+    the registers per thread at what that many CTAs of num_warps * 32 threads leave (65536 registers
+    per SM on sm_80/sm_90), spilling if it must (PTX ISA, "Performance-Tuning Directives":
+    `.minnctapersm` with `.maxntid`; CUDA's __launch_bounds__). A constexpr int from 1 to 32, for the
+    whole kernel wherever it is called; calls with different values raise CompilationError. The
+    interpreter ignores it.
+    """
+    if isinstance(min_blocks_per_sm, constexpr):
+        min_blocks_per_sm = min_blocks_per_sm.value
+    return _semantic.launch_bounds(min_blocks_per_sm)
+
+
+@builtin
 def device_assert(cond, msg="", *, _semantic=None):
     """Fail the launch with `msg` where `cond` is false (checked by the interpreter; on the GPU a trap)."""
     return _semantic.device_assert(cond, msg)
