@@ -1,6 +1,7 @@
 """The LayerNorm/RMSNorm forward variants that re-read x (ForwardConfig.reload, output_chunks) and carry
-cache hints (cache_hints), forced through norms.norm_forward: issue-5 candidates for the H200 sweep
-(.scratch/ln_fwd_probe.py); the shipped configs do not use them yet.
+cache hints (cache_hints), forced through norms.norm_forward: the candidates of the H200 sweep
+(.scratch/ln_fwd_probe.py), some of which the shipped 16-bit LayerNorm configs use (norms.forward_config;
+tests/test_norms.py checks those defaults).
 
 CPU tier: the interpreter against torch in float64 at odd shapes (whole-row and persistent kernels, the
 aligned window, strided columns, every affine combination, float16 and float32, rows past the end of the
@@ -101,7 +102,7 @@ def test_output_chunks_must_divide_block_n(interpret):
 
 def _probe_variants(n):
     """The candidate configs of .scratch/ln_fwd_probe.py at n columns (fp16): kept in step by hand."""
-    shipped = norms.forward_config(n, torch.float16)
+    shipped = norms.forward_config(n, torch.float16, subtract_mean=False)     # the base tiles (RMSNorm's)
     block, rows, warps = shipped.block_n, shipped.block_rows, shipped.num_warps
     out = [FC(False, rows, block, warps, cache_hints=True)]
 

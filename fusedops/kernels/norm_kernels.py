@@ -24,7 +24,8 @@ that buffer up in a fixed order.
 Kernels and when the launchers (norms.py) use them:
 - `forward_kernel`: a (BLOCK_ROWS, BLOCK_N) tile of whole rows in registers, one pass over memory.
   Used while the padded row fits (see norms.forward_config). RELOAD (`_normalize_rows_reloaded`): the
-  variance and the output re-read x (L1 hits) instead of keeping it in registers (issue-5 candidate).
+  variance and the output re-read x (L1 hits) instead of keeping it in registers (16-bit LayerNorm
+  rows of 4096, 16384 and 32768 padded columns; CACHE_HINTS at 1024 to 16384).
 - `forward_looped_kernel`: one row per program in BLOCK_N-column chunks: a first pass keeps per-lane
   Welford statistics (count, mean, M2) that are merged exactly at the end, a second pass normalizes.
 - `backward_fused_kernel`: a program walks its row group BLOCK_ROWS rows at a time with whole rows in

@@ -116,13 +116,37 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def forward_config(n_cols: int, dtype: torch.dtype) -> ForwardConfig:
-    """Whole rows in registers while the padded row is at most 64 KiB of input (32768 16-bit, 16384
+# 16-bit LayerNorm forward options by padded row size (block_n), over the base whole-row tiles of
+# forward_config (the warps and rows there). H200, fp16, M=8192, kernel alone (CUDA events, L2 flushed),
+# fraction of a device-to-device copy of the same bytes, base tiles -> these options (2026-11-30, two runs):
+_HALF_LAYER_NORM_FORWARD = {
+    1024: dict(cache_hints=True),                                   # 0.838 -> 0.860 (2 rows, 4 warps)
+    2048: dict(cache_hints=True),                                   # 0.834 -> 0.892
+    4096: dict(reload=True, output_chunks=2, cache_hints=True),     # 0.820 -> 0.894
+    8192: dict(cache_hints=True),                                   # 0.826 -> 0.836
+    16384: dict(reload=True, output_chunks=2, cache_hints=True),    # 0.808 -> 0.831 (8 warps)
+    32768: dict(reload=True, output_chunks=8),                      # 0.608 -> 0.740 (16 warps; with hints 0.718)
+}
+
+
+def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = False) -> ForwardConfig:
+    """The forward's tiling for rows of n_cols columns of `dtype`, LayerNorm (subtract_mean=True) or
+    RMSNorm (False).
+
+    Whole rows in registers while the padded row is at most 64 KiB of input (32768 16-bit, 16384
     float32, 8192 float64 columns; ptxas keeps these without spills), else the looped kernel. About 64
     columns per thread and at least 4 warps: fewer, fuller warps made the cross-warp reductions
     cheaper and left room for more programs per SM (bench/layernorm.py --sweep on the H200: 4 warps
     up to 8192 columns, 8 at 16384, 16 at 32768 were the fastest). 16-bit rows of 8193 to 16384
-    columns, not a multiple of 8 (rows off 16-byte boundaries), take the aligned window (where it fits)."""
+    columns, not a multiple of 8 (rows off 16-byte boundaries), take the aligned window (where it fits).
+
+    16-bit LayerNorm rows of 513 to 32768 columns (padded to 1024..32768; but the aligned-window rows)
+    add cache hints and/or re-read x (ForwardConfig.reload, output_chunks; `_HALF_LAYER_NORM_FORWARD`,
+    measured at fp16 powers of two; bfloat16 has the same layout, other N take their padded row's
+    options): the whole-row tiles alone reached 0.61-0.84 of a copy's bandwidth, these 0.74-0.89.
+    RMSNorm keeps the whole-row tiles (0.95-0.99 of a copy; the hints made it slower at 4096-32768
+    columns, 0.87-0.95 against 0.93-0.99). The aligned-window rows (above), float32 and float64 keep
+    their tiles (not measured with these options)."""
     block_n = _next_power_of_2(n_cols)
     if dtype.itemsize == 2 and block_n == 16384 and n_cols % 8 != 0:
         # Odd rows: the aligned window (16-byte vectors). H200, fp16 LayerNorm, M=8192, N=12289, speed
@@ -131,8 +155,11 @@ def forward_config(n_cols: int, dtype: torch.dtype) -> ForwardConfig:
         return ForwardConfig(looped=False, block_rows=1, block_n=block_n, num_warps=8, aligned_window=True)
     if block_n * dtype.itemsize <= 64 * 1024:
         num_warps = min(32, max(4, block_n // 2048))
-        return ForwardConfig(looped=False, block_rows=max(1, 2048 // block_n), block_n=block_n,
-                             num_warps=num_warps)
+        config = ForwardConfig(looped=False, block_rows=max(1, 2048 // block_n), block_n=block_n,
+                               num_warps=num_warps)
+        if subtract_mean and dtype.itemsize == 2 and block_n in _HALF_LAYER_NORM_FORWARD:
+            config = dataclasses.replace(config, **_HALF_LAYER_NORM_FORWARD[block_n])
+        return config
     acc_bytes = accumulation_dtype(dtype).itemsize
     return ForwardConfig(looped=True, block_rows=1, block_n=16384 // acc_bytes, num_warps=8)
 
@@ -142,17 +169,18 @@ def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
     2048 float64 columns) at 16 columns per thread (8 for float64): it keeps about eight registers per
     column (x, dy, their products and the two column sums). Longer rows take the split backward.
 
-    16-bit rows of at most 8192 columns, a multiple of 8, take the persistent backward (whole rows,
-    programs walking strided row tiles). H200, fp16 LayerNorm, M=8192, speed vs torch's, persistent
-    (fused before): N=1024 2.02x (0.80x), 2048 1.73x (0.69x), 4096 1.57x (1.16x), 8192 1.61x (1.37x);
-    RMSNorm at 8192 1.87x (1.89x). Odd N stays fused (4097: 0.61x persistent, 0.66x fused), and so do
-    longer rows (the two-pass persistent variants were slower than the split backward)."""
+    16-bit rows of 4097 to 8192 columns, a multiple of 8, take the persistent backward (whole rows,
+    programs walking strided row tiles), shorter ones the fused backward. H200, fp16, M=8192, the kernels
+    alone (CUDA events, L2 flushed; 2026-11-30, two runs), ms, fused vs persistent: LayerNorm N=1024
+    0.032 vs 0.038, 2048 0.045 vs 0.059, 4096 0.069 vs 0.079, 8192 0.189 vs 0.161; RMSNorm 1024 0.028
+    vs 0.034, 2048 0.038 vs 0.043, 4096 0.064 vs 0.075, 8192 0.139 vs 0.141 (equal: one path for both
+    ops, the persistent). Odd N stays fused (at 4097 an earlier run, not on this footing, had the
+    persistent slower), and so do longer rows (the two-pass persistent variants were slower than the
+    split backward)."""
     block_n = _next_power_of_2(n_cols)
     acc_bytes = accumulation_dtype(dtype).itemsize
-    if dtype.itemsize == 2 and block_n <= 8192 and n_cols % 8 == 0:
-        return BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n,
-                              num_warps=max(4, min(16, block_n // 512)),
-                              programs_per_sm=2 if block_n <= 2048 else 1, prefetch=block_n <= 4096,
+    if dtype.itemsize == 2 and block_n == 8192 and n_cols % 8 == 0:
+        return BackwardConfig(split=False, block_rows=1, block_n=block_n, num_warps=16, programs_per_sm=1,
                               persistent=True)
     if block_n * dtype.itemsize <= 16 * 1024:
         num_warps = min(16, max(4, block_n * acc_bytes // 2048))
@@ -340,7 +368,7 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
 
     if n_rows == 0 or n_cols == 0:
         return lambda x, weight, bias: allocate_outputs(x)
-    config = config or forward_config(n_cols, x.dtype)
+    config = config or forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
     y, mean, rstd = allocate_outputs(x)
     rows = x if in_place else as_rows(x, n_rows, n_cols)
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
@@ -358,7 +386,7 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
                               (row_stride, col_stride), (n_cols, 1))
         tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, ALIGN=align,
                      SHIFT=shift, num_warps=config.num_warps, interpret=interpret)
-        if config.reload or config.cache_hints:      # (the shipped configs pass neither: their PTX is unchanged)
+        if config.reload or config.cache_hints:      # (else the kernels' defaults: the same PTX)
             if config.block_n % config.output_chunks:
                 raise ValueError(f"output_chunks={config.output_chunks} does not divide block_n={config.block_n}")
             tiles.update(RELOAD=config.reload, CHUNKS=config.output_chunks, CACHE_HINTS=config.cache_hints)
