@@ -65,4 +65,4 @@ def test_gpu_values_unchanged(min_blocks, seed):
     x = random_tensor((67, 16381), torch.float16, "cuda", seed, scale=3.0)
     y = poison(torch.empty(67, 16381, dtype=torch.float32, device="cuda"))
     bounded_softmax[(67,)](y, x, 16381, BLOCK=16384, MIN_BLOCKS=min_blocks, AGAIN=0, num_warps=16)
-    assert_close(y, torch.softmax(x.double(), dim=1), torch.float32, tol=1e-4)     # exp via ex2.approx
+    assert_close(y, torch.softmax(x.double(), dim=1), torch.float32)

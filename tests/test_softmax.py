@@ -403,15 +403,15 @@ def test_persistent_launch_plans():
         PERSISTENT=True, THREADS=512, VECTOR=8, SHIFT=8)
     assert K._plan_launch((100, 50257), 1, strides, dtypes, False, False, config, None, sm_count=132).grid == (100,)
     # the dispatcher's choice for such rows (ROW_SWEEPS): 16384-column chunks at 16 warps, 2 programs per SM,
-    # L2 hints, the second sweep reversed
+    # L2 hints, registers held to 2 CTAs per SM
     chosen = K._plan_launch((8192, 50257), 1, strides, dtypes, False, False, None, None, sm_count=132)
-    assert chosen.grid == (264,) and chosen.config == K.Config("rows", 1, 16384, False, 16, 2, K.L2_HINTS, True)
+    assert chosen.grid == (264,) and chosen.config == K.Config("rows", 1, 16384, False, 16, 2, K.L2_HINTS, False, 2)
     backward = K._plan_launch((8192, 50257), 1, strides + ((50257, 1),), dtypes + (torch.float16,), True, False,
                               None, None, sm_count=132)
-    assert backward.grid == (132,) and backward.config == K.Config("rows", 1, 16384, False, 32, 1, K.L2_HINTS, True)
+    assert backward.grid == (132,) and backward.config == K.Config("rows", 1, 16384, False, 32, 1, K.L2_HINTS)
     # 32768 columns: past the one-pass limit, one program per row (64 per SM caps the grid above 8192 rows)
     assert K._plan_launch((8192, 32768), 1, ((32768, 1),) * 2, dtypes, False, False, None, None,
-                          sm_count=132).config == K.Config("rows", 1, 8192, False, 16, 64, K.L2_HINTS)
+                          sm_count=132).config == K.Config("rows", 1, 16384, False, 16, 64, K.L2_HINTS, False, 2)
     # fp32 rows keep the online path
     online = K._plan_launch((8, 50257), 1, strides, (torch.float32,) * 2, False, False, None, None, sm_count=132)
     assert online.grid == (8,) and "PERSISTENT" not in online.constexprs
@@ -429,6 +429,7 @@ PERSISTENT_PTX_CONFIGS = [
     ("forward", K.Config("rows", 1, 8192, False, 16, 64, L2_HINTS)),
     ("backward", K.Config("rows", 1, 16384, False, 32, 1, L2_HINTS, True)),
     ("forward", K.Config("rows", 1, 16384, False, 16, 2, L2_HINTS, True)),
+    ("forward", K.Config("rows", 1, 16384, False, 16, 64, L2_HINTS, False, 2)),
 ]
 
 
@@ -442,7 +443,9 @@ def test_row_sweeps_assemble_with_16_byte_vectors_and_no_barrier_per_chunk(n_col
     problems = []
     for i, (direction, config) in enumerate(PERSISTENT_PTX_CONFIGS):
         backward = direction == "backward"
-        for dtype, log in ((torch.float16, bool(i % 2)), (torch.bfloat16, not i % 2), (torch.float32, False)):
+        # a register cap (min_blocks_per_sm) is for the 2-byte rows the dispatcher gives row sweeps
+        dtypes = ((torch.float16, bool(i % 2)), (torch.bfloat16, not i % 2), (torch.float32, False))
+        for dtype, log in dtypes[:2] if config.min_blocks_per_sm else dtypes:
             tensors = 3 if backward else 2
             launch = K._plan_launch((8192, n_cols), 1, ((n_cols, 1),) * tensors, (dtype,) * tensors, backward, log,
                                     config, None, sm_count=132)

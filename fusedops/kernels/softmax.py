@@ -57,8 +57,8 @@ from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
 
 # Longest row the forward reads in one pass (elements); longer rows take the row sweeps (ROW_SWEEPS).
-# H200, M=8192 fp16, N=32768: one pass (32 warps, 1 CTA per SM) 0.335-0.345 ms, the row sweeps
-# 0.327-0.330 ms (79% of a 0.258 ms copy of the same bytes; .scratch/sm_long_sweep.py, session 4).
+# H200, M=8192 fp16, N=32768: one pass (32 warps, 1 CTA per SM) 0.335-0.345 ms (session 4), the row
+# sweeps 0.274 ms (94% of a 0.258 ms copy of the same bytes; .scratch/sm_long_sweep.py, session 5).
 MAX_ONE_PASS_BLOCK = 16384
 # Largest one-pass tile of the backward (dy and y in registers) and of column tiles.
 MAX_ONE_PASS_TILE = 16384
@@ -80,20 +80,20 @@ COLUMN_ROWS = (8, 64)
 COLUMN_TILE_ELEMENTS = 4096
 # Rows of 2-byte elements past the one-pass limit, by direction: None, the online path (one program
 # per row, ONLINE_BLOCK); or ((largest row block, (block, num_warps, programs_per_sm, sweep_hints,
-# reverse)), ...) in increasing order (None: any longer row), the persistent row sweeps, whose rows in
-# flight (resident programs x row bytes x tensors read) stay in L2 between the two sweeps; the first
-# sweep's loads evict_last, the second's evict_first and streaming (.cs) stores keep them there.
-# programs_per_sm = 64 leaves the grid at one program per row for M <= 64 x SMs: residency
-# (registers) then bounds the rows in flight. H200, M=8192 fp16, % of a device copy / vs torch
-# (.scratch/sm_long_sweep.py, session 5; without hints in brackets):
-#   forward  32768: (8192, 16, 64) 87.7% [79.0%], 1.54x; 50257: (16384, 16, 2) 82.5% [72.6%], 1.45x;
-#            65536: (16384, 16, 2, reversed) 89.3% [75.1%], 1.49x;
-#   backward 32768: (8192, 16, 64) 90.2% [80.9% at (16384, 32, 1)], 1.98x; 50257: (16384, 32, 1) 1.75x
-#            [1.71x]; 65536: (16384, 32, 1, reversed) 2.02x [1.66x].
+# reverse, min_blocks_per_sm)), ...) in increasing order (None: any longer row), the persistent row
+# sweeps, whose rows in flight (resident programs x row bytes x tensors read) stay in L2 between the
+# two sweeps: the first sweep's loads evict_last, the second's evict_first, and streaming (.cs) stores
+# keep them there. programs_per_sm = 64 leaves the grid at one program per row for M <= 64 x SMs:
+# residency then bounds the rows in flight, and min_blocks_per_sm (dsl.launch_bounds) holds ptxas to
+# the registers of that residency. H200, M=8192 fp16, % of a device copy / vs torch
+# (.scratch/sm_long_sweep.py, session 5; session 4's configs without hints in brackets):
+#   forward  32768: (16384, 16, 64, lb 2) 94.2%, 1.65x [79.0%]; 50257: (16384, 16, 2, lb 2) 91.8%, 1.45x
+#            [72.6%]; 65536: 89.5%, 1.67x [75.1%];
+#   backward 32768: (16384, 32, 1) 100.7%, 2.21x [80.9%]; 50257: 1.76x [1.71x]; 65536: 94.8%, 2.16x [1.66x].
 L2_HINTS = ("evict_last", "evict_first", ".cs")
 ROW_SWEEPS = {
-    "forward": ((32768, (8192, 16, 64, L2_HINTS, False)), (None, (16384, 16, 2, L2_HINTS, True))),
-    "backward": ((32768, (8192, 16, 64, L2_HINTS, False)), (None, (16384, 32, 1, L2_HINTS, True))),
+    "forward": ((32768, (16384, 16, 64, L2_HINTS, False, 2)), (None, (16384, 16, 2, L2_HINTS, False, 2))),
+    "backward": ((None, (16384, 32, 1, L2_HINTS, False, 0)),),
 }
 
 
@@ -755,9 +755,8 @@ def choose_config(layout: RowLayout, *, backward: bool = False, element_bytes: i
     if block > row_limit:
         sweeps = ROW_SWEEPS["backward" if backward else "forward"]
         if sweeps is not None and element_bytes == 2 and max_one_pass_block is None:
-            chunk, warps, per_sm, hints, reverse = next(choice for largest, choice in sweeps
-                                                         if largest is None or block <= largest)
-            return Config("rows", 1, chunk, False, warps, per_sm, hints, reverse)
+            choice = next(choice for largest, choice in sweeps if largest is None or block <= largest)
+            return Config("rows", 1, *choice[:1], False, *choice[1:])
         block = min(ONLINE_BLOCK, row_limit)
         return Config("rows", 1, block, False, ROW_NUM_WARPS.get(block, 4))
     if block < MIN_ROW_BLOCK:
