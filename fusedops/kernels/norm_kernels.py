@@ -28,6 +28,10 @@ Kernels and when the launchers (norms.py) use them:
   rows of 4096, 16384 and 32768 padded columns; CACHE_HINTS at 1024 to 16384).
 - `forward_looped_kernel`: one row per program in BLOCK_N-column chunks: a first pass keeps per-lane
   Welford statistics (count, mean, M2) that are merged exactly at the end, a second pass normalizes.
+- `forward_row_sweeps_kernel` (ForwardConfig.row_sweeps): one row per step of a program's row loop in
+  two sweeps over CHUNK-column chunks: per-thread Welford/Chan statistics in registers reduced across
+  the CTA once per row, then the row read again (from L2) for y; L2 eviction hints and a register cap
+  (dsl.launch_bounds) per config. Candidates for long 16-bit rows (see the comment above it).
 - `backward_fused_kernel`: a program walks its row group BLOCK_ROWS rows at a time with whole rows in
   registers and keeps its dweight/dbias column sums in registers (x and dy are read once).
 - `backward_partials_kernel` + `backward_input_kernel`: the split backward for rows too long to keep
@@ -310,6 +314,161 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         if bias_ptr is not None:
             y = y + dsl.load(bias_ptr + cols, mask=mask, other=0.0).to(acc_dtype)
         dsl.store(y_row + cols, y, mask=mask)
+
+
+# -- row sweeps (ForwardConfig.row_sweeps) ---------------------------------------------------------
+# forward_row_sweeps_kernel normalizes one row per step of a program's row loop in two sweeps over
+# CHUNK-column chunks: the first keeps per-thread statistics in registers and the CTA reduces them once
+# per row (no barrier per chunk); the second reads the row again (from L2: few rows are in flight; the
+# first sweep's loads evict_last, the second's evict_first) and writes y (streaming stores).
+# A chunk is viewed as [CHUNK // PIECE, THREADS, VECTOR] (PIECE = THREADS * VECTOR), which matches its
+# load layout (a thread's 16-byte vector along axis 2, the threads along axis 1, a thread's further
+# vectors along axis 0), so reducing axes 0 and 2 stays in a thread's registers and leaves [1, THREADS,
+# 1] statistics (softmax.py's row sweeps do the same). The n_cols // CHUNK full chunks are unmasked
+# (whole 16-byte vectors, no per-element predicates); the rest of the row goes in pieces of PIECE
+# columns (one vector per thread) masked by `column < n_cols`, so padded lanes never enter a statistic.
+# LayerNorm's statistics are Welford-quality (no value is squared before a mean is taken off it, so rows
+# shifted by large constants keep their variance): a chunk's per-thread (count, mean, M2) is computed
+# in two passes over the chunk in registers and merged into the thread's running ones by Chan et al.'s
+# update ("Updating formulae and a pairwise algorithm for computing sample variances", 1979):
+#     n = n_a + n_b,  d = mean_b - mean_a,  mean = mean_a + d n_b / n,  M2 = M2_a + M2_b + d^2 n_a n_b / n;
+# the CTA then merges the threads in two reductions: mean = sum(n_t mean_t) / N, then
+# M2 = sum(M2_t + n_t (mean_t - mean)^2). All of it on x - x[row, 0] (exact for 16-bit x): the means
+# stay near 0, so their rounding does not leak into the d^2 and (mean_t - mean)^2 terms (rows of mean
+# 1e4 and variance 9 in float32: rstd to 1e-7 relative instead of 1e-5, torch's), and y is formed as
+# ((x - x[row, 0]) - mean) * rstd. A far outlier in column 0 only brings back the unshifted rounding.
+# RMSNorm keeps per-thread sums of squares.
+@dsl.jit
+def _thread_sum(values):
+    # [K, THREADS, VECTOR] -> [1, THREADS, 1]: the sum of each thread's own elements (no shuffles).
+    return dsl.sum(dsl.sum(values, axis=2, keep_dims=True), axis=0, keep_dims=True)
+
+
+@dsl.jit
+def _add_moments(x, mask, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
+                 SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr):
+    # -> the per-thread (count, mean, M2) ([1, THREADS, 1]) of the elements seen so far and those of x (a
+    # chunk or a piece in the accumulation dtype, 0 where masked off); RMSNorm: m2 is the sum of squares
+    # (count and mean unused). MASKED: `mask` says which elements of x are the row's.
+    x = dsl.reshape(x, (x.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
+    if not SUBTRACT_MEAN:
+        return count, mean, m2 + _thread_sum(x * x)
+    if MASKED:
+        mask = dsl.reshape(mask, (mask.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
+        part_count = _thread_sum(dsl.where(mask, 1.0, 0.0))
+        part_mean = _thread_sum(x) / dsl.maximum(part_count, 1.0)
+        deviation = dsl.where(mask, x - part_mean, 0.0)
+    else:
+        part_count = x.shape[0] * VECTOR * 1.0
+        part_mean = _thread_sum(x) * (1.0 / part_count)
+        deviation = x - part_mean
+    total = count + part_count
+    share = part_count / dsl.maximum(total, 1.0)        # 0 for a thread with no element in x or before
+    delta = part_mean - mean
+    return total, mean + delta * share, m2 + _thread_sum(deviation * deviation) + delta * delta * (count * share)
+
+
+@dsl.jit
+def _load_part(pointers, mask, EVICTION: dsl.constexpr, MASKED: dsl.constexpr):
+    if MASKED:
+        return dsl.load(pointers, mask=mask, other=0.0, eviction_policy=EVICTION)
+    return dsl.load(pointers, eviction_policy=EVICTION)
+
+
+@dsl.jit
+def _write_part(y_row, x_row, weight_ptr, bias_ptr, cols, mask, x_col_stride, shift, mean, rstd,
+                SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, SECOND_EVICTION: dsl.constexpr,
+                AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr):
+    # The second sweep over the columns `cols` of one row (a chunk, or a piece masked by `mask`); LayerNorm:
+    # `mean` is that of x - shift.
+    y = _load_part(x_row + cols * x_col_stride, mask, SECOND_EVICTION, MASKED).to(rstd.dtype)
+    if SUBTRACT_MEAN:
+        y = (y - shift) - mean
+    y = y * rstd
+    if weight_ptr is not None:
+        y = y * _load_part(weight_ptr + cols, mask, AFFINE_EVICTION, MASKED).to(rstd.dtype)
+    if bias_ptr is not None:
+        y = y + _load_part(bias_ptr + cols, mask, AFFINE_EVICTION, MASKED).to(rstd.dtype)
+    if MASKED:
+        dsl.store(y_row + cols, y.to(y_row.dtype.element), mask=mask, cache_modifier=STORE_CACHE)
+    else:
+        dsl.store(y_row + cols, y.to(y_row.dtype.element), cache_modifier=STORE_CACHE)
+
+
+@dsl.jit
+def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
+                          x_col_stride, y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr, CHUNK: dsl.constexpr,
+                          THREADS: dsl.constexpr, VECTOR: dsl.constexpr, ALIGN: dsl.constexpr,
+                          FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr,
+                          AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr):
+    acc_dtype = rstd_ptr.dtype.element
+    x_row = x_ptr + dsl.multiple_of(row.to(dsl.int64) * x_row_stride, ALIGN)
+    y_row = y_ptr + dsl.multiple_of(row.to(dsl.int64) * y_row_stride, ALIGN)
+    PIECE: dsl.constexpr = THREADS * VECTOR
+    chunk = dsl.arange(0, CHUNK)
+    piece = dsl.arange(0, PIECE)
+    chunks = n_cols // CHUNK
+    tail = chunks * CHUNK
+    pieces = (n_cols - tail + PIECE - 1) // PIECE
+    shift = 0.0
+    if SUBTRACT_MEAN:
+        shift = dsl.load(x_row).to(acc_dtype)     # column 0 (n_cols >= 1)
+    # Sweep 1: per-thread statistics of x - shift.
+    count = dsl.zeros((1, THREADS, 1), acc_dtype)
+    mean = dsl.zeros((1, THREADS, 1), acc_dtype)
+    m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
+    for index in range(0, chunks):
+        cols = index * CHUNK + chunk
+        x = _load_part(x_row + cols * x_col_stride, None, FIRST_EVICTION, False).to(acc_dtype)
+        count, mean, m2 = _add_moments(x - shift, None, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, False)
+    for index in range(0, pieces):
+        cols = tail + index * PIECE + piece
+        in_row = cols < n_cols
+        x = dsl.where(in_row, _load_part(x_row + cols * x_col_stride, in_row, FIRST_EVICTION, True).to(acc_dtype)
+                      - shift, 0.0)
+        count, mean, m2 = _add_moments(x, in_row, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, True)
+    # Once per row: the CTA's statistics.
+    m2 = dsl.reshape(m2, (THREADS,))
+    row_mean = 0.0
+    if SUBTRACT_MEAN:
+        count = dsl.reshape(count, (THREADS,))
+        mean = dsl.reshape(mean, (THREADS,))
+        row_mean = dsl.sum(count * mean, axis=0) / n_cols
+        spread = mean - row_mean
+        m2 = m2 + count * spread * spread
+        dsl.store(mean_ptr + row, shift + row_mean)
+    rstd = 1.0 / dsl.sqrt(dsl.sum(m2, axis=0) / n_cols + eps)
+    dsl.store(rstd_ptr + row, rstd)
+    # Sweep 2: y, in the first sweep's order (the least recently read chunk first).
+    for index in range(0, chunks):
+        _write_part(y_row, x_row, weight_ptr, bias_ptr, index * CHUNK + chunk, None, x_col_stride, shift, row_mean,
+                    rstd, SUBTRACT_MEAN, False, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+    for index in range(0, pieces):
+        cols = tail + index * PIECE + piece
+        _write_part(y_row, x_row, weight_ptr, bias_ptr, cols, cols < n_cols, x_col_stride, shift, row_mean, rstd,
+                    SUBTRACT_MEAN, True, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+
+
+@dsl.jit
+def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
+                              n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
+                              SUBTRACT_MEAN: dsl.constexpr, CHUNK: dsl.constexpr, THREADS: dsl.constexpr,
+                              VECTOR: dsl.constexpr, ALIGN: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "",
+                              SECOND_EVICTION: dsl.constexpr = "", AFFINE_EVICTION: dsl.constexpr = "",
+                              STORE_CACHE: dsl.constexpr = "", MIN_BLOCKS: dsl.constexpr = 0):
+    # Arguments as forward_kernel; any n_cols. Program p normalizes the rows p, p + G, ... (G =
+    # num_programs) by the row sweeps (see above). THREADS, VECTOR: the chunk's load layout (THREADS
+    # threads of VECTOR consecutive elements; the launcher derives them as the default blocked layout
+    # lays out CHUNK elements of the narrowest dtype moved); ALIGN: a power of two dividing both row
+    # strides. FIRST_EVICTION / SECOND_EVICTION: eviction_policy of x's loads in each sweep;
+    # AFFINE_EVICTION: of weight's and bias's; STORE_CACHE: y's cache_modifier. MIN_BLOCKS > 0:
+    # dsl.launch_bounds (registers capped for that many CTAs per SM).
+    if MIN_BLOCKS:
+        dsl.launch_bounds(MIN_BLOCKS)
+    for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
+        _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
+                              x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR, ALIGN,
+                              FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
 
 
 @dsl.jit

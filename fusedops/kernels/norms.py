@@ -57,6 +57,14 @@ class ForwardConfig:
     output_chunks: with reload, the output is written in this many column chunks (block_n divisible).
     cache_hints: weight and bias are loaded with eviction_policy="evict_last" (every row reads them);
         without reload x is loaded with "evict_first", with reload y is stored with "evict_first".
+
+    row_sweeps=True (looped, block_rows, affine_first, aligned_window, prefetch, reload and
+    output_chunks ignored): forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that
+    many programs per SM, each looping over rows) in two sweeps over block_n-column chunks (any N: the
+    rest in masked pieces): per-thread statistics, one CTA reduction per row, then the row read again
+    for y (norm_kernels' comment above _thread_sum). cache_hints: the first sweep loads x with
+    "evict_last", the second with "evict_first", weight and bias "evict_last", y is stored ".cs".
+    min_blocks_per_sm > 0: dsl.launch_bounds (ptxas caps the registers for that many CTAs per SM).
     """
 
     looped: bool
@@ -70,6 +78,8 @@ class ForwardConfig:
     reload: bool = False
     output_chunks: int = 1
     cache_hints: bool = False
+    row_sweeps: bool = False
+    min_blocks_per_sm: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,7 +383,12 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     rows = x if in_place else as_rows(x, n_rows, n_cols)
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
     args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, float(eps))
-    if config.looped:
+    if config.row_sweeps:
+        grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
+        prepared = K.forward_row_sweeps_kernel.prepare(
+            grid, *args, **row_sweep_constexprs(config, x.dtype, weight, bias, row_stride, n_cols, subtract_mean),
+            interpret=interpret)
+    elif config.looped:
         grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
         prepared = K.forward_looped_kernel.prepare(grid, *args, SUBTRACT_MEAN=subtract_mean,
                                                    BLOCK_N=config.block_n, num_warps=config.num_warps,
@@ -409,6 +424,36 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
         return y, mean, rstd
 
     return launch
+
+
+# forward_row_sweeps_kernel's cache hints with ForwardConfig.cache_hints: x in the first sweep, x in the
+# second, weight and bias, y's stores (softmax.py's L2_HINTS, plus the affine loads).
+ROW_SWEEP_HINTS = dict(FIRST_EVICTION="evict_last", SECOND_EVICTION="evict_first", AFFINE_EVICTION="evict_last",
+                       STORE_CACHE=".cs")
+
+
+def row_sweep_constexprs(config: ForwardConfig, dtype: torch.dtype, weight: Optional[torch.Tensor],
+                         bias: Optional[torch.Tensor], row_stride: int, n_cols: int, subtract_mean: bool) -> dict:
+    """The constexprs and num_warps of forward_row_sweeps_kernel for `config` (row_sweeps=True) and rows of
+    n_cols columns of `dtype` at x's `row_stride` (y's is n_cols): the chunk's load layout (THREADS threads
+    of VECTOR consecutive elements, as the default blocked layout lays out block_n elements of the
+    narrowest dtype the kernel moves: 16-byte vectors), ALIGN, the hints and the register cap.
+
+    Raises:
+        ValueError: block_n is not a power of two.
+    """
+    chunk, threads = config.block_n, 32 * config.num_warps
+    if chunk & (chunk - 1):
+        raise ValueError(f"row sweeps: block_n={chunk} is not a power of two")
+    itemsize = min([dtype.itemsize] + [t.element_size() for t in (weight, bias) if t is not None])
+    vector = max(1, min(16 // itemsize, chunk // threads))
+    constexprs = dict(SUBTRACT_MEAN=subtract_mean, CHUNK=chunk, THREADS=min(threads, chunk // vector), VECTOR=vector,
+                      ALIGN=_stride_alignment(row_stride, n_cols, dtype.itemsize), num_warps=config.num_warps)
+    if config.cache_hints:
+        constexprs.update(ROW_SWEEP_HINTS)
+    if config.min_blocks_per_sm:
+        constexprs["MIN_BLOCKS"] = config.min_blocks_per_sm
+    return constexprs
 
 
 def _stride_alignment(x_row_stride: int, y_row_stride: int, element_size: int) -> int:
