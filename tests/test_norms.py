@@ -111,10 +111,11 @@ def test_matches_float64_every_affine_combination(interpret, op, weight, bias, s
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 @pytest.mark.parametrize("subtract_mean", [True, False], ids=["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("n_cols", [1000, 1032, 4104])
+@pytest.mark.parametrize("n_cols", [1000, 1032, 1544])
 def test_forward_reads_16_byte_vectors_when_row_strides_allow(n_cols, subtract_mean, tmp_path, monkeypatch):
     # Row strides divisible by 8 fp16 elements (not 16, so not specialized): ALIGN keeps vectors, with the
-    # shipped config's options (LayerNorm: cache hints at 1024 and 8192 columns).
+    # shipped whole-row config's options (LayerNorm: cache hints at 1024 and 2048 columns; rows past 4096
+    # columns take the row sweeps, tests/test_norm_row_sweeps.py).
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     x = torch.empty(8, n_cols, dtype=torch.float16)
     config = norms.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
@@ -357,17 +358,20 @@ def test_persistent_half_backward(interpret, monkeypatch, op, weight, bias, shap
 
 
 # 16-bit LayerNorm's default forward options by padded row size (forward_config), run at a few rows: the
-# cache hints (1000 columns: 2-row tiles, the last partial), re-reads of x in 2 and 8 output chunks (4000,
-# 16000: rows shorter than the block; 20001: unaligned rows of the 32768 block), and an RMSNorm row of the
-# same size, which keeps the plain tiles.
+# cache hints (1000 columns: 2-row tiles, the last partial), re-reads of x in 2 and 8 output chunks (4000:
+# a row shorter than the block; 20001: unaligned rows of the 32768 block), the row sweeps (16000 and 4104:
+# aligned rows of the 16384 and 8192 blocks), and an RMSNorm row of the same size, which keeps the plain
+# tiles but at 8192 (row sweeps there too).
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("n_cols, reload, chunks, hints", [(1000, False, 1, True), (4000, True, 2, True),
-                                                           (16000, True, 2, True), (20001, True, 8, False)])
-def test_default_half_layer_norm_forward_options(dtype, n_cols, reload, chunks, hints, seed):
+@pytest.mark.parametrize("n_cols, reload, chunks, hints, sweeps", [
+    (1000, False, 1, True, False), (4000, True, 2, True, False), (16000, False, 1, True, True),
+    (4104, False, 1, True, True), (20001, True, 8, False, False)])
+def test_default_half_layer_norm_forward_options(dtype, n_cols, reload, chunks, hints, sweeps, seed):
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
-    assert (config.reload, config.output_chunks, config.cache_hints) == (reload, chunks, hints)
+    assert (config.reload, config.output_chunks, config.cache_hints, config.row_sweeps) == (reload, chunks, hints,
+                                                                                           sweeps)
     plain = norms.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
-    assert not (plain.reload or plain.cache_hints)
+    assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols == 4104)
     for op in (LAYER_NORM, RMS_NORM):
         subtract_mean = op == LAYER_NORM
         x, w, b, dy = _inputs((3, n_cols), (n_cols,), dtype, seed, True, subtract_mean)
@@ -692,6 +696,7 @@ KNOWN_SPILLS = {
     # 16385..32767 columns, not a multiple of 8 (ALIGN 1: unvectorized rows; no aligned window for this
     # block): the forward, reload in 8 chunks (unmeasured; the whole-row tiles before it spilled 306 bytes)
     (torch.float16, "forward_kernel", 32768, True, 1): 244,
+    (torch.bfloat16, "forward_kernel", 32768, True, 1): 244,
     # 5..8 partial rows (the split backward of long rows) of >= 256 columns
     (torch.float16, "column_sum_kernel", 256, None): 8,
     (torch.float32, "column_sum_kernel", 256, None): 8,
@@ -702,7 +707,7 @@ HALF_LAYER_NORM_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 @pytest.mark.parametrize("dtype, subtract_mean, sizes", [(torch.float16, True, ALL_SIZES),
                                                          (torch.float32, True, LARGE_SIZES),
-                                                         (torch.bfloat16, True, HALF_LAYER_NORM_SIZES),
+                                                         (torch.bfloat16, True, HALF_LAYER_NORM_SIZES + (20001,)),
                                                          (torch.bfloat16, False, LARGE_SIZES + (4097, 12289))])
 def test_shipped_configs_assemble_for_sm90a_without_spills(dtype, subtract_mean, sizes, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
@@ -721,7 +726,7 @@ def test_shipped_configs_assemble_for_sm90a_without_spills(dtype, subtract_mean,
     for name, kernel, args, constexprs, num_warps in launches:
         compiled = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs)
         result = assemble(compiled.asm["ptx"], "sm_90a")
-        key = (dtype, name, constexprs["BLOCK_N"], constexprs.get("SUBTRACT_MEAN"))
+        key = (dtype, name, constexprs.get("BLOCK_N", constexprs.get("CHUNK")), constexprs.get("SUBTRACT_MEAN"))
         known = KNOWN_SPILLS.get(key + (constexprs.get("ALIGN"),), KNOWN_SPILLS.get(key, 0))
         assert result.spill_bytes <= known, (name, constexprs, num_warps, result.log)
 

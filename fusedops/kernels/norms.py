@@ -139,6 +139,29 @@ _HALF_LAYER_NORM_FORWARD = {
 }
 
 
+# 16-bit rows whose padded block is a key here and N % 8 == 0 take the two-sweep kernel
+# (ForwardConfig.row_sweeps) with these options, by op (subtract_mean). H200, fp16, M=8192, kernel
+# alone, ms (whole-row config before -> this; .scratch/ln_fwd_probe.py LN_SWEEPS=1, session 5):
+# LayerNorm 8192: 0.0805 -> 0.0748 (4096-column chunks, 4 warps, 8 CTAs per SM); 16384: 0.1553 -> 0.1457
+# (8192, 8 warps, 4 CTAs); 32768: 0.3480 -> 0.2888 (16384, 16 warps, 2 CTAs, 2 programs per SM, each
+# looping over rows); RMSNorm 8192: 0.0711 -> 0.0680 (8192, 8 warps, 4 CTAs); 32768: 0.2757 -> 0.2593
+# (16384, 16 warps, 2 CTAs); RMSNorm 16384 was equal (0.1319 against 0.1309) and keeps its tiles.
+_HALF_ROW_SWEEPS = {
+    True: {8192: (4096, 4, 8, 0), 16384: (8192, 8, 4, 0), 32768: (16384, 16, 2, 2)},
+    False: {8192: (8192, 8, 4, 0), 32768: (16384, 16, 2, 0)},
+}
+
+
+def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardConfig]:
+    """The two-sweep config of a 16-bit row of padded block `block_n` (None: the whole-row tiles)."""
+    choice = _HALF_ROW_SWEEPS[subtract_mean].get(block_n)
+    if choice is None:
+        return None
+    chunk, num_warps, min_blocks, per_sm = choice
+    return ForwardConfig(looped=False, block_rows=1, block_n=chunk, num_warps=num_warps, programs_per_sm=per_sm,
+                         cache_hints=True, row_sweeps=True, min_blocks_per_sm=min_blocks)
+
+
 def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = False) -> ForwardConfig:
     """The forward's tiling for rows of n_cols columns of `dtype`, LayerNorm (subtract_mean=True) or
     RMSNorm (False).
@@ -156,13 +179,20 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     options): the whole-row tiles alone reached 0.61-0.84 of a copy's bandwidth, these 0.74-0.89.
     RMSNorm keeps the whole-row tiles (0.95-0.99 of a copy; the hints made it slower at 4096-32768
     columns, 0.87-0.95 against 0.93-0.99). The aligned-window rows (above), float32 and float64 keep
-    their tiles (not measured with these options)."""
+    their tiles (not measured with these options).
+
+    16-bit rows of 4097 to 32768 columns with N % 8 == 0 take the two-sweep kernel instead where
+    `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy)."""
     block_n = _next_power_of_2(n_cols)
     if dtype.itemsize == 2 and block_n == 16384 and n_cols % 8 != 0:
         # Odd rows: the aligned window (16-byte vectors). H200, fp16 LayerNorm, M=8192, N=12289, speed
         # vs torch's: 1.09x (this config), 1.18x with 16 warps and affine_first (but that spills 52
         # bytes under ptxas, 60 in bfloat16), 0.78x without the window.
         return ForwardConfig(looped=False, block_rows=1, block_n=block_n, num_warps=8, aligned_window=True)
+    if dtype.itemsize == 2 and n_cols % 8 == 0:
+        sweeps = _row_sweeps_config(block_n, subtract_mean)
+        if sweeps is not None:
+            return sweeps
     if block_n * dtype.itemsize <= 64 * 1024:
         num_warps = min(32, max(4, block_n // 2048))
         config = ForwardConfig(looped=False, block_rows=max(1, 2048 // block_n), block_n=block_n,
