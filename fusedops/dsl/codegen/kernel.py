@@ -40,12 +40,21 @@ def _parameter_type(type_):
     return T.llvm_type(type_)
 
 
-def _min_blocks_per_sm(function: Function):
+# Threads one SM holds at once (sm_80, sm_90): more CTAs than fit make ptxas ignore `.minnctapersm`
+# with only a warning.
+_MAX_THREADS_PER_SM = 2048
+
+
+def _min_blocks_per_sm(function: Function, num_warps: int):
     """The kernel's `dsl.launch_bounds(min_blocks_per_sm)` (None when it has none)."""
     values = {op.attrs["min_blocks_per_sm"] for op in function.walk() if op.opcode == OpCode.LAUNCH_BOUNDS}
     if len(values) > 1:
         raise CompilationError(f"launch_bounds: the kernel asks for different min_blocks_per_sm {sorted(values)}")
-    return values.pop() if values else None
+    value = values.pop() if values else None
+    if value is not None and value * 32 * num_warps > _MAX_THREADS_PER_SM:
+        raise CompilationError(f"launch_bounds: {value} CTAs of {num_warps} warps ({value * 32 * num_warps} threads) "
+                               f"do not fit on one SM ({_MAX_THREADS_PER_SM} threads at most)")
+    return value
 
 
 def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -> LoweredKernel:
@@ -54,7 +63,7 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     tensor_maps, tensor_map_of = tma.tensor_map_parameters(function)
     llvm_types = [_parameter_type(t) for t in param_types] + [tma.tensor_map_parameter_type()] * len(tensor_maps)
     fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
-    T.mark_kernel(fn, max_threads=32 * num_warps, min_blocks_per_sm=_min_blocks_per_sm(function))
+    T.mark_kernel(fn, max_threads=32 * num_warps, min_blocks_per_sm=_min_blocks_per_sm(function, num_warps))
     hints = function.arg_hints or [{}] * len(param_types)
     for arg, type_, hint, name in zip(fn.args, param_types, hints, function.arg_names):
         arg.name = name

@@ -337,8 +337,9 @@ def launch_bounds(min_blocks_per_sm, *, _semantic=None):
     the registers per thread at what that many CTAs of num_warps * 32 threads leave (65536 registers
     per SM on sm_80/sm_90), spilling if it must (PTX ISA, "Performance-Tuning Directives":
     `.minnctapersm` with `.maxntid`; CUDA's __launch_bounds__). A constexpr int from 1 to 32, for the
-    whole kernel wherever it is called; calls with different values raise CompilationError. The
-    interpreter ignores it.
+    whole kernel wherever it is called; calls with different values, and CTAs that cannot fit on one
+    SM together (min_blocks_per_sm * num_warps * 32 > 2048 threads, which ptxas would ignore), raise
+    CompilationError when compiling. The interpreter ignores it.
     """
     if isinstance(min_blocks_per_sm, constexpr):
         min_blocks_per_sm = min_blocks_per_sm.value
