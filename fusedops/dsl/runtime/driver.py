@@ -10,7 +10,9 @@ so device pointers from torch tensors are valid in our kernels. It is retained o
 and device (`device_context`) and never released.
 
 Launch cost (TOOLCHAIN.md, measured on the H200): passing `kernelParams` as the int address of a
-pre-packed `void*` array is the cheapest form (4.1 us per launch); see `launcher_args`.
+pre-packed `void*` array is the cheapest form cuda-python takes (4.1 us per launch); see
+`launcher_args`. Cached launches skip cuda-python through a native stub (`KernelLauncher.native_stub`,
+native_launch.py).
 """
 
 from __future__ import annotations
@@ -318,6 +320,7 @@ class KernelLauncher:
         self.shared_bytes = shared_bytes
         self.stream_of = raw_stream_getter()    # device index -> torch's current stream handle
         self.launch = self._build_launch()
+        self._native = False    # native_stub(): not made yet
 
     def inline(self, fixed: Optional[Mapping[int, object]] = None) -> Optional["InlineLaunch"]:
         """What code that inlines `launch` reads (see `inline_launch_statements`), or None when it
@@ -325,6 +328,8 @@ class KernelLauncher:
 
         fixed: {parameter index: value} of arguments that every launch of this code passes: they
         are packed once per thread (launcher_args.ArgumentPacker), and the code packs the others.
+        With a native stub (`InlineLaunch.native`, see native_launch.py) the code passes every value
+        to the stub, the fixed ones included; they are still checked here.
 
         Raises:
             LaunchError: a fixed value the parameter cannot take (naming it).
@@ -335,13 +340,26 @@ class KernelLauncher:
         packer = self.packer
         if fixed:
             packer = ArgumentPacker(packer.kinds, packer.names, fixed)
+            native = self.native_stub()
+            if native is not None:
+                return InlineLaunch(None, None, None, 0, None, None, 0, 0, failed, native)
             failed = functools.partial(self._failed_with, packer.variable, fixed)
+        native = self.native_stub()
         writer = packer.writer()
-        if writer is None:
+        if writer is None and native is None:
             return None
-        local, new_buffer, pack_into, values_offset = writer
+        local, new_buffer, pack_into, values_offset = writer or (None, None, None, 0)
         return InlineLaunch(local, new_buffer, pack_into, values_offset, _driver().cuLaunchKernel,
-                            self.kernel.function, 32 * self.num_warps, self.shared_bytes, failed)
+                            self.kernel.function, 32 * self.num_warps, self.shared_bytes, failed, native)
+
+    def native_stub(self) -> Optional[Callable]:
+        """The native_launch stub of this kernel, made on first use; None when cuda-python is not the
+        driver in use (tests mock it), stubs are disabled or cannot be made here (then launches go
+        through cuda-python's cuLaunchKernel)."""
+        if self._native is False:
+            self._native = _native_stub(self.kernel.function, self.packer.kinds, 32 * self.num_warps,
+                                        self.shared_bytes)
+        return self._native
 
     def _failed_with(self, variable: tuple, fixed: Mapping[int, object], error, grid: tuple, stream: int,
                      values: Sequence) -> None:
@@ -355,8 +373,12 @@ class KernelLauncher:
 
     def _failed(self, error, grid: tuple, stream: int, args: Sequence) -> None:
         """Raise the LaunchError of a launch that raised `error` (an exception) or returned `error` (a
-        CUresult); returns when a retry in this thread's context succeeded (see `_launch_failed`)."""
+        CUresult, or a native stub's int); returns when a retry in this thread's context succeeded
+        (see `_launch_failed`)."""
         if not isinstance(error, BaseException):
+            if type(error) is int:      # a native stub's result
+                with contextlib.suppress(Exception):
+                    error = _driver().CUresult(error)
             self._launch_failed(error, grid, stream, args)
             return
         if isinstance(error, (struct.error, OverflowError, TypeError)):
@@ -435,6 +457,37 @@ class KernelLauncher:
                           f"and {self.shared_bytes} bytes of dynamic shared memory failed: {error_name(code)}{hint}")
 
 
+def _native_stub(function, kinds: Sequence[ParamKind], block_x: int, shared_bytes: int) -> Optional[Callable]:
+    # KernelLauncher.native_stub's
+    from fusedops.dsl.runtime import native_launch
+
+    if not native_launch.enabled() or not native_launch.supports(kinds):
+        return None
+    cu = _driver()
+    if getattr(cu, "__name__", None) != "cuda.bindings.driver":
+        return None
+    try:
+        handle = int(function)
+        address = _legacy_stream_launch_address()
+    except Exception:
+        return None
+    if not handle or not address:
+        return None
+    return native_launch.make_stub(kinds, address, handle, block_x, shared_bytes)
+
+
+@functools.cache
+def _legacy_stream_launch_address() -> int:
+    """The address of the driver's cuLaunchKernel for the legacy default stream: the function
+    cuda-python's cuLaunchKernel calls (unless CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM is set)."""
+    cu = _driver()
+    version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+    flags = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM
+    result = check(cu.cuGetProcAddress(b"cuLaunchKernel", version, flags), "cuGetProcAddress(cuLaunchKernel)")
+    address, status = result if isinstance(result, tuple) else (result, 0)
+    return int(address) if int(status) == 0 else 0
+
+
 class InlineLaunch(NamedTuple):
     """The parts of a `KernelLauncher.launch` that code inlining it reads, by these names (see
     `inline_launch_statements`)."""
@@ -448,9 +501,10 @@ class InlineLaunch(NamedTuple):
     block_x: int                # threads per block
     shared_bytes: int           # dynamic shared memory per block
     failed: Callable            # (exception or CUresult, grid, stream, values): raises the LaunchError
+    native: Optional[Callable] = None   # native_launch stub: (gx, gy, gz, stream, *values) -> CUresult int
 
 
-def inline_launch_statements(values: Sequence[str], grid: str, stream: str) -> list:
+def inline_launch_statements(values: Sequence[str], grid: str, stream: str, native: bool = False) -> list:
     """The statements of `KernelLauncher.launch`, for code generated to launch without calling it
     (fast_path's plans and prepared launches), which saves a call, the values tuple and the
     unpacking of `*values` (~0.3 us).
@@ -458,9 +512,21 @@ def inline_launch_statements(values: Sequence[str], grid: str, stream: str) -> l
     values: the source of each argument value (at least one); grid: the source of the three grid
     sizes, comma-separated; stream: the source of the stream handle (evaluated more than once: a
     name). The statements read the names of `InlineLaunch` and the module `struct`, and assign
-    `buffer`, `address`, `code` and `error`.
+    `buffer`, `address`, `code` and `error`. native: call the stub `native` instead (every parameter's
+    value in `values`), which converts, packs and launches in one builtin call (~5k instructions
+    fewer than the rest, see native_launch.py).
     """
     packed = ", ".join(values)
+    if native:
+        return [
+            "try:",
+            f"    code = native({grid}, {stream}, {packed})",
+            "except (OverflowError, TypeError, ValueError) as error:",
+            f"    failed(error, ({grid}), {stream}, ({packed},))",
+            "else:",
+            "    if code:",
+            f"        failed(code, ({grid}), {stream}, ({packed},))",
+        ]
     return [
         "try:",
         "    buffer, address = local.slot",

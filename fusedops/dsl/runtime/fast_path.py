@@ -16,7 +16,8 @@ interpreted per argument:
   (the first GPU launch uses it to file its plan).
 - `make_plan(...)`: what a launch key finds: a function generated for the launch that checks the
   globals the kernel read, then packs the runtime values and calls cuLaunchKernel with the driver's
-  statements inlined (driver.inline_launch_statements), so a cached launch is two Python calls
+  statements inlined (driver.inline_launch_statements: a call of the launcher's native stub, or
+  struct.pack_into and cuda-python's cuLaunchKernel), so a cached launch is two Python calls
   (entry, plan) besides `kernel[grid]` itself.
 - `make_prepared(...)`: a launch whose every argument but the tensors' addresses is fixed, for the
   library's launch wrappers, which cache one per (shapes, strides, dtypes, device, ...): the call
@@ -26,10 +27,13 @@ interpreted per argument:
   (The wrappers keep them in a `bounded_cache.BoundedCache`.)
 
 Host cost (instructions per call counted by callgrind on the CPU, real cuda-python over a stand-in
-libcuda whose cuLaunchKernel returns at once, of which ~4k are cuda-python's): a cached
-`kernel[(1,)](x, y, out, n, BLOCK=...)` ~22k (28.7k before the plans and this entry), a prepared
-launch of it ~11k (13.7k); torch.add(x, x, out=out) on the CPU ~10k. The tensors' `data_ptr()`,
-`dtype` and `get_device()` cost ~1.8k each tensor; what is left is Python bytecode.
+libcuda whose cuLaunchKernel returns at once; .scratch/launch4_cpu.py): cuda-python's cuLaunchKernel
+alone ~4.5k. Plans and prepared launches call the launcher's native stub (native_launch.py), which
+converts, packs and launches in one builtin call (~1k), instead of struct.pack_into into a
+thread-local buffer and cuda-python (~6.6k): a cached `kernel[(1,)](x, y, out, n, BLOCK=...)` ~16.2k
+(21.6k through cuda-python, 28.7k before the plans and this entry), a prepared launch of it ~5.1k
+(10.3k; 13.7k). The tensors' `data_ptr()`, `dtype` and `get_device()` cost ~1.9k each tensor; what
+is left is Python bytecode and calls (`kernel[grid]`, the entry, the plan).
 """
 
 from __future__ import annotations
@@ -192,13 +196,13 @@ def _interpret_unset_test() -> Optional[dict]:
     `knobs.interpret_enabled()` costs a call (~0.12 us); the entry asks it only when the variable is
     set or os.environ has been replaced. CPython's os.environ keeps its encoded items in the dict
     `_data`, which every change made through os.environ updates, so while `os.environ is environ`,
-    `data.get(key) is None` exactly when the variable is unset.
+    `key not in data` exactly when the variable is unset (a `in` test, not a call of `data.get`).
     """
     environ = os.environ
     data = getattr(environ, "_data", None)
     if type(data) is not dict or not hasattr(environ, "encodekey"):
         return None
-    return {f"{_PREFIX}os": os, f"{_PREFIX}environ": environ, f"{_PREFIX}environ_get": data.get,
+    return {f"{_PREFIX}os": os, f"{_PREFIX}environ": environ, f"{_PREFIX}environ_data": data,
             f"{_PREFIX}interpret_key": environ.encodekey("FUSEDOPS_INTERPRET")}
 
 
@@ -231,7 +235,7 @@ def make_entry(name: str, params: Sequence, tensor_type, plans: dict, interpret_
     else:
         namespace.update(unset_test)
         interpreting = (f"({_PREFIX}os.environ is not {_PREFIX}environ "
-                        f"or {_PREFIX}environ_get({_PREFIX}interpret_key) is not None) and {_PREFIX}interpret()")
+                        f"or {_PREFIX}interpret_key in {_PREFIX}environ_data) and {_PREFIX}interpret()")
     signature = [f"{_PREFIX}grid"]
     signature += [f"{p.name}={_PREFIX}default{i}" if p.has_default else f"{p.name}={_PREFIX}M"
                   for i, p in enumerate(params)]
@@ -289,27 +293,29 @@ def _globals_rebound(count: int) -> str:
     return " or ".join(f"g{i}.get(n{i}, M) is not o{i}" for i in range(count))
 
 
-def _launch_statements(values: Sequence[str], grid: str, inline: Optional[tuple]) -> list:
+def _launch_statements(values: Sequence[str], grid: str, inline: Optional[tuple], native: bool = False) -> list:
     """Launch over `grid` (three comma-separated sizes) with `values` on the device's current stream:
-    the driver's statements inlined (`inline`: the names they read), or a call of the launcher's
-    `launch`."""
+    the driver's statements inlined (`inline`: the names they read; `native`: through the launcher's
+    native stub, see native_launch.py), or a call of the launcher's `launch`."""
     lines = ["stream = stream_of(device_index)"]
     if inline:
         from .driver import inline_launch_statements     # not at import: the driver module loads llvmlite
-        return lines + inline_launch_statements(values, grid, "stream")
+        return lines + inline_launch_statements(values, grid, "stream", native)
     return lines + [f"launch(({grid}), stream, ({''.join(value + ', ' for value in values)}))"]
 
 
 @functools.lru_cache(maxsize=256)
-def _plan_factory(count: int, positions: tuple, globals_read: int, inline: Optional[tuple]) -> Callable:
+def _plan_factory(count: int, positions: tuple, globals_read: int, inline: Optional[tuple],
+                  native: bool = False) -> Callable:
     """The factory of `make_plan`'s launches of `count` values of which those at `positions` are the
     kernel's runtime arguments, reading `globals_read` globals; `inline`: with the driver's
-    statements inlined, the names they read (`parts` is the launcher's driver.InlineLaunch)."""
+    statements inlined, the names they read (`parts` is the launcher's driver.InlineLaunch);
+    `native`: launching through its native stub."""
     names = [f"v{i}" for i in range(count)]
     body = []
     if globals_read:
         body += [f"if {_globals_rebound(globals_read)}:", "    return False"]
-    body += _launch_statements([names[i] for i in positions], "grid_x, grid_y, grid_z", inline)
+    body += _launch_statements([names[i] for i in positions], "grid_x, grid_y, grid_z", inline, native)
     body.append("return True")
     lines = ["def factory(launch, stream_of, device_index, used_globals, parts):"]
     if globals_read:
@@ -349,7 +355,8 @@ def make_plan(launcher, device_index: int, count: int, positions: Sequence[int],
     """
     positions = tuple(positions)
     parts = _inline_parts(launcher, positions)
-    factory = _plan_factory(count, positions, len(used_globals), parts and parts._fields)
+    factory = _plan_factory(count, positions, len(used_globals), parts and parts._fields,
+                            parts is not None and parts.native is not None)
     return factory(launcher.launch, launcher.stream_of, device_index, tuple(used_globals), parts)
 
 
@@ -358,14 +365,14 @@ def make_plan(launcher, device_index: int, count: int, positions: Sequence[int],
 # ------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
 def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: int,
-                      inline: Optional[tuple]) -> Callable:
+                      inline: Optional[tuple], native: bool = False) -> Callable:
     """The factory of prepared launches of `count` runtime values. The launch takes one argument per
     entry of `slots`: the index of the runtime value it supplies (its data pointer), or None for an
     argument that must be None. `checked`: the arguments whose address must stay 16-byte aligned;
     `globals_read`: how many (globals dict, name, object) triples to check are still bound;
     `inline`: with the driver's launch statements inlined, the names they read (`parts` is the
     launcher's driver.InlineLaunch, whose buffers hold the constants: only the data pointers are
-    packed)."""
+    packed); `native`: through its native stub, which takes every value (the constants too)."""
     names = [f"t{i}" for i in range(len(slots))]
     items = [f"c{i}" for i in range(count)]
     for i, slot in enumerate(slots):
@@ -379,7 +386,7 @@ def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: in
         tests.append(_globals_rebound(globals_read))
     lines = ["def factory(launch, stream_of, device_index, grid, constants, used_globals, fallback, parts):",
              "    grid_x, grid_y, grid_z = grid"]
-    if constants and not inline:
+    if constants and (not inline or native):
         lines.append(f"    {''.join(c + ', ' for c in constants)}= constants")
     if globals_read:
         lines.append("    " + _globals_unpacking(globals_read))
@@ -389,7 +396,8 @@ def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: in
     if tests:
         body += [f"if {' or '.join(tests)}:", f"    return fallback({', '.join(names)})"]
     pointers = [items[slot] for slot in sorted(slot for slot in slots if slot is not None)]
-    body += _launch_statements(pointers if inline else items, "grid_x, grid_y, grid_z", inline)
+    body += _launch_statements(pointers if inline and not native else items, "grid_x, grid_y, grid_z", inline,
+                               native)
     lines += [f"    def prepared({', '.join(names)}):", *_indented(body, 8), "    return prepared"]
     namespace: dict = {"M": MISSING, "struct": struct}
     exec(compile("\n".join(lines), "<prepared launch>", "exec"), namespace)
@@ -413,6 +421,6 @@ def make_prepared(launcher, device_index: int, grid: tuple, values: Sequence, sl
     if pointers:    # the constants are packed once, into each thread's buffer
         parts = _inline_parts(launcher, values, {i: value for i, value in enumerate(values) if i not in slots})
     factory = _prepared_factory(len(values), tuple(slots), tuple(checked), len(used_globals),
-                                parts and parts._fields)
+                                parts and parts._fields, parts is not None and parts.native is not None)
     return factory(launcher.launch, launcher.stream_of, device_index, grid, constants, tuple(used_globals),
                    fallback, parts)
