@@ -41,7 +41,9 @@ def _poisoned_empty(shape, dtype, device):
 
 def _check(config, x, subtract_mean, seed, weight=True, bias=True, eps=1e-5, mean_in_std=False):
     """norm_forward of x (poisoned outputs) against torch in float64: y, mean and rstd. mean_in_std: the mean's
-    error is measured in row standard deviations (at most 1e-5 of one), not relative to the mean."""
+    error is measured in row standard deviations (at most 1e-5 of one, plus the float32 rounding of the
+    stored mean: a row shifted by 1e4 with a standard deviation of ~4 cannot store its mean closer than
+    ~1e-4 of one), not relative to the mean."""
     n, dtype = x.shape[-1], x.dtype
     w = random_tensor((n,), dtype, x.device, seed + 1, scale=0.5) + 1 if weight else None
     b = random_tensor((n,), dtype, x.device, seed + 2) if bias and subtract_mean else None
@@ -51,8 +53,10 @@ def _check(config, x, subtract_mean, seed, weight=True, bias=True, eps=1e-5, mea
     if subtract_mean:
         assert_close(y, F.layer_norm(x64, (n,), w64, b64, eps), dtype)
         if mean_in_std:
-            error = (mean.double() - x64.mean(-1)) / x64.std(-1, unbiased=False)
-            assert error.abs().max() <= 1e-5, error
+            exact = x64.mean(-1)
+            std = x64.std(-1, unbiased=False)
+            allowed = 1e-5 * std + exact.abs() * 2.0 ** -23          # float32: relative spacing 2^-23 at most
+            assert ((mean.double() - exact).abs() <= allowed).all(), ((mean.double() - exact) / std)
         else:
             assert_close(mean, x64.mean(-1), torch.float32)
         x64 = x64 - x64.mean(-1, keepdim=True)

@@ -754,14 +754,16 @@ def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
     _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
-# 16-bit LayerNorm's forward options (forward_config) beyond GPU_SHAPES' (1000: hints; 8192: hints; 32768:
-# reload in 8 chunks): reload in 2 chunks with hints at the 4096 and 16384 blocks, full and shorter rows,
-# and unaligned rows of the 32768 block; the backward of the same rows (fused, split).
+# 16-bit LayerNorm's forward options (forward_config) beyond GPU_SHAPES' (1000: hints; 8192 and 32768: the
+# row sweeps): reload in 2 chunks with hints at the 4096 block (full and shorter rows), the row sweeps of
+# the 16384 block (full and shorter rows), reload in 8 chunks for unaligned rows of the 32768 block; the
+# backward of the same rows (fused, split).
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("shape", [(257, 4096), (129, 4000), (65, 16384), (33, 16000), (17, 20001)])
-def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, seed):
-    assert norms.forward_config(shape[1], dtype, subtract_mean=True).reload
+@pytest.mark.parametrize("shape, option", [((257, 4096), "reload"), ((129, 4000), "reload"), ((65, 16384), "row_sweeps"),
+                                           ((33, 16000), "row_sweeps"), ((17, 20001), "reload")])
+def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, seed):
+    assert getattr(norms.forward_config(shape[1], dtype, subtract_mean=True), option)
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, True, device="cuda")
     x = x * 3 + 0.25                            # a mean away from 0
     y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
