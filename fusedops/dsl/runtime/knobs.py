@@ -20,6 +20,7 @@ from `os.environ` directly.
 | FUSEDOPS_DISABLE_WGMMA  | disable_wgmma   | bool, False: dots on sm_90a use mma.sync, not wgmma     |
 | FUSEDOPS_TMA            | tma             | bool, True: tensor-descriptor loads feeding wgmma use TMA  |
 | FUSEDOPS_WS             | ws              | int 0/1, 0: how a TMA ring's K loop synchronizes        |
+| FUSEDOPS_NATIVE_LAUNCH  | native_launch   | bool, True: cached launches go through native stubs     |
 
 FUSEDOPS_WS (sm_90a TMA rings, passes/pipelining.py): 0 = one CTA barrier per K step before thread 0
 refills the slot (the shipped schedule); 1 = per-stage "empty" mbarriers that every warp arrives on
@@ -99,6 +100,7 @@ class Knobs:
     disable_wgmma: bool = _knob("FUSEDOPS_DISABLE_WGMMA", _parse_bool, False)
     tma: bool = _knob("FUSEDOPS_TMA", _parse_bool, True)
     ws: int = _knob("FUSEDOPS_WS", _parse_ws, 0)
+    native_launch: bool = _knob("FUSEDOPS_NATIVE_LAUNCH", _parse_bool, True)
 
     def __post_init__(self) -> None:
         # The home directory is looked up when the settings are built, not at import.
@@ -128,6 +130,12 @@ def interpret_enabled() -> bool:
 def tma_enabled() -> bool:
     """`current().tma`, reading only FUSEDOPS_TMA (the matmul wrappers ask this every call)."""
     return _read_bool("FUSEDOPS_TMA", True)
+
+
+def native_launch_enabled() -> bool:
+    """`current().native_launch`, reading only FUSEDOPS_NATIVE_LAUNCH (asked once per kernel launcher,
+    runtime/native_launch.py)."""
+    return _read_bool("FUSEDOPS_NATIVE_LAUNCH", True)
 
 
 def _read_bool(variable: str, default: bool) -> bool:

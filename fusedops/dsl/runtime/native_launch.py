@@ -9,7 +9,9 @@ above the driver. A stub does the same work in ~1k: a builtin function (METH_FAS
 
   - converts each value with the C API function `struct` uses for its format (PyLong_AsLongLong,
     PyLong_AsUnsignedLongLong, PyFloat_AsDouble + PyFloat_Pack4/2), raising OverflowError for an
-    int out of its parameter's range, as `struct` raises struct.error;
+    int out of its parameter's range, as `struct` raises struct.error; an unsigned value (and a grid
+    size) that is not an int is converted through `__index__` first, as `struct` does (numpy ints,
+    0-d integer tensors), which PyLong_AsUnsignedLongLong alone rejects;
   - stores the values and the `void*` array that points at them on its own stack (so no buffer is
     shared between threads), and calls cuLaunchKernel with the GIL released, as cuda-python does;
   - returns the CUresult as an int (0 on success).
@@ -28,6 +30,7 @@ import ctypes
 import functools
 import os
 import struct
+import threading
 from typing import Callable, Optional, Sequence
 
 from fusedops.dsl.runtime.launcher_args import ParamKind
@@ -50,9 +53,16 @@ class _MethodDef(ctypes.Structure):
 
 
 def enabled() -> bool:
-    """Stubs are used unless FUSEDOPS_NATIVE_LAUNCH=0, or cuda-python is told to launch on the
-    per-thread default stream (the stub calls the legacy-stream cuLaunchKernel)."""
-    if os.environ.get("FUSEDOPS_NATIVE_LAUNCH", "1") == "0":
+    """Stubs are used unless FUSEDOPS_NATIVE_LAUNCH is false (knobs.py), or cuda-python is told to launch
+    on the per-thread default stream (cuda-python's own variable; the stub calls the legacy-stream
+    cuLaunchKernel).
+
+    Raises:
+        ValueError: FUSEDOPS_NATIVE_LAUNCH is not a boolean.
+    """
+    from fusedops.dsl.runtime.knobs import native_launch_enabled
+
+    if not native_launch_enabled():
         return False
     return os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") in ("", "0")
 
@@ -68,7 +78,8 @@ def make_stub(kinds: Sequence[ParamKind], cu_launch_address: int, function: int,
     (see `_CONVERTERS`) or the stub cannot be compiled here."""
     if not supports(kinds):
         return None
-    code = _compiled(tuple(kinds))
+    with _compile_lock:     # see _compiled
+        code = _compiled(tuple(kinds))
     if code is None:
         return None
     # `self` of the builtin: the constants (PyCFunction_NewEx holds it, so they live as long as the
@@ -84,10 +95,17 @@ def _api_address(name: str) -> int:
     return ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
 
 
+# Held around `_compiled`: lru_cache does not hold a lock while it computes, so two threads missing
+# at once would both compile, and the second result would replace the first in the cache, freeing
+# the code and PyMethodDef that the first thread's stub points at (llvmlite releases the GIL while
+# it compiles, so this happens when threads first launch kernels of one signature together).
+_compile_lock = threading.Lock()
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(kinds: tuple) -> Optional[tuple]:
     """(the PyMethodDef of the compiled stub for `kinds`, what must stay alive with it), or None when
-    llvmlite cannot compile for this machine."""
+    llvmlite cannot compile for this machine. Call with `_compile_lock` held."""
     try:
         import llvmlite.binding as llvm
 
@@ -165,9 +183,37 @@ def _stub_ir(kinds: tuple) -> str:
     as_double = api("PyFloat_AsDouble", f64, [pointer])
     minus_one = ir.Constant(i64, -1)
 
+    number_index = api("PyNumber_Index", pointer, [pointer])
+    clear_error = api("PyErr_Clear", ir.VoidType(), [])
+    decref = api("Py_DecRef", ir.VoidType(), [pointer])
+
     def unsigned(index: int, limit: int, what: str):
-        value = builder.call(as_unsigned, [argument(index)])
-        fail_if(builder.icmp_signed("==", value, minus_one))
+        # PyLong_AsUnsignedLongLong takes ints only; struct takes any object with __index__: on an
+        # error, convert what __index__ gives (an int's own error, e.g. a negative one, recurs)
+        item = argument(index)
+        value = builder.call(as_unsigned, [item])
+        first = builder.block
+        check, retry, done = (function.append_basic_block() for _ in range(3))
+        builder.cbranch(builder.icmp_signed("==", value, minus_one), check, done)
+        builder.position_at_end(check)
+        raised = builder.icmp_unsigned("!=", builder.ptrtoint(builder.call(error_occurred, []), i64),
+                                       ir.Constant(i64, 0))
+        builder.cbranch(raised, retry, done)
+        builder.position_at_end(retry)
+        builder.call(clear_error, [])
+        converted = builder.call(number_index, [item])
+        fail_if(builder.icmp_unsigned("==", builder.ptrtoint(converted, i64), ir.Constant(i64, 0)), None)
+        retried = builder.call(as_unsigned, [converted])
+        builder.call(decref, [converted])
+        fail_if(builder.icmp_signed("==", retried, minus_one))
+        retried_block = builder.block
+        builder.branch(done)
+        builder.position_at_end(done)
+        merged = builder.phi(i64)
+        merged.add_incoming(value, first)
+        merged.add_incoming(value, check)
+        merged.add_incoming(retried, retried_block)
+        value = merged
         if limit < 2**64 - 1:
             fail_if(builder.icmp_unsigned(">", value, ir.Constant(i64, limit)), "PyExc_OverflowError", what)
         return value
