@@ -20,7 +20,7 @@ Integer and bool outputs must be equal.
 from __future__ import annotations
 
 import zlib
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -210,3 +210,23 @@ def random_tensor(
         low, high = (-100, 100) if torch.iinfo(dtype).min < 0 else (0, 200)
         values = torch.randint(low, high, shape, generator=generator, dtype=torch.int64)
     return values.to(dtype=dtype).to(device)
+
+
+def run_in_threads(work: Callable[[int], None], count: int) -> list:
+    """Run `work(0)`, ..., `work(count - 1)` in `count` threads at once; the exceptions they raised."""
+    import threading
+
+    errors = []
+
+    def guarded(index: int) -> None:
+        try:
+            work(index)
+        except Exception as error:  # noqa: BLE001  (reported to the caller)
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors

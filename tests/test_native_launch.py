@@ -14,6 +14,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.runtime import driver, native_launch
 from fusedops.dsl.runtime.launcher_args import ParamKind
+from helpers import run_in_threads
 
 pytest.importorskip("llvmlite")
 
@@ -184,8 +185,6 @@ def test_a_failed_stub_launch_raises_launch_error(stub_gpu, monkeypatch):
 # -- GPU tier -----------------------------------------------------------------------------------------
 @pytest.mark.cuda
 def test_stub_launches_on_the_gpu_from_several_threads():
-    import threading
-
     kernel = dsl.jit(_scale_kernel.fn)
     x = torch.randn(4096, device="cuda")
     y = torch.empty_like(x)
@@ -193,20 +192,12 @@ def test_stub_launches_on_the_gpu_from_several_threads():
     launcher = next(iter(kernel._cache.values())).compiled.launcher(x.device.index)
     assert launcher.native_stub() is not None
     outputs = [torch.full_like(x, float("nan")) for _ in range(8)]
-    errors = []
 
     def work(index):
-        try:
-            for _ in range(50):
-                kernel[(32,)](x, outputs[index], 4096, float(index), BLOCK=128)
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
+        for _ in range(50):
+            kernel[(32,)](x, outputs[index], 4096, float(index), BLOCK=128)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = run_in_threads(work, 8)
     torch.cuda.synchronize()
     assert not errors
     for index, output in enumerate(outputs):

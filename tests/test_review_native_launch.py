@@ -26,6 +26,8 @@ import fusedops.dsl as dsl
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.runtime import driver, native_launch
 from fusedops.dsl.runtime.launcher_args import ParamKind
+from helpers import run_in_threads
+from test_native_launch import _scale_kernel  # the same small test kernel
 
 pytest.importorskip("llvmlite")
 
@@ -302,13 +304,6 @@ def test_native_launch_knob_is_parsed_like_every_boolean_knob(monkeypatch, text,
 
 # -- launches through stubs, with a driver that passes for cuda-python ------------------------------
 @dsl.jit
-def _scale_kernel(x_ptr, y_ptr, n, factor, BLOCK: dsl.constexpr):
-    offsets = dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK)
-    mask = offsets < n
-    dsl.store(y_ptr + offsets, dsl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
-
-
-@dsl.jit
 def _wide_kernel(x_ptr, big, BLOCK: dsl.constexpr):
     offsets = dsl.arange(0, BLOCK)
     dsl.store(x_ptr + offsets, dsl.load(x_ptr + offsets) + (big % 7).to(dsl.float32))
@@ -477,22 +472,14 @@ def test_cached_launches_from_many_threads_through_the_stub(mocked):
     pairs = [(torch.zeros(64), torch.zeros(64)) for _ in range(6)]
     kernel[(1,)](*pairs[0], 64, 1.0, BLOCK=32)
     prepared = kernel.prepare((1,), *pairs[0], 64, 0.25, BLOCK=32)
-    errors = []
 
     def work(index):
         x, y = pairs[index]
-        try:
-            for step in range(100):
-                kernel[(index + 1,)](x, y, 64 + 16 * index, float(step), BLOCK=32)
-                prepared(x, y)
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
+        for step in range(100):
+            kernel[(index + 1,)](x, y, 64 + 16 * index, float(step), BLOCK=32)
+            prepared(x, y)
 
-    threads = [threading.Thread(target=work, args=(index,)) for index in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = run_in_threads(work, 6)
     assert not errors and len(mocked.stub.launches) == 1200
     for launch in mocked.stub.launches:
         pointer, _, n, factor = (struct.unpack("<" + k.format, b)[0] for k, b in zip(_SCALE_KINDS, launch[5]))
