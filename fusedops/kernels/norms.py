@@ -134,7 +134,6 @@ _HALF_LAYER_NORM_FORWARD = {
     2048: dict(cache_hints=True),                                   # 0.834 -> 0.892
     4096: dict(reload=True, output_chunks=2, cache_hints=True),     # 0.820 -> 0.894
     8192: dict(cache_hints=True),                                   # 0.826 -> 0.836
-    16384: dict(reload=True, output_chunks=2, cache_hints=True),    # 0.808 -> 0.831 (8 warps)
     32768: dict(reload=True, output_chunks=8),                      # 0.608 -> 0.740 (16 warps; with hints 0.718)
 }
 
@@ -173,10 +172,12 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     up to 8192 columns, 8 at 16384, 16 at 32768 were the fastest). 16-bit rows of 8193 to 16384
     columns, not a multiple of 8 (rows off 16-byte boundaries), take the aligned window (where it fits).
 
-    16-bit LayerNorm rows of 513 to 32768 columns (padded to 1024..32768; but the aligned-window rows)
-    add cache hints and/or re-read x (ForwardConfig.reload, output_chunks; `_HALF_LAYER_NORM_FORWARD`,
-    measured at fp16 powers of two; bfloat16 has the same layout, other N take their padded row's
-    options): the whole-row tiles alone reached 0.61-0.84 of a copy's bandwidth, these 0.74-0.89.
+    16-bit LayerNorm rows of 513 to 32768 columns (padded to 1024..32768; but the aligned-window rows
+    and those of the row sweeps below) add cache hints and/or re-read x (ForwardConfig.reload,
+    output_chunks; `_HALF_LAYER_NORM_FORWARD`, measured at fp16 powers of two; bfloat16 has the same
+    layout, other N take their padded row's options): the whole-row tiles alone reached 0.61-0.84 of a
+    copy's bandwidth, these 0.74-0.89. (At the 16384 block every row goes to the aligned window or the
+    row sweeps, so the table has no entry for it.)
     RMSNorm keeps the whole-row tiles (0.95-0.99 of a copy; the hints made it slower at 4096-32768
     columns, 0.87-0.95 against 0.93-0.99). The aligned-window rows (above), float32 and float64 keep
     their tiles (not measured with these options).
