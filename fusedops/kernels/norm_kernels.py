@@ -31,7 +31,9 @@ Kernels and when the launchers (norms.py) use them:
 - `forward_row_sweeps_kernel` (ForwardConfig.row_sweeps): one row per step of a program's row loop in
   two sweeps over CHUNK-column chunks: per-thread Welford/Chan statistics in registers reduced across
   the CTA once per row, then the row read again (from L2) for y; L2 eviction hints and a register cap
-  (dsl.launch_bounds) per config. Candidates for long 16-bit rows (see the comment above it).
+  (dsl.launch_bounds) per config. Candidates for long 16-bit rows (see the comment above it). SHIFT
+  (ForwardConfig.aligned_window): rows off 16-byte boundaries (odd N) through an aligned window, as
+  softmax's row sweeps (the comment above _window_moments).
 - `backward_fused_kernel`: a program walks its row group BLOCK_ROWS rows at a time with whole rows in
   registers and keeps its dweight/dbias column sums in registers (x and dy are read once).
 - `backward_partials_kernel` + `backward_input_kernel`: the split backward for rows too long to keep
@@ -52,6 +54,7 @@ contiguous.
 from __future__ import annotations
 
 import fusedops.dsl as dsl
+from fusedops.kernels.row_windows import sweep_parts
 
 
 @dsl.jit
@@ -369,6 +372,25 @@ def _add_moments(x, mask, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.c
 
 
 @dsl.jit
+def _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS: dsl.constexpr,
+                    SUBTRACT_MEAN: dsl.constexpr):
+    # Once per row: the CTA's statistics from the per-thread ones (see above), stored; -> (the mean of
+    # x - shift, rstd) (mean 0.0 for RMSNorm).
+    m2 = dsl.reshape(m2, (THREADS,))
+    row_mean = 0.0
+    if SUBTRACT_MEAN:
+        count = dsl.reshape(count, (THREADS,))
+        mean = dsl.reshape(mean, (THREADS,))
+        row_mean = dsl.sum(count * mean, axis=0) / n_cols
+        spread = mean - row_mean
+        m2 = m2 + count * spread * spread
+        dsl.store(mean_ptr + row, shift + row_mean)
+    rstd = 1.0 / dsl.sqrt(dsl.sum(m2, axis=0) / n_cols + eps)
+    dsl.store(rstd_ptr + row, rstd)
+    return row_mean, rstd
+
+
+@dsl.jit
 def _load_part(pointers, mask, EVICTION: dsl.constexpr, MASKED: dsl.constexpr):
     if MASKED:
         return dsl.load(pointers, mask=mask, other=0.0, eviction_policy=EVICTION)
@@ -427,18 +449,8 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         x = dsl.where(in_row, _load_part(x_row + cols * x_col_stride, in_row, FIRST_EVICTION, True).to(acc_dtype)
                       - shift, 0.0)
         count, mean, m2 = _add_moments(x, in_row, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, True)
-    # Once per row: the CTA's statistics.
-    m2 = dsl.reshape(m2, (THREADS,))
-    row_mean = 0.0
-    if SUBTRACT_MEAN:
-        count = dsl.reshape(count, (THREADS,))
-        mean = dsl.reshape(mean, (THREADS,))
-        row_mean = dsl.sum(count * mean, axis=0) / n_cols
-        spread = mean - row_mean
-        m2 = m2 + count * spread * spread
-        dsl.store(mean_ptr + row, shift + row_mean)
-    rstd = 1.0 / dsl.sqrt(dsl.sum(m2, axis=0) / n_cols + eps)
-    dsl.store(rstd_ptr + row, rstd)
+    row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
+                                     SUBTRACT_MEAN)
     # Sweep 2: y, in the first sweep's order (the least recently read chunk first).
     for index in range(0, chunks):
         _write_part(y_row, x_row, weight_ptr, bias_ptr, index * CHUNK + chunk, None, x_col_stride, shift, row_mean,
@@ -449,26 +461,113 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
                     SUBTRACT_MEAN, True, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
 
 
+# With SHIFT (ForwardConfig.aligned_window; rows that start off 16-byte boundaries, odd N) a row is
+# addressed through a window (softmax.py's row sweeps, "persistent row sweeps" there): window position p
+# of x and y is the row's column p - first, first = (row start mod SHIFT) (x and y share one row stride
+# and have unit column strides, so first is the same for both), and the window starts on a 16-byte
+# boundary when the tensor does. Each sweep goes over it in three parts:
+#   edges   [0, GROUP) and [middle, middle + GROUP), EDGE elements (one per thread), masked per
+#           element by first <= p < first + n_cols, viewed as [EDGE // THREADS, THREADS, 1];
+#   chunks  of CHUNK from GROUP on, as long as they end by `middle`: unmasked whole 16-byte vectors;
+#   pieces  of PIECE from there to `middle`, masked by p < middle (constant over each vector);
+# GROUP = max(SHIFT, VECTOR) > first and middle = max(GROUP, (first + n_cols) rounded down to VECTOR).
+# Masked lanes never enter a statistic (the masked _add_moments counts only the row's elements);
+# weight and bias are read at the row's columns, p - first (not 16-byte aligned: scalar loads, from L1
+# and L2); LayerNorm's shift is x[row, 0], at window position first.
+@dsl.jit
+def _window_moments(x_window, at, mask, shift, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
+                    SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, EVICTION: dsl.constexpr):
+    # -> the per-thread statistics updated with x - shift at window positions `at` (masked by `mask`).
+    x = _load_part(x_window + at, mask, EVICTION, MASKED).to(count.dtype)
+    if MASKED:
+        x = dsl.where(mask, x - shift, 0.0)
+    else:
+        x = x - shift
+    return _add_moments(x, mask, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, MASKED)
+
+
+@dsl.jit
+def _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
+                                 y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr, CHUNK: dsl.constexpr,
+                                 THREADS: dsl.constexpr, VECTOR: dsl.constexpr, SHIFT: dsl.constexpr,
+                                 FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr,
+                                 AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr):
+    # _normalize_row_sweeps through the aligned window (see above); x_row_stride == y_row_stride.
+    acc_dtype = rstd_ptr.dtype.element
+    x_start = row.to(dsl.int64) * x_row_stride
+    first = (x_start % SHIFT).to(dsl.int32)
+    x_window = x_ptr + dsl.multiple_of(x_start - first, SHIFT)
+    y_window = y_ptr + dsl.multiple_of(row.to(dsl.int64) * y_row_stride - first, SHIFT)
+    weight_window = weight_ptr          # weight_window + p: the weight of window position p
+    if weight_ptr is not None:
+        weight_window = weight_ptr - first
+    bias_window = bias_ptr
+    if bias_ptr is not None:
+        bias_window = bias_ptr - first
+    PIECE: dsl.constexpr = THREADS * VECTOR
+    GROUP: dsl.constexpr = SHIFT if SHIFT > VECTOR else VECTOR
+    EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
+    edges, edge_mask, middle, chunks, tail, pieces = sweep_parts(n_cols, first, CHUNK, PIECE, GROUP, VECTOR, EDGE)
+    chunk = dsl.arange(0, CHUNK)
+    piece = dsl.arange(0, PIECE)
+    shift = 0.0
+    if SUBTRACT_MEAN:
+        shift = dsl.load(x_window + first).to(acc_dtype)        # column 0 (n_cols >= 1)
+    # Sweep 1: per-thread statistics of x - shift.
+    count = dsl.zeros((1, THREADS, 1), acc_dtype)
+    mean = dsl.zeros((1, THREADS, 1), acc_dtype)
+    m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
+    count, mean, m2 = _window_moments(x_window, edges, edge_mask, shift, count, mean, m2, THREADS, 1, SUBTRACT_MEAN,
+                                      True, FIRST_EVICTION)
+    for index in range(0, chunks):
+        count, mean, m2 = _window_moments(x_window, GROUP + index * CHUNK + chunk, None, shift, count, mean, m2,
+                                          THREADS, VECTOR, SUBTRACT_MEAN, False, FIRST_EVICTION)
+    for index in range(0, pieces):
+        at = tail + index * PIECE + piece
+        count, mean, m2 = _window_moments(x_window, at, at < middle, shift, count, mean, m2, THREADS, VECTOR,
+                                          SUBTRACT_MEAN, True, FIRST_EVICTION)
+    row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
+                                     SUBTRACT_MEAN)
+    # Sweep 2: y, in the first sweep's order.
+    _write_part(y_window, x_window, weight_window, bias_window, edges, edge_mask, 1, shift, row_mean, rstd,
+                SUBTRACT_MEAN, True, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+    for index in range(0, chunks):
+        _write_part(y_window, x_window, weight_window, bias_window, GROUP + index * CHUNK + chunk, None, 1, shift,
+                    row_mean, rstd, SUBTRACT_MEAN, False, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+    for index in range(0, pieces):
+        at = tail + index * PIECE + piece
+        _write_part(y_window, x_window, weight_window, bias_window, at, at < middle, 1, shift, row_mean, rstd,
+                    SUBTRACT_MEAN, True, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+
+
 @dsl.jit
 def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
                               n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
                               SUBTRACT_MEAN: dsl.constexpr, CHUNK: dsl.constexpr, THREADS: dsl.constexpr,
                               VECTOR: dsl.constexpr, ALIGN: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "",
                               SECOND_EVICTION: dsl.constexpr = "", AFFINE_EVICTION: dsl.constexpr = "",
-                              STORE_CACHE: dsl.constexpr = "", MIN_BLOCKS: dsl.constexpr = 0):
+                              STORE_CACHE: dsl.constexpr = "", MIN_BLOCKS: dsl.constexpr = 0,
+                              SHIFT: dsl.constexpr = 0):
     # Arguments as forward_kernel; any n_cols. Program p normalizes the rows p, p + G, ... (G =
     # num_programs) by the row sweeps (see above). THREADS, VECTOR: the chunk's load layout (THREADS
     # threads of VECTOR consecutive elements; the launcher derives them as the default blocked layout
     # lays out CHUNK elements of the narrowest dtype moved); ALIGN: a power of two dividing both row
     # strides. FIRST_EVICTION / SECOND_EVICTION: eviction_policy of x's loads in each sweep;
     # AFFINE_EVICTION: of weight's and bias's; STORE_CACHE: y's cache_modifier. MIN_BLOCKS > 0:
-    # dsl.launch_bounds (registers capped for that many CTAs per SM).
+    # dsl.launch_bounds (registers capped for that many CTAs per SM). SHIFT > 0 (the elements of a
+    # 16-byte vector of x; x_row_stride == y_row_stride, x_col_stride == 1; ALIGN unused): rows through
+    # the aligned window (_normalize_row_window_sweeps).
     if MIN_BLOCKS:
         dsl.launch_bounds(MIN_BLOCKS)
     for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
-        _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
-                              x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR, ALIGN,
-                              FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+        if SHIFT:
+            _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols,
+                                         x_row_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR,
+                                         SHIFT, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+        else:
+                _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols,
+                                  x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR,
+                                  ALIGN, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
 
 
 @dsl.jit

@@ -58,13 +58,16 @@ class ForwardConfig:
     cache_hints: weight and bias are loaded with eviction_policy="evict_last" (every row reads them);
         without reload x is loaded with "evict_first", with reload y is stored with "evict_first".
 
-    row_sweeps=True (looped, block_rows, affine_first, aligned_window, prefetch, reload and
-    output_chunks ignored): forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that
-    many programs per SM, each looping over rows) in two sweeps over block_n-column chunks (any N: the
-    rest in masked pieces): per-thread statistics, one CTA reduction per row, then the row read again
-    for y (norm_kernels' comment above _thread_sum). cache_hints: the first sweep loads x with
-    "evict_last", the second with "evict_first", weight and bias "evict_last", y is stored ".cs".
-    min_blocks_per_sm > 0: dsl.launch_bounds (ptxas caps the registers for that many CTAs per SM).
+    row_sweeps=True (looped, block_rows, affine_first, prefetch, reload and output_chunks ignored):
+    forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that many programs per SM, each
+    looping over rows) in two sweeps over block_n-column chunks (any N: the rest in masked pieces):
+    per-thread statistics, one CTA reduction per row, then the row read again for y (norm_kernels'
+    comment above _thread_sum). cache_hints: the first sweep loads x with "evict_last", the second with
+    "evict_first", weight and bias "evict_last", y is stored ".cs". min_blocks_per_sm > 0:
+    dsl.launch_bounds (ptxas caps the registers for that many CTAs per SM). aligned_window: rows off
+    16-byte boundaries (odd N; unit column stride, x's row stride N) go through the aligned window
+    (norm_kernels' comment above _window_moments: masked edges, unmasked 16-byte chunks, masked
+    pieces; weight and bias read per element); else ignored. Not chosen by forward_config (yet).
     """
 
     looped: bool
@@ -417,8 +420,8 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     if config.row_sweeps:
         grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
         prepared = K.forward_row_sweeps_kernel.prepare(
-            grid, *args, **row_sweep_constexprs(config, x.dtype, weight, bias, row_stride, n_cols, subtract_mean),
-            interpret=interpret)
+            grid, *args, **row_sweep_constexprs(config, x.dtype, weight, bias, row_stride, n_cols, subtract_mean,
+                                                col_stride), interpret=interpret)
     elif config.looped:
         grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
         prepared = K.forward_looped_kernel.prepare(grid, *args, SUBTRACT_MEAN=subtract_mean,
@@ -464,11 +467,15 @@ ROW_SWEEP_HINTS = dict(FIRST_EVICTION="evict_last", SECOND_EVICTION="evict_first
 
 
 def row_sweep_constexprs(config: ForwardConfig, dtype: torch.dtype, weight: Optional[torch.Tensor],
-                         bias: Optional[torch.Tensor], row_stride: int, n_cols: int, subtract_mean: bool) -> dict:
+                         bias: Optional[torch.Tensor], row_stride: int, n_cols: int, subtract_mean: bool,
+                         col_stride: int = 1) -> dict:
     """The constexprs and num_warps of forward_row_sweeps_kernel for `config` (row_sweeps=True) and rows of
-    n_cols columns of `dtype` at x's `row_stride` (y's is n_cols): the chunk's load layout (THREADS threads
-    of VECTOR consecutive elements, as the default blocked layout lays out block_n elements of the
-    narrowest dtype the kernel moves: 16-byte vectors), ALIGN, the hints and the register cap.
+    n_cols columns of `dtype` at x's `row_stride` and `col_stride` (y's are n_cols and 1): the chunk's load
+    layout (THREADS threads of VECTOR consecutive elements, as the default blocked layout lays out block_n
+    elements of the narrowest dtype the kernel moves: 16-byte vectors), ALIGN, the hints, the register cap
+    and, with config.aligned_window, SHIFT where the window applies (as for the whole-row tiles,
+    `_window_shift`: rows off 16-byte boundaries, x's strides (n_cols, 1); only passed when non-zero, so
+    that configs without it compile as before).
 
     Raises:
         ValueError: block_n is not a power of two.
@@ -484,6 +491,10 @@ def row_sweep_constexprs(config: ForwardConfig, dtype: torch.dtype, weight: Opti
         constexprs.update(ROW_SWEEP_HINTS)
     if config.min_blocks_per_sm:
         constexprs["MIN_BLOCKS"] = config.min_blocks_per_sm
+    shift = _window_shift(config.aligned_window, None, n_cols, constexprs["ALIGN"], dtype.itemsize,
+                          (row_stride, col_stride), (n_cols, 1))
+    if shift:
+        constexprs["SHIFT"] = shift
     return constexprs
 
 

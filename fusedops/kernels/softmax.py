@@ -55,6 +55,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
+from fusedops.kernels.row_windows import sweep_parts
 
 # Longest row the forward reads in one pass (elements); longer rows take the row sweeps (ROW_SWEEPS).
 # H200, M=8192 fp16, N=32768: one pass (32 warps, 1 CTA per SM) 0.335-0.345 ms (session 4), the row
@@ -358,19 +359,6 @@ def _store_window(window, positions, col_stride, mask, value, MASKED: dsl.conste
 
 
 @dsl.jit
-def _sweep_parts(n_cols, first, BLOCK: dsl.constexpr, PIECE: dsl.constexpr, GROUP: dsl.constexpr,
-                 VECTOR: dsl.constexpr, EDGE: dsl.constexpr):
-    # -> (edge positions, edge mask, middle, chunks, pieces' start, pieces) of a row (see above).
-    end = first + n_cols
-    middle = dsl.maximum(end // VECTOR * VECTOR, GROUP)
-    lanes = dsl.arange(0, EDGE)
-    edges = dsl.where(lanes < GROUP, lanes, middle - GROUP + lanes)     # lanes >= 2 GROUP: past `end`
-    chunks = (middle - GROUP) // BLOCK
-    tail = GROUP + chunks * BLOCK
-    return edges, (edges >= first) & (edges < end), middle, chunks, tail, (middle - tail + PIECE - 1) // PIECE
-
-
-@dsl.jit
 def _add_statistics(x, running_max, running_sum, THREADS: dsl.constexpr, VECTOR: dsl.constexpr):
     # -> each thread's (max, sum of exp(x - max)) over its elements so far and those of x, a chunk,
     # piece or the edges (-inf where masked): one exp per element, two per thread.
@@ -415,7 +403,7 @@ def _forward_row_sweeps(
     PIECE: dsl.constexpr = THREADS * VECTOR
     GROUP: dsl.constexpr = (SHIFT if SHIFT > VECTOR else VECTOR) if SHIFT else 0
     EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
-    edges, edge_mask, middle, chunks, tail, pieces = _sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
+    edges, edge_mask, middle, chunks, tail, pieces = sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
     piece = dsl.arange(0, PIECE)
     chunk = dsl.arange(0, BLOCK)
     x = _load_window(x_window, edges, x_col_stride, edge_mask, -float("inf"), True, WIDE, ACC, FIRST_EVICTION)
@@ -502,7 +490,7 @@ def _backward_row_sweeps(
     PIECE: dsl.constexpr = THREADS * VECTOR
     GROUP: dsl.constexpr = (SHIFT if SHIFT > VECTOR else VECTOR) if SHIFT else 0
     EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
-    edges, edge_mask, middle, chunks, tail, pieces = _sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
+    edges, edge_mask, middle, chunks, tail, pieces = sweep_parts(n_cols, first, BLOCK, PIECE, GROUP, VECTOR, EDGE)
     piece = dsl.arange(0, PIECE)
     chunk = dsl.arange(0, BLOCK)
     thread_total = _backward_partial(dy_window, y_window, edges, edge_mask, dy_col_stride, y_col_stride, LOG, True,
