@@ -743,8 +743,8 @@ def choose_config(layout: RowLayout, *, backward: bool = False, element_bytes: i
     if block > row_limit:
         sweeps = ROW_SWEEPS["backward" if backward else "forward"]
         if sweeps is not None and element_bytes == 2 and max_one_pass_block is None:
-            choice = next(choice for largest, choice in sweeps if largest is None or block <= largest)
-            return Config("rows", 1, *choice[:1], False, *choice[1:])
+            chunk, *options = next(choice for largest, choice in sweeps if largest is None or block <= largest)
+            return Config("rows", 1, chunk, False, *options)
         block = min(ONLINE_BLOCK, row_limit)
         return Config("rows", 1, block, False, ROW_NUM_WARPS.get(block, 4))
     if block < MIN_ROW_BLOCK:

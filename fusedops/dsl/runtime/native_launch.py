@@ -85,10 +85,15 @@ def make_stub(kinds: Sequence[ParamKind], cu_launch_address: int, function: int,
     # `self` of the builtin: the constants (PyCFunction_NewEx holds it, so they live as long as the
     # stub); the compiled code and its PyMethodDef live in `_compiled`'s cache, never freed.
     constants = _CONSTANTS.pack(cu_launch_address, function, block_x, shared_bytes)
-    new_function = ctypes.pythonapi.PyCFunction_NewEx
-    new_function.restype = ctypes.py_object
-    new_function.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p]
-    return new_function(ctypes.addressof(code[0]), constants, None)
+    return _new_builtin()(ctypes.addressof(code[0]), constants, None)
+
+
+@functools.lru_cache(maxsize=None)
+def _new_builtin() -> Callable:
+    """CPython's PyCFunction_NewEx(PyMethodDef *, self, module) -> the builtin, typed once, without setting
+    argtypes on the process-wide `ctypes.pythonapi` attribute."""
+    prototype = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p)
+    return prototype(("PyCFunction_NewEx", ctypes.pythonapi))
 
 
 def _api_address(name: str) -> int:
