@@ -332,7 +332,8 @@ def test_default_backward_by_row_size(dtype):
         assert (config.persistent, config.split and not config.persistent) == (persistent, split), n_cols
         if not persistent and not split:
             warps = min(16, max(4, config.block_n * 4 // 2048))
-            assert config == norms.BackwardConfig(split=False, block_rows=max(1, 1024 // config.block_n),
+            rows = 2 if dtype.itemsize == 2 and config.block_n == 1024 else max(1, 1024 // config.block_n)
+            assert config == norms.BackwardConfig(split=False, block_rows=rows,
                                                   block_n=config.block_n, num_warps=warps,
                                                   programs_per_sm=max(1, 16 // warps), prefetch=warps <= 8)
 
@@ -358,20 +359,22 @@ def test_persistent_half_backward(interpret, monkeypatch, op, weight, bias, shap
 
 
 # 16-bit LayerNorm's default forward options by padded row size (forward_config), run at a few rows: the
-# cache hints (1000 columns: 2-row tiles, the last partial), re-reads of x in 2 and 8 output chunks (4000:
-# a row shorter than the block; 20001: unaligned rows of the 32768 block), the row sweeps (16000 and 4104:
-# aligned rows of the 16384 and 8192 blocks), and an RMSNorm row of the same size, which keeps the plain
-# tiles but at 8192 (row sweeps there too).
+# cache hints (1000 columns: 2-row tiles, the last partial; 4000: 2 rows of a row shorter than the block),
+# the row sweeps (16000 and 4104: aligned rows of the 16384 and 8192 blocks), the row sweeps through the
+# aligned window (20001 and 3001: unaligned rows), and an RMSNorm row of the same size, which keeps the plain
+# tiles but where the row sweeps run (8192 block, odd rows).
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("n_cols, reload, chunks, hints, sweeps", [
-    (1000, False, 1, True, False), (4000, True, 2, True, False), (16000, False, 1, True, True),
-    (4104, False, 1, True, True), (20001, True, 8, False, False)])
-def test_default_half_layer_norm_forward_options(dtype, n_cols, reload, chunks, hints, sweeps, seed):
+@pytest.mark.parametrize("n_cols, rows, hints, sweeps, window", [
+    (1000, 2, True, False, False), (4000, 2, True, False, False), (16000, 1, True, True, False),
+    (4104, 1, True, True, False), (20001, 1, True, True, True), (3001, 1, True, True, True)])
+def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, sweeps, window, seed):
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
-    assert (config.reload, config.output_chunks, config.cache_hints, config.row_sweeps) == (reload, chunks, hints,
-                                                                                           sweeps)
+    assert (config.block_rows, config.cache_hints, config.row_sweeps, config.aligned_window) == (rows, hints, sweeps,
+                                                                                                window)
+    assert not config.reload
     plain = norms.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
-    assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols == 4104)
+    assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols in (4104, 3001, 20001))
+    assert plain.aligned_window == window
     for op in (LAYER_NORM, RMS_NORM):
         subtract_mean = op == LAYER_NORM
         x, w, b, dy = _inputs((3, n_cols), (n_cols,), dtype, seed, True, subtract_mean)
@@ -401,7 +404,7 @@ def test_default_forward_options_apply_to_16_bit_layer_norm_only():
 def test_default_forward_of_long_odd_half_rows_reads_an_aligned_window(op, seed):
     # 12289 columns: rows start off 16-byte boundaries; the shipped forward reads them through the window.
     config = norms.forward_config(12289, torch.float16)
-    assert norms._window_shift(config.aligned_window, config.block_n, 12289, 1, 2, (12289, 1)) == 8
+    assert config.row_sweeps and norms._window_shift(config.aligned_window, None, 12289, 1, 2, (12289, 1)) == 8
     subtract_mean = op == LAYER_NORM
     x, w, b, dy = _inputs((3, 12289), (12289,), torch.float16, seed, True, subtract_mean)
     y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
@@ -686,10 +689,10 @@ LARGE_SIZES = (1024, 4096, 8192, 16384, 32768, 65536)
 # of spill stores (ptxas of CUDA 13.0): kept for their H200 times, bounded so that no new spill passes. A key
 # with ALIGN applies to launches of that ALIGN only (and comes first).
 KNOWN_SPILLS = {
-    # N=8192 LayerNorm, the persistent backward (H200, fp16: 0.161 ms vs the fused 0.189, spill included;
-    # TWO_PASS: no spill, unmeasured)
-    (torch.float16, "backward_persistent_kernel", 8192, True): 12,
-    (torch.bfloat16, "backward_persistent_kernel", 8192, True): 12,
+    # N=8192 LayerNorm, the persistent backward with the next row prefetched (H200, fp16: 0.140 ms, against
+    # 0.162 without the prefetch (12 bytes) and the fused 0.189, spills included; TWO_PASS: no spill, 0.229)
+    (torch.float16, "backward_persistent_kernel", 8192, True): 20,
+    (torch.bfloat16, "backward_persistent_kernel", 8192, True): 20,
     # 4097..8191 columns, not a multiple of 8 (unvectorized rows): the fused backward (0.66x torch's at 4097)
     (torch.float16, "backward_fused_kernel", 8192, True): 192,
     (torch.bfloat16, "backward_fused_kernel", 8192, False): 80,
@@ -713,14 +716,15 @@ def test_shipped_configs_assemble_for_sm90a_without_spills(dtype, subtract_mean,
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     launches = _shipped_launches(dtype, subtract_mean, sizes, monkeypatch)
     names = {name for name, *_ in launches}
-    if dtype.itemsize == 2:     # the persistent backward and (at 12289) the aligned-window forward are shipped
+    if dtype.itemsize == 2:     # the persistent backward and (odd rows) the aligned-window row sweeps are shipped
         assert "backward_persistent_kernel" in names
-        assert 12289 not in sizes or any(name == "forward_kernel" and constexprs["SHIFT"]
-                                         for name, _, _, constexprs, _ in launches)
+        odd = [n for n in sizes if n % 8 and n > 2048]
+        assert not odd or any(name == "forward_row_sweeps_kernel" and constexprs.get("SHIFT")
+                              for name, _, _, constexprs, _ in launches)
     if dtype.itemsize == 2 and subtract_mean:       # and LayerNorm's forward options (forward_config)
-        options = {(constexprs.get("RELOAD"), constexprs.get("CHUNKS"), constexprs.get("CACHE_HINTS"))
+        options = {(constexprs.get("BLOCK_ROWS"), constexprs.get("CACHE_HINTS"))
                    for name, _, _, constexprs, _ in launches if name == "forward_kernel"}
-        assert {(False, 1, True), (True, 2, True), (True, 8, False)} <= options
+        assert {(2, True)} <= options
     monkeypatch.undo()          # compile with the kernels' own prepare
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     for name, kernel, args, constexprs, num_warps in launches:

@@ -67,7 +67,7 @@ class ForwardConfig:
     dsl.launch_bounds (ptxas caps the registers for that many CTAs per SM). aligned_window: rows off
     16-byte boundaries (odd N; unit column stride, x's row stride N) go through the aligned window
     (norm_kernels' comment above _window_moments: masked edges, unmasked 16-byte chunks, masked
-    pieces; weight and bias read per element); else ignored. Not chosen by forward_config (yet).
+    pieces; weight and bias read per element); else ignored. forward_config chooses it for odd 16-bit rows.
     """
 
     looped: bool
@@ -134,11 +134,12 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 # fraction of a device-to-device copy of the same bytes, base tiles -> these options (2026-11-30, two runs):
 _HALF_LAYER_NORM_FORWARD = {
     1024: dict(cache_hints=True),                                   # 0.838 -> 0.860 (2 rows, 4 warps)
-    2048: dict(cache_hints=True),                                   # 0.834 -> 0.892
-    4096: dict(reload=True, output_chunks=2, cache_hints=True),     # 0.820 -> 0.894
-    8192: dict(cache_hints=True),                                   # 0.826 -> 0.836
-    32768: dict(reload=True, output_chunks=8),                      # 0.608 -> 0.740 (16 warps; with hints 0.718)
+    2048: dict(cache_hints=True, block_rows=2),                     # 0.834 -> 0.892; 2 rows: 0.950 -> 0.981 (session 6)
+    4096: dict(cache_hints=True, block_rows=2),                     # 0.820 -> 0.894 (reload, 2 output chunks,
+                                                                    # 1 row); 2 rows: 0.839 -> 0.855 (session 6)
 }
+# (8192: hints, 0.826 -> 0.836, and 32768: reload in 8 output chunks, 0.608 -> 0.740, were dropped in session
+# 6: 16-bit rows there take the row sweeps, aligned or through the window.)
 
 
 # 16-bit rows whose padded block is a key here and N % 8 == 0 take the two-sweep kernel
@@ -152,6 +153,26 @@ _HALF_ROW_SWEEPS = {
     True: {8192: (4096, 4, 8, 0), 16384: (8192, 8, 4, 0), 32768: (16384, 16, 2, 2)},
     False: {8192: (8192, 8, 4, 0), 32768: (16384, 16, 2, 0)},
 }
+
+
+# 16-bit rows of more than 2048 columns that are not a multiple of 8 (rows off 16-byte boundaries) take the
+# row sweeps through the aligned window (ForwardConfig.aligned_window): (chunk, num_warps, min_blocks_per_sm)
+# by the largest N each covers. H200, fp16, M=8192, kernel alone, fraction of a copy of the same bytes, the
+# whole-row tiles (2-byte accesses; the aligned whole-row window at 12289) -> this (session 6, two runs),
+# LayerNorm / RMSNorm: 3001 0.27 -> 0.50 / 0.27 -> 0.69; 4097 0.21 -> 0.54 / 0.32 -> 0.80; 6001 0.23 -> 0.57;
+# 12289 0.25 -> 0.59 / 0.35 -> 0.82; 20001 0.14 -> 0.61 / 0.18 -> 0.78; 40001 0.32 -> 0.50 / 0.26 -> 0.75
+# (x torch 1.9-3.6). Chunks of 1024 were the fastest up to 6001 columns (4096: 0.39 / 0.61 at 4097), chunks
+# of 4096 from 12289 on (RMSNorm 40001: 0.75 against 0.66). Weight and bias are read per element there:
+# LayerNorm, which reads both, stays further from the copy.
+_HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8)), (None, (4096, 8, 4)))
+
+
+def _odd_row_window_config(n_cols: int) -> ForwardConfig:
+    """The aligned-window row sweeps of a 16-bit row of n_cols > 2048 columns, n_cols % 8 != 0."""
+    chunk, num_warps, min_blocks = next(choice for limit, choice in _HALF_ODD_ROW_WINDOW
+                                        if limit is None or n_cols <= limit)
+    return ForwardConfig(looped=False, block_rows=1, block_n=chunk, num_warps=num_warps, cache_hints=True,
+                         row_sweeps=True, aligned_window=True, min_blocks_per_sm=min_blocks)
 
 
 def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardConfig]:
@@ -172,15 +193,16 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     float32, 8192 float64 columns; ptxas keeps these without spills), else the looped kernel. About 64
     columns per thread and at least 4 warps: fewer, fuller warps made the cross-warp reductions
     cheaper and left room for more programs per SM (bench/layernorm.py --sweep on the H200: 4 warps
-    up to 8192 columns, 8 at 16384, 16 at 32768 were the fastest). 16-bit rows of 8193 to 16384
-    columns, not a multiple of 8 (rows off 16-byte boundaries), take the aligned window (where it fits).
+    up to 8192 columns, 8 at 16384, 16 at 32768 were the fastest). 16-bit rows of more than 2048
+    columns, not a multiple of 8 (rows off 16-byte boundaries), take the row sweeps through the aligned
+    window (`_HALF_ODD_ROW_WINDOW`; where the window does not apply, strided rows, the plain sweeps).
 
     16-bit LayerNorm rows of 513 to 32768 columns (padded to 1024..32768; but the aligned-window rows
     and those of the row sweeps below) add cache hints and/or re-read x (ForwardConfig.reload,
     output_chunks; `_HALF_LAYER_NORM_FORWARD`, measured at fp16 powers of two; bfloat16 has the same
     layout, other N take their padded row's options): the whole-row tiles alone reached 0.61-0.84 of a
-    copy's bandwidth, these 0.74-0.89. (At the 16384 block every row goes to the aligned window or the
-    row sweeps, so the table has no entry for it.)
+    copy's bandwidth, these 0.74-0.89 (2048 and 4096: 2 rows per program, 0.86-0.98). (At the 16384 block
+    every 16-bit row goes to the aligned window or the row sweeps, so the table has no entry for it.)
     RMSNorm keeps the whole-row tiles (0.95-0.99 of a copy; the hints made it slower at 4096-32768
     columns, 0.87-0.95 against 0.93-0.99). The aligned-window rows (above), float32 and float64 keep
     their tiles (not measured with these options).
@@ -188,11 +210,8 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     16-bit rows of 4097 to 32768 columns with N % 8 == 0 take the two-sweep kernel instead where
     `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy)."""
     block_n = _next_power_of_2(n_cols)
-    if dtype.itemsize == 2 and block_n == 16384 and n_cols % 8 != 0:
-        # Odd rows: the aligned window (16-byte vectors). H200, fp16 LayerNorm, M=8192, N=12289, speed
-        # vs torch's: 1.09x (this config), 1.18x with 16 warps and affine_first (but that spills 52
-        # bytes under ptxas, 60 in bfloat16), 0.78x without the window.
-        return ForwardConfig(looped=False, block_rows=1, block_n=block_n, num_warps=8, aligned_window=True)
+    if dtype.itemsize == 2 and n_cols > 2048 and n_cols % 8 != 0:
+        return _odd_row_window_config(n_cols)
     if dtype.itemsize == 2 and n_cols % 8 == 0:
         sweeps = _row_sweeps_config(block_n, subtract_mean)
         if sweeps is not None:
@@ -220,17 +239,22 @@ def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
     vs 0.034, 2048 0.038 vs 0.043, 4096 0.064 vs 0.075, 8192 0.139 vs 0.141 (equal: one path for both
     ops, the persistent). Odd N stays fused (at 4097 an earlier run, not on this footing, had the
     persistent slower), and so do longer rows (the two-pass persistent variants were slower than the
-    split backward)."""
+    split backward).
+    Session 6 (.scratch/ln_bwd_sweep.py, same footing, x torch's backward kernels): 16-bit rows of 1024
+    take 2 rows per tile (LayerNorm 1.96x -> 2.13x, RMSNorm 1.99x -> 2.33x); the persistent backward at
+    8192 prefetches the next row (LayerNorm 1.65x -> 1.91x, RMSNorm 1.93x -> 2.42x). The persistent
+    backward through the aligned window was 1.2-5x slower than the shipped kernels at 4097 and 12289, and
+    the persistent kernel over column parts 1.1-2x slower than the split backward at 16384 and 32768."""
     block_n = _next_power_of_2(n_cols)
     acc_bytes = accumulation_dtype(dtype).itemsize
     if dtype.itemsize == 2 and block_n == 8192 and n_cols % 8 == 0:
         return BackwardConfig(split=False, block_rows=1, block_n=block_n, num_warps=16, programs_per_sm=1,
-                              persistent=True)
+                              persistent=True, prefetch=True)
     if block_n * dtype.itemsize <= 16 * 1024:
         num_warps = min(16, max(4, block_n * acc_bytes // 2048))
-        return BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n,
-                              num_warps=num_warps, programs_per_sm=max(1, 16 // num_warps),
-                              prefetch=num_warps <= 8)
+        rows = 2 if dtype.itemsize == 2 and block_n == 1024 else max(1, 1024 // block_n)
+        return BackwardConfig(split=False, block_rows=rows, block_n=block_n, num_warps=num_warps,
+                              programs_per_sm=max(1, 16 // num_warps), prefetch=num_warps <= 8)
     return BackwardConfig(split=True, block_rows=8 // acc_bytes, block_n=1024, num_warps=4, programs_per_sm=4,
                           prefetch=True, input_block_rows=1, input_block_n=4096, input_num_warps=8)
 
