@@ -332,7 +332,9 @@ def test_default_backward_by_row_size(dtype):
         assert (config.persistent, config.split and not config.persistent) == (persistent, split), n_cols
         if not persistent and not split:
             warps = min(16, max(4, config.block_n * 4 // 2048))
-            rows = 2 if dtype.itemsize == 2 and config.block_n == 1024 else max(1, 1024 // config.block_n)
+            rows = max(1, 1024 // config.block_n)
+            if dtype.itemsize == 2 and config.block_n in (1024, 2048):     # norms._HALF_BACKWARD_TILES
+                rows, warps = 2, 4 if config.block_n == 1024 else 8
             assert config == norms.BackwardConfig(split=False, block_rows=rows,
                                                   block_n=config.block_n, num_warps=warps,
                                                   programs_per_sm=max(1, 16 // warps), prefetch=warps <= 8)

@@ -227,6 +227,13 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     return ForwardConfig(looped=True, block_rows=1, block_n=16384 // acc_bytes, num_warps=8)
 
 
+# 16-bit rows of the fused backward, (block_rows, num_warps) by padded row size, over the formula of
+# backward_config (1 row of 4 warps at both). H200, fp16, M=8192, kernels alone, x torch's backward kernels
+# (session 6, two runs): 1024: LayerNorm 1.96x -> 2.13x, RMSNorm 1.99x -> 2.33x; 2048: 1.87x -> 1.94x,
+# 2.00x -> 2.02x (the programs per SM and the prefetch follow the warps as in the formula).
+_HALF_BACKWARD_TILES = {1024: (2, 4), 2048: (2, 8)}
+
+
 def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
     """The fused backward while the padded row is at most 16 KiB of input (8192 16-bit, 4096 float32,
     2048 float64 columns) at 16 columns per thread (8 for float64): it keeps about eight registers per
@@ -241,8 +248,8 @@ def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
     persistent slower), and so do longer rows (the two-pass persistent variants were slower than the
     split backward).
     Session 6 (.scratch/ln_bwd_sweep.py, same footing, x torch's backward kernels): 16-bit rows of 1024
-    take 2 rows per tile (LayerNorm 1.96x -> 2.13x, RMSNorm 1.99x -> 2.33x); the persistent backward at
-    8192 prefetches the next row (LayerNorm 1.65x -> 1.91x, RMSNorm 1.93x -> 2.42x). The persistent
+    and 2048 take 2 rows per tile (`_HALF_BACKWARD_TILES`); the persistent backward at 8192 prefetches the
+    next row (LayerNorm 1.65x -> 1.91x, RMSNorm 1.93x -> 2.42x); at 4096 no candidate beat the formula. The persistent
     backward through the aligned window was 1.2-5x slower than the shipped kernels at 4097 and 12289, and
     the persistent kernel over column parts 1.1-2x slower than the split backward at 16384 and 32768."""
     block_n = _next_power_of_2(n_cols)
@@ -251,8 +258,9 @@ def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
         return BackwardConfig(split=False, block_rows=1, block_n=block_n, num_warps=16, programs_per_sm=1,
                               persistent=True, prefetch=True)
     if block_n * dtype.itemsize <= 16 * 1024:
-        num_warps = min(16, max(4, block_n * acc_bytes // 2048))
-        rows = 2 if dtype.itemsize == 2 and block_n == 1024 else max(1, 1024 // block_n)
+        rows, num_warps = max(1, 1024 // block_n), min(16, max(4, block_n * acc_bytes // 2048))
+        if dtype.itemsize == 2:
+            rows, num_warps = _HALF_BACKWARD_TILES.get(block_n, (rows, num_warps))
         return BackwardConfig(split=False, block_rows=rows, block_n=block_n, num_warps=num_warps,
                               programs_per_sm=max(1, 16 // num_warps), prefetch=num_warps <= 8)
     return BackwardConfig(split=True, block_rows=8 // acc_bytes, block_n=1024, num_warps=4, programs_per_sm=4,
@@ -349,32 +357,49 @@ def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional
 class NormLaunches:
     """The prepared launches of norm_forward for one layout (x's shape, strides, dtype and device, the
     dtypes, layouts and devices of weight and bias, eps, subtract_mean, the interpreter flag), and of
-    the backward of its results: what the autograd Function keeps from its forward to its backward,
-    which then finds its launches by the strides of dy and x alone (norm_backward's key costs a few
-    microseconds of host time).
+    the backward of its results: what the autograd Function keeps from its forward to its backward.
 
     forward(x, weight, bias) -> (y, mean, rstd), as norm_forward, for tensors of this layout.
-    backward(dy, x, weight, mean, rstd, input_grad, weight_grad, bias_grad) -> (dx, dweight, dbias), as
-    norm_backward, for x, weight and the mean and rstd of a forward of this layout (dbias in the
-    bias's dtype), prepared in that forward's mode (GPU or interpreter: FUSEDOPS_INTERPRET then).
+    backward(dy, x, weight, mean, rstd, needs_input_grad) -> (dx, dweight, dbias), as norm_backward
+    with input_grad, weight_grad, bias_grad = needs_input_grad[:3] (the autograd context's tuple), for
+    x, weight and the mean and rstd of a forward of this layout (dbias in the bias's dtype), prepared in
+    that forward's mode (GPU or interpreter: FUSEDOPS_INTERPRET then).
+
+    The backward finds its launch by needs_input_grad alone when dy, x and weight are contiguous (a
+    step's usual case: dy laid out like y), else by their strides too (norm_backward's key costs a few
+    microseconds of host time per call).
     """
 
-    __slots__ = ("forward", "_dtype", "_subtract_mean", "_bias_dtype", "_n_cols", "_backward")
+    __slots__ = ("forward", "_dtype", "_subtract_mean", "_bias_dtype", "_n_cols", "_backward", "_contiguous_backward")
 
     def __init__(self, forward: Callable, x: torch.Tensor, bias_dtype: Optional[torch.dtype], subtract_mean: bool,
                  n_cols: Optional[int]):
         self.forward = forward
         self._dtype, self._bias_dtype, self._subtract_mean, self._n_cols = x.dtype, bias_dtype, subtract_mean, n_cols
         self._backward = BoundedCache(16)   # per (dy's, x's and weight's strides, the gradients asked for)
+        self._contiguous_backward = {}      # per needs_input_grad, for contiguous dy, x and weight
 
     def backward(self, dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: Optional[torch.Tensor],
-                 rstd: torch.Tensor, input_grad: bool, weight_grad: bool, bias_grad: bool) -> tuple:
+                 rstd: torch.Tensor, needs_input_grad: tuple) -> tuple:
+        # x's and weight's layouts too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may give them
+        # back laid out anew (an expanded weight contiguous), and a launch reads a weight as it was prepared.
+        # Contiguous tensors of one shape are read alike whatever the strides of their size-1 dims.
+        if (dy.dtype is self._dtype and dy.is_contiguous() and x.is_contiguous()
+                and (weight is None or weight.is_contiguous())):
+            launch = self._contiguous_backward.get(needs_input_grad)
+            if launch is None:
+                launch = self._contiguous_backward[needs_input_grad] = self._launch(dy, x, weight, mean, rstd,
+                                                                                   needs_input_grad)
+            return launch(dy, x, weight, mean, rstd)
+        return self._launch(dy, x, weight, mean, rstd, needs_input_grad)(dy, x, weight, mean, rstd)
+
+    def _launch(self, dy, x, weight, mean, rstd, needs_input_grad) -> Callable:
+        """The backward launch for tensors laid out like these (`_backward_launcher`'s)."""
+        input_grad, weight_grad, bias_grad = needs_input_grad[0], needs_input_grad[1], needs_input_grad[2]
         if dy.dtype is not self._dtype:
-            return norm_backward(dy, x, weight, mean, rstd, subtract_mean=self._subtract_mean, input_grad=input_grad,
-                                 weight_grad=weight_grad, bias_grad=bias_grad, bias_dtype=self._bias_dtype,
-                                 n_cols=self._n_cols)
-        # x's and weight's strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may give them
-        # back laid out anew (an expanded weight contiguous), and a launch reads a weight as it was prepared
+            return functools.partial(norm_backward, subtract_mean=self._subtract_mean, input_grad=input_grad,
+                                     weight_grad=weight_grad, bias_grad=bias_grad, bias_dtype=self._bias_dtype,
+                                     n_cols=self._n_cols)
         key = (dy.stride(), x.stride(), None if weight is None else weight.stride(), input_grad, weight_grad,
                bias_grad)
         launch = self._backward.get(key)
@@ -382,7 +407,7 @@ class NormLaunches:
             launch = self._backward.put(key, _backward_launcher(
                 dy, x, weight, mean, rstd, self._subtract_mean, input_grad, weight_grad, bias_grad, self._bias_dtype,
                 self._n_cols, None, None, torch.empty))
-        return launch(dy, x, weight, mean, rstd)
+        return launch
 
 
 # NormLaunches per layout (see there), made by norm_launches; norm_backward's launches per everything they
@@ -676,17 +701,29 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
         column_sums = _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret)
 
     split = config.split and not config.persistent
+    # dweight's and dbias's partial sums in one allocation (a step's backward makes five tensors: every one
+    # costs host time) where dbias's half keeps the 16-byte alignment the launches were prepared with: the
+    # launches take the buffer, whose first half holds dweight's partials, and its second half (one view).
+    new_partial_pair = None
+    if weight_grad and bias_grad and dweight_partial.numel() * dweight_partial.element_size() % 16 == 0:
+        new_partial_pair = contiguous_allocator((2, *dweight_partial.shape), acc, device, allocate)
 
     def launch(dy, x, weight, mean, rstd):
-        dx, dweight, dbias = allocate_gradients(x)
+        dx = new_dx(x) if input_grad else None
+        dweight = new_dweight() if weight_grad else None
+        dbias = new_dbias() if bias_grad else None
         if not dy_in_place:
             dy = as_rows(dy, n_rows, n_cols)
         if not x_in_place:
             x = as_rows(x, n_rows, n_cols)
         if copy_weight:
             weight = weight.reshape(-1).contiguous()
-        dweight_partial = new_partial() if weight_grad else None
-        dbias_partial = new_partial() if bias_grad else None
+        if new_partial_pair is not None:
+            dweight_partial = new_partial_pair()
+            dbias_partial = dweight_partial[1]
+        else:
+            dweight_partial = new_partial() if weight_grad else None
+            dbias_partial = new_partial() if bias_grad else None
         if not split:
             main(dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd)
         else:
