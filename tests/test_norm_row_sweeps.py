@@ -161,8 +161,17 @@ def test_probe_candidates_assemble_without_spills(n, tmp_path, monkeypatch):
 
 
 # -- aligned window (ForwardConfig.aligned_window + row_sweeps) -------------------------------------
+@pytest.fixture(autouse=True)
+def _shifted_affine_at_any_size(monkeypatch):
+    # ForwardConfig.shifted_affine applies from SHIFTED_AFFINE_MIN_ELEMENTS on; the interpreter's rows are few.
+    monkeypatch.setattr(norms, "SHIFTED_AFFINE_MIN_ELEMENTS", 0)
+
+
 def _window(chunk, num_warps=1, **options):
     return _sweeps(chunk, num_warps, aligned_window=True, **options)
+
+
+SHIFTED = pytest.mark.parametrize("shifted", [False, True], ids=["affine", "shifted_affine"])
 
 
 def _shift_of(config, x, subtract_mean):
@@ -178,24 +187,38 @@ WINDOW_SHAPES = [(512, 1, 1500), (512, 1, 1001), (64, 1, 301), (64, 1, 37), (64,
 
 
 @OPS
+@SHIFTED
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("chunk, num_warps, n", WINDOW_SHAPES)
-def test_window_rows_match_float64(interpret, chunk, num_warps, n, dtype, subtract_mean, seed):
+def test_window_rows_match_float64(interpret, chunk, num_warps, n, dtype, shifted, subtract_mean, seed):
     x = random_tensor((9, n), dtype, "cpu", seed) * 3 + 0.25
     vector = 16 // dtype.itemsize
-    assert _shift_of(_window(chunk, num_warps), x, subtract_mean) == (vector if n % vector else 0)   # fp32 1500: 0
-    _check(_window(chunk, num_warps), x, subtract_mean, seed)
+    config = _window(chunk, num_warps, shifted_affine=shifted)
+    assert _shift_of(config, x, subtract_mean) == (vector if n % vector else 0)   # fp32 1500: 0
+    _check(config, x, subtract_mean, seed)
 
 
 @OPS
+@SHIFTED
 @pytest.mark.parametrize("offset", range(8))
-def test_window_rows_starting_at_every_offset(interpret, offset, subtract_mean, seed):
+def test_window_rows_starting_at_every_offset(interpret, offset, shifted, subtract_mean, seed):
     # Sliced views: the tensor itself starts `offset` elements past a 16-byte boundary (rows of stride N).
     n = 301
     flat = random_tensor((4 * n + 8,), torch.float16, "cpu", seed + offset)
     x = flat[offset:offset + 4 * n].view(4, n)
-    assert _shift_of(_window(64), x, subtract_mean) == 8
-    _check(_window(64), x, subtract_mean, seed)
+    config = _window(64, shifted_affine=shifted)
+    assert _shift_of(config, x, subtract_mean) == 8
+    _check(config, x, subtract_mean, seed)
+
+
+@pytest.mark.parametrize("n, shift", [(1, 8), (7, 8), (301, 8), (1001, 4)])
+def test_shifted_affine_copies_line_up_with_every_window(n, shift):
+    t = torch.arange(1, n + 1, dtype=torch.float32)
+    copies = norms.shifted_affine_copies(t, n, shift)
+    stride = copies.numel() // shift
+    assert stride % shift == 0 and stride >= n + shift - 1
+    for first in range(shift):                  # window position p of a row starting `first` past a boundary
+        assert torch.equal(copies[first * stride + first:first * stride + first + n], t)
 
 
 @OPS
@@ -208,10 +231,13 @@ def test_window_strided_rows_take_the_plain_sweeps(interpret, subtract_mean, see
 
 # The plain sweeps (aligned rows of 1100 columns) and the aligned window (odd rows of 1001 columns, row r
 # starting at r mod 8) through the same cases.
-KINDS = pytest.mark.parametrize("make, n", [(None, 1100), ("window", 1001)], ids=["sweeps", "window"])
+KINDS = pytest.mark.parametrize("make, n", [(None, 1100), ("window", 1001), ("shifted", 1001)],
+                                ids=["sweeps", "window", "shifted_affine"])
 
 
 def _kind(make, chunk, num_warps=1, **options):
+    if make == "shifted":
+        return _window(chunk, num_warps, shifted_affine=True, **options)
     return (_window if make == "window" else _sweeps)(chunk, num_warps, **options)
 
 
@@ -313,7 +339,9 @@ GPU_CONFIGS = [_sweeps(16384, 16, min_blocks_per_sm=2, cache_hints=True),
                _sweeps(8192, 8, min_blocks_per_sm=4, cache_hints=True),
                _sweeps(8192, 16, min_blocks_per_sm=3, cache_hints=True, programs_per_sm=2)]
 GPU_WINDOW_CONFIGS = [_window(8192, 16, min_blocks_per_sm=2, cache_hints=True),
-                      _window(4096, 8, min_blocks_per_sm=4, cache_hints=True, programs_per_sm=4)]
+                      _window(4096, 8, min_blocks_per_sm=4, cache_hints=True, programs_per_sm=4),
+                      _window(1024, 4, min_blocks_per_sm=8, cache_hints=True, shifted_affine=True),
+                      _window(4096, 8, min_blocks_per_sm=4, cache_hints=True, shifted_affine=True)]
 
 
 @pytest.mark.cuda
@@ -330,7 +358,8 @@ def test_gpu_row_sweeps_poisoned_outputs(config, shape, dtype, subtract_mean, se
 @OPS
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(33, 12289), (17, 20001), (9, 4097), (5, 8191), (3, 101), (9, 1)])
-@pytest.mark.parametrize("config", GPU_WINDOW_CONFIGS, ids=["8k-w16-lb2", "4k-w8-lb4-pps4"])
+@pytest.mark.parametrize("config", GPU_WINDOW_CONFIGS, ids=["8k-w16-lb2", "4k-w8-lb4-pps4", "1k-w4-lb8-shifted",
+                                                            "4k-w8-lb4-shifted"])
 def test_gpu_window_poisoned_outputs(config, shape, dtype, subtract_mean, seed):
     x = random_tensor(shape, dtype, "cuda", seed) * 3 + 0.25
     assert _shift_of(config, x, subtract_mean) == 8
@@ -342,8 +371,8 @@ def test_gpu_window_poisoned_outputs(config, shape, dtype, subtract_mean, seed):
 
 @pytest.mark.cuda
 @OPS
-@pytest.mark.parametrize("config, n_cols", [(GPU_CONFIGS[0], 32768), (GPU_WINDOW_CONFIGS[0], 12289)],
-                         ids=["sweeps", "window"])
+@pytest.mark.parametrize("config, n_cols", [(GPU_CONFIGS[0], 32768), (GPU_WINDOW_CONFIGS[0], 12289),
+                                             (GPU_WINDOW_CONFIGS[2], 12289)], ids=["sweeps", "window", "shifted"])
 def test_gpu_special_rows(config, n_cols, subtract_mean, seed):
     x = random_tensor((9, n_cols), torch.float16, "cuda", seed, scale=3.0)
     x[1] += 1e4
@@ -358,8 +387,8 @@ def test_gpu_special_rows(config, n_cols, subtract_mean, seed):
 
 @pytest.mark.cuda
 @OPS
-@pytest.mark.parametrize("config, n_cols", [(GPU_CONFIGS[0], 32768), (GPU_WINDOW_CONFIGS[0], 32767)],
-                         ids=["sweeps", "window"])
+@pytest.mark.parametrize("config, n_cols", [(GPU_CONFIGS[0], 32768), (GPU_WINDOW_CONFIGS[0], 32767),
+                                             (GPU_WINDOW_CONFIGS[3], 32767)], ids=["sweeps", "window", "shifted"])
 def test_gpu_more_than_2_31_elements(config, n_cols, subtract_mean, seed):
     n_rows = 2**31 // n_cols + 3                    # 2**31 + 3 rows of elements: int64 row offsets needed
     x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")

@@ -473,7 +473,17 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
 # GROUP = max(SHIFT, VECTOR) > first and middle = max(GROUP, (first + n_cols) rounded down to VECTOR).
 # Masked lanes never enter a statistic (the masked _add_moments counts only the row's elements);
 # weight and bias are read at the row's columns, p - first (not 16-byte aligned: scalar loads, from L1
-# and L2); LayerNorm's shift is x[row, 0], at window position first.
+# and L2), or with AFFINE_SHIFTED from shifted copies made by the launcher (`shifted_affine_copies`):
+# SHIFT rows of affine_copy_stride(n_cols, SHIFT) elements (a multiple of SHIFT), copy f holding
+# column c at position c + f, so that copy `first` lines up with the window and the chunks read it in
+# 16-byte vectors as they read x; LayerNorm's shift is x[row, 0], at window position first.
+@dsl.jit
+def affine_copy_stride(n_cols, SHIFT: dsl.constexpr):
+    # The row stride of the shifted affine copies: n_cols + SHIFT - 1 positions, rounded up to SHIFT.
+    return (n_cols + 2 * SHIFT - 2) // SHIFT * SHIFT
+
+
+
 @dsl.jit
 def _window_moments(x_window, at, mask, shift, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
                     SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, EVICTION: dsl.constexpr):
@@ -491,19 +501,23 @@ def _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, b
                                  y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr, CHUNK: dsl.constexpr,
                                  THREADS: dsl.constexpr, VECTOR: dsl.constexpr, SHIFT: dsl.constexpr,
                                  FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr,
-                                 AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr):
+                                 AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr,
+                                 AFFINE_SHIFTED: dsl.constexpr):
     # _normalize_row_sweeps through the aligned window (see above); x_row_stride == y_row_stride.
     acc_dtype = rstd_ptr.dtype.element
     x_start = row.to(dsl.int64) * x_row_stride
     first = (x_start % SHIFT).to(dsl.int32)
     x_window = x_ptr + dsl.multiple_of(x_start - first, SHIFT)
     y_window = y_ptr + dsl.multiple_of(row.to(dsl.int64) * y_row_stride - first, SHIFT)
-    weight_window = weight_ptr          # weight_window + p: the weight of window position p
+    affine_offset = -first                      # weight_window + p: the weight of window position p
+    if AFFINE_SHIFTED:
+        affine_offset = dsl.multiple_of(first * affine_copy_stride(n_cols, SHIFT), SHIFT)
+    weight_window = weight_ptr
     if weight_ptr is not None:
-        weight_window = weight_ptr - first
+        weight_window = weight_ptr + affine_offset
     bias_window = bias_ptr
     if bias_ptr is not None:
-        bias_window = bias_ptr - first
+        bias_window = bias_ptr + affine_offset
     PIECE: dsl.constexpr = THREADS * VECTOR
     GROUP: dsl.constexpr = SHIFT if SHIFT > VECTOR else VECTOR
     EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
@@ -547,7 +561,7 @@ def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
                               VECTOR: dsl.constexpr, ALIGN: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "",
                               SECOND_EVICTION: dsl.constexpr = "", AFFINE_EVICTION: dsl.constexpr = "",
                               STORE_CACHE: dsl.constexpr = "", MIN_BLOCKS: dsl.constexpr = 0,
-                              SHIFT: dsl.constexpr = 0):
+                              SHIFT: dsl.constexpr = 0, AFFINE_SHIFTED: dsl.constexpr = False):
     # Arguments as forward_kernel; any n_cols. Program p normalizes the rows p, p + G, ... (G =
     # num_programs) by the row sweeps (see above). THREADS, VECTOR: the chunk's load layout (THREADS
     # threads of VECTOR consecutive elements; the launcher derives them as the default blocked layout
@@ -556,16 +570,18 @@ def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
     # AFFINE_EVICTION: of weight's and bias's; STORE_CACHE: y's cache_modifier. MIN_BLOCKS > 0:
     # dsl.launch_bounds (registers capped for that many CTAs per SM). SHIFT > 0 (the elements of a
     # 16-byte vector of x; x_row_stride == y_row_stride, x_col_stride == 1; ALIGN unused): rows through
-    # the aligned window (_normalize_row_window_sweeps).
+    # the aligned window (_normalize_row_window_sweeps); AFFINE_SHIFTED: weight_ptr and bias_ptr are then
+    # the launcher's shifted copies of them (see above).
     if MIN_BLOCKS:
         dsl.launch_bounds(MIN_BLOCKS)
     for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
         if SHIFT:
             _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols,
                                          x_row_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR,
-                                         SHIFT, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+                                         SHIFT, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE,
+                                         AFFINE_SHIFTED)
         else:
-                _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols,
+            _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols,
                                   x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR,
                                   ALIGN, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
 

@@ -68,6 +68,9 @@ class ForwardConfig:
     16-byte boundaries (odd N; unit column stride, x's row stride N) go through the aligned window
     (norm_kernels' comment above _window_moments: masked edges, unmasked 16-byte chunks, masked
     pieces; weight and bias read per element); else ignored. forward_config chooses it for odd 16-bit rows.
+    shifted_affine (with aligned_window, where the window applies, and at least SHIFTED_AFFINE_MIN_ELEMENTS
+    elements): each call copies weight and bias into shifted copies (`shifted_affine_copies`: two more
+    small copy kernels) that the window reads in 16-byte vectors instead of per element.
     """
 
     looped: bool
@@ -83,6 +86,7 @@ class ForwardConfig:
     cache_hints: bool = False
     row_sweeps: bool = False
     min_blocks_per_sm: int = 0
+    shifted_affine: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,11 +470,17 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     rows = x if in_place else as_rows(x, n_rows, n_cols)
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
     args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, float(eps))
+    shifted = 0         # with shifted_affine: the window's SHIFT (the number of shifted copies)
     if config.row_sweeps:
         grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
-        prepared = K.forward_row_sweeps_kernel.prepare(
-            grid, *args, **row_sweep_constexprs(config, x.dtype, weight, bias, row_stride, n_cols, subtract_mean,
-                                                col_stride), interpret=interpret)
+        constexprs = row_sweep_constexprs(config, x.dtype, weight, bias, row_stride, n_cols, subtract_mean,
+                                          col_stride)
+        if (config.shifted_affine and constexprs.get("SHIFT") and (weight is not None or bias is not None)
+                and n_rows * n_cols >= SHIFTED_AFFINE_MIN_ELEMENTS):
+            shifted = constexprs["AFFINE_SHIFTED"] = constexprs["SHIFT"]
+            args = args[:4] + tuple(None if t is None else shifted_affine_copies(t, n_cols, shifted)
+                                    for t in (weight, bias)) + args[6:]
+        prepared = K.forward_row_sweeps_kernel.prepare(grid, *args, **constexprs, interpret=interpret)
     elif config.looped:
         grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
         prepared = K.forward_looped_kernel.prepare(grid, *args, SUBTRACT_MEAN=subtract_mean,
@@ -503,10 +513,29 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
             weight = weight.reshape(-1).contiguous()
         if copy_bias:
             bias = bias.reshape(-1).contiguous()
+        if shifted:
+            weight = None if weight is None else shifted_affine_copies(weight, n_cols, shifted)
+            bias = None if bias is None else shifted_affine_copies(bias, n_cols, shifted)
         prepared(y, mean, rstd, x, weight, bias)
         return y, mean, rstd
 
     return launch
+
+
+# ForwardConfig.shifted_affine applies from this many elements of x on: below it the two copies would cost
+# about as much as the window's per-element weight and bias loads save.
+SHIFTED_AFFINE_MIN_ELEMENTS = 1 << 22
+
+
+def shifted_affine_copies(t: torch.Tensor, n_cols: int, shift: int) -> torch.Tensor:
+    """`shift` copies of the n_cols-element weight or bias `t` in one new tensor, copy f holding t[c] at
+    element f * stride + c + f (stride: norm_kernels.affine_copy_stride, a multiple of `shift`), so that
+    the aligned window of a row starting f elements past a 16-byte boundary reads copy f in 16-byte
+    vectors (the positions no copy writes are never read). One copy kernel."""
+    stride = (n_cols + 2 * shift - 2) // shift * shift          # norm_kernels.affine_copy_stride
+    copies = torch.empty(shift * stride, dtype=t.dtype, device=t.device)
+    copies.as_strided((shift, n_cols), (stride + 1, 1)).copy_(t.reshape(1, n_cols).expand(shift, n_cols))
+    return copies
 
 
 # forward_row_sweeps_kernel's cache hints with ForwardConfig.cache_hints: x in the first sweep, x in the
