@@ -761,13 +761,14 @@ def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
 
 
 # 16-bit LayerNorm's forward options (forward_config) beyond GPU_SHAPES' (1000: hints; 8192 and 32768: the
-# row sweeps): reload in 2 chunks with hints at the 4096 block (full and shorter rows), the row sweeps of
-# the 16384 block (full and shorter rows), reload in 8 chunks for unaligned rows of the 32768 block; the
-# backward of the same rows (fused, split).
+# row sweeps): 2-row tiles with hints at the 4096 block (full and shorter rows), the row sweeps of the 16384
+# block (full and shorter rows), the row sweeps through the aligned window for unaligned rows of the 32768
+# block; the backward of the same rows (fused, split).
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("shape, option", [((257, 4096), "reload"), ((129, 4000), "reload"), ((65, 16384), "row_sweeps"),
-                                           ((33, 16000), "row_sweeps"), ((17, 20001), "reload")])
+@pytest.mark.parametrize("shape, option", [((257, 4096), "cache_hints"), ((129, 4000), "cache_hints"),
+                                           ((65, 16384), "row_sweeps"), ((33, 16000), "row_sweeps"),
+                                           ((17, 20001), "aligned_window")])
 def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, seed):
     assert getattr(norms.forward_config(shape[1], dtype, subtract_mean=True), option)
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, True, device="cuda")
@@ -779,6 +780,19 @@ def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, s
     dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=True, input_grad=True, weight_grad=True,
                                      bias_grad=True, bias_dtype=dtype, allocate=_poisoned_empty)
     _compare(LAYER_NORM, shape[-1:], (y, dx, dw, db), _reference(LAYER_NORM, x, shape[-1:], w, b, 1e-5, dy), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_gpu_default_odd_rows_read_shifted_affine_copies(op, dtype, seed):
+    # Odd rows of the default window row sweeps, enough elements for the shifted weight/bias copies.
+    shape = (401, 12289)
+    config = norms.forward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM)
+    assert config.shifted_affine and shape[0] * shape[1] >= norms.SHIFTED_AFFINE_MIN_ELEMENTS
+    x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, op == LAYER_NORM, device="cuda")
+    actual = _run(op, x, shape[-1:], w, b, 1e-5, dy)
+    _compare(op, shape[-1:], actual, _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
 @pytest.mark.cuda
@@ -802,10 +816,10 @@ def test_gpu_strided_and_expanded(op, seed):
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_gpu_more_than_65535_programs_and_deterministic(op, seed):
-    shape = (70001, 2048)           # the forward launches one program per row
     subtract_mean = op == LAYER_NORM
+    rows_per_program = norms.forward_config(2048, torch.float16, subtract_mean=subtract_mean).block_rows
+    shape = (70001 * rows_per_program, 2048)        # the forward launches 70001 programs
     x, w, b, dy = _inputs(shape, shape[-1:], torch.float16, seed, True, subtract_mean, device="cuda")
-    assert norms.forward_config(2048, torch.float16, subtract_mean=subtract_mean).block_rows == 1
     first = _run(op, x, shape[-1:], w, b, 1e-5, dy)
     second = _run(op, x, shape[-1:], w, b, 1e-5, dy)
     for a, c, e in zip(first, second, _reference(op, x, shape[-1:], w, b, 1e-5, dy)):

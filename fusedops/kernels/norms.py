@@ -160,23 +160,23 @@ _HALF_ROW_SWEEPS = {
 
 
 # 16-bit rows of more than 2048 columns that are not a multiple of 8 (rows off 16-byte boundaries) take the
-# row sweeps through the aligned window (ForwardConfig.aligned_window): (chunk, num_warps, min_blocks_per_sm)
-# by the largest N each covers. H200, fp16, M=8192, kernel alone, fraction of a copy of the same bytes, the
-# whole-row tiles (2-byte accesses; the aligned whole-row window at 12289) -> this (session 6, two runs),
-# LayerNorm / RMSNorm: 3001 0.27 -> 0.50 / 0.27 -> 0.69; 4097 0.21 -> 0.54 / 0.32 -> 0.80; 6001 0.23 -> 0.57;
-# 12289 0.25 -> 0.59 / 0.35 -> 0.82; 20001 0.14 -> 0.61 / 0.18 -> 0.78; 40001 0.32 -> 0.50 / 0.26 -> 0.75
-# (x torch 1.9-3.6). Chunks of 1024 were the fastest up to 6001 columns (4096: 0.39 / 0.61 at 4097), chunks
-# of 4096 from 12289 on (RMSNorm 40001: 0.75 against 0.66). Weight and bias are read per element there:
-# LayerNorm, which reads both, stays further from the copy.
-_HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8)), (None, (4096, 8, 4)))
+# row sweeps through the aligned window (ForwardConfig.aligned_window): (chunk, num_warps, min_blocks_per_sm,
+# shifted_affine) by the largest N each covers. H200, fp16, M=8192, kernel alone, fraction of a copy of the
+# same bytes, the whole-row tiles (2-byte accesses; the aligned whole-row window at 12289) -> this (session
+# 6, three runs), LayerNorm / RMSNorm: 3001 0.27 -> 0.57 / 0.27 -> 0.69; 4097 0.21 -> 0.57 / 0.32 -> 0.77;
+# 6001 0.23 -> 0.57; 12289 0.25 -> 0.66 / 0.35 -> 0.80; 20001 0.14 -> 0.69 / 0.18 -> 0.78; 40001 0.32 ->
+# 0.60 / 0.26 -> 0.76 (x torch 2.5-3.6). Chunks of 1024 were the fastest up to 6001 columns (4096: 0.41 /
+# 0.58 at 4097), chunks of 4096 from 12289 on; the shifted weight and bias copies gained 10-20% there
+# (LayerNorm 12289 0.58 -> 0.66, 20001 0.60 -> 0.69, 40001 0.50 -> 0.60) and nothing at 3001 and 4097.
+_HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8, False)), (None, (4096, 8, 4, True)))
 
 
 def _odd_row_window_config(n_cols: int) -> ForwardConfig:
     """The aligned-window row sweeps of a 16-bit row of n_cols > 2048 columns, n_cols % 8 != 0."""
-    chunk, num_warps, min_blocks = next(choice for limit, choice in _HALF_ODD_ROW_WINDOW
-                                        if limit is None or n_cols <= limit)
+    chunk, num_warps, min_blocks, shifted = next(choice for limit, choice in _HALF_ODD_ROW_WINDOW
+                                                 if limit is None or n_cols <= limit)
     return ForwardConfig(looped=False, block_rows=1, block_n=chunk, num_warps=num_warps, cache_hints=True,
-                         row_sweeps=True, aligned_window=True, min_blocks_per_sm=min_blocks)
+                         row_sweeps=True, aligned_window=True, min_blocks_per_sm=min_blocks, shifted_affine=shifted)
 
 
 def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardConfig]:
@@ -730,12 +730,6 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
         column_sums = _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret)
 
     split = config.split and not config.persistent
-    # dweight's and dbias's partial sums in one allocation (a step's backward makes five tensors: every one
-    # costs host time) where dbias's half keeps the 16-byte alignment the launches were prepared with: the
-    # launches take the buffer, whose first half holds dweight's partials, and its second half (one view).
-    new_partial_pair = None
-    if weight_grad and bias_grad and dweight_partial.numel() * dweight_partial.element_size() % 16 == 0:
-        new_partial_pair = contiguous_allocator((2, *dweight_partial.shape), acc, device, allocate)
 
     def launch(dy, x, weight, mean, rstd):
         dx = new_dx(x) if input_grad else None
@@ -747,12 +741,10 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
             x = as_rows(x, n_rows, n_cols)
         if copy_weight:
             weight = weight.reshape(-1).contiguous()
-        if new_partial_pair is not None:
-            dweight_partial = new_partial_pair()
-            dbias_partial = dweight_partial[1]
-        else:
-            dweight_partial = new_partial() if weight_grad else None
-            dbias_partial = new_partial() if bias_grad else None
+        # (one allocation for both partial buffers, dbias's a view of its second half, cost more host time on
+        # the CPU: a view costs as much as an allocation)
+        dweight_partial = new_partial() if weight_grad else None
+        dbias_partial = new_partial() if bias_grad else None
         if not split:
             main(dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd)
         else:
