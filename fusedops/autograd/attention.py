@@ -191,7 +191,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if known is not None and (attn_mask is None or not (attn_mask.requires_grad and torch.is_grad_enabled())):
         return _attend(query, key, value, attn_mask, *known)
     check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
-    native = (not _runs_kernels(query) or value.size(-1) > _kernels.MAX_HEAD_DIM
+    native = (not _runs_kernels(query) or value.size(-1) > _kernels.MAX_HEAD_DIM or query.size(-1) == 0
               or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()))
     if native:
         return torch.nn.functional.scaled_dot_product_attention(

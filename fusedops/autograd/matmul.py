@@ -172,7 +172,8 @@ def _prepared_product(a, b, bias, activation, out_dtype) -> Optional[tuple]:
     shape = _output_shape(a, b, batch_shape, m, n)
     dtype = out_dtype or a.dtype
     c = torch.empty(shape, dtype=dtype, device=a.device)
-    prepared = kernels.prepare_matmul(c.view(max(a3.shape[0], b3.shape[0]), m, n), a3, b3, bias, activation)
+    batch = b3.shape[0] if a3.shape[0] == 1 else a3.shape[0]      # broadcasting: 1 against 0 is 0
+    prepared = kernels.prepare_matmul(c.view(batch, m, n), a3, b3, bias, activation)
     if prepared is None:
         return None
     new_output = contiguous_allocator(shape, dtype, a.device)
@@ -304,8 +305,11 @@ def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):
     """
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-    dz2 = dz.unsqueeze(-2) if a.dim() == 1 else dz
-    dz2 = dz2.unsqueeze(-1) if b.dim() == 1 else dz2
+    if a.dim() == 1 and b.dim() == 1:           # a dot product: dz is 0-d
+        dz2 = dz.reshape(1, 1)
+    else:
+        dz2 = dz.unsqueeze(-2) if a.dim() == 1 else dz
+        dz2 = dz2.unsqueeze(-1) if b.dim() == 1 else dz2
     da = db = dbias = None
     if needs_input_grad[0]:
         da = _sum_to(matmul(dz2, b2.transpose(-1, -2), None, None, a.dtype), a2.shape).reshape(a.shape)

@@ -207,7 +207,7 @@ def _tma_launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
     has_bias = bias is not None
     args = (c, a, b, bias if has_bias else c, m, n, k, a.stride(1), a.stride(2), b.stride(1), b.stride(2),
             c.stride(1), c.stride(2), bias.stride(0) if has_bias else 0)
-    acc = dsl.float64 if torch.float64 in (a.dtype, c.dtype) else dsl.float32
+    acc = dsl.float64 if a.dtype == torch.float64 else dsl.float32     # a float64 c of narrower operands: float32 sums
     return args, {"HAS_BIAS": has_bias, "ACTIVATION": activation, "ACC": acc}, (m, n, k)
 
 
@@ -233,7 +233,7 @@ def _launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[to
             a.stride(0) if a.shape[0] > 1 else 0, a.stride(1), a.stride(2),
             b.stride(0) if b.shape[0] > 1 else 0, b.stride(1), b.stride(2),
             c.stride(0), c.stride(1), c.stride(2), bias.stride(0) if has_bias else 0)
-    acc = dsl.float64 if torch.float64 in (a.dtype, c.dtype) else dsl.float32
+    acc = dsl.float64 if a.dtype == torch.float64 else dsl.float32     # a float64 c of narrower operands: float32 sums
     return args, {"HAS_BIAS": has_bias, "ACTIVATION": activation, "ACC": acc}, (m, n, k)
 
 
@@ -312,6 +312,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Returns a new contiguous (batch, M, N) tensor of `out_dtype` (default a's dtype). See
     `matmul_into` for dtypes, strides and `config`.
     """
-    batch = max(a.shape[0], b.shape[0])
+    batch = b.shape[0] if a.shape[0] == 1 else a.shape[0]       # broadcasting: 1 against 0 is 0
     c = torch.empty((batch, a.shape[1], b.shape[2]), dtype=out_dtype or a.dtype, device=a.device)
     return matmul_into(c, a, b, bias, activation, interpret=interpret, config=config)

@@ -665,8 +665,9 @@ def plan_rows(shape: Sequence[int], dim: int, strides: Sequence[Sequence[int]]) 
 def empty_in_order_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized dense tensor shaped like `x` whose dims lie in memory in `x`'s order, so
     that it groups into rows exactly as `x` does (what empty_like does for dense `x`, extended
-    to sliced ones)."""
-    if x.is_contiguous():
+    to sliced ones); contiguous for an expanded `x` (a dim of stride 0), as torch's results are:
+    there `x`'s order would make the output strided along the expanded dims."""
+    if x.is_contiguous() or any(stride == 0 and size > 1 for size, stride in zip(x.shape, x.stride())):
         # empty_like keeps a contiguous x's strides (those of its size-1 dims included, which no
         # row plan reads); it costs half of torch.empty(shape, ...) on the host.
         return torch.empty_like(x) if dtype == x.dtype else torch.empty_like(x, dtype=dtype)

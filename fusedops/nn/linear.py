@@ -11,6 +11,8 @@ matmul's epilogue. CPU tensors run torch's ops (unless FUSEDOPS_INTERPRET=1).
 
 from __future__ import annotations
 
+import math
+
 from typing import Optional
 
 import torch
@@ -32,7 +34,8 @@ class Linear(torch.nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if input.shape[-1:] != (self.in_features,):
             raise ValueError(f"Linear expects inputs whose last dim is {self.in_features}, got {tuple(input.shape)}")
-        rows = input.reshape(-1, self.in_features)       # a view for contiguous (and most strided) inputs
+        # a view for contiguous (and most strided) inputs; the row count spelled out for in_features == 0
+        rows = input.reshape(math.prod(input.shape[:-1]), self.in_features)
         out = functional.matmul(rows, self.weight.t(), self.bias, self.activation)
         return out.reshape(*input.shape[:-1], self.out_features)
 
