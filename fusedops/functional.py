@@ -32,6 +32,11 @@ _KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
+# torch.func transforms (vmap, grad, jacrev, ...) pass wrapped tensors without storage, which the kernels
+# cannot read: while one is active every op runs torch's (torch._C's check costs ~0.1 us).
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
     """Whether an op on `x` (reading/writing `dtypes`) runs the fusedops kernels."""
     if x.is_cuda:
@@ -104,6 +109,8 @@ def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype]
 
 
 def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) -> torch.Tensor:
+    if _transforms_active():
+        return (torch.log_softmax if log else torch.softmax)(input, dim, dtype=dtype)
     # Arguments laid out like ones that took the kernel path before (without autocast, an int dim) need
     # neither checks nor routing.
     if type(dim) is int and not torch.compiler.is_compiling() and not _any_autocast_enabled():
@@ -172,6 +179,8 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
     FUSEDOPS_INTERPRET=1 runs the kernels in the interpreter. Under CUDA autocast the inputs are cast to
     float32 first and the result is float32, as torch's autocast does for layer_norm.
     """
+    if _transforms_active():
+        return torch.nn.functional.layer_norm(input, normalized_shape, weight, bias, eps)
     # CUDA autocast runs layer_norm in float32 (it is on torch's "autocast to float32" list).
     autocast = _autocast_dtype("layer_norm", input) if isinstance(input, torch.Tensor) else None
     if autocast is not None:
@@ -207,6 +216,8 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
 
     Dispatch as for layer_norm (a float64 weight on CUDA also runs torch's op).
     """
+    if _transforms_active():
+        return torch.nn.functional.rms_norm(input, normalized_shape, weight, eps)
     # float32 under CUDA autocast, as torch
     autocast = _autocast_dtype("rms_norm", input) if isinstance(input, torch.Tensor) else None
     if autocast is not None:
@@ -250,6 +261,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     autograd through fusedops.autograd.matmul.MatmulFunction). Other CUDA dtypes and CPU tensors
     run torch ops, unless FUSEDOPS_INTERPRET=1 runs the kernel in the interpreter (any float dtype).
     """
+    if _transforms_active():
+        _matmul.check_arguments(a, b, bias, activation, out_dtype)
+        return _matmul.reference(a, b, bias, activation, out_dtype)
     autocast = _autocast_dtype("matmul", a) if isinstance(a, torch.Tensor) else None
     if autocast is not None:    # the autocast dtype (float16/bfloat16), as torch.matmul
         a, b, bias = (_library.autocast_cast(t, autocast) for t in (a, b, bias))
@@ -313,6 +327,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """
     from fusedops.autograd import attention as _attention
 
+    if _transforms_active():
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     autocast = _autocast_dtype("scaled_dot_product_attention", query) if isinstance(query, torch.Tensor) else None
     if autocast is not None:
         query, key, value, attn_mask = (_library.autocast_cast(t, autocast) for t in (query, key, value, attn_mask))

@@ -83,3 +83,55 @@ def test_softmax_of_expanded_input_is_contiguous(shape, expanded, dim, log):
     y = (fusedops.log_softmax if log else fusedops.softmax)(x, dim)
     assert y.is_contiguous()
     assert_close(y.view(-1), (torch.log_softmax if log else torch.softmax)(x.double(), dim).view(-1), torch.float32)
+
+
+# Second-order gradients: with create_graph=True and a grad output that does not require grad, the gradients
+# came back as constants, so a gradient penalty lost its terms through x (torch's once_differentiable only
+# guards grad outputs that require grad). Now differentiating them raises; first-order results are unchanged.
+def _ops():
+    w = torch.randn(8, dtype=torch.float64)
+    m = torch.randn(8, 5, dtype=torch.float64)
+    return {
+        "softmax": (lambda x: fusedops.softmax(x, -1), lambda x: torch.softmax(x, -1)),
+        "log_softmax": (lambda x: fusedops.log_softmax(x, -1), lambda x: torch.log_softmax(x, -1)),
+        "layer_norm": (lambda x: fusedops.layer_norm(x, (8,), w), lambda x: F.layer_norm(x, (8,), w)),
+        "rms_norm": (lambda x: fusedops.rms_norm(x, (8,), w), lambda x: F.rms_norm(x, (8,), w)),
+        "matmul": (lambda x: fusedops.matmul(x, m), lambda x: x @ m),
+        "sdpa": (lambda x: fusedops.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])[0, 0],
+                 lambda x: F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])[0, 0]),
+    }
+
+
+@pytest.mark.parametrize("name", list(_ops()))
+def test_create_graph_gradients_raise_when_differentiated_again(name):
+    ours, theirs = _ops()[name]
+    x0 = torch.randn(3, 8, dtype=torch.float64)
+    x = x0.clone().requires_grad_()
+    y = ours(x)
+    r = torch.randn_like(y)
+    (gx,) = torch.autograd.grad((y * r).sum(), x, create_graph=True)
+    xr = x0.clone().requires_grad_()
+    (expected,) = torch.autograd.grad((theirs(xr) * r).sum(), xr)
+    assert_close(gx.detach(), expected, torch.float64)         # first order: as before
+    with pytest.raises(RuntimeError, match="differentiate twice a fusedops op"):
+        gx.pow(2).sum().backward()
+
+
+# torch.func transforms pass wrapped tensors without storage: the ops ran the kernels on them and failed
+# with "Cannot access data pointer". Under a transform every op now runs torch's.
+@pytest.mark.parametrize("name", list(_ops()))
+def test_torch_func_transforms_run_torch_s_op(name):
+    ours, theirs = _ops()[name]
+    x = torch.randn(4, 3, 8, dtype=torch.float64)
+    assert_close(torch.vmap(ours)(x), torch.vmap(theirs)(x), torch.float64)
+    grad = torch.func.grad(lambda t: ours(t).pow(2).sum())(x[0])
+    assert_close(grad, torch.func.grad(lambda t: theirs(t).pow(2).sum())(x[0]), torch.float64)
+
+
+@pytest.mark.parametrize("eps", ["a", None, [1e-5]])
+def test_layer_norm_eps_that_is_not_a_number_is_a_type_error(eps):
+    x = torch.randn(2, 8)
+    with pytest.raises(TypeError, match="argument 'eps' must be a number"):
+        fusedops.layer_norm(x, (8,), eps=eps)
+    with pytest.raises(TypeError):
+        F.layer_norm(x, (8,), eps=eps)          # torch's type too

@@ -10,13 +10,11 @@ forward + backward ~80 us, of which `Function.apply`'s Python wrapper ~3 us and 
   `Function.apply` ends in) directly while no functorch transform is active, after the same
   dead-wrapper unwrapping; under a transform (or on a torch without those names) it is `cls.apply`.
   Only for Functions without `setup_context` (whose `apply` rebinds default arguments first).
-- `once_differentiable(backward)`: torch's decorator of that name, whose no_grad context and checks
-  run only when the backward is itself recorded (create_graph=True, grad mode on), which is the only
-  case they change anything: a second differentiation then raises torch's error.
-- `call_backward_directly(cls)`: the autograd engine calls `cls.backward` itself, not through the
-  Python method torch's backward node class puts in between (`BackwardCFunction.apply`, which looks the
-  backward up anew and checks for `vjp` on every call: ~1 us of a step's backward, measured on the CPU
-  as `torch.autograd.grad` of a trivial Function, 28.1 -> 27.1 us).
+- `once_differentiable(backward)`: torch's decorator of that name, whose no_grad context runs only when
+  the backward is itself recorded (create_graph=True, grad mode on). Then every gradient it returns
+  raises on a second differentiation, also when the incoming gradients do not require grad (torch's
+  decorator returns plain tensors then, which would silently drop the terms through the saved inputs,
+  e.g. a gradient penalty's).
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from torch.autograd import function as _function
 _FUNCTION_BASE_APPLY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 _UNWRAP_IF_DEAD = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
-_BACKWARD_NODE_APPLY = getattr(_function, "BackwardCFunction", None) and _function.BackwardCFunction.apply
 
 
 def apply_of(cls, tensor_positions: tuple = (0,)) -> Callable:
@@ -62,27 +59,28 @@ def apply_of(cls, tensor_positions: tuple = (0,)) -> Callable:
 
 
 def once_differentiable(backward: Callable) -> Callable:
-    """torch.autograd.function.once_differentiable, free in a backward that is not recorded."""
-    recorded = _function.once_differentiable(backward)
+    """torch.autograd.function.once_differentiable, free in a backward that is not recorded; recorded
+    (create_graph=True), the gradients it returns raise RuntimeError when differentiated."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
-        if torch.is_grad_enabled():     # create_graph=True: torch's wrapper makes double backward raise
-            return recorded(ctx, *grads)
-        return backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return backward(ctx, *grads)
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        single = not isinstance(outputs, tuple)
+        outputs = (outputs,) if single else outputs
+        # The gradients depend on the saved inputs too, so they raise whatever the incoming ones need.
+        delayed = _DelayedError(_DOUBLE_BACKWARD, len(outputs))(
+            *[t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+              for t in outputs])
+        delayed = delayed if isinstance(delayed, tuple) else (delayed,)
+        return delayed[0] if single else delayed
 
     return wrapper
 
 
-def call_backward_directly(cls) -> None:
-    """Make the autograd engine call `cls.backward(ctx, *grads)` (cls: a torch.autograd.Function with a
-    `backward`, no `vjp`) as its backward node's `apply`, the method the engine calls (a node is an
-    instance of `cls._backward_cls`, the class torch makes for cls), in place of torch's, which only
-    finds `cls.backward` and calls it. Changes nothing on a torch whose node class differs (no
-    `_backward_cls`, another `apply`, a Function that asks for boxed gradients); torch.compile's
-    compiled autograd calls `cls.backward` itself either way. `cls.backward` is read now: set it first."""
-    node_class = getattr(cls, "_backward_cls", None)
-    if (_BACKWARD_NODE_APPLY is None or node_class is None or node_class.apply is not _BACKWARD_NODE_APPLY
-            or cls.vjp is not _function.Function.vjp or getattr(cls, "boxed_grads_call", False)):
-        return
-    node_class.apply = cls.backward     # a plain function: the node (ctx) is its first argument
+_DelayedError = torch._C._functions.DelayedError
+_DOUBLE_BACKWARD = (b"trying to differentiate twice a fusedops op: its backward is a kernel, which cannot be "
+                    b"differentiated again (double backward, create_graph=True); use the torch op for "
+                    b"higher-order gradients")

@@ -26,7 +26,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from fusedops.autograd.function_host import apply_of, call_backward_directly, once_differentiable
+from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import norms as kernels
@@ -168,10 +168,13 @@ def kernel_launches(op: str, x: torch.Tensor, normalized_shape, weight: Optional
                     bias: Optional[torch.Tensor], eps) -> tuple:
     """(NormLaunches, normalized_shape as a tuple) of `op` ("layer_norm" or "rms_norm") for arguments
     that passed its checks and take the kernel path (remembered for known_launches). eps: as given
-    (None: rms_norm's default). Raises TypeError / ValueError for an eps that is not a number."""
+    (None: rms_norm's default). Raises TypeError for an eps that is not a number."""
     normalized_shape = normalized_shape_tuple(normalized_shape)
     # None is rms_norm's default only: layer_norm's eps must be a number, as torch's (float(None) raises)
-    eps_value = default_rms_norm_eps(x.dtype) if eps is None and op == "rms_norm" else float(eps)
+    try:
+        eps_value = default_rms_norm_eps(x.dtype) if eps is None and op == "rms_norm" else float(eps)
+    except (TypeError, ValueError):     # as torch: a TypeError naming the argument
+        raise TypeError(f"fusedops.{op}(): argument 'eps' must be a number, got {type(eps).__name__}") from None
     launches = kernels.norm_launches(x, weight, bias, eps_value, subtract_mean=op == "layer_norm",
                                      n_cols=_columns(normalized_shape))
     known = (launches, normalized_shape)
@@ -224,7 +227,5 @@ class NormFunction(torch.autograd.Function):
         return dx, dweight, dbias, None, None
 
 
-# NormFunction.apply without the Python layer of torch's, and its backward called by the autograd engine
-# without torch's either (function_host.py)
+# NormFunction.apply without the Python layer of torch's (function_host.py)
 _norm_apply = apply_of(NormFunction, (0, 1, 2))
-call_backward_directly(NormFunction)
