@@ -154,7 +154,7 @@ def test_fast_path_rejects_what_the_full_path_rejects(gpu):
 
 
 def _specializations(kernel) -> set:
-    return {tuple((spec.type, spec.equal_to_one, spec.divisible_by_16, spec.value) for spec in key.args)
+    return {tuple((spec.type, spec.equal_to_one, spec.divisibility, spec.value) for spec in key.args)
             for key in kernel._cache}
 
 
@@ -169,7 +169,10 @@ def test_what_specialization_reads_makes_a_new_specialization(gpu, monkeypatch):
         (_cuda(base[1:65]), y, 64, 2.0, 32),                        # x no longer 16-byte aligned
         (x, y, 1, 2.0, 32),                                         # n == 1
         (x, y, 63, 2.0, 32),                                        # n not divisible by 16
+        (x, y, 56, 2.0, 32),                                        # n divisible by 8, not by 16
         (x, y, 2**40, 2.0, 32),                                     # n needs int64
+        (x, y, 2**40 + 8, 2.0, 32),                                 # an int64 divisible by 8, not by 16
+        (x, y, 2**40 + 1, 2.0, 32),                                 # an int64 divisible by neither
         (x, y, 64, 2, 32),                                          # factor an int
         (x, y, 64, 2.0, 64),                                        # BLOCK
     ]

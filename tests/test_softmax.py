@@ -632,14 +632,18 @@ def test_shipped_configs_assemble_without_spills():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rows_of_1000_elements_get_16_byte_vectors(dtype):
-    """A row stride of 1000 is not specialized (not a multiple of 16), but ALIGN = 8 says rows
-    start on 8-element boundaries: 16 bytes for 2-byte types, 32 for fp32."""
+    """ALIGN = 8 says rows of stride 1000 start on 8-element boundaries: 16 bytes for 2-byte types, 32
+    for fp32. The launch specializes 1000 as a multiple of 8 too (ints divisible by 8 but not 16), so
+    its rows get 16-byte vectors without ALIGN as well; a row stride of 1004 (a multiple of 4 only)
+    does not."""
     layout = K.plan_rows((8192, 1000), 1, ((1000, 1), (1000, 1)))
     launch = K._plan_launch((8192, 1000), 1, ((1000, 1), (1000, 1)), (dtype, dtype), False, False, None, None)
     assert launch.constexprs["ALIGN"] == 8
     kernel = _compile(K.choose_config(layout), dtype, False, False, n_cols=1000, align=8)
     assert _has_global_vectors(kernel.asm["ptx"], ".v4.b32")
-    unhinted = _compile(K.choose_config(layout), dtype, False, False, n_cols=1000, align=1)
+    specialized = _compile(K.choose_config(layout), dtype, False, False, n_cols=1000, align=1)
+    assert _has_global_vectors(specialized.asm["ptx"], ".v4.b32")
+    unhinted = _compile(K.choose_config(layout), dtype, False, False, n_cols=1004, align=1)
     assert not _has_global_vectors(unhinted.asm["ptx"], ".v4.b32")
 
 

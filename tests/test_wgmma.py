@@ -684,13 +684,14 @@ def _compile_like_the_runtime(c, a, b, config, arch="sm_90a"):
                                                 num_stages=config.num_stages, **constexprs, **config.constexprs)
 
 
-@pytest.mark.parametrize("m,n,k,b_ring", [(200, 136, 1001, False), (128, 256, 4099, True)], ids=str)
+@pytest.mark.parametrize("m,n,k,b_ring", [(200, 132, 1001, False), (200, 136, 1001, True), (128, 256, 4099, True)],
+                         ids=str)
 def test_unaligned_rows_stage_through_shared_memory(m, n, k, b_ring, tmp_path, monkeypatch):
     """K odd: A's rows are not 16-byte aligned, so A cannot be copied with cp.async; the dot stages it
     with st.shared + fence.proxy.async + barrier every iteration. B's rows (stride N) are aligned
-    when N is divisible by 16 (the runtime specializes on that): then B still comes through the
-    cp.async ring and only A is staged (the case the H200 run first tested with the wrong
-    expectation: N = 256)."""
+    when N is divisible by 8 (16 bytes of bf16; the runtime specializes ints divisible by 16, or else
+    by 8): then B still comes through the cp.async ring and only A is staged (the case the H200 run
+    first tested with the wrong expectation: N = 256); N = 132 (a multiple of 4 only) stages B too."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     a, b = torch.empty(1, m, k, dtype=torch.bfloat16), torch.empty(1, k, n, dtype=torch.bfloat16)
     c = torch.empty(1, m, n, dtype=torch.bfloat16)

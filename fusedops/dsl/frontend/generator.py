@@ -230,7 +230,7 @@ def generate(kernel, arg_specs, name: Optional[str] = None) -> GeneratedKernel:
     runtime = [spec for spec in arg_specs if spec.is_runtime]
     body = Block([spec.type for spec in runtime], [spec.name for spec in runtime])
     function = Function(name or kernel.__name__, body, [spec.name for spec in runtime], source.location(None),
-                        [({"divisibility": 16} if spec.divisible_by_16 else {}) for spec in runtime])
+                        [({"divisibility": spec.divisibility} if spec.divisibility > 1 else {}) for spec in runtime])
     builder = Builder(body)
     context = CompilationContext(builder, Semantics(builder))
     scope = Scope(source, context.record_global)

@@ -9,7 +9,7 @@ interpreted per argument:
   C; it computes the launch key and the runtime values, finds the plan and launches, and hands
   anything else (binding errors, the interpreter, a new key) to the full path. The key holds per
   argument exactly what `signature.specialize` reads: a tensor's dtype, 16-byte alignment and device;
-  an int's width and whether it is 1 or divisible by 16; the class of floats, bools and None; a
+  an int's width and whether it is 1 or divisible by 16 (or else by 8); the class of floats, bools and None; a
   constexpr's class and value; and the launch options. The values are the non-constexpr arguments,
   tensors as data pointers.
 - `make_binder(...)`: the same key and values as `bind(num_warps, num_stages, *args, **kwargs)`
@@ -62,7 +62,7 @@ def _other_key(value, tensor_type) -> tuple:
     cls = type(value)
     if cls is int:
         if -0x8000000000000000 <= value <= 0xFFFFFFFFFFFFFFFF:    # int64 / uint64
-            return value, _WIDE_INT, (value > 0x7FFFFFFFFFFFFFFF) + 2 * (value & 15 == 0)
+            return value, _WIDE_INT, (value > 0x7FFFFFFFFFFFFFFF) + 2 * (value & 15 == 0) + 4 * (value & 15 == 8)
         raise _Miss("an int wider than 64 bits")
     if cls is bool:
         return value, bool, 0
@@ -89,15 +89,16 @@ def _branches(name: str, a: str, k: str, j: str) -> dict:
     """Per kind of runtime argument: (the test that an argument `name` is of it, the statements that
     set its value `a` and its key slots `k` and `j`). The slots hold what `signature.specialize`
     reads: a tensor's dtype, and its device d and 16-byte alignment as d, or -3 - d when aligned
-    (devices are >= -1, so the two ranges do not meet); an int32's class and whether it is 1 or
-    divisible by 16; the class of a float or None."""
+    (devices are >= -1, so the two ranges do not meet); an int32's class and whether it is 1, divisible
+    by 16 or else by 8; the class of a float or None."""
     p = _PREFIX
     return {
         "tensor": (f"{p}type({name}) is {p}T",
                    [f"{a} = {name}.data_ptr()", f"{k} = {name}.dtype",
                     f"{j} = {name}.get_device() if {a} & 15 else -3 - {name}.get_device()"]),
         "int": (f"{p}type({name}) is {p}int and -0x80000000 <= {name} <= 0x7FFFFFFF",
-                [f"{a} = {name}", f"{k} = {p}int", f"{j} = 16 if not {name} & 15 else 1 if {name} == 1 else 0"]),
+                [f"{a} = {name}", f"{k} = {p}int",
+                 f"{j} = 16 if not {name} & 15 else 8 if not {name} & 7 else 1 if {name} == 1 else 0"]),
         "float": (f"{p}type({name}) is {p}float", [f"{a} = {name}", f"{k} = {p}float", f"{j} = 0"]),
         "None": (f"{name} is None", [f"{a} = None", f"{k} = None", f"{j} = 0"]),
     }

@@ -3,8 +3,9 @@
 Per parameter an `ArgSpec` records either a runtime type (a tensor becomes a pointer to its dtype;
 a Python int int32, int64 or uint64 by its value; a float float32; a bool int1) or a compile-time
 value (a `dsl.constexpr` parameter, a `None` argument, a `dsl.constexpr(...)`-wrapped value). Ints
-equal to 1 become the IR constant 1 and leave the runtime signature; ints divisible by 16 and
-16-byte aligned pointers are recorded as hints (`Function.arg_hints`). `SpecializationKey` adds the
+equal to 1 become the IR constant 1 and leave the runtime signature; ints divisible by 16 (or else by
+8: rows of 8 16-bit elements keep 16-byte vectors and masks) and 16-byte aligned pointers are recorded
+as hints (`Function.arg_hints`). `SpecializationKey` adds the
 launch options and the target, and keys the JITFunction's cache of compiled kernels.
 """
 
@@ -48,6 +49,12 @@ class ArgSpec:
     value_key: Any = None
     equal_to_one: bool = False           # an int equal to 1: the IR constant 1, not a runtime argument
     divisible_by_16: bool = False        # an int divisible by 16, or a 16-byte aligned pointer
+    divisible_by_8: bool = False         # an int divisible by 8 but not by 16
+
+    @property
+    def divisibility(self) -> int:
+        """The power of two the compiler may assume divides the argument (1: nothing known)."""
+        return 16 if self.divisible_by_16 else 8 if self.divisible_by_8 else 1
 
     @property
     def is_runtime(self) -> bool:
@@ -129,7 +136,8 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
                 raise TypeError(f"argument `{param.name}` of kernel `{kernel}`: {e}") from None
             special = not param.do_not_specialize
             specs.append(ArgSpec(param.name, type_, equal_to_one=special and value == 1,
-                                 divisible_by_16=special and value % 16 == 0))
+                                 divisible_by_16=special and value % 16 == 0,
+                                 divisible_by_8=special and value % 16 == 8))
         elif isinstance(value, float):
             specs.append(ArgSpec(param.name, dtypes.float32))
         elif allow_types and isinstance(value, (DType, PointerType)):
