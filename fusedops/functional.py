@@ -328,8 +328,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     from fusedops.autograd import attention as _attention
 
     if _transforms_active():
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa)
     autocast = _autocast_dtype("scaled_dot_product_attention", query) if isinstance(query, torch.Tensor) else None
     if autocast is not None:
         query, key, value, attn_mask = (_library.autocast_cast(t, autocast) for t in (query, key, value, attn_mask))
