@@ -9,6 +9,9 @@ through shared memory (see `shared.py`; to an mma dot operand: an ldmatrix tile,
 
 from __future__ import annotations
 
+import math
+import struct
+
 from llvmlite import ir
 
 from ..errors import CompilationError
@@ -23,8 +26,21 @@ from .shared import exchange_through_shared
 def _scalar_constant(dtype, value):
     ty = T.llvm_type(dtype)
     if dtype.is_floating:
-        return ir.Constant(ty, float(value))
+        value = float(value)
+        if dtype.name == "float16":
+            value = _round_to_half(value)
+        return ir.Constant(ty, value)
     return ir.Constant(ty, int(value))
+
+
+def _round_to_half(value: float) -> float:
+    """`value` as float16 rounds it: beyond the largest half (65504, up to rounding) it is +-inf, as the
+    interpreter's float16 arithmetic has it (llvmlite cannot pack a half constant that overflows)."""
+    try:
+        struct.pack("<e", value)
+    except OverflowError:
+        return math.copysign(math.inf, value)
+    return value
 
 
 @lowering(OpCode.CONSTANT)
