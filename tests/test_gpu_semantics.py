@@ -95,6 +95,8 @@ def int_kernel(out_ptr, a_ptr, b_ptr, n, OP: dsl.constexpr, BLOCK: dsl.constexpr
         y = dsl.maximum(a, b)
     elif OP == "mul":
         y = a * b
+    elif OP == "add":
+        y = a + b
     else:
         y = (a < b).to(a.dtype) + (a == b).to(a.dtype) * 2
     dsl.store(out_ptr + offsets, y, mask=mask)

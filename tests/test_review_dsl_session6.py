@@ -23,12 +23,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 import fusedops.dsl as dsl
 from helpers import assert_close
+from test_gpu_semantics import int_kernel, unary_kernel
 
 NAN, INF = float("nan"), float("inf")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -130,15 +132,12 @@ def test_range_whose_last_step_overflows_on_gpu(bounds, tmp_path):
     # BUG: the compiled loop computes iv + step in int32, wraps and runs ~2**31 times (or forever) instead of once.
     # Run in a subprocess with a timeout: with the bug the kernel may not finish quickly.
     script = tmp_path / "loop.py"
-    script.write_text("import torch, fusedops.dsl as dsl\n" + textwrap.dedent(f"""
-        @dsl.jit
-        def k(o_ptr, lb, ub, step):
-            count = 0
-            for i in range(lb, ub, step):
-                count += 1
-            dsl.store(o_ptr, count)
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_review_dsl_session6 import _range_count_kernel
         out = torch.zeros(1, dtype=torch.int32, device="cuda")
-        k[(1,)](out, {bounds[0]}, {bounds[1]}, {bounds[2]}, interpret=False)
+        _range_count_kernel[(1,)](out, {bounds[0]}, {bounds[1]}, {bounds[2]}, interpret=False)
         print("COUNT", out.item())
     """))
     try:
@@ -186,30 +185,6 @@ def test_atomic_old_value_used_as_an_address(device):
 
 # -- integer rules ----------------------------------------------------------------------------------
 
-@dsl.jit
-def _binary_kernel(o_ptr, a_ptr, b_ptr, OP: dsl.constexpr, N: dsl.constexpr):
-    i = dsl.arange(0, N)
-    a = dsl.load(a_ptr + i)
-    b = dsl.load(b_ptr + i)
-    if OP == "floordiv":
-        r = a // b
-    elif OP == "mod":
-        r = a % b
-    elif OP == "shl":
-        r = a << b
-    elif OP == "shr":
-        r = a >> b
-    elif OP == "add":
-        r = a + b
-    elif OP == "mul":
-        r = a * b
-    elif OP == "minimum":
-        r = dsl.minimum(a, b)
-    else:
-        r = dsl.maximum(a, b)
-    dsl.store(o_ptr + i, r)
-
-
 _INT_CASES = [
     # C semantics (truncation), x // 0 == -1, x % 0 == x, MIN // -1 wraps to MIN, MIN % -1 == 0.
     (torch.int32, "floordiv", [7, -7, 7, -7, -2**31, 5, 0, -1], [2, 2, -2, -2, -1, 0, 3, 4],
@@ -227,7 +202,7 @@ _INT_CASES = [
      [63, -1, 0, 0, -1, 0, 0, 0]),
     (torch.int32, "shl", [1, 1, 3, -1, 5, 6, 7, 8], [31, 32, 33, 1, 2, 3, 0, -1],
      [-2**31, 0, 0, -2, 20, 48, 7, 0]),
-    (torch.int32, "minimum", [1, -2**31, 5, 2**31 - 1, 0, -1, 3, 3], [0, 0, -5, 0, 0, 0, 3, -3],
+    (torch.int32, "min", [1, -2**31, 5, 2**31 - 1, 0, -1, 3, 3], [0, 0, -5, 0, 0, 0, 3, -3],
      [0, -2**31, -5, 0, 0, -1, 3, -3]),
 ]
 
@@ -236,7 +211,7 @@ _INT_CASES = [
 @pytest.mark.parametrize("dtype, op, a, b, expected", _INT_CASES)
 def test_integer_rules(dtype, op, a, b, expected, device):
     out = torch.zeros(8, dtype=dtype, device=device)
-    _run(_binary_kernel, (1,), out, _t(a, dtype, device), _t(b, dtype, device), device=device, OP=op, N=8)
+    _run(int_kernel, (1,), out, _t(a, dtype, device), _t(b, dtype, device), 8, device=device, OP=op, BLOCK=8)
     _assert_same(out, expected)
 
 
@@ -244,12 +219,12 @@ def test_integer_rules(dtype, op, a, b, expected, device):
 @pytest.mark.parametrize("op, expected", [("shl", [2**31, 0, 0, 4294967294, 20, 48, 7, 0]),
                                           ("shr", [0, 2**30, 0, 2**31 - 1, 1, 0, 7, 0]),
                                           ("floordiv", [0, 2**31, 0, 2**32 - 1, 2, 2, 2**32 - 1, 0]),
-                                          ("maximum", [31, 2**31, 32, 2**32 - 1, 5, 6, 7, 100])])
+                                          ("max", [31, 2**31, 32, 2**32 - 1, 5, 6, 7, 100])])
 def test_uint32_rules(op, expected, device):
     a = torch.tensor([1, 2**31, 3, 2**32 - 1, 5, 6, 7, 8], dtype=torch.int64).to(torch.uint32).to(device)
     b = torch.tensor([31, 1, 32, 1, 2, 3, 0, 100], dtype=torch.int64).to(torch.uint32).to(device)
     out = torch.zeros(8, dtype=torch.uint32, device=device)
-    _run(_binary_kernel, (1,), out, a, b, device=device, OP=op, N=8)
+    _run(int_kernel, (1,), out, a, b, 8, device=device, OP=op, BLOCK=8)
     assert out.cpu().to(torch.int64).tolist() == expected
 
 
@@ -258,9 +233,9 @@ def test_float_floordiv_floors_and_mod_is_fmod(device):
     a = _t([7., -7., 7., -7., 5.5, -5.5, 1., 0.], torch.float32, device)
     b = _t([2., 2., -2., -2., 2., 2., 0., 0.], torch.float32, device)
     out = torch.zeros(8, device=device)
-    _run(_binary_kernel, (1,), out, a, b, device=device, OP="floordiv", N=8)
+    _run(int_kernel, (1,), out, a, b, 8, device=device, OP="floordiv", BLOCK=8)
     _assert_same(out, [3., -4., -4., 3., 2., -3., INF, NAN])
-    _run(_binary_kernel, (1,), out, a, b, device=device, OP="mod", N=8)
+    _run(int_kernel, (1,), out, a, b, 8, device=device, OP="mod", BLOCK=8)
     _assert_same(out, torch.fmod(a.cpu(), b.cpu()))
 
 
@@ -269,46 +244,17 @@ def test_mixed_int_float_minimum_and_maximum_promote_to_float(device):
     a = _t([1, -3, 5, 7, 0, 2, 3, 4], torch.int32, device)
     b = _t([7., -7., 7., -7., 5.5, -5.5, 1., 0.], torch.float32, device)
     out = torch.zeros(8, device=device)
-    _run(_binary_kernel, (1,), out, a, b, device=device, OP="minimum", N=8)
+    _run(int_kernel, (1,), out, a, b, 8, device=device, OP="min", BLOCK=8)
     _assert_same(out, torch.minimum(a.cpu().float(), b.cpu()))
-    _run(_binary_kernel, (1,), out, a, b, device=device, OP="maximum", N=8)
+    _run(int_kernel, (1,), out, a, b, 8, device=device, OP="max", BLOCK=8)
     _assert_same(out, torch.maximum(a.cpu().float(), b.cpu()))
-
-
-@dsl.jit
-def _unary_kernel(o_ptr, x_ptr, OP: dsl.constexpr, N: dsl.constexpr):
-    i = dsl.arange(0, N)
-    x = dsl.load(x_ptr + i)
-    if OP == "abs":
-        y = dsl.abs(x)
-    elif OP == "exp":
-        y = dsl.exp(x)
-    elif OP == "exp2":
-        y = dsl.exp2(x)
-    elif OP == "log":
-        y = dsl.log(x)
-    elif OP == "log2":
-        y = dsl.log2(x)
-    elif OP == "sqrt":
-        y = dsl.sqrt(x)
-    elif OP == "rsqrt":
-        y = dsl.rsqrt(x)
-    elif OP == "erf":
-        y = dsl.erf(x)
-    elif OP == "tanh":
-        y = dsl.tanh(x)
-    elif OP == "sigmoid":
-        y = dsl.sigmoid(x)
-    else:
-        y = dsl.floor(x)
-    dsl.store(o_ptr + i, y)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_abs_of_int_min_wraps(device):
     x = _t([-2**31, -1, 5, 0], torch.int32, device)
     out = torch.zeros(4, dtype=torch.int32, device=device)
-    _run(_unary_kernel, (1,), out, x, device=device, OP="abs", N=4)
+    _run(unary_kernel, (1,), out, x, 4, device=device, OP="abs", BLOCK=4)
     _assert_same(out, [-2**31, 1, 5, 0])
 
 
@@ -324,7 +270,7 @@ def test_math_at_special_values(op, device):
     # exp(-inf) = 0, log(0) = -inf, log(-0) = -inf, sqrt(-1) = nan, rsqrt(-0) = -inf, tanh/erf saturate.
     x = _t(_SPECIAL, torch.float32, device)
     out = torch.zeros(8, device=device)
-    _run(_unary_kernel, (1,), out, x, device=device, OP=op, N=8)
+    _run(unary_kernel, (1,), out, x, 8, device=device, OP=op, BLOCK=8)
     reference = _MATH[op](x.cpu().double()).float().double()     # float32 range: exp(100) is inf
     finite = torch.isfinite(reference) & (reference != 0)
     _assert_same(out[~finite.to(out.device)], reference[~finite].float())     # inf, nan, signed zeros exactly
