@@ -404,3 +404,18 @@ def test_gpu_more_than_2_31_elements(config, n_cols, subtract_mean, seed):
         expected = F.rms_norm(x64, (n_cols,), w.double(), 1e-5)
     assert_close(y[rows], expected, torch.float16)
     assert x.numel() > 2**31
+
+
+@OPS
+def test_shifted_affine_copies_of_strided_weight_and_bias(interpret, subtract_mean, seed):
+    # The launch makes the shifted copies straight from strided parameters (no contiguous copy first).
+    n = 301
+    x = random_tensor((9, n), torch.float16, "cpu", seed) * 3 + 0.25
+    w = random_tensor((2 * n,), torch.float16, "cpu", seed + 1)[::2] + 1
+    b = random_tensor((3, n), torch.float16, "cpu", seed + 2)[1] if subtract_mean else None
+    y, _, _ = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean,
+                                 config=_window(64, shifted_affine=True), allocate=_poisoned_empty)
+    x64, w64 = x.double(), w.double()
+    expected = (F.layer_norm(x64, (n,), w64, b.double(), 1e-5) if subtract_mean
+                else F.rms_norm(x64, (n,), w64, 1e-5))
+    assert_close(y, expected, torch.float16)

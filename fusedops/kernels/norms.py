@@ -509,13 +509,14 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
         y, mean, rstd = allocate_outputs(x)
         if not in_place:
             x = as_rows(x, n_rows, n_cols)
-        if copy_weight:
-            weight = weight.reshape(-1).contiguous()
-        if copy_bias:
-            bias = bias.reshape(-1).contiguous()
-        if shifted:
+        if shifted:         # the shifted copies read weight and bias in any layout: no contiguous copy first
             weight = None if weight is None else shifted_affine_copies(weight, n_cols, shifted)
             bias = None if bias is None else shifted_affine_copies(bias, n_cols, shifted)
+        else:
+            if copy_weight:
+                weight = weight.reshape(-1).contiguous()
+            if copy_bias:
+                bias = bias.reshape(-1).contiguous()
         prepared(y, mean, rstd, x, weight, bias)
         return y, mean, rstd
 
