@@ -8,14 +8,14 @@ Bugs found (each test marked `# BUG:` asserts the correct behaviour):
 - a float16 constant beyond the type's range (`x_fp16 + 70000.0`, `other=1e6`, `dsl.full(..., 1e6,
   dsl.float16)`) crashed code generation with a Python OverflowError from llvmlite (the interpreter gives
   inf): fixed, codegen/shapes.py `_scalar_constant` rounds to half (inf beyond 65504).
-Open (GPU only, marked xfail until fixed; found at the end of session 6, not yet run on a GPU):
+Found at the end of session 6 (GPU only), fixed in session 7:
 - `for i in range(lb, ub, step)` whose last `i + step` overflows the induction type: the interpreter
-  runs Python's range (one iteration), the compiled loop wraps around and keeps going
-  (codegen/control.py `_for`: `next_iv = add(iv, step)` then `iv < ub`).    [GPU only]
+  runs Python's range, the compiled loop wrapped around and kept going (codegen/control.py `_for` now
+  counts a narrower induction variable in 64 bits and stops a 64-bit one when the step overflows).
 - an atomic's returned old values in a layout that replicates the block (block smaller than the CTA):
-  non-owning copies hold 0 instead of the old value (codegen/atomics.py `_atomic_rmw`), so a reduction
-  of them stored as a scalar (every thread stores) or an address computed from them is wrong
-  (Triton issue #7402).                                                       [GPU only]
+  non-owning copies held 0 instead of the old value, so a reduction of them stored as a scalar (every
+  thread stores) or an address computed from them was wrong (Triton issue #7402); copies now get their
+  owner's value (codegen/ownership.py `owners_values`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,6 @@ from test_gpu_semantics import int_kernel, unary_kernel
 
 NAN, INF = float("nan"), float("inf")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-# The atomics' returned old values on copies that did not run the atomic (open bug, codegen/atomics.py
-# `_atomic_rmw`): the CUDA variants are expected to fail until it is fixed (a race: not strict).
-ATOMIC_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.xfail(
-    reason="open bug: atomic old values are 0 on non-owning copies (codegen/atomics.py _atomic_rmw)", strict=False)])]
 
 
 def _run(kernel, grid, *args, device, num_warps=4, **constexprs):
@@ -114,22 +110,23 @@ def _range_count_kernel(o_ptr, lb, ub, step):
     dsl.store(o_ptr, count)
 
 
-_OVERFLOWING_RANGES = [(2**31 - 2, 2**31 - 1, 2**31 - 1), (-2**31 + 1, -2**31, -(2**31 - 1))]
+_OVERFLOWING_RANGES = [(2**31 - 2, 2**31 - 1, 2**31 - 1), (-2**31 + 1, -2**31, -(2**31 - 1)),
+                       (2**31 - 10, 2**31 - 1, 4), (-2**31 + 9, -2**31, -4),
+                       (2**63 - 2, 2**63 - 1, 2**63 - 1), (-2**63 + 1, -2**63, -(2**63 - 1)),
+                       (2**63 - 10, 2**63 - 1, 4)]
 
 
 @pytest.mark.parametrize("bounds", _OVERFLOWING_RANGES)
 def test_range_whose_last_step_overflows_interpreted(bounds):
     out = torch.zeros(1, dtype=torch.int32)
     _range_count_kernel[(1,)](out, *bounds, interpret=True)
-    assert out.item() == len(range(*bounds)) == 1
+    assert out.item() == len(range(*bounds))
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(reason="open bug: the compiled loop's induction variable wraps past int32 (codegen/control.py "
-                          "_for); not run: it would loop ~2**31 times", run=False)
 @pytest.mark.parametrize("bounds", _OVERFLOWING_RANGES)
 def test_range_whose_last_step_overflows_on_gpu(bounds, tmp_path):
-    # BUG: the compiled loop computes iv + step in int32, wraps and runs ~2**31 times (or forever) instead of once.
+    # BUG (fixed): the compiled loop computed iv + step in int32, wrapped and ran ~2**31 times (or forever).
     # Run in a subprocess with a timeout: with the bug the kernel may not finish quickly.
     script = tmp_path / "loop.py"
     script.write_text(textwrap.dedent(f"""
@@ -145,7 +142,7 @@ def test_range_whose_last_step_overflows_on_gpu(bounds, tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("the loop did not finish in 120 s (induction variable overflow)")
     assert result.returncode == 0, result.stderr
-    assert "COUNT 1" in result.stdout, result.stdout
+    assert f"COUNT {len(range(*bounds))}" in result.stdout, result.stdout
 
 
 @dsl.jit
@@ -155,10 +152,10 @@ def _atomic_old_sum_kernel(counter_ptr, out_ptr, BLOCK: dsl.constexpr):
     dsl.store(out_ptr, dsl.sum(old, axis=0))
 
 
-@pytest.mark.parametrize("device", ATOMIC_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block", [8, 32])
 def test_atomic_old_values_reduced_in_a_replicated_layout(block, device):
-    # BUG (cuda): BLOCK < 128 threads: non-owner copies of `old` are 0, every thread stores its sum: a race.
+    # BUG (cuda, fixed): BLOCK < 128 threads: non-owner copies of `old` were 0, every thread stored its sum.
     counter = (torch.arange(block, dtype=torch.int32) * 10).to(device)
     out = torch.full((1,), -1, dtype=torch.int32, device=device)
     _run(_atomic_old_sum_kernel, (1,), counter, out, device=device, num_warps=4, BLOCK=block)
@@ -173,14 +170,55 @@ def _atomic_old_as_address_kernel(index_ptr, out_ptr):
     dsl.store(out_ptr + row[:, None] * 8 + dsl.arange(0, 8)[None, :], dsl.full((1, 8), 2, dsl.int64))
 
 
-@pytest.mark.parametrize("device", ATOMIC_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 def test_atomic_old_value_used_as_an_address(device):
-    # BUG (cuda): threads that did not perform the atomic see row 0 and store there.
+    # BUG (cuda, fixed): threads that did not perform the atomic saw row 0 and stored there.
     index = torch.ones(1, dtype=torch.int32, device=device)
     out = torch.zeros(2, 8, dtype=torch.int64, device=device)
     _run(_atomic_old_as_address_kernel, (1,), index, out, device=device)
     assert out.cpu().tolist() == [[0] * 8, [2] * 8]
     assert index.item() == 2
+
+
+@dsl.jit
+def _publish_kernel(data_ptr, flag_ptr, out_ptr, BLOCK: dsl.constexpr):
+    # Program 0 stores a block (every thread a part) and then sets a flag; program 1 waits for the flag and
+    # copies the block. The flag's release must order all of program 0's stores, not only thread 0's.
+    i = dsl.arange(0, BLOCK)
+    if dsl.program_id(0) == 0:
+        dsl.store(data_ptr + i, i + 1)
+        dsl.atomic_xchg(flag_ptr, 1, sem="release")
+    else:
+        seen = dsl.atomic_add(flag_ptr, 0, sem="acquire")
+        while seen == 0:
+            seen = dsl.atomic_add(flag_ptr, 0, sem="acquire")
+        dsl.store(out_ptr + i, dsl.load(data_ptr + i))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scalar_atomic_release_orders_every_threads_writes(device):
+    block = 4096
+    for _ in range(5 if device == "cuda" else 1):
+        data = torch.zeros(block, dtype=torch.int32, device=device)
+        flag = torch.zeros(1, dtype=torch.int32, device=device)
+        out = torch.full((block,), -1, dtype=torch.int32, device=device)
+        _run(_publish_kernel, (2,), data, flag, out, device=device, num_warps=8, BLOCK=block)
+        assert torch.equal(out.cpu(), torch.arange(1, block + 1, dtype=torch.int32))
+
+
+def test_scalar_atomic_with_release_semantics_follows_a_barrier():
+    from fusedops.dsl.target import ptxas_available, assemble
+    x = torch.zeros(8, dtype=torch.int32)
+    ptx = _publish_kernel.compile(x, x, x, BLOCK=1024, target="sm_90a", num_warps=4).asm["ptx"]
+    release = ptx.index("atom.global.exch")
+    assert "bar.sync" in ptx[:release][ptx[:release].rindex("st.global"):]
+    if ptxas_available():
+        assemble(ptx, "sm_90a")
+
+
+@pytest.mark.parametrize("bounds", _OVERFLOWING_RANGES)
+def test_range_whose_last_step_overflows_assembles(bounds):
+    _compiles_and_assembles(_range_count_kernel, torch.zeros(1, dtype=torch.int32), *bounds)
 
 
 # -- integer rules ----------------------------------------------------------------------------------

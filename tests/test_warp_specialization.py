@@ -270,7 +270,9 @@ def test_empty_barrier_ptx_has_no_cta_barrier_in_the_k_loop(config, dtype, a_t, 
     for needed in ("mbarrier.arrive.shared::cta.b64", "mbarrier.arrive.expect_tx", "cp.async.bulk.tensor.2d",
                    "wgmma.commit_group"):
         assert needed in loop, needed
-    assert loop.count("mbarrier.try_wait.parity") == 2          # full (everyone), empty (the issuer)
+    # full (everyone), empty (the issuer) per iteration; LLVM may peel the first iteration (it does since the
+    # loop lowering of session 7 compares iv < max(ub, 0) unsigned), which the window then also holds
+    assert loop.count("mbarrier.try_wait.parity") in (2, 4)
     pending = 1 if config.num_stages >= 3 else 0
     assert f"wgmma.wait_group.sync.aligned {pending};" in loop
     inits = re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx)

@@ -3,8 +3,11 @@
 LLVM 22's NVPTX back end drops the ordering and scope of `atomicrmw` (TOOLCHAIN.md), so the
 requested semantics are made explicit with fences around a monotonic atomic: release before,
 acquire after, at the requested scope. Masked-off elements and non-owning copies skip the atomic;
-their result is the value 0 (only owners see the old memory value). A scalar atomic runs once per
-program, in thread 0, and its result is broadcast to every thread.
+a masked-off element's result is 0, and copies get their owner's old value (`owners_values`). A
+scalar atomic runs once per program, in thread 0, and its result is broadcast to every thread; with
+release semantics (release, acq_rel, and every compare-and-swap) a CTA barrier comes first, so that
+the program's earlier writes, made by all its threads, are released by it (a flag set after storing a
+tile), as its acquire orders the reads of all threads after it (through the broadcast's barriers).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from llvmlite import ir
 from ..ir import OpCode
 from ..language.dtypes import BlockType
 from ..target import llvm_types as T
-from .ownership import owner_predicate, owned_registers
+from .ownership import owned_registers, owner_predicate, owners_values
 from .registry import lowering
 from .shared import barrier, element_pointer, reserve
 
@@ -77,6 +80,13 @@ def _broadcast_scalar(ctx, value):
     return b.load(slot, typ=value.type)
 
 
+def _set_result(ctx, op, registers, out, element):
+    if registers == [None]:
+        ctx.set(op.result, _broadcast_scalar(ctx, out[0]))
+    else:
+        ctx.set(op.result, owners_values(ctx, op.operands[0].layout, out, element))
+
+
 def _get(ctx, value, r):
     lowered = ctx.get(value)
     return lowered if r is None else lowered[r]
@@ -89,6 +99,8 @@ def _atomic_rmw(ctx, op):
     ty = T.llvm_type(element)
     kind, sem, scope = op.attrs["kind"], op.attrs["sem"], op.attrs["scope"]
     registers, owned, owner = _registers(ctx, op, True)
+    if registers == [None] and sem in ("release", "acq_rel"):
+        barrier(ctx)
     out = []
     for r in registers:
         if owned is not None and r not in owned:
@@ -107,7 +119,7 @@ def _atomic_rmw(ctx, op):
                 _fence(b, "acquire", scope)
             return old
         out.append(_guarded(ctx, predicate, emit, ty))
-    ctx.set(op.result, out if registers != [None] else _broadcast_scalar(ctx, out[0]))
+    _set_result(ctx, op, registers, out, element)
 
 
 @lowering(OpCode.ATOMIC_CAS)
@@ -116,6 +128,8 @@ def _atomic_cas(ctx, op):
     element = op.operands[0].type.scalar.element
     ty = T.llvm_type(element)
     registers, owned, owner = _registers(ctx, op, False)
+    if registers == [None]:
+        barrier(ctx)
     out = []
     for r in registers:
         if owned is not None and r not in owned:
@@ -132,4 +146,4 @@ def _atomic_cas(ctx, op):
             result = b.cmpxchg(pointer, compare, value, "acq_rel", "monotonic")
             return b.extract_value(result, 0)
         out.append(_guarded(ctx, owner, emit, ty))
-    ctx.set(op.result, out if registers != [None] else _broadcast_scalar(ctx, out[0]))
+    _set_result(ctx, op, registers, out, element)

@@ -10,8 +10,10 @@ from llvmlite import ir
 
 from ..ir import Block, OpCode
 from ..language.dtypes import BlockType
+from ..target import llvm_types as T
 from . import layout_access
 from .registry import lower_op, lowering
+from .shared import barrier
 
 
 def lower_block(ctx, block: Block):
@@ -49,10 +51,78 @@ def _phis(builder, values, name: str):
     return [builder.phi(v.type, name=name) for v in values]
 
 
+def _in_range(b, iv, ub, step, signed):
+    """Whether an iteration at `iv` runs: iv < ub for a positive step, iv > ub for a negative one, never
+    for a zero step (Python's `range`)."""
+    cmp = b.icmp_signed if signed else b.icmp_unsigned
+    zero = ir.Constant(step.type, 0)
+    forward = b.and_(cmp(">", step, zero), cmp("<", iv, ub))
+    backward = b.and_(cmp("<", step, zero), cmp(">", iv, ub))
+    return b.or_(forward, backward)
+
+
+def _cannot_overflow(lb, ub, step, signed) -> bool:
+    """Whether no `iv + step` of the loop can leave the induction type: a step of +-1 (iv is short of ub,
+    so iv + step is at most ub), or constant bounds that rule it out."""
+    if isinstance(step, ir.Constant) and (step.constant == 1 or signed and step.constant == -1):
+        return True
+    if not all(isinstance(v, ir.Constant) for v in (lb, ub, step)):
+        return False
+    width = lb.type.width
+    low, high = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, (1 << width) - 1)
+    values = range(lb.constant, ub.constant, step.constant) if step.constant else range(0)
+    return not values or low <= values[-1] + step.constant <= high
+
+
+def _sign(value, llvm_value) -> int:
+    """1 if the loop bound `value` (DSL IR) is known positive, 0 if known non-negative, -1 if unknown:
+    constants and the maximum / minimum of such. (Not program ids and counts: grid-stride loops keep
+    the saturating add, which ptxas handled without spills in the norm row sweeps at their caps.)"""
+    if isinstance(llvm_value, ir.Constant):
+        return 1 if llvm_value.constant > 0 else 0 if llvm_value.constant == 0 else -1
+    op = value.defining_op
+    if op is None:
+        return -1
+    if op.opcode == OpCode.CONSTANT and isinstance(op.attrs.get("value"), int):
+        return 1 if op.attrs["value"] > 0 else 0 if op.attrs["value"] == 0 else -1
+    if op.opcode in (OpCode.MAXIMUM, OpCode.MINIMUM):
+        signs = [_sign(operand, None) for operand in op.operands]
+        return max(signs) if op.opcode == OpCode.MAXIMUM else min(signs)
+    return -1
+
+
+def _wraps_below_zero(op, lb, step, signed) -> bool:
+    """Whether every wrapped `iv + step` is negative while every iv of the loop is not: a signed loop
+    from a known non-negative lb with a known positive step (a wrapped value is at most
+    (2**(w-1) - 2) + (2**(w-1) - 1) - 2**w < 0). Then the unsigned `iv < max(ub, 0)` ends the loop (it
+    takes ub's place: no extra live register)."""
+    return signed and _sign(op.operands[0], lb) >= 0 and _sign(op.operands[2], step) == 1
+
+
+def _saturating_add(b, iv, step, signed):
+    """`iv + step` saturated at the type's bounds: a saturated value is never short of ub in the step's
+    direction, so the loop ends where Python's range does."""
+    name = f"llvm.{'s' if signed else 'u'}add.sat.i{iv.type.width}"
+    function = T.declare_intrinsic(b.module, name, iv.type, [iv.type, iv.type], attributes=("nounwind",))
+    return b.call(function, [iv, step])
+
+
 @lowering(OpCode.FOR)
 def _for(ctx, op):
+    """Python's `range` semantics, also when `iv + step` after the last iteration is past the induction
+    type's range: a plain add where the step (+-1) or constant bounds rule the overflow out; where a
+    wrapped value is always negative and the loop's values are not (`_wraps_below_zero`), an unsigned
+    comparison with max(ub, 0); else a saturating add. Neither adds a live register (comparing with a
+    precomputed `ub - step` did, and made ptxas spill in the norm row sweeps at their register caps);
+    the H200 timed matmul, attention and LayerNorm alike before and after (session 7)."""
     b = ctx.builder
     lb, ub, step = (ctx.get(v) for v in op.operands[:3])
+    signed = op.operands[0].type.is_signed
+    plain = _cannot_overflow(lb, ub, step, signed)
+    non_negative = not plain and _wraps_below_zero(op, lb, step, signed)
+    if non_negative:
+        zero = ir.Constant(ub.type, 0)
+        bound = b.select(b.icmp_signed(">", ub, zero), ub, zero)
     inits = [ctx.get(v) for v in op.operands[3:]]
     flat_inits = _flat(inits)
     region = op.regions[0]
@@ -68,13 +138,11 @@ def _for(ctx, op):
     iv.add_incoming(lb, preheader)
     for phi, value in zip(carried, flat_inits):
         phi.add_incoming(value, preheader)
-    # Python range semantics: a positive step runs while iv < ub, a negative one while iv > ub.
-    signed = op.operands[0].type.is_signed
-    cmp = b.icmp_signed if signed else b.icmp_unsigned
-    zero = ir.Constant(step.type, 0)
-    forward = b.and_(cmp(">", step, zero), cmp("<", iv, ub))
-    backward = b.and_(cmp("<", step, zero), cmp(">", iv, ub))
-    b.cbranch(b.or_(forward, backward), body, exit_)
+    if non_negative:        # iv < max(ub, 0) as unsigned: a wrapped (negative) iv is too large
+        proceed = b.icmp_unsigned("<", iv, bound)
+    else:
+        proceed = _in_range(b, iv, ub, step, signed)
+    b.cbranch(proceed, body, exit_)
 
     b.position_at_end(body)
     ctx.set(region.args[0], iv)
@@ -82,7 +150,7 @@ def _for(ctx, op):
         ctx.set(arg, value)
     yielded = _flat(lower_block(ctx, region))
     latch = b.block
-    next_iv = b.add(iv, step)
+    next_iv = b.add(iv, step) if plain or non_negative else _saturating_add(b, iv, step, signed)
     b.branch(header)
     iv.add_incoming(next_iv, latch)
     for phi, value in zip(carried, yielded):
@@ -91,6 +159,11 @@ def _for(ctx, op):
     b.position_at_end(exit_)
     for result, value in zip(op.results, _unflat(carried, op.results)):
         ctx.set(result, value)
+
+
+@lowering(OpCode.BARRIER)
+def _barrier(ctx, op):
+    barrier(ctx)
 
 
 @lowering(OpCode.WHILE)

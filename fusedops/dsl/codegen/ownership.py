@@ -3,7 +3,7 @@
 A layout whose block is smaller than the CTA maps some lane, warp or register bits to the zero
 vector: those bits replicate elements. The owner of an element is the copy whose replicating bits
 are all zero. Stores and atomics are done by owners only (an atomic done by every copy would count
-several times).
+several times); `owners_values` then hands each owner's result to its copies.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from llvmlite import ir
 
 from ..target import llvm_types as T
 from . import layout_access
+from .shared import barrier, element_pointer, linear_index, reserve_block
 
 
 def _zero_bits(bases) -> int:
@@ -53,3 +54,24 @@ def owner_predicate(ctx, layout):
     if warp_mask:
         predicate = b.and_(predicate, b.icmp_unsigned("==", b.and_(ctx.warp_id, ir.Constant(T.i32, warp_mask)), zero))
     return predicate
+
+
+def owners_values(ctx, layout, registers, element):
+    """`registers` of a block in `layout` where only owners hold meaningful values (an atomic's old
+    values): every copy gets its owner's value. Register copies read the owning register; copies in
+    other threads read it through shared memory (barrier, owners write, barrier, all read)."""
+    b = ctx.builder
+    replicated = _zero_bits(layout_access.register_bases(layout))
+    registers = [registers[r & ~replicated] for r in range(len(registers))]
+    owner = owner_predicate(ctx, layout)
+    if owner is None:
+        return registers
+    shape, storage = reserve_block(ctx, layout, element)
+    slots = [element_pointer(ctx, storage, linear_index(ctx, ctx.element_coordinates(layout, r), shape))
+             for r in range(len(registers))]
+    barrier(ctx)
+    with b.if_then(owner):
+        for r in owned_registers(layout):
+            b.store(registers[r], slots[r])
+    barrier(ctx)
+    return [b.load(slot, typ=storage) for slot in slots]

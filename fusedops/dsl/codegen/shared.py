@@ -85,22 +85,27 @@ def _from_storage(b, value, element):
     return value
 
 
-def _storage_type(element):
+def storage_type(element):
     if isinstance(element, PointerType):
         return T.i64
     return T.llvm_memory_type(element)
+
+
+def reserve_block(ctx, layout, element) -> tuple:
+    """(shape, storage type) of a block in `layout`, after reserving scratch for all its elements."""
+    shape = layout_access.shape(layout)
+    numel = 1
+    for size in shape:
+        numel *= size
+    reserve(ctx, numel * storage_bytes(element))
+    return shape, storage_type(element)
 
 
 def exchange_through_shared(ctx, registers, source, target, element):
     """Move a block from layout `source` to layout `target` through shared memory; returns the
     target layout's registers."""
     b = ctx.builder
-    shape = layout_access.shape(source)
-    storage = _storage_type(element)
-    numel = 1
-    for size in shape:
-        numel *= size
-    reserve(ctx, numel * storage_bytes(element))
+    shape, storage = reserve_block(ctx, source, element)
     barrier(ctx)
     for r, value in enumerate(registers):
         coords = ctx.element_coordinates(source, r)
@@ -120,5 +125,5 @@ def _bytes(ty) -> int:
 
 
 def storage_bytes(element) -> int:
-    storage = _storage_type(element)
+    storage = storage_type(element)
     return storage.width // 8 if isinstance(storage, ir.IntType) else _bytes(storage)

@@ -77,6 +77,11 @@ def _print(ctx, op, *values):
         print(f"pid ({x}, {y}, {z}) " + (f"{prefix} " if prefix else "") + text)
 
 
+@register(OpCode.BARRIER)
+def _barrier(ctx, op):
+    """A program's elements run together in the interpreter: nothing to wait for."""
+
+
 @register(OpCode.LAUNCH_BOUNDS)
 def _launch_bounds(ctx, op):
     """A directive for ptxas: nothing to run."""

@@ -31,6 +31,7 @@ Operand conventions (checked by `verifier.py`):
 | PRINT | values... | prefix, hex | - |
 | ASSERT | cond | message | - |
 | LAUNCH_BOUNDS | - | min_blocks_per_sm | - (a kernel-wide directive for ptxas) |
+| BARRIER | - | - | - (every thread of the program waits for the others; memory ordered across it) |
 | FOR | lb, ub, step, inits... | - | final loop-carried values; region 0 args: iv, carried... |
 | WHILE | inits... | - | final carried values; region 0 (before): args carried, ends in CONDITION; region 1 (after): args forwarded, ends in YIELD |
 | IF | cond (scalar int1) | - | region 0 (then), region 1 (else), each ends in YIELD |
@@ -123,6 +124,7 @@ class OpCode(enum.Enum):
     PRINT = "print"
     ASSERT = "assert"
     LAUNCH_BOUNDS = "launch_bounds"
+    BARRIER = "barrier"
     # structured control flow
     FOR = "for"
     WHILE = "while"
@@ -169,7 +171,7 @@ INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode
 # Ops whose removal changes what the program does even when their results are unused.
 SIDE_EFFECTS = frozenset({
     OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT, OpCode.LAUNCH_BOUNDS,
-    OpCode.YIELD, OpCode.CONDITION,
+    OpCode.BARRIER, OpCode.YIELD, OpCode.CONDITION,
     OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT, OpCode.WGMMA_WAIT,
     OpCode.TMA_COPY, OpCode.MBARRIER_WAIT, OpCode.MBARRIER_ARRIVE,
 })

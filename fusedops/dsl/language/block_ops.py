@@ -234,6 +234,9 @@ class BlockOps:
         operands = [self.to_value(v) for v in values]
         self.builder.create(OpCode.PRINT, operands, [], dict(prefix=prefix, hex=bool(hex)))
 
+    def barrier(self) -> None:
+        self.builder.create(OpCode.BARRIER, [], [], {})
+
     def launch_bounds(self, min_blocks_per_sm) -> None:
         if type(min_blocks_per_sm) is not int or not 1 <= min_blocks_per_sm <= 32:
             raise CompilationError(f"launch_bounds: min_blocks_per_sm must be a constexpr int from 1 to 32, got "

@@ -347,6 +347,17 @@ def launch_bounds(min_blocks_per_sm, *, _semantic=None):
 
 
 @builtin
+def barrier(*, _semantic=None):
+    """Wait until every thread of this program (CTA) reaches this point; the program's global and
+    shared memory writes before it are visible to all its threads after it (PTX `bar.sync`, CUDA's
+    __syncthreads). For a block one thread stored and another loads, e.g. a tile written to global
+    memory and read back in another layout. Reach it from every thread or none: under a condition
+    that is the same for the whole program (the DSL's scalar conditions are). The interpreter runs a
+    program's elements together: nothing to wait for there."""
+    return _semantic.barrier()
+
+
+@builtin
 def device_assert(cond, msg="", *, _semantic=None):
     """Fail the launch with `msg` where `cond` is false (checked by the interpreter; on the GPU a trap)."""
     return _semantic.device_assert(cond, msg)
@@ -370,5 +381,5 @@ __all__ = [
     "sin", "cos", "sigmoid", "erf", "tanh", "floor", "ceil", "fma", "cdiv", "cast", "sum", "max", "min",
     "argmax", "argmin", "cumsum", "dot", "atomic_add", "atomic_max", "atomic_min", "atomic_and",
     "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas", "reshape", "trans", "broadcast_to",
-    "expand_dims", "multiple_of", "max_contiguous", "device_print", "device_assert",
+    "expand_dims", "multiple_of", "max_contiguous", "device_print", "device_assert", "barrier",
 ]
