@@ -63,6 +63,8 @@ def normalize_dim(name: str, dim, ndim: int) -> int:
     Raises TypeError for a non-integer dim and IndexError, with torch's message, out of range.
     """
     try:
+        if isinstance(dim, bool):   # torch rejects a bool dim (operator.index would take it as 0 or 1)
+            raise TypeError
         dim = operator.index(dim)
     except TypeError:
         raise TypeError(f"{name}(): argument 'dim' must be int, not {type(dim).__name__}") from None
@@ -311,7 +313,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             j <= i, also when L != S. May be combined with attn_mask (both apply).
         scale: the softmax scale, default 1 / sqrt(E).
         enable_gqa: grouped-query attention: H_kv divides H, query head h uses key/value head
-            h // (H // H_kv).
+            h // (H // H_kv). As torch, key and value may have different head counts (each dividing H);
+            torch's op runs that case.
     Returns:
         A tensor of shape (..., H, L, Ev) in query's dtype.
     Raises:

@@ -46,8 +46,18 @@ class AttentionFunction(torch.autograd.Function):
 _attention_apply = apply_of(AttentionFunction, (0, 1, 2, 3))
 
 
-def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa) -> None:
-    """Raise torch's errors (RuntimeError, same messages where torch has one) for bad arguments."""
+def _number(name: str, value) -> float:
+    """float(value), or torch's TypeError naming the argument (a 0-d tensor counts as a number)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be float, not "
+                        f"{type(value).__name__}") from None
+
+
+def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=None) -> None:
+    """Raise torch's errors (RuntimeError, same messages where torch has one) for bad arguments; a
+    dropout_p or scale that is not a number is a TypeError naming it, as torch's."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not {type(t).__name__}")
@@ -79,11 +89,14 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa) -> None
                                f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
         if not (device >= 0 and attn_mask.get_device() == device) and attn_mask.device != query.device:
             raise RuntimeError(f"Expected attn_mask on {query.device}, got {attn_mask.device}")
-    if not 0.0 <= float(dropout_p) <= 1.0:
+    if scale is not None:
+        _number("scale", scale)
+    if not 0.0 <= _number("dropout_p", dropout_p) <= 1.0:
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
     if enable_gqa and query.dim() >= 3:
-        heads, heads_kv = query.size(-3), key.size(-3)
-        if value.size(-3) != heads_kv or heads_kv == 0 or heads % heads_kv != 0:
+        # as torch: key's and value's head counts each divide query's (they may differ: see _runs_kernels)
+        heads = query.size(-3)
+        if any(h == 0 or heads % h != 0 for h in (key.size(-3), value.size(-3))):
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
 
 
@@ -131,8 +144,9 @@ def _as_4d(query, key, value, attn_mask, enable_gqa):
         mask = _expand(attn_mask, (*batch, heads, length_q, length_k))    # torch's broadcasting error if not
     out_shape = (*batch, heads, length_q, v.size(-1))
     if len(batch) != 1:
-        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
-        mask = None if mask is None else mask.reshape(-1, *mask.shape[-3:])
+        count = math.prod(batch)    # spelled out: -1 is ambiguous for 0 elements
+        q, k, v = (t.reshape(count, *t.shape[-3:]) for t in (q, k, v))
+        mask = None if mask is None else mask.reshape(count, *mask.shape[-3:])
     # drop the dims the caller did not have (the output has the rank of the highest-rank input)
     out_rank = max(query.dim(), key.dim(), value.dim())
     return q, k, v, mask, out_shape[len(out_shape) - out_rank:]
@@ -172,6 +186,12 @@ def _runs_kernels(query: torch.Tensor) -> bool:
     return query.device.type == "cpu" and knobs.interpret_enabled() and query.size(-1) <= _kernels.MAX_HEAD_DIM
 
 
+def gqa_heads_differ(query, key, value, enable_gqa) -> bool:
+    """Grouped-query attention whose key and value have different head counts (each dividing query's),
+    which torch accepts (its math backend) and the kernels do not: torch's op runs it."""
+    return bool(enable_gqa) and query.dim() >= 3 and key.size(-3) != value.size(-3)
+
+
 def dropout_not_implemented(dropout_p: float) -> NotImplementedError:
     """The error for attention dropout, which the fusedops kernels do not implement."""
     return NotImplementedError(
@@ -190,9 +210,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         known_key = known = None
     if known is not None and (attn_mask is None or not (attn_mask.requires_grad and torch.is_grad_enabled())):
         return _attend(query, key, value, attn_mask, *known)
-    check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
+    check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale)
     native = (not _runs_kernels(query) or value.size(-1) > _kernels.MAX_HEAD_DIM or query.size(-1) == 0
-              or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()))
+              or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled())
+              or gqa_heads_differ(query, key, value, enable_gqa))
     if native:
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,

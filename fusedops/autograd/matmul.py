@@ -109,7 +109,7 @@ def _as_3d(x: torch.Tensor, batch_shape: tuple) -> torch.Tensor:
     if x.dim() == 2 or all(s == 1 for s in x.shape[:-2]):
         return x.reshape(1, *matrix) if x.dim() != 3 else x
     x = x.expand(*batch_shape, *matrix)
-    return x.reshape(-1, *matrix)
+    return x.reshape(math.prod(batch_shape), *matrix)     # the count spelled out: -1 is ambiguous for 0 elements
 
 
 # _Product per everything forward_kernel derives from its operands but their addresses (shapes, strides,
@@ -232,8 +232,9 @@ def _gradient_launches(dz, a, b, input_grad: bool, weight_grad: bool) -> Optiona
         da = da[0]
     if weight_grad:     # dB = A^T @ dZ; B shared by every batch: one (K, rows) @ (rows, N)
         if b.dim() == 2 and dz.dim() > 2:
-            x = a.expand(*dz.shape[:-2], *a.shape[-2:]).reshape(-1, a.shape[-1]).transpose(0, 1)
-            y = dz.reshape(-1, dz.shape[-1])
+            rows = math.prod(dz.shape[:-1])
+            x = a.expand(*dz.shape[:-2], *a.shape[-2:]).reshape(rows, a.shape[-1]).transpose(0, 1)
+            y = dz.reshape(rows, dz.shape[-1])
         else:
             x, y = a.transpose(-1, -2), dz
         in_place = x.data_ptr() == a.data_ptr() and y.data_ptr() == dz.data_ptr()
@@ -315,14 +316,15 @@ def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):
         da = _sum_to(matmul(dz2, b2.transpose(-1, -2), None, None, a.dtype), a2.shape).reshape(a.shape)
     if needs_input_grad[1]:
         if b2.dim() == 2 and dz2.dim() > 2:     # b shared by every batch: one (K, rows) @ (rows, N)
-            rows_a = a2.expand(*dz2.shape[:-2], *a2.shape[-2:]).reshape(-1, a2.shape[-1])
-            db = matmul(rows_a.transpose(0, 1), dz2.reshape(-1, dz2.shape[-1]), None, None, b.dtype)
+            rows = math.prod(dz2.shape[:-1])     # spelled out: -1 is ambiguous for 0 elements
+            rows_a = a2.expand(*dz2.shape[:-2], *a2.shape[-2:]).reshape(rows, a2.shape[-1])
+            db = matmul(rows_a.transpose(0, 1), dz2.reshape(rows, dz2.shape[-1]), None, None, b.dtype)
         else:
             db = _sum_to(matmul(a2.transpose(-1, -2), dz2, None, None, b.dtype), b2.shape)
         db = db.reshape(b.shape)
     if bias_dtype is not None and needs_input_grad[2]:
         wide = torch.float64 if dz.dtype == torch.float64 else torch.float32
-        dbias = dz2.reshape(-1, dz2.shape[-1]).to(wide).sum(0).to(bias_dtype)
+        dbias = dz2.reshape(math.prod(dz2.shape[:-1]), dz2.shape[-1]).to(wide).sum(0).to(bias_dtype)
     return da, db, dbias
 
 

@@ -11,7 +11,9 @@ strided views of the projections (no copies); otherwise torch's exact forward ru
 
 Mask conventions are torch.nn.MultiheadAttention's: a boolean attn_mask / key_padding_mask marks
 positions that may *not* be attended (True = masked, the opposite of scaled_dot_product_attention's
-boolean mask); float masks are added to the logits.
+boolean mask); float masks are added to the logits. The flash path checks the inputs and masks as torch's
+forward does (ranks, shapes, bool or floating masks; torch's error types and messages), but casts a float
+mask of another floating dtype than the query's to the query's, where torch's SDPA rejects some of those.
 """
 
 from __future__ import annotations
@@ -28,6 +30,60 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
     return mask.to(dtype)
+
+
+def _check_mask_dtype(mask: Optional[torch.Tensor], name: str) -> None:
+    if mask is not None and mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        # torch's error (an integer mask, e.g. a legacy uint8 one, is neither additive nor boolean)
+        raise AssertionError(f"only bool and floating types of {name} are supported")
+
+
+def _check_ranks(query, key, value, key_padding_mask, attn_mask, heads: int) -> bool:
+    """Whether the inputs are unbatched (2-D query), after torch's rank checks (AssertionError, its messages)."""
+    if query.dim() not in (2, 3):
+        raise AssertionError(f"query should be unbatched 2D or batched 3D tensor but received {query.dim()}-D query "
+                             "tensor")
+    batched = query.dim() == 3
+    kind = "batched (3-D)" if batched else "unbatched (2-D)"
+    if key.dim() != query.dim() or value.dim() != query.dim():
+        raise AssertionError(f"For {kind} `query`, expected `key` and `value` to be {query.dim()}-D but found "
+                             f"{key.dim()}-D and {value.dim()}-D tensors respectively")
+    if key_padding_mask is not None and key_padding_mask.dim() != query.dim() - 1:
+        raise AssertionError(f"For {kind} `query`, expected `key_padding_mask` to be `None` or "
+                             f"{query.dim() - 1}-D but found {key_padding_mask.dim()}-D tensor instead")
+    if attn_mask is not None:
+        if attn_mask.dim() not in (2, 3):
+            raise AssertionError(f"For {kind} `query`, expected `attn_mask` to be `None`, 2-D or 3-D but found "
+                                 f"{attn_mask.dim()}-D tensor instead")
+        if not batched and attn_mask.dim() == 3 and tuple(attn_mask.shape) != (heads, query.size(0), key.size(0)):
+            raise AssertionError(f"Expected `attn_mask` shape to be {(heads, query.size(0), key.size(0))} but got "
+                                 f"{attn_mask.shape}")
+    return not batched
+
+
+def _check_inputs(query, key, value, key_padding_mask, attn_mask, embed_dim: int, heads: int,
+                  same_embed_dim: bool) -> None:
+    """The checks of torch.nn.functional.multi_head_attention_forward, with its error types and messages,
+    for (L, N, E) / (S, N, E_k) / (S, N, E_v) inputs (unbatched ones already given a batch dim of 1), so that
+    the flash path rejects what torch's forward rejects instead of reading masks of other shapes."""
+    _check_mask_dtype(key_padding_mask, "key_padding_mask")
+    _check_mask_dtype(attn_mask, "attn_mask")
+    length_q, batch, embed = query.shape
+    length_k = key.size(0)
+    if embed != embed_dim:
+        raise AssertionError(f"was expecting embedding dimension of {embed_dim}, but got {embed}")
+    if same_embed_dim and key.shape != value.shape:
+        raise AssertionError(f"key shape {key.shape} does not match value shape {value.shape}")
+    if not same_embed_dim and key.shape[:2] != value.shape[:2]:
+        raise AssertionError(f"key's sequence and batch dims {key.shape[:2]} do not match value's {value.shape[:2]}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, length_k):
+        raise AssertionError(f"Expected key_padding_mask of shape {(batch, length_k)}, but got "
+                             f"{tuple(key_padding_mask.shape)}")
+    if attn_mask is not None:
+        expected = (length_q, length_k) if attn_mask.dim() == 2 else (batch * heads, length_q, length_k)
+        if tuple(attn_mask.shape) != expected:
+            raise RuntimeError(f"The shape of the {attn_mask.dim()}D attn_mask is {attn_mask.shape}, but should be "
+                               f"{expected}.")
 
 
 class MultiheadAttention(torch.nn.MultiheadAttention):
@@ -48,13 +104,15 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         if is_causal and attn_mask is None:
             raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the Transformer "
                                "module method `generate_square_subsequent_mask` to create this mask.")
-        unbatched = query.dim() == 2
+        unbatched = _check_ranks(query, key, value, key_padding_mask, attn_mask, self.num_heads)
         if unbatched:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
             key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
         if self.batch_first and not unbatched:
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         # (L, N, E) from here on
+        _check_inputs(query, key, value, key_padding_mask, attn_mask, self.embed_dim, self.num_heads,
+                      self._qkv_same_embed_dim)
         length_q, batch, embed = query.shape
         length_k = key.size(0)
         heads, head_dim = self.num_heads, self.head_dim

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Dict, List
 
 import torch
@@ -73,7 +74,7 @@ class _Conv1DForward:
     """forward of transformers' Conv1D (GPT-2): x @ weight + bias, weight (nx, nf), by fusedops.matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.nx)
+        rows = x.reshape(math.prod(x.shape[:-1]), self.nx)     # the count spelled out: -1 is ambiguous for 0 elements
         return functional.matmul(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.nf)
 
 
