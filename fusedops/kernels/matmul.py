@@ -24,6 +24,9 @@ TMA (sm_90a; FUSEDOPS_TMA=0 turns it off): a single product (batch 1)
 whose operands a tensor map can describe runs `matmul_tma_kernel`, the same kernel reading A and B
 through `dsl.make_tensor_descriptor`, so that on sm_90a the bulk tensor copy engine fills the wgmma
 operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs are TMA_CONFIGS.
+Long TMA products whose last wave of tiles is partial (at least matmul_stream_k.MIN_WAVES waves, e.g.
+8192^3) run matmul_stream_k's persistent kernel instead, which splits that wave along K (stream-K;
+FUSEDOPS_STREAM_K=0 turns it off).
 FUSEDOPS_WS=1 (read at compile time, runtime/knobs.py) replaces the K loop's CTA barrier by per-stage
 "empty" mbarriers (passes/pipelining.py); the default stays 0 until the H200 shows it faster.
 Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
@@ -104,6 +107,32 @@ def matmul_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K,
 
 
 @dsl.jit
+def _tile_coordinates(tile, M, N, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, GROUP_M: dsl.constexpr):
+    # (pid_m, pid_n) of `tile` in grouped order (GROUP_M rows of tiles swept column by column).
+    tiles_n = dsl.cdiv(N, BLOCK_N)
+    group = tile // (GROUP_M * tiles_n)
+    group_rows = dsl.minimum(dsl.cdiv(M, BLOCK_M) - group * GROUP_M, GROUP_M)
+    pid_m = group * GROUP_M + (tile % (GROUP_M * tiles_n)) % group_rows
+    pid_n = (tile % (GROUP_M * tiles_n)) // group_rows
+    return pid_m, pid_n
+
+
+@dsl.jit
+def _epilogue(c_ptr, bias_ptr, acc, first_row, first_col, M, N, stride_cm, stride_cn, stride_bias,
+              ROWS: dsl.constexpr, COLS: dsl.constexpr, HAS_BIAS: dsl.constexpr, ACTIVATION: dsl.constexpr,
+              ACC: dsl.constexpr):
+    # c[first_row:, first_col:][:ROWS, :COLS] = activation(acc + bias), masked to (M, N).
+    rm = first_row + dsl.arange(0, ROWS)
+    rn = first_col + dsl.arange(0, COLS)
+    if HAS_BIAS:
+        bias = dsl.load(bias_ptr + rn * stride_bias, mask=rn < N, other=0.0)
+        acc = acc + bias.to(ACC)[None, :]
+    acc = _activation(acc, ACTIVATION)
+    c = c_ptr + rm.to(dsl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+    dsl.store(c, acc.to(c_ptr.dtype.element), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@dsl.jit
 def matmul_tma_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                       stride_cm, stride_cn, stride_bias,
                       BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_K: dsl.constexpr, GROUP_M: dsl.constexpr,
@@ -111,27 +140,14 @@ def matmul_tma_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, stride_
     # matmul_kernel for one (M, K) @ (K, N) product (the TMA path), reading A and B through tensor
     # descriptors: on sm_90a the compiler fills the wgmma operand ring with TMA copies, whose ragged
     # edges the copy engine zero-fills. c_ptr: (M, N); a_ptr: (M, K); b_ptr: (K, N); grid: (tiles,).
-    pid = dsl.program_id(0)
-    tiles_n = dsl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * tiles_n)
-    group_rows = dsl.minimum(dsl.cdiv(M, BLOCK_M) - group * GROUP_M, GROUP_M)
-    pid_m = group * GROUP_M + (pid % (GROUP_M * tiles_n)) % group_rows
-    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
-
+    pid_m, pid_n = _tile_coordinates(dsl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     a_desc = dsl.make_tensor_descriptor(a_ptr, (M, K), (stride_am, stride_ak), (BLOCK_M, BLOCK_K))
     b_desc = dsl.make_tensor_descriptor(b_ptr, (K, N), (stride_bk, stride_bn), (BLOCK_K, BLOCK_N))
     acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
     for k0 in range(0, K, BLOCK_K):
         acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k0)), b_desc.load((k0, pid_n * BLOCK_N)), acc)
-
-    rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + dsl.arange(0, BLOCK_N)
-    if HAS_BIAS:
-        bias = dsl.load(bias_ptr + rn * stride_bias, mask=rn < N, other=0.0)
-        acc = acc + bias.to(ACC)[None, :]
-    acc = _activation(acc, ACTIVATION)
-    c = c_ptr + rm.to(dsl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
-    dsl.store(c, acc.to(c_ptr.dtype.element), mask=(rm[:, None] < M) & (rn[None, :] < N))
+    _epilogue(c_ptr, bias_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, stride_bias,
+              BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, ACC)
 
 
 def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8) -> dsl.Config:
@@ -211,6 +227,12 @@ def _tma_launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
     return args, {"HAS_BIAS": has_bias, "ACTIVATION": activation, "ACC": acc}, (m, n, k)
 
 
+def _stream_k_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.device) -> Optional[tuple]:
+    """matmul_stream_k.plan where FUSEDOPS_STREAM_K is on (the default), else None."""
+    from fusedops.dsl.runtime import knobs
+    return matmul_stream_k.plan(m, n, k, config, device) if knobs.stream_k_enabled() else None
+
+
 def _grid(tiles: tuple, batch: int):
     return lambda meta: (dsl.cdiv(tiles[0], meta["BLOCK_M"]) * dsl.cdiv(tiles[1], meta["BLOCK_N"]), batch)
 
@@ -256,11 +278,17 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
         args, constexprs, (m, n, k) = _tma_launch(c, a, b, bias, activation)
         chosen = _chosen_config(m, n, k, interpret, config)
         if chosen is None:
+            chosen = tuned_matmul_tma_kernel.best.get(tuned_matmul_tma_kernel.key_of(args, constexprs))
+        if chosen is None:      # tunes (the data-parallel kernel), then launches the best
             tuned_matmul_tma_kernel[_grid((m, n), 1)](*args, interpret=False, **constexprs)
-        else:
-            grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]),)
-            matmul_tma_kernel[grid](*args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
-                                    interpret=interpret, **constexprs, **chosen.constexprs)
+            return c
+        stream_k = _stream_k_plan(m, n, k, chosen, c.device)
+        if stream_k is not None:
+            matmul_stream_k.launch(c[0], a[0], b[0], bias, activation, chosen, *stream_k, interpret=interpret)
+            return c
+        grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]),)
+        matmul_tma_kernel[grid](*args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
+                                interpret=interpret, **constexprs, **chosen.constexprs)
         return c
     for start in range(0, batch, MAX_GRID_Y):
         stop = min(batch, start + MAX_GRID_Y)
@@ -296,6 +324,10 @@ def prepare_matmul(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opti
         chosen = tuned.best.get(tuned.key_of(args, constexprs))
         if chosen is None:
             return None
+    stream_k = _stream_k_plan(m, n, k, chosen, c.device) if kernel is matmul_tma_kernel else None
+    if stream_k is not None:
+        launch = matmul_stream_k.prepare(c[0], a[0], b[0], bias, activation, chosen, *stream_k)
+        return lambda c, a, b, bias: launch(c[0], a[0], b[0], bias)
     grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]), c.shape[0])
     prepared = kernel.prepare(grid, *args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
                               interpret=False, **constexprs, **chosen.constexprs)
@@ -315,3 +347,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     batch = b.shape[0] if a.shape[0] == 1 else a.shape[0]       # broadcasting: 1 against 0 is 0
     c = torch.empty((batch, a.shape[1], b.shape[2]), dtype=out_dtype or a.dtype, device=a.device)
     return matmul_into(c, a, b, bias, activation, interpret=interpret, config=config)
+
+
+from fusedops.kernels import matmul_stream_k  # noqa: E402  (it imports this module's kernel helpers)
