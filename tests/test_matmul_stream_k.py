@@ -30,11 +30,17 @@ def _config(block_m=16, block_n=16, block_k=16, group_m=2):
     return mm._config(block_m, block_n, block_k, 4, 1, group_m=group_m)
 
 
+_ACTIVATIONS = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+                "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+                "silu": torch.nn.functional.silu}
+
+
 def _reference(a, b, bias=None, activation=None):
+    """activation(a @ b + bias) in float64 (every activation of kernels.matmul.ACTIVATIONS)."""
     out = a.double() @ b.double()
     if bias is not None:
         out = out + bias.double()
-    return torch.relu(out) if activation == "relu" else out
+    return _ACTIVATIONS[activation](out)
 
 
 def _launch(c, a, b, bias, activation, config, programs, sk_tiles, interpret, epoch=None, workspace=None):

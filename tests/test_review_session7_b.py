@@ -32,30 +32,12 @@ from fusedops.kernels import matmul as mm
 from fusedops.kernels import matmul_stream_k as sk
 from fusedops.dsl.target import assemble, ptxas_available
 from helpers import poison
+from test_matmul_stream_k import _config, _reference
 
 CPU = torch.device("cpu")
 
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-def _config(block_m=16, block_n=16, block_k=16, group_m=2):
-    return mm._config(block_m, block_n, block_k, 4, 1, group_m=group_m)
-
-
-def _reference(a, b, bias=None, activation=None):
-    out = a.double() @ b.double()
-    if bias is not None:
-        out = out + bias.double()
-    if activation == "relu":
-        out = torch.relu(out)
-    elif activation == "gelu":
-        out = torch.nn.functional.gelu(out)
-    elif activation == "gelu_tanh":
-        out = torch.nn.functional.gelu(out, approximate="tanh")
-    elif activation == "silu":
-        out = torch.nn.functional.silu(out)
-    return out
-
 
 def _launch(c, a, b, bias, activation, config, programs, sk_tiles, flags=None):
     args, options = sk._arguments(c, a, b, bias, activation, config, programs, sk_tiles, sk.new_epoch())

@@ -52,8 +52,8 @@ def _phis(builder, values, name: str):
 
 
 def _in_range(b, iv, ub, step, signed):
-    """Whether an iteration at `iv` runs: iv < ub for a positive step, iv > ub for a negative one, never
-    for a zero step (Python's `range`)."""
+    """Whether an iteration at `iv` runs: iv < ub for a positive step, iv > ub for a negative one (Python's
+    `range`); never for a zero step (where Python raises ValueError and the interpreter InterpreterError)."""
     cmp = b.icmp_signed if signed else b.icmp_unsigned
     zero = ir.Constant(step.type, 0)
     forward = b.and_(cmp(">", step, zero), cmp("<", iv, ub))
