@@ -1,7 +1,7 @@
 """Review session 7 (b): stream-K matmul (kernels/matmul_stream_k.py) and the compiled `for` loop,
 atomics' old values and dsl.barrier() (commit a572ca2). CPU only.
 
-Bugs found (xfail strict):
+Bugs found (fixed in session 8; the tests below now pass):
 - FUSEDOPS_STREAM_K is not part of the key under which the public matmul (autograd/matmul.py
   `_product`) caches its prepared launches (the key has FUSEDOPS_TMA only), so on the GPU a shape seen
   once keeps its stream-K (or data-parallel) launch whatever the knob says afterwards, although knobs.py
@@ -165,8 +165,6 @@ def test_stream_k_bad_split_error_names_the_limits(programs, sk_tiles, k):
     assert f"sk_tiles={sk_tiles}" in message and "12 tiles" in message and f"{programs} programs" in message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _arguments lets sk_tiles > 0 through when K == 0 (sk_tiles * k_iters "
-                                       "== 0); the split tiles are then never written")
 def test_stream_k_empty_k_with_split_tiles_writes_bias_or_refuses():
     m, n, programs, sk_tiles = 40, 50, 4, 2        # 12 tiles, the last 2 "split"
     a, b, c = torch.zeros(m, 0), torch.zeros(0, n), poison(torch.empty(m, n))
@@ -192,9 +190,6 @@ def test_stream_k_off_or_on_per_call_of_kernels_matmul(monkeypatch, seed):
     assert torch.equal(results[0], results[2])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: autograd/matmul.py _product keys its cached prepared launches on "
-                                       "FUSEDOPS_TMA but not FUSEDOPS_STREAM_K: toggling the knob has no effect "
-                                       "on a layout already seen (GPU path)")
 def test_public_matmul_cache_sees_the_stream_k_knob(monkeypatch):
     # The GPU path of fusedops.matmul caches a _Product (prepared launches) per layout; a product made with
     # the knob on must not be reused once it is off (and the reverse). Checked with a stand-in _Product.
@@ -405,8 +400,6 @@ def _unsigned_countdown_kernel(o_ptr, n):
     dsl.store(o_ptr, count)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: range(u32, 0, -1) converts the step to uint32 (C's promotion) and runs "
-                                       "0 times; Python runs u times (frontend/loops.py _range_bounds)")
 def test_unsigned_countdown_runs_like_python_or_is_refused():
     out = torch.zeros(1, dtype=torch.int32)
     try:
@@ -414,6 +407,28 @@ def test_unsigned_countdown_runs_like_python_or_is_refused():
     except dsl.CompilationError:
         return
     assert out.item() == len(range(5, 0, -1)) == 5
+
+
+@dsl.jit
+def _mixed_sign_range_kernel(o_ptr, n, start, step, WIDE: dsl.constexpr):
+    count = 0
+    bound = n.to(dsl.uint64) if WIDE else n.to(dsl.uint32)
+    for i in range(bound, start, step):
+        count += 1
+    dsl.store(o_ptr, count)
+
+
+@pytest.mark.parametrize("n, start, step", [(5, 0, -1), (5, -3, -2), (0, 4, 1), (7, 2, -3), (3, -1, 1)])
+def test_unsigned_bound_with_signed_runtime_bounds_counts_like_python(n, start, step):
+    out = poison(torch.empty(1, dtype=torch.int32))
+    _mixed_sign_range_kernel[(1,)](out, n, start, step, WIDE=False, interpret=True)
+    assert out.item() == len(range(n, start, step))
+
+
+def test_uint64_bound_with_signed_bounds_is_refused():
+    out = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(dsl.CompilationError, match="uint64"):
+        _mixed_sign_range_kernel[(1,)](out, 5, 0, -1, WIDE=True, interpret=True)
 
 
 # -- change 2: atomics' old values in replicated layouts; dsl.barrier ----------------------------------------

@@ -304,7 +304,7 @@ def _sliced_rows(seed):
     return random_tensor((6, 320), torch.bfloat16, seed=seed, scale=2.0)[:, 3:303]
 
 
-# (input, dim, config, dtype). The interpreter plans persistent grids for K.INTERPRETER_MULTIPROCESSORS
+# (input, dim, config, dtype). The interpreter plans persistent grids for device_info.INTERPRETER_SMS
 # (4) SMs. Chunks of 16 to 512 elements: rows of several chunks, pieces and edges; rows fewer than
 # the programs (5 < 8), not a multiple of them (13, 9), odd lengths (the SHIFT window), a strided
 # reduced dim with an inner index (SPLIT, col stride 7), sliced rows, one and two vectors per thread.

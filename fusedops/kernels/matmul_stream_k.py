@@ -157,10 +157,11 @@ def plan(m: int, n: int, k: int, config: dsl.Config, device: torch.device) -> Op
 def _arguments(c, a, b, bias, activation, config, programs, sk_tiles, epoch) -> tuple:
     m, n, k = c.shape[0], c.shape[1], a.shape[1]
     tiles = dsl.cdiv(m, config.constexprs["BLOCK_M"]) * dsl.cdiv(n, config.constexprs["BLOCK_N"])
-    if not 0 <= sk_tiles <= tiles or 0 < sk_tiles * dsl.cdiv(k, config.constexprs["BLOCK_K"]) < programs:
+    k_iterations = dsl.cdiv(k, config.constexprs["BLOCK_K"])
+    if not 0 <= sk_tiles <= tiles or (sk_tiles > 0 and sk_tiles * k_iterations < programs):
         raise ValueError(f"sk_tiles={sk_tiles}: expected 0, or at most the {tiles} tiles and with at least one K "
                          f"iteration for each of the {programs} programs (an owner waits for every program "
-                         "before it in its tile: an empty range would never hand over)")
+                         f"before it in its tile: an empty range would never hand over; K={k})")
     partial, flags = workspace(c.device, config, programs)
     has_bias = bias is not None
     args = (c, a, b, bias if has_bias else c, partial, flags, m, n, k, a.stride(0), a.stride(1), b.stride(0),

@@ -28,11 +28,9 @@ from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels import norm_kernels as K
 from fusedops.kernels.allocation import contiguous_allocator
+from fusedops.kernels.device_info import sm_count as _sm_count
 
 _INT32_LIMIT = 2**31
-# In the interpreter (CPU tensors) the grid of the backward is sized as for a small GPU of this many
-# SMs: the interpreter's cost grows with the number of programs, not with their size.
-_INTERPRETER_SMS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,17 +267,6 @@ def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
                               programs_per_sm=max(1, 16 // num_warps), prefetch=num_warps <= 8)
     return BackwardConfig(split=True, block_rows=8 // acc_bytes, block_n=1024, num_warps=4, programs_per_sm=4,
                           prefetch=True, input_block_rows=1, input_block_n=4096, input_num_warps=8)
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return _INTERPRETER_SMS
 
 
 def as_rows(t: torch.Tensor, n_rows: int, n_cols: int) -> torch.Tensor:

@@ -55,6 +55,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
+from fusedops.kernels.device_info import INTERPRETER_SMS, sm_count as device_sm_count
 from fusedops.kernels.row_windows import sweep_parts
 
 # Longest row the forward reads in one pass (elements); longer rows take the row sweeps (ROW_SWEEPS).
@@ -819,23 +820,6 @@ def _row_shift(layout: RowLayout, config: Config, dtypes: tuple, align: int) -> 
     return vector
 
 
-# The SMs the interpreter plans persistent grids for (CPU tensors have no device to ask).
-INTERPRETER_MULTIPROCESSORS = 4
-
-
-@functools.lru_cache(maxsize=64)
-def _cuda_multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def multiprocessors(device: torch.device) -> int:
-    """The SMs of `device` (INTERPRETER_MULTIPROCESSORS for a CPU device): what persistent grids are
-    sized by."""
-    if device.type != "cuda":
-        return INTERPRETER_MULTIPROCESSORS
-    return _cuda_multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _persistent_constexprs(config: Config, dtypes: tuple) -> dict:
     """PERSISTENT, and the chunk's load layout the row sweeps reduce along (THREADS threads of VECTOR
     consecutive elements; see _forward_row_sweeps): what the default 1-D blocked layout gives a
@@ -859,7 +843,7 @@ def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward
     # strides, dtypes: (x, y) for the forward, (y, dy, dx) for the backward (the first tensor's
     # memory order groups the rows); the kernels take strides in (x, y) and (dx, dy, y) order.
     # Persistent configs size their grid by sm_count, else by the SMs of `device` (asked only then),
-    # else by INTERPRETER_MULTIPROCESSORS.
+    # else by device_info.INTERPRETER_SMS.
     layout = plan_rows(shape, dim, strides)
     if layout is None:
         return None
@@ -874,7 +858,7 @@ def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward
         grid = (layout.outer * inner_blocks,)
     if config.programs_per_sm:
         if sm_count is None:
-            sm_count = INTERPRETER_MULTIPROCESSORS if device is None else multiprocessors(device)
+            sm_count = INTERPRETER_SMS if device is None else device_sm_count(device)
         grid = (max(1, min(grid[0], sm_count * config.programs_per_sm)),)
     # WIDE: column offsets (up to n_cols + block, times the col stride) may pass int32.
     widest = max(abs(s[2]) for s in layout.strides) * (layout.n_cols + config.block + 16)

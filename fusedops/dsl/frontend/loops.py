@@ -10,7 +10,7 @@ from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, OpCode, Value
 from ..ir.ops import BINARY_ARITH
 from ..language import core, promotion
-from ..language.dtypes import BlockType, DType, shape_of
+from ..language.dtypes import BlockType, DType, int64, shape_of
 from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant
 from .scope import is_runtime
 
@@ -92,6 +92,13 @@ class LoopsMixin:
                 dtype = literal if dtype is None else promotion.promote(dtype, literal)
         if dtype.is_bool:
             dtype = promotion.promote(dtype, promotion.literal_dtype(0))
+        if dtype.kind == "uint" and any(_may_be_negative(v) for v in bounds):
+            # C's promotion would make a negative step or bound a huge unsigned one; Python's range counts
+            # with the sign, so widen to a signed type that holds both (none holds uint64's range).
+            if dtype.bits == 64:
+                raise CompilationError("range() mixes uint64 bounds with signed or negative ones: cast them to one "
+                                       "type first")
+            dtype = int64
         return [self.semantic.cast(self.semantic.to_value(v, dtype), dtype) for v in bounds]
 
     # -- while -------------------------------------------------------------------------------------
@@ -245,3 +252,8 @@ class LoopsMixin:
         for name, reason in scope.hidden.items():
             if name not in carried and name not in self.scope.hidden:
                 self.scope.hide(name, reason)
+
+
+def _may_be_negative(value) -> bool:
+    """A negative literal, or a runtime value of a signed type (range()'s bounds)."""
+    return value.type.is_signed if is_runtime(value) else value < 0
