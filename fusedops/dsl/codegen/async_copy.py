@@ -38,6 +38,7 @@ from . import tma
 from .wgmma import WGMMA_ALIGN, SharedOperand, fence_generic_to_async
 
 BUFFER_ALIGN = 128
+SCRATCH_ALIGN = 16             # where scratch starts after live buffers (16-byte vector accesses)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +81,18 @@ def _local_alloc(ctx, op):
     if swizzle is not None:
         align_shared_memory(ctx, WGMMA_ALIGN)
     offset = (ctx.scratch_offset + alignment - 1) // alignment * alignment
-    end = offset + buffer_type.nbytes
-    ctx.live_buffers[id(op.result)] = end
-    ctx.scratch_offset = end
-    ctx.shared_bytes = max(ctx.shared_bytes, end)
+    _push_live(ctx, op.result, offset + buffer_type.nbytes)
     tile = operand_tile_layout(buffer_type.tile_shape, buffer_type.element.bits, op.attrs["contiguous_dim"], swizzle)
     ctx.set(op.result, SharedBuffer(offset, buffer_type, tile))
+
+
+def _push_live(ctx, buffer, end: int) -> None:
+    """Mark `buffer` live up to byte `end`; scratch users start after it, on a 16-byte boundary (their
+    vector accesses need it: a ring of 8-byte mbarriers may end on an 8-byte one)."""
+    end = (end + SCRATCH_ALIGN - 1) // SCRATCH_ALIGN * SCRATCH_ALIGN
+    ctx.live_buffers[id(buffer)] = end
+    ctx.scratch_offset = end
+    ctx.shared_bytes = max(ctx.shared_bytes, end)
 
 
 @lowering(OpCode.LOCAL_DEALLOC)
@@ -95,7 +102,7 @@ def _local_dealloc(ctx, op):
         barrier(ctx)
     if _is_mbarrier_array(op.operands[0].defining_op):
         barriers: SharedBuffer = ctx.get(op.operands[0])
-        with _first_thread(ctx):
+        with first_thread(ctx):
             for slot in range(barriers.type.num_buffers):
                 tma.mbarrier_inval(ctx.builder, barriers.tile_pointer(ctx, ir.Constant(T.i32, slot)))
     ctx.live_buffers.pop(id(op.operands[0]), None)
@@ -154,7 +161,7 @@ def _local_load(ctx, op):
 # -- TMA rings (sm_90a, FUSEDOPS_TMA=1): mbarriers, bulk tensor copies, phase waits ---------------------
 
 @contextlib.contextmanager
-def _first_thread(ctx, predicate=None):
+def first_thread(ctx, predicate=None):
     """Emit the body for thread 0 of the CTA only (and only where `predicate`, an i1, holds)."""
     b = ctx.builder
     condition = b.icmp_unsigned("==", ctx.thread_id, ir.Constant(T.i32, 0))
@@ -176,14 +183,11 @@ def _alloc_mbarriers(ctx, op) -> None:
     async-proxy writes to the ring must come after."""
     buffer_type = op.result.type
     offset = (ctx.scratch_offset + 15) // 16 * 16
-    end = offset + buffer_type.nbytes
-    ctx.live_buffers[id(op.result)] = end
-    ctx.scratch_offset = end
-    ctx.shared_bytes = max(ctx.shared_bytes, end)
+    _push_live(ctx, op.result, offset + buffer_type.nbytes)
     barriers = SharedBuffer(offset, buffer_type, None)
     ctx.set(op.result, barriers)
     fence_generic_to_async(ctx)
-    with _first_thread(ctx):
+    with first_thread(ctx):
         for slot in range(buffer_type.num_buffers):
             tma.mbarrier_init(ctx.builder, barriers.tile_pointer(ctx, ir.Constant(T.i32, slot)),
                               op.attrs.get("mbarrier_arrivals", ctx.num_warps))
@@ -204,7 +208,7 @@ def _tma_copy(ctx, op):
     contiguous = param.contiguous_dim
     rows, atom = param.box
     box_bytes = rows * atom * buffer.type.element.itemsize
-    with _first_thread(ctx, ctx.get(op.operands[10])):
+    with first_thread(ctx, ctx.get(op.operands[10])):
         b = ctx.builder
         slot_barrier = barriers.tile_pointer(ctx, index)
         tma.mbarrier_arrive_expect_tx(b, slot_barrier, buffer.type.tile_bytes)
@@ -225,7 +229,7 @@ def _mbarrier_wait(ctx, op):
     barriers: SharedBuffer = ctx.get(op.operands[0])
     index, phase = ctx.get(op.operands[1]), ctx.get(op.operands[2])
     if op.attrs.get("issuer"):
-        with _first_thread(ctx):
+        with first_thread(ctx):
             tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, index), phase)
     else:
         tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, index), phase)

@@ -18,7 +18,7 @@ from ..errors import CompilationError
 from ..ir import Function, OpCode
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
-from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes, tma  # noqa: F401  (rules)
+from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes, tma, tma_store  # noqa: F401,E501  (rules)
 from .context import LoweringContext
 from .control import lower_block
 

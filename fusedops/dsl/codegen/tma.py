@@ -121,6 +121,28 @@ def tma_load_2d(builder: ir.IRBuilder, module: ir.Module, destination, barrier, 
                             ir.Constant(T.i1, 0), ir.Constant(T.i1, 0), ir.Constant(T.i32, 0)])
 
 
+def tma_store_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_map, c0, c1) -> None:
+    """`cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group`: the box of `tensor_map` at
+    coordinates (c0 innermost, c1) written from shared memory at `source` (`ptr addrspace(3)`, laid
+    out as the map's swizzle says); box elements outside the tensor are not written. Needs a
+    `fence.proxy.async` after the writes of `source` and a `bulk_commit_group` after the copies."""
+    function = T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.tensor.s2g.tile.2d", T.void,
+                                   [T.pointer(3), ir.PointerType(), T.i32, T.i32, T.i64, T.i1])
+    builder.call(function, [source, builder.bitcast(tensor_map, ir.PointerType()) if tensor_map.type !=
+                            ir.PointerType() else tensor_map, c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
+
+
+def bulk_commit_group(builder: ir.IRBuilder, module: ir.Module) -> None:
+    """`cp.async.bulk.commit_group`: the bulk copies issued since the last commit form one group."""
+    builder.call(T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.commit.group", T.void, []), [])
+
+
+def bulk_wait_group_read(builder: ir.IRBuilder, module: ir.Module, pending: int) -> None:
+    """`cp.async.bulk.wait_group.read pending`: at most `pending` groups still read their shared source."""
+    function = T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.wait.group.read", T.void, [T.i32])
+    builder.call(function, [ir.Constant(T.i32, pending)])
+
+
 def prefetch_tensor_map(builder: ir.IRBuilder, tensor_map) -> None:
     """`prefetch.tensormap [tensor_map]`: bring the descriptor into the cache before the first copy."""
     _asm(builder, "prefetch.tensormap [$0];", "l", [tensor_map])
@@ -157,13 +179,26 @@ def tma_copy_parameter(op) -> TensorMapParam:
                           (_source(stride0), _source(stride1)), contiguous, (tile[1 - contiguous], atom), swizzle)
 
 
+def tma_store_parameter(op) -> TensorMapParam:
+    """The tensor map a `tma_store` op writes through: boxes of the block's other extent x one
+    STORE_SWIZZLE_BYTES atom along its contiguous dim (passes/descriptors.py)."""
+    from ..passes.descriptors import STORE_SWIZZLE_BYTES
+    value, base, shape0, shape1, stride0, stride1 = op.operands[:6]
+    element = value.type.element
+    contiguous = op.attrs["contiguous_dim"]
+    rows = op.attrs["block_shape"][1 - contiguous]
+    return TensorMapParam(element.name, _source(base)[1], (_source(shape0), _source(shape1)),
+                          (_source(stride0), _source(stride1)), contiguous,
+                          (rows, STORE_SWIZZLE_BYTES // element.itemsize), STORE_SWIZZLE_BYTES)
+
+
 def tensor_map_parameters(function: Function) -> tuple:
-    """(the distinct `TensorMapParam`s of the `tma_copy` ops of `function`, in first-use order,
-    {id(op): index into them}): one kernel parameter per distinct map."""
+    """(the distinct `TensorMapParam`s of the `tma_copy` and `tma_store` ops of `function`, in
+    first-use order, {id(op): index into them}): one kernel parameter per distinct map."""
     params, index_of = [], {}
     for op in function.walk():
-        if op.opcode == OpCode.TMA_COPY:
-            param = tma_copy_parameter(op)
+        if op.opcode in (OpCode.TMA_COPY, OpCode.TMA_STORE):
+            param = tma_copy_parameter(op) if op.opcode == OpCode.TMA_COPY else tma_store_parameter(op)
             if param not in params:
                 params.append(param)
             index_of[id(op)] = params.index(param)

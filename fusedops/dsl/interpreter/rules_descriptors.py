@@ -1,4 +1,5 @@
-"""Rules for tensor-descriptor loads (`desc.load(offsets)`, the frontend's DESCRIPTOR_LOAD) and for the
+"""Rules for tensor-descriptor loads and stores (`desc.load(offsets)`, `desc.store(offsets, value)`: the
+frontend's DESCRIPTOR_LOAD / DESCRIPTOR_STORE, and TMA_STORE, a store the copy engine does) and for the
 TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT, MBARRIER_ARRIVE), so a pipelined function
 can be run and compared with the original.
 
@@ -19,15 +20,19 @@ from .rules_memory import _access
 _PENDING = object()      # key of the program's in-flight TMA copies in ProgramContext.env
 
 
-def read_box(ctx, op, base, shape, strides, offsets, block_shape, dtype) -> np.ndarray:
-    """The `block_shape` box of the 2-D tensor (base address, shape, element strides) at `offsets`,
-    zeros outside the tensor (see the module docstring)."""
+def _box(base, shape, strides, offsets, block_shape, dtype) -> tuple:
+    """(flat byte addresses of the box's elements, flat positions of those inside the tensor)."""
     rows = int(offsets[0]) + np.arange(block_shape[0], dtype=np.int64)
     cols = int(offsets[1]) + np.arange(block_shape[1], dtype=np.int64)
     inside = (((rows >= 0) & (rows < int(shape[0])))[:, None] & ((cols >= 0) & (cols < int(shape[1])))[None, :])
     elements = rows[:, None] * int(strides[0]) + cols[None, :] * int(strides[1])
-    addresses = (int(base) + elements * dtype.itemsize).reshape(-1)
-    positions = np.flatnonzero(inside.reshape(-1))
+    return (int(base) + elements * dtype.itemsize).reshape(-1), np.flatnonzero(inside.reshape(-1))
+
+
+def read_box(ctx, op, base, shape, strides, offsets, block_shape, dtype) -> np.ndarray:
+    """The `block_shape` box of the 2-D tensor (base address, shape, element strides) at `offsets`,
+    zeros outside the tensor (see the module docstring)."""
+    addresses, positions = _box(base, shape, strides, offsets, block_shape, dtype)
     result = np.zeros(addresses.size, dtype=dtype.numpy_dtype)
     result[positions] = _access(ctx, op, "descriptor load", dtype, tuple(block_shape), positions,
                                 lambda: ctx.memory.read(addresses[positions], dtype))
@@ -39,6 +44,27 @@ def _descriptor_load(ctx, op, base, shape0, shape1, stride0, stride1, offset0, o
     dtype = op.operands[0].type.element
     return read_box(ctx, op, base, (shape0, shape1), (stride0, stride1), (offset0, offset1),
                     op.attrs["block_shape"], dtype)
+
+
+def write_box(ctx, op, base, shape, strides, offsets, value, dtype) -> None:
+    """Write `value` (a block) to the box of the 2-D tensor at `offsets`, only its elements inside the tensor."""
+    block_shape = tuple(np.shape(value))
+    addresses, positions = _box(base, shape, strides, offsets, block_shape, dtype)
+    values = np.asarray(value).reshape(-1)[positions]
+    _access(ctx, op, "descriptor store", dtype, block_shape, positions,
+            lambda: ctx.memory.write(addresses[positions], values, dtype))
+
+
+@register(OpCode.DESCRIPTOR_STORE)
+def _descriptor_store(ctx, op, base, shape0, shape1, stride0, stride1, offset0, offset1, value):
+    write_box(ctx, op, base, (shape0, shape1), (stride0, stride1), (offset0, offset1), value,
+              op.operands[0].type.element)
+
+
+@register(OpCode.TMA_STORE)
+def _tma_store(ctx, op, value, base, shape0, shape1, stride0, stride1, offset0, offset1):
+    write_box(ctx, op, base, (shape0, shape1), (stride0, stride1), (offset0, offset1), value,
+              op.operands[1].type.element)
 
 
 @register(OpCode.TMA_COPY)

@@ -46,6 +46,8 @@ Operand conventions (checked by `verifier.py`):
 | LOCAL_LOAD | buffer, index (int32) | - | block of the tile's shape and element (a dot operand) |
 | WGMMA_WAIT | values... | pending | the values (wgmma.wait_group: at most `pending` groups of wgmmas in flight; results of earlier dots are ready) |
 | DESCRIPTOR_LOAD | base ptr, shape0, shape1, stride0, stride1 (int scalars), offset0, offset1 (int32) | block_shape, descriptor (index) | block<block_shape x element>: the box at the offsets of a `dsl.make_tensor_descriptor`, zeros outside [0, shape) |
+| DESCRIPTOR_STORE | base ptr, shape0, shape1, stride0, stride1 (int scalars), offset0, offset1 (int32), value (block<block_shape x element>) | block_shape | - (writes the box at the offsets, only its elements inside [0, shape)) |
+| TMA_STORE | value, base ptr, shape0, shape1, stride0, stride1, offset0, offset1 | block_shape, contiguous_dim | - (a descriptor store the copy engine does, sm_90a: the block through a swizzled shared tile, then cp.async.bulk.tensor to global; elements outside the tensor are not written) |
 | TMA_COPY | buffer, index, barriers, base, shape0, shape1, stride0, stride1, coord0, coord1, predicate (int1) | descriptor, arrivals | - (one thread: mbarrier expect_tx + cp.async.bulk.tensor of the tile at (coord0, coord1) into tile `index`, completing barrier `index`; inserted by pipelining) |
 | MBARRIER_WAIT | barriers, index (int32), phase (int32) | cta_barrier, issuer | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier unless cta_barrier=False; issuer=True: only the thread that issues the TMA copies waits) |
 | MBARRIER_ARRIVE | barriers, index (int32), predicate (int1) | - | - (where predicate: one arrival per warp on barrier `index`; the "empty" barriers of a TMA ring, FUSEDOPS_WS) |
@@ -142,6 +144,8 @@ class OpCode(enum.Enum):
     WGMMA_WAIT = "wgmma_wait"
     # tensor descriptors (dsl.make_tensor_descriptor) and the bulk tensor copy engine
     DESCRIPTOR_LOAD = "descriptor_load"
+    DESCRIPTOR_STORE = "descriptor_store"
+    TMA_STORE = "tma_store"
     TMA_COPY = "tma_copy"
     MBARRIER_WAIT = "mbarrier_wait"
     MBARRIER_ARRIVE = "mbarrier_arrive"
@@ -173,7 +177,7 @@ SIDE_EFFECTS = frozenset({
     OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT, OpCode.LAUNCH_BOUNDS,
     OpCode.BARRIER, OpCode.YIELD, OpCode.CONDITION,
     OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT, OpCode.WGMMA_WAIT,
-    OpCode.TMA_COPY, OpCode.MBARRIER_WAIT, OpCode.MBARRIER_ARRIVE,
+    OpCode.TMA_COPY, OpCode.MBARRIER_WAIT, OpCode.MBARRIER_ARRIVE, OpCode.DESCRIPTOR_STORE, OpCode.TMA_STORE,
 })
 CONTROL_FLOW = frozenset({OpCode.FOR, OpCode.WHILE, OpCode.IF})
 TERMINATORS = frozenset({OpCode.YIELD, OpCode.CONDITION})

@@ -107,6 +107,15 @@ def _check_types(op: Operation) -> None:
                "descriptor_load sizes and strides are int32/int64 scalars, offsets int32")
         expect(outs == [BlockType(tuple(op.attrs.get("block_shape", ())), ins[0].element)],
                "descriptor_load gives a block_shape block of the base's element")
+    elif code in (OpCode.DESCRIPTOR_STORE, OpCode.TMA_STORE):
+        base, value = (0, 7) if code == OpCode.DESCRIPTOR_STORE else (1, 0)
+        sizes = ins[base + 1:base + 7]
+        expect(len(ins) == 8 and isinstance(ins[base], PointerType) and not outs,
+               f"{code.value} takes a base, 2 sizes, 2 strides, 2 offsets and a value, and gives nothing")
+        expect(all(t in (int32, int64) for t in sizes[:4]) and sizes[4:] == [int32, int32],
+               f"{code.value} sizes and strides are int32/int64 scalars, offsets int32")
+        expect(ins[value] == BlockType(tuple(op.attrs.get("block_shape", ())), ins[base].element),
+               f"{code.value} stores a block_shape block of the base's element")
     elif code == OpCode.WGMMA_WAIT:
         expect(ins == outs and isinstance(op.attrs.get("pending"), int), "wgmma_wait returns its operands")
     elif code == OpCode.IF:

@@ -1,4 +1,5 @@
-"""Tensor descriptors: `dsl.make_tensor_descriptor(base, shape, strides, block_shape)` and `desc.load(offsets)`.
+"""Tensor descriptors: `dsl.make_tensor_descriptor(base, shape, strides, block_shape)`, `desc.load(offsets)`
+and `desc.store(offsets, value)`.
 
 A tensor descriptor names a 2-D global tensor (a base pointer, its size and element strides per
 dim) and the box one load reads from it:
@@ -8,7 +9,8 @@ dim) and the box one load reads from it:
 
 Semantics (interpreter and every target): element (i, j) of the result is
 `base[(offset0 + i) * stride0 + (offset1 + j) * stride1]` where 0 <= offset0 + i < shape0 and
-0 <= offset1 + j < shape1, and 0 elsewhere: a ragged edge needs no mask.
+0 <= offset1 + j < shape1, and 0 elsewhere: a ragged edge needs no mask. `desc.store(offsets, value)`
+writes element (i, j) of `value` there, and only where it is inside the tensor.
 
 Why an explicit construct (issue 7; Triton's `tl.make_tensor_descriptor` and CuTe's TMA atoms are the
 same idea): on sm_90a with FUSEDOPS_TMA=1 a descriptor load that feeds a pipelined wgmma is copied by
@@ -92,25 +94,50 @@ def make_tensor_descriptor(base, shape, strides, block_shape, *, _semantic=None)
     return TensorDescriptor(base, shape, strides, tuple(block_shape))
 
 
+def _offsets(semantic, descriptor, offsets, what: str) -> list:
+    """The 2 offsets of a descriptor `what` (load / store) as int32 IR scalars."""
+    if not isinstance(descriptor, TensorDescriptor):
+        raise CompilationError(f"{what} expects a tensor descriptor, got {descriptor!r}")
+    coordinates = []
+    for offset in _pair(offsets, f"{what} offsets"):
+        if isinstance(offset, Value):
+            if isinstance(offset.type, BlockType) or offset.type != int32:
+                raise CompilationError(f"descriptor {what} offsets must be int32 scalars, got {offset.type}")
+        elif isinstance(offset, bool) or not isinstance(offset, int) or not -2**31 <= offset < 2**31:
+            raise CompilationError(f"descriptor {what} offsets must be int32 scalars, got {offset!r}")
+        else:
+            offset = semantic.constant(offset, int32)
+        coordinates.append(offset)
+    return coordinates
+
+
 @builtin
 def descriptor_load(descriptor, offsets, *, _semantic=None):
     """`descriptor.load(offsets)`: the `block_shape` box whose first element is at `offsets` (2 int32
     scalars or ints; may be negative or past the end), zeros outside the tensor."""
-    if not isinstance(descriptor, TensorDescriptor):
-        raise CompilationError(f"load expects a tensor descriptor, got {descriptor!r}")
-    coordinates = []
-    for offset in _pair(offsets, "load offsets"):
-        if isinstance(offset, Value):
-            if isinstance(offset.type, BlockType) or offset.type != int32:
-                raise CompilationError(f"descriptor load offsets must be int32 scalars, got {offset.type}")
-        elif isinstance(offset, bool) or not isinstance(offset, int) or not -2**31 <= offset < 2**31:
-            raise CompilationError(f"descriptor load offsets must be int32 scalars, got {offset!r}")
-        else:
-            offset = _semantic.constant(offset, int32)
-        coordinates.append(offset)
+    coordinates = _offsets(_semantic, descriptor, offsets, "load")
     operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates]
     result = BlockType(descriptor.block_shape, descriptor.element)
     return _semantic.builder.value(OpCode.DESCRIPTOR_LOAD, operands, result, block_shape=descriptor.block_shape)
 
 
-DESCRIPTOR_METHODS = {"load": descriptor_load}
+@builtin
+def descriptor_store(descriptor, offsets, value, *, _semantic=None):
+    """`descriptor.store(offsets, value)`: write `value` (a `block_shape` block, converted to the
+    tensor's element type) to the box whose first element is at `offsets` (2 int32 scalars or ints; may
+    be negative or past the end); elements outside the tensor are not written. On sm_90a the copy
+    engine may do it (passes/descriptors.py). A scalar value fills the box. Raises CompilationError for a
+    block of another shape."""
+    coordinates = _offsets(_semantic, descriptor, offsets, "store")
+    value = _semantic.to_value(value, descriptor.element)
+    if not isinstance(value.type, BlockType):
+        value = _semantic.broadcast_to(value, descriptor.block_shape)     # a scalar fills the box
+    if tuple(value.type.shape) != descriptor.block_shape:
+        raise CompilationError(f"descriptor store: the value must be a {descriptor.block_shape} block "
+                               f"(the descriptor's block_shape), got {value.type}")
+    value = _semantic.cast(value, descriptor.element)
+    operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates, value]
+    _semantic.builder.create(OpCode.DESCRIPTOR_STORE, operands, [], dict(block_shape=descriptor.block_shape))
+
+
+DESCRIPTOR_METHODS = {"load": descriptor_load, "store": descriptor_store}

@@ -1,4 +1,5 @@
-"""Tensor-descriptor loads become ordinary masked loads, marked where the copy engine could do them.
+"""Tensor-descriptor loads become ordinary masked loads, marked where the copy engine could do them;
+descriptor stores become TMA stores or masked stores.
 
 `desc.load((o0, o1))` (DESCRIPTOR_LOAD, language/descriptors.py) is rewritten, in its block, into
 
@@ -16,6 +17,12 @@ encode a tensor map for it: the base 16-byte aligned, one stride the constant 1 
 multiple of 16 bytes (an argument divisible by 16, or such a constant). The pipelining pass then
 fills the ring of a wgmma operand from such loads with `cp.async.bulk.tensor` (passes/pipelining.py);
 a marked load it does not pipeline stays the masked load above.
+
+`desc.store((o0, o1), value)` (DESCRIPTOR_STORE) becomes the masked store of the same box, or, under
+the same conditions and for a block of whole 128-byte swizzle atoms along its contiguous dim (2- or
+4-byte elements, the other dim at most 256: the copy engine's box limit), `tma_store` (codegen/
+tma_store.py: the block goes through a swizzled shared tile and the copy engine writes it, clipping
+what lies outside the tensor).
 """
 
 from __future__ import annotations
@@ -46,14 +53,18 @@ class TmaSource:
 
 
 def expand_descriptor_loads(function: Function, arch: Optional[str] = None) -> bool:
-    """Rewrite every DESCRIPTOR_LOAD of `function` (see the module docstring); marks loads for TMA
-    on sm_90a when FUSEDOPS_TMA=1. Returns whether the IR changed."""
+    """Rewrite every DESCRIPTOR_LOAD and DESCRIPTOR_STORE of `function` (see the module docstring);
+    marks loads for TMA, and makes stores TMA_STORE where they qualify, on sm_90a when FUSEDOPS_TMA=1.
+    Returns whether the IR changed."""
     from ..runtime import knobs
     mark = arch == "sm_90a" and knobs.current().tma
-    loads = [op for op in function.walk() if op.opcode == OpCode.DESCRIPTOR_LOAD]
-    for op in loads:
-        _expand(function, op, mark)
-    return bool(loads)
+    ops = [op for op in function.walk() if op.opcode in (OpCode.DESCRIPTOR_LOAD, OpCode.DESCRIPTOR_STORE)]
+    for op in ops:
+        if op.opcode == OpCode.DESCRIPTOR_LOAD:
+            _expand(function, op, mark)
+        else:
+            _expand_store(function, op, mark)
+    return bool(ops)
 
 
 def _constant(value: Value):
@@ -61,13 +72,10 @@ def _constant(value: Value):
     return op.attrs.get("value") if op is not None and op.opcode == OpCode.CONSTANT else None
 
 
-def _expand(function: Function, op: Operation, mark: bool) -> None:
-    base, shape0, shape1, stride0, stride1, offset0, offset1 = op.operands
+def _box_access(s: Semantics, op: Operation) -> tuple:
+    """(pointer block, in-bounds mask block) of the box of descriptor op `op`, built with `s`."""
+    base, shape0, shape1, stride0, stride1, offset0, offset1 = op.operands[:7]
     block_shape = op.attrs["block_shape"]
-    scratch = Block()
-    builder = Builder(scratch)
-    builder.loc = op.loc
-    s = Semantics(builder)
     masks, terms = [], []
     for dim, (offset, size, stride) in enumerate(((offset0, shape0, stride0), (offset1, shape1, stride1))):
         index = s.binary("add", offset, s.arange(0, block_shape[dim]))
@@ -76,16 +84,66 @@ def _expand(function: Function, op: Operation, mark: bool) -> None:
         masks.append(s.expand_dims(inside, 1 - dim))
         terms.append(s.expand_dims(term, 1 - dim))
     pointer = s.binary("add", s.binary("add", base, terms[0]), terms[1])
-    loaded = s.load(pointer, s.logical("and", masks[0], masks[1]))
+    return pointer, s.logical("and", masks[0], masks[1])
+
+
+def _replace(op: Operation, scratch: Block) -> None:
+    """Put the ops of `scratch` where `op` is in its block, and drop `op`."""
     block = op.parent
     position = next(i for i, other in enumerate(block.ops) if other is op)
     for new in scratch.ops:
         new.parent = block
     block.ops[position:position + 1] = scratch.ops
+
+
+def _semantics(op: Operation) -> tuple:
+    scratch = Block()
+    builder = Builder(scratch)
+    builder.loc = op.loc
+    return scratch, Semantics(builder)
+
+
+def _expand(function: Function, op: Operation, mark: bool) -> None:
+    scratch, s = _semantics(op)
+    loaded = s.load(*_box_access(s, op))
+    _replace(op, scratch)
     replace_all_uses(function, op.result, loaded)
     source = _tma_source(function, op) if mark else None
     if source is not None:
         loaded.defining_op.attrs["tma"] = source
+
+
+def _expand_store(function: Function, op: Operation, mark: bool) -> None:
+    """A descriptor store: TMA_STORE where the copy engine can do it (`_tma_store_box`), else a
+    masked store of the box."""
+    target = _tma_source(function, op) if mark else None
+    value = op.operands[7]
+    if target is not None and _tma_store_box(op.attrs["block_shape"], target.contiguous_dim,
+                                             value.type.element.itemsize):
+        store = Operation(OpCode.TMA_STORE, [value, *op.operands[:7]], [], dict(
+            block_shape=op.attrs["block_shape"], contiguous_dim=target.contiguous_dim), (), op.loc)
+        scratch = Block()
+        store.parent = scratch
+        scratch.ops.append(store)
+    else:
+        scratch, s = _semantics(op)
+        pointer, mask = _box_access(s, op)
+        s.store(pointer, value, mask)
+    _replace(op, scratch)
+
+
+# The copy engine's limits for the boxes of a TMA store: at most 256 elements per dim; the block is cut
+# into boxes of one 128-byte swizzle atom along the contiguous dim (codegen/tma_store.py).
+MAX_BOX_ELEMENTS = 256
+STORE_SWIZZLE_BYTES = 128
+
+
+def _tma_store_box(block_shape: tuple, contiguous_dim: int, itemsize: int) -> bool:
+    """Whether a block of `block_shape` (`itemsize`-byte elements) can go out as whole 128-byte-swizzled
+    boxes: 2- or 4-byte elements, the contiguous extent a multiple of the atom, the other at most 256."""
+    atom = STORE_SWIZZLE_BYTES // itemsize if itemsize in (2, 4) else 0
+    return atom > 0 and block_shape[contiguous_dim] % atom == 0 \
+        and block_shape[1 - contiguous_dim] <= MAX_BOX_ELEMENTS
 
 
 def _divisible_by_16(function: Function, value: Value) -> bool:
@@ -97,7 +155,7 @@ def _divisible_by_16(function: Function, value: Value) -> bool:
 
 
 def _tma_source(function: Function, op: Operation) -> Optional[TmaSource]:
-    base, shape0, shape1, stride0, stride1, offset0, offset1 = op.operands
+    base, shape0, shape1, stride0, stride1, offset0, offset1 = op.operands[:7]
     itemsize = base.type.element.itemsize
     if not _divisible_by_16(function, base):
         return None

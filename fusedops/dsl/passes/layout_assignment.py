@@ -431,7 +431,8 @@ def _assign_op(state: _State, op: Operation) -> None:
         _require(state, op, 1, fma_operand_layout(acc_layout, k, 1))
         op.result.layout = acc_layout
         return
-    if code in (OpCode.PRINT, OpCode.ASSERT, OpCode.CONVERT_LAYOUT):
+    if code in (OpCode.PRINT, OpCode.ASSERT, OpCode.CONVERT_LAYOUT, OpCode.TMA_STORE):
+        # (a TMA store writes its value to shared memory from whatever layout it has: codegen/tma_store.py)
         for i, v in enumerate(op.operands):
             if _is_block(v):
                 _anchor(state, op, i)

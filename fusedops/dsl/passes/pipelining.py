@@ -50,6 +50,10 @@ ahead, so the slot the in-flight wgmma reads is not overwritten:
         %acc2 = dot local_load %a[%read], local_load %b[%read], %acc {pending = 1}
     %acc3 = wgmma_wait %acc_final {pending = 0}       (before local_dealloc and any use)
 
+A persistent kernel's flattened loop may read the accumulator in the loop, in an `if` whose
+else-region passes the dot's result on (`if last_k: epilogue(acc); acc = zeros`): the dot stays in
+flight and the then-region begins with `wgmma_wait {pending = 0}` of it.
+
 TMA (sm_90a, FUSEDOPS_TMA=1): when every candidate of the loop is a wgmma operand loaded by a
 tensor descriptor that the copy engine can read (`load {tma}`, passes/descriptors.py), the ring is
 filled by `tma_copy` instead (one thread: mbarrier expect_tx + one cp.async.bulk.tensor per swizzle
@@ -292,11 +296,22 @@ def _with_copy_engine(candidates: list) -> list:
             if c.width * c.load.result.type.element.itemsize >= MIN_COPY_BYTES]
 
 
-def _overlappable_dot(loop: Operation, candidates: list, uses: dict, num_stages: int) -> Optional[int]:
-    """The carried-value index of the loop's accumulator when its wgmma may stay in flight into the
-    next iteration (wait_group 1): the body's only dot is a wgmma reading both operands from the
-    ring, accumulating into a carried value that nothing else in the loop reads, and yielding its
-    result only; at least 3 stages (the in-flight wgmma keeps one slot). None otherwise."""
+@dataclasses.dataclass
+class _Overlap:
+    """A wgmma that may stay in flight into the next iteration: its carried accumulator `index`, the
+    `dot`, and the `branch` (an `if` of the body) whose then-region reads its result, or None."""
+    index: int
+    dot: Operation
+    branch: Optional[Operation] = None
+
+
+def _overlappable_dot(loop: Operation, candidates: list, uses: dict, num_stages: int) -> Optional[_Overlap]:
+    """The loop's wgmma when it may stay in flight into the next iteration (wait_group 1): the body's
+    only dot is a wgmma reading both operands from the ring, accumulating into a carried value that
+    nothing else in the loop reads; at least 3 stages (the in-flight wgmma keeps one slot). Its result
+    is either yielded and read by nothing else, or read in the then-region of an `if` of the body
+    whose else-region yields it unchanged to the carried accumulator (a persistent kernel's
+    `if last k: epilogue(acc); acc = zeros`): that region waits for it first. None otherwise."""
     body = loop.regions[0]
     dots = [op for op in body.walk() if op.opcode == OpCode.DOT]
     if num_stages < 3 or len(dots) != 1 or dots[0].attrs.get("engine") != "wgmma" or dots[0].parent is not body:
@@ -306,10 +321,20 @@ def _overlappable_dot(loop: Operation, candidates: list, uses: dict, num_stages:
     if not all(id(v) in ring for v in dot.operands[:2]):
         return None
     acc, terminator = dot.operands[2], body.terminator
-    if acc.owner is not body or acc.index == 0 or uses.get(id(acc)) != 1 or uses.get(id(dot.result)) != 1:
+    if acc.owner is not body or acc.index == 0 or uses.get(id(acc)) != 1:
         return None
     index = acc.index - 1
-    return index if terminator.operands[index] is dot.result else None
+    yielded = terminator.operands[index]
+    if yielded is dot.result:
+        return _Overlap(index, dot) if uses.get(id(dot.result)) == 1 else None
+    branch = yielded.defining_op
+    if branch is None or branch.opcode != OpCode.IF or branch.parent is not body or uses.get(id(yielded)) != 1:
+        return None
+    then_region, else_region = branch.regions
+    if else_region.terminator.operands[yielded.index] is not dot.result:
+        return None
+    in_then = sum(v is dot.result for op in then_region.ops for nested in op.walk() for v in nested.operands)
+    return _Overlap(index, dot, branch) if in_then + 1 == uses.get(id(dot.result)) else None
 
 
 def _replace_uses(block: Block, start: int, old: Value, new: Value) -> None:
@@ -447,22 +472,18 @@ def _flip_on_wrap(at: _Inserter, phase: Value, next_index: Value) -> Value:
     return at.value(OpCode.WHERE, [wrapped, flipped, phase], int32)
 
 
-def _finish(loop: Operation, overlapped: Optional[int], buffers: list) -> None:
-    """After `loop`: retire an in-flight wgmma (before any use of its result) and free `buffers` in
-    order (mbarrier arrays first in the list are freed last: their dealloc invalidates them once the
-    first dealloc's CTA barrier passed)."""
+def _finish(loop: Operation, overlapped: Optional[_Overlap], buffers: list) -> None:
+    """After `loop`: retire an in-flight wgmma (before any use of its result; a conditional epilogue in
+    the loop retires it first thing in its region) and free `buffers` in order (mbarrier arrays first
+    in the list are freed last: their dealloc invalidates them once the first dealloc's CTA barrier
+    passed)."""
     outer = loop.parent
-    body = loop.regions[0]
     after_index = outer.ops.index(loop) + 1
     if overlapped is not None:
-        dot = body.terminator.operands[overlapped].defining_op
-        dot.attrs["pending"] = 1
-        result = loop.results[overlapped]
-        wait = Operation(OpCode.WGMMA_WAIT, [result], [result.type], {"pending": 0}, (), loop.loc)
-        wait.results[0].layout = result.layout
-        wait.parent = outer
-        outer.ops.insert(after_index, wait)
-        _replace_uses(outer, after_index + 1, result, wait.results[0])
+        overlapped.dot.attrs["pending"] = 1
+        if overlapped.branch is not None:
+            _insert_wait(overlapped.branch.regions[0], 0, overlapped.dot.result, loop.loc)
+        _insert_wait(outer, after_index, loop.results[overlapped.index], loop.loc)
         after_index += 1
     for buffer in buffers:
         dealloc = Operation(OpCode.LOCAL_DEALLOC, [buffer], [], {}, (), loop.loc)
@@ -470,9 +491,18 @@ def _finish(loop: Operation, overlapped: Optional[int], buffers: list) -> None:
         outer.ops.insert(after_index, dealloc)
 
 
-def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Optional[int]) -> None:
-    """Rewrite `loop` (see the module docstring). overlapped: the carried index of a wgmma
-    accumulator whose dot may stay in flight (`_overlappable_dot`), or None."""
+def _insert_wait(block: Block, index: int, result: Value, loc) -> None:
+    """`wgmma_wait {pending = 0}` of `result` at `block.ops[index]`; the ops after it use its result."""
+    wait = Operation(OpCode.WGMMA_WAIT, [result], [result.type], {"pending": 0}, (), loc)
+    wait.results[0].layout = result.layout
+    wait.parent = block
+    block.ops.insert(index, wait)
+    _replace_uses(block, index + 1, result, wait.results[0])
+
+
+def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Optional[_Overlap]) -> None:
+    """Rewrite `loop` (see the module docstring). overlapped: the wgmma that may stay in flight
+    (`_overlappable_dot`), or None."""
     outer = loop.parent
     body = loop.regions[0]
     lower, upper, step = loop.operands[:3]
@@ -522,7 +552,7 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
 
 
 def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages: int,
-                                  overlapped: Optional[int]) -> None:
+                                  overlapped: Optional[_Overlap]) -> None:
     """Rewrite `loop`, whose candidates are all TMA copies, with per-stage full and empty mbarriers
     and no CTA barrier in the loop (FUSEDOPS_WS=1; the module docstring has the schedule and its
     phase bookkeeping)."""

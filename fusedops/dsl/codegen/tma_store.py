@@ -1,0 +1,96 @@
+"""Lowering of `tma_store` (sm_90a): a block written to global memory by the bulk tensor copy engine.
+
+The block goes, from the layout it has (a wgmma accumulator: no conversion), into a shared tile in
+the canonical 128-byte-swizzled layout (`layouts.mma_shared.operand_tile_layout`: boxes of one swizzle
+atom along the contiguous dim, each `rows x 128` bytes, one after the other), then thread 0 issues one
+`cp.async.bulk.tensor.2d.global.shared::cta` per box, commits them as a group and waits until the
+engine has read the tile (`cp.async.bulk.wait_group.read 0`); the writes to global memory complete
+on their own (by the end of the kernel), and box elements outside the tensor are not written.
+
+Protocol (shared.py): barrier, st.shared, fence.proxy.async (the generic-proxy writes become visible
+to the engine's async-proxy reads), barrier, thread 0 copies and waits. The next scratch user begins
+with a barrier that thread 0 reaches only after its wait, so the tile is not overwritten while read.
+
+Shared memory: the tile lives in scratch on a 1024-byte boundary (the swizzle pattern is tied to
+address bits). Where the buffers still alive (a pipelined loop's ring around a persistent kernel's
+epilogue) leave less room than the tile (MAX_SHARED_BYTES, the H100/H200 per-CTA limit), the boxes go
+out in chunks that fit, one after the other through the same space, if a thread's registers split by
+box (lane and warp bits stay below the box: the box index is a function of register bits alone).
+
+PTX ISA 9.7.9.25.5.2 (cp.async.bulk.tensor), 9.7.9.25.5.4-5 (cp.async.bulk.commit_group,
+wait_group); TOOLCHAIN.md section 2 ("TMA store").
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir import OpCode
+from ..layouts.mma_shared import operand_tile_layout
+from ..passes.descriptors import STORE_SWIZZLE_BYTES
+from ..target import llvm_types as T
+from . import tma
+from .async_copy import first_thread
+from .registry import lowering
+from .mma import byte_pointer, combine_offset, thread_offset, tile_store_groups
+from .shared import align_shared_memory, barrier, reserve, shared_base
+from .wgmma import WGMMA_ALIGN, fence_generic_to_async
+
+# Bytes of shared memory one CTA may use on sm_90 (227 KB, with the opt-in).
+MAX_SHARED_BYTES = 232448
+
+
+def boxes_per_chunk(scratch_offset: int, boxes: int, box_bytes: int, thread_bases) -> int:
+    """How many boxes of `box_bytes` go out at once: all of them where they fit in MAX_SHARED_BYTES after
+    `scratch_offset` (rounded up to 1024) or where the thread's part of the offsets (`thread_bases`,
+    byte offsets) reaches into the box bits; else as many as fit, at least one."""
+    room = MAX_SHARED_BYTES - (-(-scratch_offset // WGMMA_ALIGN) * WGMMA_ALIGN)
+    if boxes * box_bytes <= room or any(base >= box_bytes for base in thread_bases):
+        return boxes
+    return max(1, min(boxes, room // box_bytes))
+
+
+@lowering(OpCode.TMA_STORE)
+def _tma_store(ctx, op):
+    value = op.operands[0]
+    element = value.type.element
+    contiguous = op.attrs["contiguous_dim"]
+    shape = tuple(op.attrs["block_shape"])
+    atom = STORE_SWIZZLE_BYTES // element.itemsize
+    box_bytes = shape[1 - contiguous] * STORE_SWIZZLE_BYTES
+    boxes = shape[contiguous] // atom
+    tile = operand_tile_layout(shape, element.bits, contiguous, STORE_SWIZZLE_BYTES)
+    width, groups, lanes, warps = tile_store_groups(value.layout, tile, element.bits)
+    per_chunk = boxes_per_chunk(ctx.scratch_offset, boxes, box_bytes, lanes + warps)
+    start = -ctx.scratch_offset % WGMMA_ALIGN
+    reserve(ctx, start + per_chunk * box_bytes)
+    align_shared_memory(ctx, WGMMA_ALIGN)
+    b = ctx.builder
+    base = byte_pointer(ctx, shared_base(ctx), ir.Constant(T.i32, ctx.scratch_offset + start))
+    thread = thread_offset(ctx, lanes, warps)
+    registers = ctx.get(value)
+    vector_type = ir.VectorType(T.llvm_memory_type(element), width)
+    coordinates = [ctx.get(v) for v in op.operands[6:8]]
+    tensor_map, _ = ctx.tensor_maps[id(op)]
+    for first_box in range(0, boxes, per_chunk):
+        last_box = min(boxes, first_box + per_chunk)
+        barrier(ctx)
+        for first, constant in groups:
+            if per_chunk < boxes and not first_box <= constant // box_bytes < last_box:
+                continue
+            vector = ir.Constant(vector_type, ir.Undefined)
+            for i in range(width):
+                vector = b.insert_element(vector, registers[first + i], ir.Constant(T.i32, i))
+            offset = combine_offset(ctx, thread, constant - first_box * box_bytes)
+            b.store(vector, byte_pointer(ctx, base, offset), align=width * element.bits // 8)
+        fence_generic_to_async(ctx)
+        barrier(ctx)
+        with first_thread(ctx):
+            for box in range(first_box, last_box):
+                source = byte_pointer(ctx, base, ir.Constant(T.i32, (box - first_box) * box_bytes))
+                inner = coordinates[contiguous]
+                if box:
+                    inner = b.add(inner, ir.Constant(T.i32, box * atom))
+                tma.tma_store_2d(b, ctx.module, source, tensor_map, inner, coordinates[1 - contiguous])
+            tma.bulk_commit_group(b, ctx.module)
+            tma.bulk_wait_group_read(b, ctx.module, 0)
