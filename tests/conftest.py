@@ -48,3 +48,13 @@ def _seed_global_rngs(request):
     torch.manual_seed(value)
     np.random.seed(value)
     yield
+
+
+@pytest.fixture
+def tma_ws0(monkeypatch, tmp_path):
+    """Compile with FUSEDOPS_TMA=1 and FUSEDOPS_WS=0 into a fresh kernel cache (the knobs are read at
+    compile time, so cached kernels of other settings must not be found)."""
+    monkeypatch.setenv("FUSEDOPS_TMA", "1")
+    monkeypatch.setenv("FUSEDOPS_WS", "0")
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    return monkeypatch

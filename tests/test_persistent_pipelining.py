@@ -63,15 +63,7 @@ def _compile(config, num_stages, m=4096, n=4096, k=4096):
                                                   num_stages=num_stages, **config.constexprs)
 
 
-@pytest.fixture
-def tma_on(monkeypatch, tmp_path):
-    monkeypatch.setenv("FUSEDOPS_TMA", "1")
-    monkeypatch.setenv("FUSEDOPS_WS", "0")
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    return monkeypatch
-
-
-def test_flattened_loop_keeps_the_wgmma_in_flight_and_the_epilogue_waits(tma_on):
+def test_flattened_loop_keeps_the_wgmma_in_flight_and_the_epilogue_waits(tma_ws0):
     ir_text = _compile(mm.WGMMA_CONFIGS[0], 3).asm["ir"]
     loop = ir_text[ir_text.index(" = for "):]
     dot = loop.index(" = dot ")
@@ -85,7 +77,7 @@ def test_flattened_loop_keeps_the_wgmma_in_flight_and_the_epilogue_waits(tma_on)
 
 @needs_ptxas
 @pytest.mark.parametrize("num_stages", [3, 4])
-def test_flattened_loop_ptx_is_accepted_without_spills(tma_on, num_stages):
+def test_flattened_loop_ptx_is_accepted_without_spills(tma_ws0, num_stages):
     compiled = _compile(mm.WGMMA_CONFIGS[0], num_stages)
     ptx = compiled.asm["ptx"]
     assert ptx.count("wgmma.wait_group.sync.aligned 1;") == 1 and "cp.async.bulk.tensor" in ptx
@@ -101,7 +93,7 @@ def test_scratch_after_live_buffers_starts_on_16_bytes(start, nbytes):
     assert ctx.shared_bytes == ctx.scratch_offset
 
 
-def test_three_stage_flattened_kernel_scratch_is_aligned(tma_on):
+def test_three_stage_flattened_kernel_scratch_is_aligned(tma_ws0):
     # ring (144 KB) + 3 mbarriers (24 bytes) + the epilogue's exchange tile: its start is rounded up
     compiled = _compile(mm.WGMMA_CONFIGS[0], 3)
     assert compiled.shared_bytes == 3 * (128 * 64 + 64 * 256) * 2 + 32 + 128 * 256 * 2
