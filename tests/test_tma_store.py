@@ -12,6 +12,8 @@ outputs, row- and column-major C), and chunked next to a 4-stage ring.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -123,14 +125,13 @@ def test_no_tma_store_off_sm90a_with_the_knob_off_or_unaligned(tma_ws0):
     assert "tma_store" not in _box_ir(y, x).asm["ir"]
 
 
-@pytest.mark.parametrize("offset, boxes, box_bytes, bases, expected", [
-    (0, 4, 16384, (4, 128), 4),                 # everything fits
-    (196640, 4, 16384, (4, 128), 2),            # after a 4-stage 128x256x64 ring: 2 boxes at a time
-    (196640, 4, 16384, (4, 16384), 4),          # a thread bit reaches the box bits: no chunking
-    (MAX_SHARED_BYTES, 4, 16384, (4,), 1),      # no room: one at a time (the launch will say)
+@pytest.mark.parametrize("offset, boxes, box_bytes, expected", [
+    (0, 4, 16384, 4),                   # everything fits
+    (196640, 4, 16384, 2),              # after a 4-stage 128x256x64 ring: 2 boxes at a time
+    (MAX_SHARED_BYTES, 4, 16384, 1),    # no room: one at a time (the launch will say)
 ])
-def test_boxes_per_chunk(offset, boxes, box_bytes, bases, expected):
-    assert boxes_per_chunk(offset, boxes, box_bytes, bases) == expected
+def test_boxes_per_chunk(offset, boxes, box_bytes, expected):
+    assert boxes_per_chunk(offset, boxes, box_bytes) == expected
 
 
 @needs_ptxas
@@ -196,7 +197,10 @@ def test_persistent_store_next_to_a_4_stage_ring_goes_in_two_chunks(tma_ws0):
     compiled = dsl.jit(store_matmul_kernel.fn).compile(*_matmul_args(c, a, b), target="sm_90a", num_warps=8,
                                                        num_stages=4, PERSISTENT=True, **config.constexprs)
     ptx = compiled.asm["ptx"]
-    assert ptx.count("cp.async.bulk.wait_group.read") == 2 and ptx.count("global.shared::cta") == 4
+    # the first chunk waits for its tile to be read; the last, in a loop (memory follows), for the writes
+    assert ptx.count("cp.async.bulk.wait_group.read") == 1
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 1
+    assert ptx.count("global.shared::cta") == 4 and "fence.proxy.async.global" in ptx
     assert compiled.shared_bytes <= MAX_SHARED_BYTES
     assert assemble(ptx, "sm_90a").spill_bytes == 0
 
@@ -256,3 +260,34 @@ def test_gpu_store_matmul_column_major_c(seed):
     store_matmul_kernel[(dsl.cdiv(m, 128) * dsl.cdiv(n, 256),)](*_matmul_args(c, a, b), num_warps=8, num_stages=4,
                                                                  PERSISTENT=False, **mm.WGMMA_CONFIGS[0].constexprs)
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=2e-3, atol=2e-3 * k ** 0.5)
+
+
+@pytest.mark.cuda
+def test_gpu_store_matmul_persistent_column_major_c_goes_in_per_thread_chunks(seed):
+    # the exchange tile's boxes span rows that warps share: each thread tests which chunk a register is in
+    m, n, k = 520, 768, 256
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=generator).half()
+    b = torch.randn(k, n, device="cuda", generator=generator).half()
+    c = poison(torch.empty(n, m, device="cuda", dtype=torch.float16)).t()
+    store_matmul_kernel[(5,)](*_matmul_args(c, a, b), num_warps=8, num_stages=4, PERSISTENT=True,
+                              **mm.WGMMA_CONFIGS[0].constexprs)
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=2e-3, atol=2e-3 * k ** 0.5)
+
+
+@dsl.jit
+def _store_then_load_kernel(out_ptr, y_ptr, x_ptr, rows, cols, BLOCK_R: dsl.constexpr, BLOCK_C: dsl.constexpr):
+    # y[:BR, :BC] = x + 1; out = y[:BR, :BC] * 3, read back through the descriptor right after the store
+    tiles = dsl.arange(0, BLOCK_R)[:, None] * BLOCK_C + dsl.arange(0, BLOCK_C)[None, :]
+    y = dsl.make_tensor_descriptor(y_ptr, (rows, cols), (cols, 1), (BLOCK_R, BLOCK_C))
+    y.store((0, 0), dsl.load(x_ptr + tiles) + 1.0)
+    dsl.store(out_ptr + tiles, y.load((0, 0)) * 3.0)
+
+
+@pytest.mark.cuda
+def test_gpu_load_after_tma_store_sees_the_write(seed):
+    x = random_tensor((64, 64), torch.float16, seed=seed).cuda()
+    y = poison(torch.empty(64, 128, dtype=torch.float16, device="cuda"))
+    out = poison(torch.empty(64, 64, dtype=torch.float16, device="cuda"))
+    _store_then_load_kernel[(1,)](out, y, x, 64, 128, BLOCK_R=64, BLOCK_C=64)
+    torch.testing.assert_close(out, ((x + 1) * 3), rtol=1e-3, atol=1e-3)

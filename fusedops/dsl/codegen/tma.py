@@ -143,6 +143,19 @@ def bulk_wait_group_read(builder: ir.IRBuilder, module: ir.Module, pending: int)
     builder.call(function, [ir.Constant(T.i32, pending)])
 
 
+def bulk_wait_group(builder: ir.IRBuilder, module: ir.Module, pending: int) -> None:
+    """`cp.async.bulk.wait_group pending`: at most `pending` groups of bulk copies are not complete (their
+    writes to global memory done)."""
+    function = T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.wait.group", T.void, [T.i32])
+    builder.call(function, [ir.Constant(T.i32, pending)])
+
+
+def fence_async_global(builder: ir.IRBuilder) -> None:
+    """`fence.proxy.async.global`: global memory written by the async proxy (bulk copies) ordered before this
+    thread's later generic-proxy accesses (and, through a barrier, other threads')."""
+    _asm(builder, "fence.proxy.async.global;", "", [])
+
+
 def prefetch_tensor_map(builder: ir.IRBuilder, tensor_map) -> None:
     """`prefetch.tensormap [tensor_map]`: bring the descriptor into the cache before the first copy."""
     _asm(builder, "prefetch.tensormap [$0];", "l", [tensor_map])

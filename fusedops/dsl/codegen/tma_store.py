@@ -10,12 +10,17 @@ on their own (by the end of the kernel), and box elements outside the tensor are
 Protocol (shared.py): barrier, st.shared, fence.proxy.async (the generic-proxy writes become visible
 to the engine's async-proxy reads), barrier, thread 0 copies and waits. The next scratch user begins
 with a barrier that thread 0 reaches only after its wait, so the tile is not overwritten while read.
+Where the kernel may touch global memory after the store (attr `drain`, passes/descriptors.py: a later
+access, or the store in a loop), thread 0 waits until the writes are done (`wait_group 0`, then
+`fence.proxy.async.global`: the async proxy's writes ordered before generic accesses) and a CTA barrier
+makes every thread wait for it; a store with nothing after it only waits for the read of its tile
+(the writes complete by the kernel's end). Nothing is issued for an empty tensor (its map is zeros).
 
 Shared memory: the tile lives in scratch on a 1024-byte boundary (the swizzle pattern is tied to
 address bits). Where the buffers still alive (a pipelined loop's ring around a persistent kernel's
 epilogue) leave less room than the tile (MAX_SHARED_BYTES, the H100/H200 per-CTA limit), the boxes go
-out in chunks that fit, one after the other through the same space, if a thread's registers split by
-box (lane and warp bits stay below the box: the box index is a function of register bits alone).
+out in chunks that fit, one after the other through the same space (a register group goes in its box's
+chunk: known at compile time when lane and warp bits stay below the box bits, else tested per thread).
 
 PTX ISA 9.7.9.25.5.2 (cp.async.bulk.tensor), 9.7.9.25.5.4-5 (cp.async.bulk.commit_group,
 wait_group); TOOLCHAIN.md section 2 ("TMA store").
@@ -40,13 +45,10 @@ from .wgmma import WGMMA_ALIGN, fence_generic_to_async
 MAX_SHARED_BYTES = 232448
 
 
-def boxes_per_chunk(scratch_offset: int, boxes: int, box_bytes: int, thread_bases) -> int:
+def boxes_per_chunk(scratch_offset: int, boxes: int, box_bytes: int) -> int:
     """How many boxes of `box_bytes` go out at once: all of them where they fit in MAX_SHARED_BYTES after
-    `scratch_offset` (rounded up to 1024) or where the thread's part of the offsets (`thread_bases`,
-    byte offsets) reaches into the box bits; else as many as fit, at least one."""
+    `scratch_offset` (rounded up to 1024), else as many as fit, at least one."""
     room = MAX_SHARED_BYTES - (-(-scratch_offset // WGMMA_ALIGN) * WGMMA_ALIGN)
-    if boxes * box_bytes <= room or any(base >= box_bytes for base in thread_bases):
-        return boxes
     return max(1, min(boxes, room // box_bytes))
 
 
@@ -61,7 +63,10 @@ def _tma_store(ctx, op):
     boxes = shape[contiguous] // atom
     tile = operand_tile_layout(shape, element.bits, contiguous, STORE_SWIZZLE_BYTES)
     width, groups, lanes, warps = tile_store_groups(value.layout, tile, element.bits)
-    per_chunk = boxes_per_chunk(ctx.scratch_offset, boxes, box_bytes, lanes + warps)
+    per_chunk = boxes_per_chunk(ctx.scratch_offset, boxes, box_bytes)
+    # Which chunk a register group lands in: known here when the thread's part of its offset stays
+    # below the box bits, else tested per thread.
+    static = all(base < box_bytes for base in lanes + warps)
     start = -ctx.scratch_offset % WGMMA_ALIGN
     reserve(ctx, start + per_chunk * box_bytes)
     align_shared_memory(ctx, WGMMA_ALIGN)
@@ -71,21 +76,35 @@ def _tma_store(ctx, op):
     registers = ctx.get(value)
     vector_type = ir.VectorType(T.llvm_memory_type(element), width)
     coordinates = [ctx.get(v) for v in op.operands[6:8]]
+    # An empty tensor's map is not encoded (all zeros): nothing to write, no copy issued.
+    sizes = [ctx.get(v) for v in op.operands[2:4]]
+    non_empty = b.and_(*[b.icmp_signed(">", size, ir.Constant(size.type, 0)) for size in sizes])
     tensor_map, _ = ctx.tensor_maps[id(op)]
     for first_box in range(0, boxes, per_chunk):
         last_box = min(boxes, first_box + per_chunk)
         barrier(ctx)
         for first, constant in groups:
-            if per_chunk < boxes and not first_box <= constant // box_bytes < last_box:
+            if per_chunk < boxes and static and not first_box <= constant // box_bytes < last_box:
                 continue
             vector = ir.Constant(vector_type, ir.Undefined)
             for i in range(width):
                 vector = b.insert_element(vector, registers[first + i], ir.Constant(T.i32, i))
-            offset = combine_offset(ctx, thread, constant - first_box * box_bytes)
+            offset = combine_offset(ctx, thread, constant)
+            if per_chunk < boxes and not static:
+                box = b.lshr(offset, ir.Constant(T.i32, box_bytes.bit_length() - 1))
+                inside = b.and_(b.icmp_unsigned(">=", box, ir.Constant(T.i32, first_box)),
+                                b.icmp_unsigned("<", box, ir.Constant(T.i32, last_box)))
+                with b.if_then(inside):
+                    shifted = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
+                    b.store(vector, byte_pointer(ctx, base, shifted), align=width * element.bits // 8)
+                continue
+            if first_box:
+                offset = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
             b.store(vector, byte_pointer(ctx, base, offset), align=width * element.bits // 8)
         fence_generic_to_async(ctx)
         barrier(ctx)
-        with first_thread(ctx):
+        drain = op.attrs.get("drain", True) and last_box == boxes
+        with first_thread(ctx, non_empty):
             for box in range(first_box, last_box):
                 source = byte_pointer(ctx, base, ir.Constant(T.i32, (box - first_box) * box_bytes))
                 inner = coordinates[contiguous]
@@ -93,4 +112,10 @@ def _tma_store(ctx, op):
                     inner = b.add(inner, ir.Constant(T.i32, box * atom))
                 tma.tma_store_2d(b, ctx.module, source, tensor_map, inner, coordinates[1 - contiguous])
             tma.bulk_commit_group(b, ctx.module)
-            tma.bulk_wait_group_read(b, ctx.module, 0)
+            if drain:
+                tma.bulk_wait_group(b, ctx.module, 0)
+                tma.fence_async_global(b)
+            else:
+                tma.bulk_wait_group_read(b, ctx.module, 0)
+        if drain:
+            barrier(ctx)

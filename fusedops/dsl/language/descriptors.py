@@ -68,10 +68,9 @@ def _argument_or_constant(semantic, value, what: str) -> Value:
     return value
 
 
-def _pair(value, what: str) -> tuple:
+def _pair(value, what: str, where: str = "make_tensor_descriptor") -> tuple:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise CompilationError(f"make_tensor_descriptor: {what} must be a tuple of 2 entries (2-D descriptors "
-                               f"only), got {value!r}")
+        raise CompilationError(f"{where}: {what} must be a tuple of 2 entries (2-D descriptors only), got {value!r}")
     return tuple(value)
 
 
@@ -99,7 +98,7 @@ def _offsets(semantic, descriptor, offsets, what: str) -> list:
     if not isinstance(descriptor, TensorDescriptor):
         raise CompilationError(f"{what} expects a tensor descriptor, got {descriptor!r}")
     coordinates = []
-    for offset in _pair(offsets, f"{what} offsets"):
+    for offset in _pair(offsets, f"{what} offsets", f"descriptor {what}"):
         if isinstance(offset, Value):
             if isinstance(offset.type, BlockType) or offset.type != int32:
                 raise CompilationError(f"descriptor {what} offsets must be int32 scalars, got {offset.type}")
@@ -129,6 +128,10 @@ def descriptor_store(descriptor, offsets, value, *, _semantic=None):
     engine may do it (passes/descriptors.py). A scalar value fills the box. Raises CompilationError for a
     block of another shape."""
     coordinates = _offsets(_semantic, descriptor, offsets, "store")
+    if isinstance(value, Value) and isinstance(value.type.element if isinstance(value.type, BlockType) else value.type,
+                                               PointerType):
+        raise CompilationError(f"descriptor store: the value must be numbers (a scalar or a {descriptor.block_shape} "
+                               f"block), got {value.type}")
     value = _semantic.to_value(value, descriptor.element)
     if not isinstance(value.type, BlockType):
         value = _semantic.broadcast_to(value, descriptor.block_shape)     # a scalar fills the box

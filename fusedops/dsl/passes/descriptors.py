@@ -14,8 +14,9 @@ does not apply, a descriptor is only a way to write a tile load.
 On sm_90a with FUSEDOPS_TMA=1 the load also gets attr `tma` (a `TmaSource`: the descriptor's base,
 shape, strides, the offsets and the contiguous dim) when the specialization proves that the host can
 encode a tensor map for it: the base 16-byte aligned, one stride the constant 1 and the other a
-multiple of 16 bytes (an argument divisible by 16, or such a constant). The pipelining pass then
-fills the ring of a wgmma operand from such loads with `cp.async.bulk.tensor` (passes/pipelining.py);
+multiple of 16 bytes (an argument specialized as divisible by enough elements, or such a constant; an
+argument of 0 is specialized as divisible too: the launch then refuses the map, a LaunchError). The
+pipelining pass then fills the ring of a wgmma operand from such loads with `cp.async.bulk.tensor` (passes/pipelining.py);
 a marked load it does not pipeline stays the masked load above.
 
 `desc.store((o0, o1), value)` (DESCRIPTOR_STORE) becomes the masked store of the same box, or, under
@@ -78,6 +79,8 @@ def _box_access(s: Semantics, op: Operation) -> tuple:
     block_shape = op.attrs["block_shape"]
     masks, terms = [], []
     for dim, (offset, size, stride) in enumerate(((offset0, shape0, stride0), (offset1, shape1, stride1))):
+        if size.type == int64:      # offset + i may pass 2**31 inside such a dim
+            offset = s.cast(offset, int64)
         index = s.binary("add", offset, s.arange(0, block_shape[dim]))
         inside = s.logical("and", s.binary("ge", index, 0), s.binary("lt", index, size))
         term = index if _constant(stride) == 1 else s.binary("mul", s.cast(index, int64), stride)
@@ -121,7 +124,8 @@ def _expand_store(function: Function, op: Operation, mark: bool) -> None:
     if target is not None and _tma_store_box(op.attrs["block_shape"], target.contiguous_dim,
                                              value.type.element.itemsize):
         store = Operation(OpCode.TMA_STORE, [value, *op.operands[:7]], [], dict(
-            block_shape=op.attrs["block_shape"], contiguous_dim=target.contiguous_dim), (), op.loc)
+            block_shape=op.attrs["block_shape"], contiguous_dim=target.contiguous_dim,
+            drain=_memory_may_follow(op)), (), op.loc)
         scratch = Block()
         store.parent = scratch
         scratch.ops.append(store)
@@ -130,6 +134,28 @@ def _expand_store(function: Function, op: Operation, mark: bool) -> None:
         pointer, mask = _box_access(s, op)
         s.store(pointer, value, mask)
     _replace(op, scratch)
+
+
+_MEMORY_OPS = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.DESCRIPTOR_LOAD,
+                         OpCode.DESCRIPTOR_STORE, OpCode.TMA_STORE})
+
+
+def _memory_may_follow(op: Operation) -> bool:
+    """Whether a global memory access may run after `op` in the same thread: a later op of its block or
+    of an enclosing one, or anything in an enclosing loop (which comes round again). A TMA store then
+    waits until its writes are done (codegen/tma_store.py), not only until its shared tile was read."""
+    block = op.parent
+    while block is not None:
+        later = block.ops[block.ops.index(op) + 1:]
+        if any(nested.opcode in _MEMORY_OPS for other in later for nested in other.walk()):
+            return True
+        op = block.parent if isinstance(block.parent, Operation) else None
+        if op is None:
+            return False
+        if op.opcode in (OpCode.FOR, OpCode.WHILE):
+            return True
+        block = op.parent
+    return False
 
 
 # The copy engine's limits for the boxes of a TMA store: at most 256 elements per dim; the block is cut
@@ -146,18 +172,19 @@ def _tma_store_box(block_shape: tuple, contiguous_dim: int, itemsize: int) -> bo
         and block_shape[1 - contiguous_dim] <= MAX_BOX_ELEMENTS
 
 
-def _divisible_by_16(function: Function, value: Value) -> bool:
-    """Whether kernel argument `value` was specialized as divisible by 16 (a 16-byte aligned pointer)."""
+def _divisible_by(function: Function, value: Value, factor: int) -> bool:
+    """Whether kernel argument `value` was specialized as divisible by `factor` (a pointer: bytes; an int:
+    itself)."""
     if not (isinstance(value.owner, Block) and value.owner.parent is None):
         return False
     hints = function.arg_hints or []
-    return value.index < len(hints) and hints[value.index].get("divisibility", 1) >= 16
+    return value.index < len(hints) and hints[value.index].get("divisibility", 1) >= factor
 
 
 def _tma_source(function: Function, op: Operation) -> Optional[TmaSource]:
     base, shape0, shape1, stride0, stride1, offset0, offset1 = op.operands[:7]
     itemsize = base.type.element.itemsize
-    if not _divisible_by_16(function, base):
+    if not _divisible_by(function, base, 16):
         return None
     unit = [_constant(stride) == 1 for stride in (stride0, stride1)]
     if unit.count(True) != 1:
@@ -168,6 +195,6 @@ def _tma_source(function: Function, op: Operation) -> Optional[TmaSource]:
     if constant is not None:
         if constant <= 0 or constant * itemsize % 16:
             return None
-    elif not _divisible_by_16(function, outer):
+    elif not _divisible_by(function, outer, max(1, 16 // itemsize)):     # a multiple of 16 bytes
         return None
     return TmaSource(base, (shape0, shape1), (stride0, stride1), (offset0, offset1), contiguous)

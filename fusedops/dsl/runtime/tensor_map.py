@@ -36,7 +36,9 @@ MAX_RANK = 5
 MAX_BOX = 256
 _DATA_TYPES = {dtypes.float16: "FLOAT16", dtypes.bfloat16: "BFLOAT16", dtypes.float32: "FLOAT32",
                dtypes.float64: "FLOAT64", dtypes.int32: "INT32", dtypes.int64: "INT64",
-               dtypes.uint8: "UINT8", dtypes.uint16: "UINT16", dtypes.uint32: "UINT32", dtypes.uint64: "UINT64"}
+               dtypes.uint8: "UINT8", dtypes.uint16: "UINT16", dtypes.uint32: "UINT32", dtypes.uint64: "UINT64",
+               # no signed 8/16-bit types: copies move bits, and out-of-bounds zeros are the same bits
+               dtypes.int8: "UINT8", dtypes.int16: "UINT16"}
 _SWIZZLES = {None: "NONE", 32: "32B", 64: "64B", 128: "128B"}
 _L2_PROMOTIONS = {None: "NONE", 64: "L2_64B", 128: "L2_128B", 256: "L2_256B"}
 
