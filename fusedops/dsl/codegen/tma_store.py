@@ -22,6 +22,10 @@ epilogue) leave less room than the tile (MAX_SHARED_BYTES, the H100/H200 per-CTA
 out in chunks that fit, one after the other through the same space (a register group goes in its box's
 chunk: known at compile time when lane and warp bits stay below the box bits, else tested per thread).
 
+A box that starts before the tensor or, along the contiguous dim, off a 16-byte boundary (the H200
+raises "illegal instruction" for such a store; loads take any start) is written element by element
+with bounds checks instead (a branch on the offsets, uniform over the CTA).
+
 PTX ISA 9.7.9.25.5.2 (cp.async.bulk.tensor), 9.7.9.25.5.4-5 (cp.async.bulk.commit_group,
 wait_group); TOOLCHAIN.md section 2 ("TMA store").
 """
@@ -38,6 +42,7 @@ from . import tma
 from .async_copy import first_thread
 from .registry import lowering
 from .mma import byte_pointer, combine_offset, thread_offset, tile_store_groups
+from .ownership import owned_registers
 from .shared import align_shared_memory, barrier, reserve, shared_base
 from .wgmma import WGMMA_ALIGN, fence_generic_to_async
 
@@ -52,8 +57,52 @@ def boxes_per_chunk(scratch_offset: int, boxes: int, box_bytes: int) -> int:
     return max(1, min(boxes, room // box_bytes))
 
 
+def _wide(b, value):
+    return value if value.type.width == 64 else b.sext(value, T.i64)
+
+
+def _store_elements(ctx, op) -> None:
+    """The block written element by element, each where it lies inside the tensor (st.global): for a
+    box the copy engine does not take (see the module docstring)."""
+    b = ctx.builder
+    value = op.operands[0]
+    registers = ctx.get(value)
+    base = ctx.get(op.operands[1])
+    sizes, strides, offsets = ([_wide(b, ctx.get(v)) for v in op.operands[first:first + 2]] for first in (2, 4, 6))
+    memory_type = T.llvm_memory_type(value.type.element)
+    zero = ir.Constant(T.i64, 0)
+    for register in sorted(owned_registers(value.layout)):
+        coordinates = ctx.element_coordinates(value.layout, register)
+        element, inside = zero, None
+        for dim in (0, 1):
+            index = b.add(offsets[dim], b.zext(coordinates[dim], T.i64))
+            bounded = b.and_(b.icmp_signed(">=", index, zero), b.icmp_signed("<", index, sizes[dim]))
+            inside = bounded if inside is None else b.and_(inside, bounded)
+            element = b.add(element, b.mul(index, strides[dim]))
+        with b.if_then(inside):
+            b.store(registers[register], b.gep(base, [element], source_etype=memory_type))
+
+
 @lowering(OpCode.TMA_STORE)
 def _tma_store(ctx, op):
+    """The copy engine where the box starts inside the tensor on a 16-byte boundary along the contiguous
+    dim (the H200 raises "illegal instruction" for a store box that starts before the tensor or off 16
+    bytes), else `_store_elements`; the offsets are uniform, so every thread takes the same branch."""
+    b = ctx.builder
+    element = op.operands[0].type.element
+    offsets = [ctx.get(v) for v in op.operands[6:8]]
+    contiguous = op.attrs["contiguous_dim"]
+    zero = ir.Constant(T.i32, 0)
+    aligned = b.icmp_unsigned("==", b.and_(offsets[contiguous], ir.Constant(T.i32, 16 // element.itemsize - 1)), zero)
+    engine = b.and_(aligned, b.and_(b.icmp_signed(">=", offsets[0], zero), b.icmp_signed(">=", offsets[1], zero)))
+    with b.if_else(engine) as (by_engine, by_elements):
+        with by_engine:
+            _store_through_engine(ctx, op)
+        with by_elements:
+            _store_elements(ctx, op)
+
+
+def _store_through_engine(ctx, op) -> None:
     value = op.operands[0]
     element = value.type.element
     contiguous = op.attrs["contiguous_dim"]

@@ -21,8 +21,7 @@ a marked load it does not pipeline stays the masked load above.
 
 `desc.store((o0, o1), value)` (DESCRIPTOR_STORE) becomes the masked store of the same box, or, under
 the same conditions, for a block of whole 128-byte swizzle atoms along its contiguous dim (2- or
-4-byte elements, the other dim at most 256: the copy engine's box limit) and an offset along that dim
-proven a multiple of 16 bytes (`pid * BLOCK`, an argument specialized so), `tma_store` (codegen/
+4-byte elements, the other dim at most 256: the copy engine's box limit), `tma_store` (codegen/
 tma_store.py: the block goes through a swizzled shared tile and the copy engine writes it, clipping
 what lies outside the tensor).
 """
@@ -36,7 +35,6 @@ from ..ir import Block, Builder, Function, OpCode, Operation, Value
 from ..ir.rewrite import replace_all_uses
 from ..language.dtypes import int64
 from ..language.semantics import Semantics
-from .pointer_analysis import analyze_pointers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +60,11 @@ def expand_descriptor_loads(function: Function, arch: Optional[str] = None) -> b
     from ..runtime import knobs
     mark = arch == "sm_90a" and knobs.current().tma
     ops = [op for op in function.walk() if op.opcode in (OpCode.DESCRIPTOR_LOAD, OpCode.DESCRIPTOR_STORE)]
-    analysis = analyze_pointers(function) if mark and any(op.opcode == OpCode.DESCRIPTOR_STORE for op in ops) else None
     for op in ops:
         if op.opcode == OpCode.DESCRIPTOR_LOAD:
             _expand(function, op, mark)
         else:
-            _expand_store(function, op, mark, analysis)
+            _expand_store(function, op, mark)
     return bool(ops)
 
 
@@ -119,15 +116,13 @@ def _expand(function: Function, op: Operation, mark: bool) -> None:
         loaded.defining_op.attrs["tma"] = source
 
 
-def _expand_store(function: Function, op: Operation, mark: bool, analysis) -> None:
-    """A descriptor store: TMA_STORE where the copy engine can do it (`_tma_store_box`, and the box's start
-    along the contiguous dim proven a multiple of 16 bytes: the H200 raises "illegal instruction" for a
-    store box starting off one), else a masked store of the box."""
+def _expand_store(function: Function, op: Operation, mark: bool) -> None:
+    """A descriptor store: TMA_STORE where the copy engine can do it (`_tma_store_box`), else a masked
+    store of the box."""
     target = _tma_source(function, op) if mark else None
     value = op.operands[7]
     itemsize = value.type.element.itemsize
-    if target is not None and _tma_store_box(op.attrs["block_shape"], target.contiguous_dim, itemsize) \
-            and _aligned_offset(analysis, op.operands[5 + target.contiguous_dim], itemsize):
+    if target is not None and _tma_store_box(op.attrs["block_shape"], target.contiguous_dim, itemsize):
         store = Operation(OpCode.TMA_STORE, [value, *op.operands[:7]], [], dict(
             block_shape=op.attrs["block_shape"], contiguous_dim=target.contiguous_dim,
             drain=_memory_may_follow(op)), (), op.loc)
@@ -139,12 +134,6 @@ def _expand_store(function: Function, op: Operation, mark: bool, analysis) -> No
         pointer, mask = _box_access(s, op)
         s.store(pointer, value, mask)
     _replace(op, scratch)
-
-
-def _aligned_offset(analysis, offset: Value, itemsize: int) -> bool:
-    """Whether the pointer analysis proves `offset` (elements) a multiple of 16 bytes."""
-    info = analysis.get(offset) if analysis is not None else None
-    return info is not None and info.divisibility[0] * itemsize % 16 == 0
 
 
 _MEMORY_OPS = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.DESCRIPTOR_LOAD,
