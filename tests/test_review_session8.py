@@ -28,7 +28,7 @@ from fusedops.dsl.runtime.tensor_map import encode_arguments
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
 from fusedops.kernels.matmul import _tile_coordinates
-from test_tma_store import _matmul_args, store_matmul_kernel
+from test_tma_store import _expected, _matmul_args, store_matmul_kernel
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -53,15 +53,6 @@ def _run_lowered(kernel, grid, args, arch="sm_80", **kwargs):
     function, runtime = _lowered(kernel, args, arch, **kwargs)
     Interpreter(function).launch(grid, runtime)
     return function
-
-
-def _expected(y: torch.Tensor, x: torch.Tensor, r0: int, c0: int) -> torch.Tensor:
-    out = y.clone()
-    for i in range(x.shape[0]):
-        for j in range(x.shape[1]):
-            if 0 <= r0 + i < y.shape[0] and 0 <= c0 + j < y.shape[1]:
-                out[r0 + i, c0 + j] = x[i, j].to(y.dtype)
-    return out
 
 
 @dsl.jit

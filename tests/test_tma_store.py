@@ -262,26 +262,17 @@ def test_gpu_store_matmul(m, n, k, programs, out_dtype, persistent, seed):
 
 
 @pytest.mark.cuda
-def test_gpu_store_matmul_column_major_c(seed):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gpu_store_matmul_column_major_c(persistent, seed):
+    # persistent: the exchange tile's boxes span rows that warps share, next to the live ring: each thread
+    # tests which chunk a register is in
     m, n, k = 520, 768, 256
     generator = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(m, k, device="cuda", generator=generator).half()
     b = torch.randn(k, n, device="cuda", generator=generator).half()
     c = poison(torch.empty(n, m, device="cuda", dtype=torch.float16)).t()        # stride (1, m)
-    store_matmul_kernel[(dsl.cdiv(m, 128) * dsl.cdiv(n, 256),)](*_matmul_args(c, a, b), num_warps=8, num_stages=4,
-                                                                 PERSISTENT=False, **mm.WGMMA_CONFIGS[0].constexprs)
-    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=2e-3, atol=2e-3 * k ** 0.5)
-
-
-@pytest.mark.cuda
-def test_gpu_store_matmul_persistent_column_major_c_goes_in_per_thread_chunks(seed):
-    # the exchange tile's boxes span rows that warps share: each thread tests which chunk a register is in
-    m, n, k = 520, 768, 256
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn(m, k, device="cuda", generator=generator).half()
-    b = torch.randn(k, n, device="cuda", generator=generator).half()
-    c = poison(torch.empty(n, m, device="cuda", dtype=torch.float16)).t()
-    store_matmul_kernel[(5,)](*_matmul_args(c, a, b), num_warps=8, num_stages=4, PERSISTENT=True,
+    grid = (5,) if persistent else (dsl.cdiv(m, 128) * dsl.cdiv(n, 256),)
+    store_matmul_kernel[grid](*_matmul_args(c, a, b), num_warps=8, num_stages=4, PERSISTENT=persistent,
                               **mm.WGMMA_CONFIGS[0].constexprs)
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=2e-3, atol=2e-3 * k ** 0.5)
 

@@ -16,8 +16,8 @@ shape, strides, the offsets and the contiguous dim) when the specialization prov
 encode a tensor map for it: the base 16-byte aligned, one stride the constant 1 and the other a
 multiple of 16 bytes (an argument specialized as divisible by enough elements, or such a constant; an
 argument of 0 is specialized as divisible too: the launch then refuses the map, a LaunchError). The
-pipelining pass then fills the ring of a wgmma operand from such loads with `cp.async.bulk.tensor` (passes/pipelining.py);
-a marked load it does not pipeline stays the masked load above.
+pipelining pass then fills the ring of a wgmma operand from such loads with `cp.async.bulk.tensor`
+(passes/pipelining.py); a marked load it does not pipeline stays the masked load above.
 
 `desc.store((o0, o1), value)` (DESCRIPTOR_STORE) becomes the masked store of the same box, or, under
 the same conditions, for a block of whole 128-byte swizzle atoms along its contiguous dim (2- or
