@@ -48,11 +48,12 @@ def compile_library_matmul(config, dtype=torch.float16, arch="sm_90a", transpose
         ACC=dsl.float32, **config.constexprs)
 
 
-def interpret_pipelined_tma_matmul(c, a, b, num_stages, expected_op):
+def interpret_pipelined_tma_matmul(c, a, b, num_stages, expected_op, **tile):
     """Run the library's matmul_tma_kernel over batch-1 c, a, b (2-D a and b, c (1, M, N)) in the
-    interpreter after the sm_90a pass pipeline (64 x 32 x 32 tiles, 4 warps, `num_stages`), asserting
-    that the pipelined IR holds an `expected_op` (an OpCode) whenever K > 0. The interpreter lands a
-    TMA copy only at the mbarrier wait of its slot, so a wrong slot, phase or wait changes c."""
+    interpreter after the sm_90a pass pipeline (64 x 32 x 32 tiles unless `tile` overrides constexprs,
+    4 warps, `num_stages`), asserting that the pipelined IR holds an `expected_op` (an OpCode) whenever
+    K > 0; returns the pipelined IR function. The interpreter lands a TMA copy only at the mbarrier wait
+    of its slot, so a wrong slot, phase or wait changes c."""
     from fusedops.dsl.interpreter import Interpreter
     from fusedops.dsl.passes.manager import run_pipeline
     from fusedops.dsl.passes.pipeline import default_pipeline
@@ -60,11 +61,12 @@ def interpret_pipelined_tma_matmul(c, a, b, num_stages, expected_op):
 
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     args, constexprs, _ = mm._tma_launch(c, a[None], b[None], None, None)
-    kwargs = dict(constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
+    kwargs = dict(constexprs, **dict(dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1), **tile))
     kernel = dsl.jit(mm.matmul_tma_kernel.fn)
     function = kernel.ir(*args, **kwargs)
     run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=num_stages))
     assert (k > 0) <= any(op.opcode == expected_op for op in function.walk())
     values = kernel._bind(args, kwargs)
     runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
-    Interpreter(function).launch((dsl.cdiv(m, 64) * dsl.cdiv(n, 32), 1), runtime)
+    Interpreter(function).launch((mm._programs(m, n, kwargs), 1), runtime)
+    return function

@@ -45,8 +45,9 @@ class CompiledKernel:
     """
 
     def __init__(self, name: str, asm: dict, shared_bytes: int, options: CompileOptions,
-                 parameter_types: tuple, parameter_names: tuple, tensor_maps: tuple = ()):
+                 parameter_types: tuple, parameter_names: tuple, tensor_maps: tuple = (), cluster_size: int = 1):
         self.tensor_maps = tensor_maps      # runtime.tensor_map.TensorMapParam per extra TMA parameter
+        self.cluster_size = cluster_size    # dsl.cluster_dims: grids must be multiples of it along axis 0
         self.name = name
         self.asm = asm
         self.shared_bytes = shared_bytes
@@ -79,6 +80,9 @@ class CompiledKernel:
                     if self.tensor_maps:
                         from .runtime.tensor_map import TensorMapLauncher
                         launcher = TensorMapLauncher(launcher, self.tensor_maps)
+                    if self.cluster_size > 1:
+                        from .runtime.launcher import ClusterLauncher
+                        launcher = ClusterLauncher(launcher, self.cluster_size, self.name)
                     self._launchers[device_index] = launcher
         return launcher
 
@@ -137,13 +141,14 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
         asm = _Asm({"ir": entry["ir"], "llir": entry["llir"], "ptx": entry["ptx"]}, options.arch)
         from .runtime.tensor_map import TensorMapParam
         return CompiledKernel(entry["name"], asm, int(entry["shared_bytes"]), options, parameter_types,
-                              parameter_names, tuple(TensorMapParam.from_json(m) for m in entry.get("tensor_maps", ())))
+                              parameter_names, tuple(TensorMapParam.from_json(m) for m in entry.get("tensor_maps", ())),
+                              int(entry.get("cluster_size", 1)))
     report = run_pipeline(function, default_pipeline(options.num_warps, options.arch, options.num_stages), dump=knobs.current().dump_ir)
     axis_info = report.analyses["analyze_pointers"]
     lowered = lower_to_llvm(function, arch=options.arch, num_warps=options.num_warps, axis_info=axis_info)
     compiled = compile_to_ptx(lowered.llvm_ir, Target(options.arch))
     asm = _Asm({"ir": print_function(function), "llir": compiled.llir, "ptx": compiled.ptx}, options.arch)
     cache.store(key, {"name": lowered.name, "shared_bytes": lowered.shared_bytes, **asm,
-                      "tensor_maps": [m.to_json() for m in lowered.tensor_maps]})
+                      "tensor_maps": [m.to_json() for m in lowered.tensor_maps], "cluster_size": lowered.cluster_size})
     return CompiledKernel(lowered.name, asm, lowered.shared_bytes, options, parameter_types, parameter_names,
-                          lowered.tensor_maps)
+                          lowered.tensor_maps, lowered.cluster_size)

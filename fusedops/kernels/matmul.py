@@ -27,6 +27,9 @@ operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs
 Long TMA products whose last wave of tiles is partial (at least matmul_stream_k.MIN_WAVES waves, e.g.
 8192^3) run matmul_stream_k's persistent kernel instead, which splits that wave along K (stream-K;
 FUSEDOPS_STREAM_K=0 turns it off).
+Clusters (CLUSTER_M / CLUSTER_N, `TMA_CLUSTER_CONFIGS`, only by `config=`): programs in clusters of 2
+or 4 tiles of a column (row) of tiles, which copy the shared B (A) tile once from L2 for the cluster (TMA
+multicast): measured no faster on the H200, so not tuned over.
 FUSEDOPS_WS=1 (read at compile time, runtime/knobs.py) replaces the K loop's CTA barrier by per-stage
 "empty" mbarriers (passes/pipelining.py); the default stays 0 until the H200 shows it faster.
 Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
@@ -136,23 +139,46 @@ def _epilogue(c_ptr, bias_ptr, acc, first_row, first_col, M, N, stride_cm, strid
 def matmul_tma_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                       stride_cm, stride_cn, stride_bias,
                       BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_K: dsl.constexpr, GROUP_M: dsl.constexpr,
-                      HAS_BIAS: dsl.constexpr, ACTIVATION: dsl.constexpr, ACC: dsl.constexpr):
+                      HAS_BIAS: dsl.constexpr, ACTIVATION: dsl.constexpr, ACC: dsl.constexpr,
+                      CLUSTER_M: dsl.constexpr = 1, CLUSTER_N: dsl.constexpr = 1):
     # matmul_kernel for one (M, K) @ (K, N) product (the TMA path), reading A and B through tensor
     # descriptors: on sm_90a the compiler fills the wgmma operand ring with TMA copies, whose ragged
-    # edges the copy engine zero-fills. c_ptr: (M, N); a_ptr: (M, K); b_ptr: (K, N); grid: (tiles,).
-    pid_m, pid_n = _tile_coordinates(dsl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    # edges the copy engine zero-fills. c_ptr: (M, N); a_ptr: (M, K); b_ptr: (K, N);
+    # grid: (`_programs`,): one program per tile, the tiles rounded up to whole clusters.
+    # CLUSTER_M > 1: clusters of CLUSTER_M programs computing CLUSTER_M consecutive tiles of one column
+    # of tiles, which all read the same B tiles: each copies 1 / CLUSTER_M of them from L2 for all
+    # (TMA multicast); past the last row of tiles a program still loads its share (and stores nothing).
+    # CLUSTER_N > 1 (CLUSTER_M 1): the same along a row of tiles, sharing the A tiles.
+    if CLUSTER_M * CLUSTER_N == 1:
+        pid_m, pid_n = _tile_coordinates(dsl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    elif CLUSTER_N == 1:
+        dsl.cluster_dims(CLUSTER_M)
+        pid = dsl.program_id(0)
+        GROUP_CLUSTERS: dsl.constexpr = GROUP_M // CLUSTER_M if GROUP_M >= CLUSTER_M else 1
+        cluster_m, pid_n = _tile_coordinates(pid // CLUSTER_M, M, N, BLOCK_M * CLUSTER_M, BLOCK_N, GROUP_CLUSTERS)
+        pid_m = cluster_m * CLUSTER_M + pid % CLUSTER_M
+    else:
+        dsl.cluster_dims(CLUSTER_N)
+        pid = dsl.program_id(0)
+        pid_m, cluster_n = _tile_coordinates(pid // CLUSTER_N, M, N, BLOCK_M, BLOCK_N * CLUSTER_N, GROUP_M)
+        pid_n = cluster_n * CLUSTER_N + pid % CLUSTER_N
     a_desc = dsl.make_tensor_descriptor(a_ptr, (M, K), (stride_am, stride_ak), (BLOCK_M, BLOCK_K))
     b_desc = dsl.make_tensor_descriptor(b_ptr, (K, N), (stride_bk, stride_bn), (BLOCK_K, BLOCK_N))
     acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
     for k0 in range(0, K, BLOCK_K):
-        acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k0)), b_desc.load((k0, pid_n * BLOCK_N)), acc)
+        acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k0), multicast=CLUSTER_N > 1),
+                      b_desc.load((k0, pid_n * BLOCK_N), multicast=CLUSTER_M > 1), acc)
     _epilogue(c_ptr, bias_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, stride_bias,
               BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, ACC)
 
 
-def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8) -> dsl.Config:
-    return dsl.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m},
-                      num_warps=num_warps, num_stages=num_stages)
+def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, cluster_m=1, cluster_n=1) -> dsl.Config:
+    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m}
+    if cluster_m > 1:       # matmul_tma_kernel only
+        constexprs["CLUSTER_M"] = cluster_m
+    if cluster_n > 1:
+        constexprs["CLUSTER_N"] = cluster_n
+    return dsl.Config(constexprs, num_warps=num_warps, num_stages=num_stages)
 
 
 # Tile configs for mma.sync on sm_80/sm_90 (fp16/bf16): big tiles with 8 warps for big problems
@@ -192,6 +218,15 @@ SMALL_CONFIG = _config(64, 64, 32, 4, 3)
 tuned_matmul_kernel = dsl.autotune(CONFIGS, key=["M", "N", "K"])(matmul_kernel)
 # The TMA path: wgmma configs only (TMA fills wgmma operand rings; elsewhere descriptors are plain loads).
 TMA_CONFIGS = WGMMA_CONFIGS + [SMALL_CONFIG]
+# matmul_tma_kernel in clusters of 2 programs sharing their B (CLUSTER_M) or A (CLUSTER_N) tiles through TMA
+# multicast. Not tuned over: on the H200 (session 9, runs 49-51, fp16/bf16 4096^3, 8192^3, 8192x4096x4096) each
+# ran within +-2% of the same tile without a cluster (4-CTA clusters 5-25% slower): halving the L2 -> SM
+# traffic of the shared operand does not shorten the main loop. Kept for `config=` and the GPU tests.
+TMA_CLUSTER_CONFIGS = [
+    _config(128, 256, 64, 8, 4, cluster_m=2),
+    _config(256, 128, 64, 8, 4, cluster_n=2),
+    _config(64, 256, 32, 4, 5, cluster_m=2),
+]
 tuned_matmul_tma_kernel = dsl.autotune(TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
 
 
@@ -228,13 +263,25 @@ def _tma_launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
 
 
 def _stream_k_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.device) -> Optional[tuple]:
-    """matmul_stream_k.plan where FUSEDOPS_STREAM_K is on (the default), else None."""
+    """matmul_stream_k.plan where FUSEDOPS_STREAM_K is on (the default) and the config is not a cluster
+    one (the stream-K kernel runs without clusters), else None."""
     from fusedops.dsl.runtime import knobs
-    return matmul_stream_k.plan(m, n, k, config, device) if knobs.stream_k_enabled() else None
+    constexprs = config.constexprs
+    if not knobs.stream_k_enabled() or constexprs.get("CLUSTER_M", 1) * constexprs.get("CLUSTER_N", 1) > 1:
+        return None
+    return matmul_stream_k.plan(m, n, k, config, device)
+
+
+def _programs(m: int, n: int, constexprs) -> int:
+    """Programs along grid axis 0 of an (m, n) product: one per tile, with the rows (CLUSTER_M) or columns
+    (CLUSTER_N) of tiles rounded up to whole clusters (matmul_tma_kernel)."""
+    cluster_m, cluster_n = constexprs.get("CLUSTER_M", 1), constexprs.get("CLUSTER_N", 1)
+    return (dsl.cdiv(m, constexprs["BLOCK_M"] * cluster_m) * cluster_m
+            * dsl.cdiv(n, constexprs["BLOCK_N"] * cluster_n) * cluster_n)
 
 
 def _grid(tiles: tuple, batch: int):
-    return lambda meta: (dsl.cdiv(tiles[0], meta["BLOCK_M"]) * dsl.cdiv(tiles[1], meta["BLOCK_N"]), batch)
+    return lambda meta: (_programs(tiles[0], tiles[1], meta), batch)
 
 
 def _chosen_config(m: int, n: int, k: int, interpret: bool, config: Optional[dsl.Config]) -> Optional[dsl.Config]:
@@ -286,7 +333,7 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
         if stream_k is not None:
             matmul_stream_k.launch(c[0], a[0], b[0], bias, activation, chosen, *stream_k, interpret=interpret)
             return c
-        grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]),)
+        grid = (_programs(m, n, chosen.constexprs),)
         matmul_tma_kernel[grid](*args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
                                 interpret=interpret, **constexprs, **chosen.constexprs)
         return c
@@ -295,10 +342,13 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
         cs, as_, bs = c[start:stop], a[start:stop] if a.shape[0] > 1 else a, b[start:stop] if b.shape[0] > 1 else b
         args, constexprs, (m, n, k) = _launch(cs, as_, bs, bias, activation)
         chosen = _chosen_config(m, n, k, interpret, config)
+        if chosen is not None and {"CLUSTER_M", "CLUSTER_N"} & chosen.constexprs.keys():     # a TMA-path config
+            chosen = dsl.Config({key: value for key, value in chosen.constexprs.items() if not key.startswith("CLUSTER_")},
+                                num_warps=chosen.num_warps, num_stages=chosen.num_stages)
         if chosen is None:
             tuned_matmul_kernel[_grid((m, n), stop - start)](*args, interpret=False, **constexprs)
         else:
-            grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]), stop - start)
+            grid = (_programs(m, n, chosen.constexprs), stop - start)
             matmul_kernel[grid](*args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
                                 interpret=interpret, **constexprs, **chosen.constexprs)
     return c
@@ -328,7 +378,7 @@ def prepare_matmul(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opti
     if stream_k is not None:
         launch = matmul_stream_k.prepare(c[0], a[0], b[0], bias, activation, chosen, *stream_k)
         return lambda c, a, b, bias: launch(c[0], a[0], b[0], bias)
-    grid = (dsl.cdiv(m, chosen.constexprs["BLOCK_M"]) * dsl.cdiv(n, chosen.constexprs["BLOCK_N"]), c.shape[0])
+    grid = (_programs(m, n, chosen.constexprs), c.shape[0])
     prepared = kernel.prepare(grid, *args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
                               interpret=False, **constexprs, **chosen.constexprs)
     if bias is None:    # the kernel's bias pointer is c then (unread)

@@ -192,14 +192,20 @@ def _alloc_mbarriers(ctx, op) -> None:
             tma.mbarrier_init(ctx.builder, barriers.tile_pointer(ctx, ir.Constant(T.i32, slot)),
                               op.attrs.get("mbarrier_arrivals", ctx.num_warps))
         tma.fence_mbarrier_init(ctx.builder)
-    barrier(ctx)
+    if op.attrs.get("cluster_sync"):    # other CTAs' multicast copies complete these barriers too
+        tma.cluster_barrier(ctx.builder)
+    else:
+        barrier(ctx)
 
 
 @lowering(OpCode.TMA_COPY)
 def _tma_copy(ctx, op):
     """Thread 0 (where the predicate holds): expect the tile's bytes on the slot's mbarrier, then one
     `cp.async.bulk.tensor.2d` per swizzle atom of the tile (atoms are consecutive in the canonical
-    wgmma layout, each one box of the tensor map)."""
+    wgmma layout, each one box of the tensor map). Attr multicast = n: this CTA copies the boxes
+    rank * boxes / n .. (rank + 1) * boxes / n - 1 (with attr multicast_rows: rows rank * rows / n ..
+    of every box, the map's box being that share) into all n CTAs of its cluster, and the others copy
+    the rest into it (every CTA still expects the whole tile)."""
     buffer: SharedBuffer = ctx.get(op.operands[0])
     index = ctx.get(op.operands[1])
     barriers: SharedBuffer = ctx.get(op.operands[2])
@@ -207,25 +213,42 @@ def _tma_copy(ctx, op):
     tensor_map, param = ctx.tensor_maps[id(op)]
     contiguous = param.contiguous_dim
     rows, atom = param.box
-    box_bytes = rows * atom * buffer.type.element.itemsize
+    itemsize = buffer.type.element.itemsize
+    box_bytes = buffer.type.tile_shape[1 - contiguous] * atom * itemsize      # a whole column of atoms
+    boxes = buffer.type.tile_shape[contiguous] // atom
+    multicast = op.attrs.get("multicast", 0)
     with first_thread(ctx, ctx.get(op.operands[10])):
         b = ctx.builder
         slot_barrier = barriers.tile_pointer(ctx, index)
         tma.mbarrier_arrive_expect_tx(b, slot_barrier, buffer.type.tile_bytes)
         tile = buffer.tile_pointer(ctx, index)
-        for box in range(buffer.type.tile_shape[contiguous] // atom):
-            destination = tile if box == 0 else byte_pointer(ctx, tile, ir.Constant(T.i32, box * box_bytes))
-            inner = coordinates[contiguous]
-            if box:
-                inner = b.add(inner, ir.Constant(T.i32, box * atom))
-            tma.tma_load_2d(b, ctx.module, destination, slot_barrier, tensor_map, inner, coordinates[1 - contiguous])
+        zero = ir.Constant(T.i32, 0)
+        rank = tma.cluster_rank(b, ctx.module) if multicast else None
+        if multicast and not op.attrs.get("multicast_rows"):      # this CTA's share of the boxes, all rows
+            share = boxes // multicast
+            first = b.mul(rank, ir.Constant(T.i32, share))
+            issued = [(b.add(first, ir.Constant(T.i32, i)) if i else first, zero) for i in range(share)]
+        elif multicast:                                            # every box, this CTA's share of its rows
+            first_row = b.mul(rank, ir.Constant(T.i32, rows))
+            issued = [(ir.Constant(T.i32, box), first_row) for box in range(boxes)]
+        else:
+            issued = [(ir.Constant(T.i32, box), zero) for box in range(boxes)]
+        mask = (1 << multicast) - 1 if multicast else 0
+        for box, row in issued:
+            offset = b.add(b.mul(box, ir.Constant(T.i32, box_bytes)), b.mul(row, ir.Constant(T.i32, atom * itemsize)))
+            inner = b.add(coordinates[contiguous], b.mul(box, ir.Constant(T.i32, atom)))
+            outer = b.add(coordinates[1 - contiguous], row)
+            tma.tma_load_2d(b, ctx.module, byte_pointer(ctx, tile, offset), slot_barrier, tensor_map, inner, outer,
+                            mask)
 
 
 @lowering(OpCode.MBARRIER_WAIT)
 def _mbarrier_wait(ctx, op):
     """Every thread (attr issuer: thread 0, the one issuing the copies) waits for the slot's phase,
     then a CTA barrier unless attr cta_barrier is False (FUSEDOPS_WS=0: every thread is also done
-    reading the slot the copies issued next overwrite)."""
+    reading the slot the copies issued next overwrite); attr cluster_wait: the wait of the cluster
+    barrier instead, whose arrivals the previous iteration made (multicast rings: every thread of every
+    CTA of the cluster is done reading it)."""
     barriers: SharedBuffer = ctx.get(op.operands[0])
     index, phase = ctx.get(op.operands[1]), ctx.get(op.operands[2])
     if op.attrs.get("issuer"):
@@ -233,8 +256,22 @@ def _mbarrier_wait(ctx, op):
             tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, index), phase)
     else:
         tma.mbarrier_wait(ctx.builder, barriers.tile_pointer(ctx, index), phase)
-    if op.attrs.get("cta_barrier", True):
+    if op.attrs.get("cluster_wait"):
+        tma.cluster_wait(ctx.builder)
+    elif op.attrs.get("cta_barrier", True):
         barrier(ctx)
+
+
+@lowering(OpCode.CLUSTER_BARRIER)
+def _cluster_barrier(ctx, op):
+    """Attr half: "arrive" (relaxed: see tma.cluster_arrive), "wait", or neither (both, release/acquire)."""
+    half = op.attrs.get("half")
+    if half == "arrive":
+        tma.cluster_arrive(ctx.builder)
+    elif half == "wait":
+        tma.cluster_wait(ctx.builder)
+    else:
+        tma.cluster_barrier(ctx.builder)
 
 
 @lowering(OpCode.MBARRIER_ARRIVE)

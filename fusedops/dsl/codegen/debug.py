@@ -95,6 +95,11 @@ def _launch_bounds(ctx, op):
     """Nothing in the body: kernel.py turns the directive into `.minnctapersm`."""
 
 
+@lowering(OpCode.CLUSTER_DIMS)
+def _cluster_dims(ctx, op):
+    """Nothing in the body: kernel.py turns the directive into `.reqnctapercluster`."""
+
+
 @lowering(OpCode.ASSERT)
 def _assert(ctx, op):
     bld = ctx.builder

@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from ..errors import CompilationError
 from ..ir import Function, OpCode
+from ..ir.ops import cluster_size
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
 from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes, tma, tma_store  # noqa: F401,E501  (rules)
@@ -30,6 +31,7 @@ class LoweredKernel:
     shared_bytes: int
     parameter_types: tuple   # the dsl type of each kernel parameter, in order
     tensor_maps: tuple = ()  # runtime.tensor_map.TensorMapParam of each tensor-map parameter, after those
+    cluster_size: int = 1    # dsl.cluster_dims: CTAs per cluster along grid axis 0
 
 
 def _parameter_type(type_):
@@ -63,7 +65,10 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     tensor_maps, tensor_map_of = tma.tensor_map_parameters(function)
     llvm_types = [_parameter_type(t) for t in param_types] + [tma.tensor_map_parameter_type()] * len(tensor_maps)
     fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
-    T.mark_kernel(fn, max_threads=32 * num_warps, min_blocks_per_sm=_min_blocks_per_sm(function, num_warps))
+    cluster = cluster_size(function)
+    clustered = cluster > 1 and int(arch[3:5]) >= 90      # older GPUs launch the same grid without clusters
+    T.mark_kernel(fn, max_threads=32 * num_warps, min_blocks_per_sm=_min_blocks_per_sm(function, num_warps),
+                  extra={"nvvm.cluster_dim": f"{cluster},1,1"} if clustered else None)
     hints = function.arg_hints or [{}] * len(param_types)
     for arg, type_, hint, name in zip(fn.args, param_types, hints, function.arg_names):
         arg.name = name
@@ -96,4 +101,4 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     lower_block(ctx, function.body)
     builder.ret_void()
     prologue.branch(body_block)
-    return LoweredKernel(function.name, str(module), ctx.shared_bytes, tuple(param_types), tensor_maps)
+    return LoweredKernel(function.name, str(module), ctx.shared_bytes, tuple(param_types), tensor_maps, cluster)

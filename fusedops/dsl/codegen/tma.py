@@ -36,6 +36,11 @@ pipelining pass treats a descriptor load that feeds a wgmma like a cp.async cand
 are in async_copy.py). Chosen over inferring TMA from pointer loads: the
 box, the bounds and the base would have to be recovered from address arithmetic and masks, and a
 kernel could not tell whether it got TMA; the explicit form is what Triton and CuTe do.
+
+Clusters (`dsl.cluster_dims(n)`: `.reqnctapercluster n, 1, 1`, so a plain cuLaunchKernel launches them)
+and `desc.load(..., multicast=True)`: `.multicast::cluster` copies with a CTA mask (`tma_load_2d`), each
+CTA issuing its share (`%cluster_ctarank`), and `barrier.cluster` arrive / wait for the ring's slot reuse
+across the cluster (passes/pipelining.py has the schedule).
 """
 
 from __future__ import annotations
@@ -107,18 +112,48 @@ def mbarrier_wait(builder: ir.IRBuilder, barrier, phase) -> None:
     _asm(builder, asm, "r,r", [builder.ptrtoint(barrier, T.i32), phase])
 
 
-def tma_load_2d(builder: ir.IRBuilder, module: ir.Module, destination, barrier, tensor_map, c0, c1) -> None:
+def tma_load_2d(builder: ir.IRBuilder, module: ir.Module, destination, barrier, tensor_map, c0, c1,
+                multicast_mask: int = 0) -> None:
     """`cp.async.bulk.tensor.2d ... mbarrier::complete_tx::bytes`: the box of `tensor_map` at
     coordinates (c0 innermost, c1) (LLVM i32, elements; may be out of bounds, even negative) into
-    shared memory at `destination` (`ptr addrspace(3)`), completing `barrier`'s transaction count."""
+    shared memory at `destination` (`ptr addrspace(3)`), completing `barrier`'s transaction count.
+    multicast_mask != 0: `.multicast::cluster`, the box lands at the same offsets of the shared memory
+    (and completes the barrier at the same offset) of every CTA of the cluster whose rank's bit is set."""
     cluster = ir.PointerType(addrspace=SHARED_CLUSTER_ADDRESS_SPACE)
     function = T.declare_intrinsic(
         module, "llvm.nvvm.cp.async.bulk.tensor.g2s.tile.2d", T.void,
         [cluster, T.pointer(3), ir.PointerType(), T.i32, T.i32, T.i16, T.i64, T.i1, T.i1, T.i32])
     builder.call(function, [builder.addrspacecast(destination, cluster), barrier,
                             builder.bitcast(tensor_map, ir.PointerType()) if tensor_map.type != ir.PointerType()
-                            else tensor_map, c0, c1, ir.Constant(T.i16, 0), ir.Constant(T.i64, 0),
-                            ir.Constant(T.i1, 0), ir.Constant(T.i1, 0), ir.Constant(T.i32, 0)])
+                            else tensor_map, c0, c1, ir.Constant(T.i16, multicast_mask), ir.Constant(T.i64, 0),
+                            ir.Constant(T.i1, bool(multicast_mask)), ir.Constant(T.i1, 0), ir.Constant(T.i32, 0)])
+
+
+def cluster_rank(builder: ir.IRBuilder, module: ir.Module):
+    """`%cluster_ctarank` (LLVM i32): this CTA's rank in its cluster (sm_90)."""
+    return builder.call(T.declare_intrinsic(module, "llvm.nvvm.read.ptx.sreg.cluster.ctarank", T.i32, []), [])
+
+
+def cluster_barrier(builder: ir.IRBuilder) -> None:
+    """`barrier.cluster.arrive.release` + `barrier.cluster.wait.acquire`: every thread of every CTA of the
+    cluster waits for all the others (every thread must execute it); the memory accesses before it, to
+    any CTA's shared memory, happen before those after it (PTX ISA 9.7.13.3 barrier.cluster)."""
+    _asm(builder, "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;", "", [])
+
+
+def cluster_arrive(builder: ir.IRBuilder) -> None:
+    """`barrier.cluster.arrive.relaxed`: this thread's arrival on the cluster barrier, ordering no memory
+    access (a release at cluster scope costs ~0.3 us per K step of a multicast ring on the H200, run 48).
+    Enough where what must precede the waiters is a completed read: a multicast ring's slot, read by
+    wgmmas that `wgmma.wait_group` retired before the arrival (the next copy into it is issued after the
+    wait)."""
+    _asm(builder, "barrier.cluster.arrive.relaxed.aligned;", "", [])
+
+
+def cluster_wait(builder: ir.IRBuilder) -> None:
+    """`barrier.cluster.wait.acquire`: wait until every thread of the cluster arrived (each thread
+    alternates arrive and wait)."""
+    _asm(builder, "barrier.cluster.wait.acquire.aligned;", "", [])
 
 
 def tma_store_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_map, c0, c1) -> None:
@@ -178,7 +213,8 @@ def _source(value) -> tuple:
 
 def tma_copy_parameter(op) -> TensorMapParam:
     """The tensor map a `tma_copy` op reads (see ir/ops.py): its ring tile (the buffer's
-    `local_alloc` attrs) gives the box and the swizzle, its operands the tensor."""
+    `local_alloc` attrs) gives the box (a share of its rows for attr multicast_rows) and the swizzle,
+    its operands the tensor."""
     buffer = op.operands[0]
     alloc = buffer.defining_op
     swizzle, contiguous = alloc.attrs["swizzle_bytes"], alloc.attrs["contiguous_dim"]
@@ -188,8 +224,9 @@ def tma_copy_parameter(op) -> TensorMapParam:
     tile = buffer.type.tile_shape
     atom = swizzle // element.itemsize
     base, shape0, shape1, stride0, stride1 = op.operands[3:8]
+    rows = tile[1 - contiguous] // (op.attrs["multicast"] if op.attrs.get("multicast_rows") else 1)
     return TensorMapParam(element.name, _source(base)[1], (_source(shape0), _source(shape1)),
-                          (_source(stride0), _source(stride1)), contiguous, (tile[1 - contiguous], atom), swizzle)
+                          (_source(stride0), _source(stride1)), contiguous, (rows, atom), swizzle)
 
 
 def tma_store_parameter(op) -> TensorMapParam:

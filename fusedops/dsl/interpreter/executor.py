@@ -2,7 +2,8 @@
 
 `Interpreter(function)` prepares the function once (looks up the rule of every op, evaluates constants
 and aranges); `Interpreter.launch(grid, args)` binds the arguments and runs every program of the grid
-in row-major order over (z, y, x), x fastest. Programs run one after another, so atomics are
+in row-major order over (z, y, x), x fastest (a kernel launched in clusters, `dsl.cluster_dims`, has
+its grid and its multicast loads checked: cluster.py). Programs run one after another, so atomics are
 sequential and a kernel that is only correct under some interleaving is not detected.
 """
 
@@ -17,6 +18,7 @@ from ..ir.core import Block, Function
 from ..ir.ops import TERMINATORS
 from . import rules_block, rules_control, rules_descriptors, rules_elementwise, rules_memory, rules_pipelining  # noqa: F401,E501 (register rules)
 from .arguments import bind_arguments
+from .cluster import ClusterLog
 from .context import RULES, ProgramContext
 
 
@@ -81,6 +83,7 @@ class Interpreter:
         """
         grid = normalize_grid(grid)
         name = kernel_name or self.function.name
+        cluster = ClusterLog(self.function, grid, name)
         bound = bind_arguments(self.function, args, self.arg_names)
         try:
             with np.errstate(all="ignore"):   # IEEE results (inf, NaN) are the semantics, not errors
@@ -89,7 +92,11 @@ class Interpreter:
                         for x in range(grid[0]):
                             ctx = ProgramContext((x, y, z), grid, bound.memory, self._plans, name,
                                                  self.function, bound.pointer_names)
+                            if cluster.checked:
+                                ctx.cluster_log = cluster
                             ctx.run_region(self.function.body, bound.values)
+                            if cluster.checked:
+                                cluster.finish(ctx)
         finally:
             bound.finish()
 

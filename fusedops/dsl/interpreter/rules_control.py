@@ -87,6 +87,11 @@ def _launch_bounds(ctx, op):
     """A directive for ptxas: nothing to run."""
 
 
+@register(OpCode.CLUSTER_DIMS)
+def _cluster_dims(ctx, op):
+    """A launch directive (the grid is checked before the programs run): nothing to run."""
+
+
 @register(OpCode.ASSERT)
 def _assert(ctx, op, condition):
     condition = np.asarray(condition)

@@ -1,7 +1,7 @@
 """Rules for tensor-descriptor loads and stores (`desc.load(offsets)`, `desc.store(offsets, value)`: the
 frontend's DESCRIPTOR_LOAD / DESCRIPTOR_STORE, and TMA_STORE, a store the copy engine does) and for the
-TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT, MBARRIER_ARRIVE), so a pipelined function
-can be run and compared with the original.
+TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT, MBARRIER_ARRIVE, CLUSTER_BARRIER), so
+a pipelined function can be run and compared with the original.
 
 A descriptor load reads the box at the offsets; elements outside [0, shape) per dim are zeros and
 touch no memory (what the copy engine does for a tensor map with OOB fill NONE). In-bounds elements
@@ -42,6 +42,8 @@ def read_box(ctx, op, base, shape, strides, offsets, block_shape, dtype) -> np.n
 @register(OpCode.DESCRIPTOR_LOAD)
 def _descriptor_load(ctx, op, base, shape0, shape1, stride0, stride1, offset0, offset1):
     dtype = op.operands[0].type.element
+    if ctx.cluster_log is not None and op.attrs.get("multicast"):
+        ctx.cluster_log.record(ctx, op, (int(offset0), int(offset1)))
     return read_box(ctx, op, base, (shape0, shape1), (stride0, stride1), (offset0, offset1),
                     op.attrs["block_shape"], dtype)
 
@@ -90,4 +92,10 @@ def _mbarrier_wait(ctx, op, barriers, index, phase):
 @register(OpCode.MBARRIER_ARRIVE)
 def _mbarrier_arrive(ctx, op, barriers, index, predicate):
     # The interpreter runs a program's ops in order, so a release orders nothing it does not already.
+    return None
+
+
+@register(OpCode.CLUSTER_BARRIER)
+def _cluster_barrier(ctx, op):
+    # A cluster's programs run one after another here, each with all of its (multicast) tiles.
     return None

@@ -31,6 +31,7 @@ Operand conventions (checked by `verifier.py`):
 | PRINT | values... | prefix, hex | - |
 | ASSERT | cond | message | - |
 | LAUNCH_BOUNDS | - | min_blocks_per_sm | - (a kernel-wide directive for ptxas) |
+| CLUSTER_DIMS | - | size | - (a kernel-wide directive: programs launch in clusters of `size` along grid axis 0) |
 | BARRIER | - | - | - (every thread of the program waits for the others; memory ordered across it) |
 | FOR | lb, ub, step, inits... | - | final loop-carried values; region 0 args: iv, carried... |
 | WHILE | inits... | - | final carried values; region 0 (before): args carried, ends in CONDITION; region 1 (after): args forwarded, ends in YIELD |
@@ -48,8 +49,9 @@ Operand conventions (checked by `verifier.py`):
 | DESCRIPTOR_LOAD | base ptr, shape0, shape1, stride0, stride1 (int scalars), offset0, offset1 (int32) | block_shape, descriptor (index) | block<block_shape x element>: the box at the offsets of a `dsl.make_tensor_descriptor`, zeros outside [0, shape) |
 | DESCRIPTOR_STORE | base ptr, shape0, shape1, stride0, stride1 (int scalars), offset0, offset1 (int32), value (block<block_shape x element>) | block_shape | - (writes the box at the offsets, only its elements inside [0, shape)) |
 | TMA_STORE | value, base ptr, shape0, shape1, stride0, stride1, offset0, offset1 | block_shape, contiguous_dim | - (a descriptor store the copy engine does, sm_90a: the block through a swizzled shared tile, then cp.async.bulk.tensor to global; elements outside the tensor are not written) |
-| TMA_COPY | buffer, index, barriers, base, shape0, shape1, stride0, stride1, coord0, coord1, predicate (int1) | descriptor, arrivals | - (one thread: mbarrier expect_tx + cp.async.bulk.tensor of the tile at (coord0, coord1) into tile `index`, completing barrier `index`; inserted by pipelining) |
-| MBARRIER_WAIT | barriers, index (int32), phase (int32) | cta_barrier, issuer | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier unless cta_barrier=False; issuer=True: only the thread that issues the TMA copies waits) |
+| TMA_COPY | buffer, index, barriers, base, shape0, shape1, stride0, stride1, coord0, coord1, predicate (int1) | multicast | - (one thread: mbarrier expect_tx + cp.async.bulk.tensor of the tile at (coord0, coord1) into tile `index`, completing barrier `index`; multicast=n: each of the cluster's n CTAs copies 1/n of the boxes into all n; inserted by pipelining) |
+| MBARRIER_WAIT | barriers, index (int32), phase (int32) | cta_barrier, cluster_barrier, issuer | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier unless cta_barrier=False (a cluster barrier if cluster_barrier=True); issuer=True: only the thread that issues the TMA copies waits) |
+| CLUSTER_BARRIER | - | - | - (every thread of the cluster's CTAs arrives, release, and waits, acquire: barrier.cluster) |
 | MBARRIER_ARRIVE | barriers, index (int32), predicate (int1) | - | - (where predicate: one arrival per warp on barrier `index`; the "empty" barriers of a TMA ring, FUSEDOPS_WS) |
 """
 
@@ -126,6 +128,7 @@ class OpCode(enum.Enum):
     PRINT = "print"
     ASSERT = "assert"
     LAUNCH_BOUNDS = "launch_bounds"
+    CLUSTER_DIMS = "cluster_dims"
     BARRIER = "barrier"
     # structured control flow
     FOR = "for"
@@ -149,6 +152,7 @@ class OpCode(enum.Enum):
     TMA_COPY = "tma_copy"
     MBARRIER_WAIT = "mbarrier_wait"
     MBARRIER_ARRIVE = "mbarrier_arrive"
+    CLUSTER_BARRIER = "cluster_barrier"
 
 
 BINARY_ARITH = frozenset({
@@ -175,9 +179,26 @@ INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode
 # Ops whose removal changes what the program does even when their results are unused.
 SIDE_EFFECTS = frozenset({
     OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT, OpCode.LAUNCH_BOUNDS,
-    OpCode.BARRIER, OpCode.YIELD, OpCode.CONDITION,
+    OpCode.CLUSTER_DIMS, OpCode.BARRIER, OpCode.CLUSTER_BARRIER, OpCode.YIELD, OpCode.CONDITION,
     OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT, OpCode.WGMMA_WAIT,
     OpCode.TMA_COPY, OpCode.MBARRIER_WAIT, OpCode.MBARRIER_ARRIVE, OpCode.DESCRIPTOR_STORE, OpCode.TMA_STORE,
 })
+# The largest cluster (CTAs) that every sm_90 GPU can launch (CUDA's "portable cluster size").
+MAX_CLUSTER_SIZE = 8
+
+
+def cluster_size(function) -> int:
+    """The cluster size a kernel asked for with `dsl.cluster_dims` (1 when it did not).
+
+    Raises:
+        CompilationError: calls with different sizes.
+    """
+    sizes = {op.attrs["size"] for op in function.walk() if op.opcode == OpCode.CLUSTER_DIMS}
+    if len(sizes) > 1:
+        from ..errors import CompilationError
+        raise CompilationError(f"cluster_dims: the kernel asks for different cluster sizes {sorted(sizes)}")
+    return sizes.pop() if sizes else 1
+
+
 CONTROL_FLOW = frozenset({OpCode.FOR, OpCode.WHILE, OpCode.IF})
 TERMINATORS = frozenset({OpCode.YIELD, OpCode.CONDITION})

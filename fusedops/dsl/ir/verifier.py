@@ -9,7 +9,8 @@ from __future__ import annotations
 from ..language.dtypes import BlockType, DType, PointerType, int1, int32, int64, shape_of
 from .core import Block, Function, Operation
 from .shared_buffer import SharedBufferType
-from .ops import (BINARY_ARITH, COMPARISON, CONTROL_FLOW, FLOAT_ONLY, INTEGER_ONLY, UNARY, OpCode)
+from .ops import (BINARY_ARITH, COMPARISON, CONTROL_FLOW, FLOAT_ONLY, INTEGER_ONLY, MAX_CLUSTER_SIZE, UNARY,
+                  OpCode)
 
 
 class VerificationError(Exception):
@@ -116,6 +117,10 @@ def _check_types(op: Operation) -> None:
                f"{code.value} sizes and strides are int32/int64 scalars, offsets int32")
         expect(ins[value] == BlockType(tuple(op.attrs.get("block_shape", ())), ins[base].element),
                f"{code.value} stores a block_shape block of the base's element")
+    elif code == OpCode.CLUSTER_DIMS:
+        size = op.attrs.get("size")
+        expect(not ins and not outs and type(size) is int and 1 <= size <= MAX_CLUSTER_SIZE,
+               f"cluster_dims takes nothing and a size from 1 to {MAX_CLUSTER_SIZE}")
     elif code == OpCode.WGMMA_WAIT:
         expect(ins == outs and isinstance(op.attrs.get("pending"), int), "wgmma_wait returns its operands")
     elif code == OpCode.IF:

@@ -243,6 +243,13 @@ class BlockOps:
                                    f"{min_blocks_per_sm!r}")
         self.builder.create(OpCode.LAUNCH_BOUNDS, [], [], dict(min_blocks_per_sm=min_blocks_per_sm))
 
+    def cluster_dims(self, size) -> None:
+        from ..ir.ops import MAX_CLUSTER_SIZE
+        if type(size) is not int or not 1 <= size <= MAX_CLUSTER_SIZE:
+            raise CompilationError(f"cluster_dims: size must be a constexpr int from 1 to {MAX_CLUSTER_SIZE}, got "
+                                   f"{size!r}")
+        self.builder.create(OpCode.CLUSTER_DIMS, [], [], dict(size=size))
+
     def device_assert(self, condition, message: str = "") -> None:
         if not isinstance(message, str):
             raise CompilationError("device_assert's message must be a string")

@@ -347,6 +347,23 @@ def launch_bounds(min_blocks_per_sm, *, _semantic=None):
 
 
 @builtin
+def cluster_dims(size, *, _semantic=None):
+    """Launch this kernel's programs in clusters of `size` consecutive program ids along grid axis 0
+    (a thread block cluster, sm_90: PTX `.reqnctapercluster size, 1, 1`, CUDA's __cluster_dims__): the
+    programs of a cluster run at the same time on one GPC, and the copy engine can deliver one load to
+    all of them (`desc.load(offsets, multicast=True)`). The rank of a program in its cluster is
+    `program_id(0) % size`. A constexpr int from 1 to 8, for the whole kernel wherever it is called.
+
+    Launches whose grid's axis 0 is not a multiple of `size` raise LaunchError (everywhere, the
+    interpreter and GPUs without clusters included, where the directive has no other effect); calls
+    with different sizes raise CompilationError when compiling.
+    """
+    if isinstance(size, constexpr):
+        size = size.value
+    return _semantic.cluster_dims(size)
+
+
+@builtin
 def barrier(*, _semantic=None):
     """Wait until every thread of this program (CTA) reaches this point; the program's global and
     shared memory writes before it are visible to all its threads after it (PTX `bar.sync`, CUDA's

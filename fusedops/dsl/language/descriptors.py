@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
-from .core import builtin
+from .core import builtin, constexpr
 from .dtypes import BlockType, DType, PointerType, int32, int64
 
 
@@ -111,13 +111,29 @@ def _offsets(semantic, descriptor, offsets, what: str) -> list:
 
 
 @builtin
-def descriptor_load(descriptor, offsets, *, _semantic=None):
-    """`descriptor.load(offsets)`: the `block_shape` box whose first element is at `offsets` (2 int32
-    scalars or ints; may be negative or past the end), zeros outside the tensor."""
+def descriptor_load(descriptor, offsets, multicast=False, *, _semantic=None):
+    """`descriptor.load(offsets, multicast=False)`: the `block_shape` box whose first element is at
+    `offsets` (2 int32 scalars or ints; may be negative or past the end), zeros outside the tensor.
+
+    multicast (constexpr bool): every program of the kernel's cluster (`dsl.cluster_dims`) makes this
+    same call, with the same offsets, as often as the others: where the copy engine fills a pipelined
+    wgmma operand ring (sm_90a), each program then copies 1 / cluster size of the box from L2 and the
+    engine writes it into the shared memory of every program of the cluster (TMA multicast, PTX ISA
+    cp.async.bulk.tensor `.multicast::cluster`). The result is the same; a cluster whose programs load
+    different boxes gets a mix of them, and one whose programs make different numbers of such calls
+    hangs. Without a cluster, or where the load is not done by the copy engine, it is an ordinary load.
+    """
     coordinates = _offsets(_semantic, descriptor, offsets, "load")
+    if isinstance(multicast, constexpr):
+        multicast = multicast.value
+    if not isinstance(multicast, bool):
+        raise CompilationError(f"descriptor load: multicast must be a constexpr bool, got {multicast!r}")
     operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates]
     result = BlockType(descriptor.block_shape, descriptor.element)
-    return _semantic.builder.value(OpCode.DESCRIPTOR_LOAD, operands, result, block_shape=descriptor.block_shape)
+    attrs = dict(block_shape=descriptor.block_shape)
+    if multicast:
+        attrs["multicast"] = True
+    return _semantic.builder.value(OpCode.DESCRIPTOR_LOAD, operands, result, **attrs)
 
 
 @builtin

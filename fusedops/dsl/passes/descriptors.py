@@ -48,9 +48,10 @@ class TmaSource:
     strides: tuple
     coordinates: tuple
     contiguous_dim: int
+    multicast: bool = False     # `desc.load(..., multicast=True)`: the cluster's programs load the same box
 
     def __repr__(self) -> str:      # printed in the IR dump
-        return f"tma(contiguous_dim={self.contiguous_dim})"
+        return f"tma(contiguous_dim={self.contiguous_dim}{', multicast' if self.multicast else ''})"
 
 
 def expand_descriptor_loads(function: Function, arch: Optional[str] = None) -> bool:
@@ -113,7 +114,7 @@ def _expand(function: Function, op: Operation, mark: bool) -> None:
     replace_all_uses(function, op.result, loaded)
     source = _tma_source(function, op) if mark else None
     if source is not None:
-        loaded.defining_op.attrs["tma"] = source
+        loaded.defining_op.attrs["tma"] = dataclasses.replace(source, multicast=bool(op.attrs.get("multicast")))
 
 
 def _expand_store(function: Function, op: Operation, mark: bool) -> None:

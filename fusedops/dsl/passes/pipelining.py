@@ -98,6 +98,25 @@ has still to do: no cycle. Fills past the loop's end are not issued; the release
 waits for leave phases pending, which mbarrier.inval at the dealloc discards.
 tests/test_warp_specialization.py simulates this protocol (ragged trip counts, 0 and 1 steps).
 
+TMA multicast (`desc.load(..., multicast=True)` in a kernel with `dsl.cluster_dims(n)`, n > 1): the n CTAs of
+a cluster load the same tile, so each copies 1/n of it (`_with_multicast`: its share of the boxes, or of
+every box's rows where the boxes do not split) into the same slot of all n (`tma_copy {multicast = n}`),
+and every CTA still expects the whole tile on its own slot barrier (a peer's bytes may land before this
+CTA's expect_tx: the transaction count goes negative meanwhile, which the mbarrier allows). A slot is
+refilled once every CTA of the cluster is done with it, so the CTA barrier of the schedule above becomes
+a cluster barrier split in halves around the loop's back edge (FUSEDOPS_WS=1's empty barriers do not
+apply: a release would have to reach every CTA's barrier):
+
+    local_alloc {mbarrier_arrivals, cluster_sync}    (init, fence, then a whole cluster barrier: the
+                                                      peers' first copies complete on these barriers)
+    (prologue copies);  cluster_barrier {half = arrive}
+    for %k ...:
+        mbarrier_wait %barriers[%read], %phase {cluster_wait}   (tile k landed; every thread of every
+                                         CTA arrived after retiring the wgmma of k - 2: its slot is free)
+        tma_copy {multicast = n} ...;  dot ...  (wgmma k - 1 retired)
+        cluster_barrier {half = arrive}                       (relaxed: a completed read to publish)
+    cluster_barrier {half = wait}        (no CTA leaves or reuses its ring while a peer may write it)
+
 Source of the schedule: the multistage mainloop of CUTLASS (`MmaMultistage`) and Triton's
 software pipeliner, written here for our IR.
 """
@@ -108,7 +127,7 @@ import dataclasses
 from typing import Optional
 
 from ..ir import Block, Function, Operation, OpCode, Value
-from ..ir.ops import ELEMENTWISE
+from ..ir.ops import ELEMENTWISE, cluster_size
 from ..ir.shared_buffer import SharedBufferType
 from ..language.dtypes import BlockType, int1, int32, int64, shape_of
 from ..layouts.mma_shared import (is_shared_layout, mma_operand_shared, shared_contiguous_dim,
@@ -138,6 +157,8 @@ class _Candidate:
     width: int                 # elements per cp.async
     swizzle_bytes: Optional[int] = None   # a wgmma operand: the ring holds canonical wgmma tiles
     tma: Optional[TmaSource] = None       # a descriptor load the copy engine can do (passes/descriptors.py)
+    multicast: int = 0                    # TMA multicast to this many CTAs of the cluster (`_with_multicast`)
+    multicast_rows: bool = False          # ... each copying a share of the rows of every box (else of the boxes)
 
     @property
     def alloc_attrs(self) -> dict:
@@ -157,12 +178,13 @@ def pipeline_loops(function: Function, num_stages: int) -> bool:
     empty_barriers = knobs.current().ws >= 1
     analysis = analyze_pointers(function)
     uses = _use_counts(function)
+    cluster = cluster_size(function)
     changed = False
     for loop in [op for op in function.walk() if op.opcode == OpCode.FOR]:
-        candidates = _with_copy_engine(_candidates(loop, analysis, uses))
+        candidates = _with_multicast(_with_copy_engine(_candidates(loop, analysis, uses)), cluster)
         if candidates:
             overlapped = _overlappable_dot(loop, candidates, uses, num_stages)
-            if candidates[0].tma is not None and empty_barriers:
+            if candidates[0].tma is not None and empty_barriers and not any(c.multicast for c in candidates):
                 _pipeline_with_empty_barriers(loop, candidates, num_stages, overlapped)
             else:
                 _pipeline(loop, candidates, num_stages, overlapped)
@@ -284,6 +306,33 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
             if width * element.itemsize < MIN_COPY_BYTES and tma is None:
                 continue
             out.append(_Candidate(load, convert, address_ops, dim, width, swizzle, tma))
+    return out
+
+
+# Rows of a swizzled tile that one swizzle pattern spans (1024 / 512 / 256 bytes for 128 / 64 / 32-byte rows): a
+# share of a multicast tile split by rows starts on a multiple of it.
+SWIZZLE_PATTERN_ROWS = 8
+
+
+def _with_multicast(candidates: list, cluster: int) -> list:
+    """The candidates with `multicast` set to the cluster size where the copy engine fills their ring
+    from a `desc.load(..., multicast=True)` of a kernel launched in clusters, and the tile splits evenly
+    among the cluster's CTAs: by its boxes (one per swizzle atom along its contiguous dim), else by rows
+    (`multicast_rows`: each CTA copies rows / cluster rows of every box, a whole number of swizzle
+    patterns)."""
+    out = []
+    for candidate in candidates:
+        source = candidate.tma
+        if cluster > 1 and source is not None and source.multicast:
+            element = candidate.load.result.type.element
+            shape = shape_of(candidate.load.result.type)
+            boxes = shape[candidate.contiguous_dim] * element.itemsize // candidate.swizzle_bytes
+            rows = shape[1 - candidate.contiguous_dim]
+            if boxes % cluster == 0:
+                candidate = dataclasses.replace(candidate, multicast=cluster)
+            elif rows % (SWIZZLE_PATTERN_ROWS * cluster) == 0:
+                candidate = dataclasses.replace(candidate, multicast=cluster, multicast_rows=True)
+        out.append(candidate)
     return out
 
 
@@ -410,7 +459,10 @@ def _issue_tma_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: 
     tensor = [at.constant(_constant_int(v), v.type) if _constant_int(v) is not None else v
               for v in (*source.shape, *source.strides)]
     in_range = at.value(OpCode.LT, [iteration, upper], int1)
-    at.op(OpCode.TMA_COPY, [buffer, index, barriers, source.base, *tensor, *coordinates, in_range], [], {},
+    attrs = {"multicast": candidate.multicast} if candidate.multicast else {}
+    if candidate.multicast_rows:
+        attrs["multicast_rows"] = True
+    at.op(OpCode.TMA_COPY, [buffer, index, barriers, source.base, *tensor, *coordinates, in_range], [], attrs,
           candidate.load.loc)
 
 
@@ -431,9 +483,12 @@ def _allocate_ring(before: _Inserter, candidates: list, num_stages: int) -> list
 
 
 def _full_barriers(before: _Inserter, candidates: list, num_stages: int) -> Value:
-    """One mbarrier per slot, on which every TMA copy into the slot arrives (with its bytes)."""
-    return before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
-                        {"mbarrier_arrivals": len(candidates)})
+    """One mbarrier per slot, on which every TMA copy into the slot arrives (with its bytes); with
+    multicast copies, initialized before any CTA of the cluster copies (attr cluster_sync)."""
+    attrs = {"mbarrier_arrivals": len(candidates)}
+    if any(c.multicast for c in candidates):
+        attrs["cluster_sync"] = True
+    return before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64), attrs)
 
 
 def _prologue(before: _Inserter, issue, lower: Value, step_value: int, ahead_by: int) -> None:
@@ -472,13 +527,19 @@ def _flip_on_wrap(at: _Inserter, phase: Value, next_index: Value) -> Value:
     return at.value(OpCode.WHERE, [wrapped, flipped, phase], int32)
 
 
-def _finish(loop: Operation, overlapped: Optional[_Overlap], buffers: list) -> None:
-    """After `loop`: retire an in-flight wgmma (before any use of its result; a conditional epilogue in
-    the loop retires it first thing in its region) and free `buffers` in order (mbarrier arrays first
-    in the list are freed last: their dealloc invalidates them once the first dealloc's CTA barrier
-    passed)."""
+def _finish(loop: Operation, overlapped: Optional[_Overlap], buffers: list, multicast: bool = False) -> None:
+    """After `loop`: (`multicast`: the wait matching the last iteration's cluster arrival, so that no CTA
+    frees or reuses its ring while another's multicast copy may still write it) retire an in-flight wgmma
+    (before any use of its result; a conditional epilogue in the loop retires it first thing in its
+    region) and free `buffers` in order (mbarrier arrays first in the list are freed last: their dealloc
+    invalidates them once the first dealloc's CTA barrier passed)."""
     outer = loop.parent
     after_index = outer.ops.index(loop) + 1
+    if multicast:
+        sync = Operation(OpCode.CLUSTER_BARRIER, [], [], {"half": "wait"}, (), loop.loc)
+        sync.parent = outer
+        outer.ops.insert(after_index, sync)
+        after_index += 1
     if overlapped is not None:
         overlapped.dot.attrs["pending"] = 1
         if overlapped.branch is not None:
@@ -531,9 +592,12 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     write = _carry(loop, before, "write_stage", ahead_by)
     phase = _carry(loop, before, "read_phase", 0) if barriers is not None else None
 
+    multicast = any(c.multicast for c in candidates)
     head = _Inserter(body, body.ops[0])
     if barriers is not None:
-        head.op(OpCode.MBARRIER_WAIT, [barriers, read, phase], [])
+        if multicast:       # the cluster barrier's arrival is the previous iteration's last op
+            before.op(OpCode.CLUSTER_BARRIER, [], [], {"half": "arrive"})
+        head.op(OpCode.MBARRIER_WAIT, [barriers, read, phase], [], {"cluster_wait": True} if multicast else {})
     else:
         wait_attrs = {"pending": ahead_by - 1}
         if any(c.swizzle_bytes is not None for c in candidates):
@@ -548,7 +612,9 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     body.terminator.operands.extend([next_read, _next_index(tail, write, num_stages)])
     if phase is not None:
         body.terminator.operands.append(_flip_on_wrap(tail, phase, next_read))
-    _finish(loop, overlapped, ([barriers] if barriers is not None else []) + buffers)
+    if multicast:
+        tail.op(OpCode.CLUSTER_BARRIER, [], [], {"half": "arrive"})
+    _finish(loop, overlapped, ([barriers] if barriers is not None else []) + buffers, multicast)
 
 
 def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages: int,

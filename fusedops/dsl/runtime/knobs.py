@@ -26,7 +26,8 @@ from `os.environ` directly.
 FUSEDOPS_WS (sm_90a TMA rings, passes/pipelining.py): 0 = one CTA barrier per K step before thread 0
 refills the slot (the shipped schedule); 1 = per-stage "empty" mbarriers that every warp arrives on
 once its wgmma reading the stage retired, thread 0 waiting on them before it refills (no CTA barrier
-in the loop, one more stage in flight). Warp specialization (a producer warpgroup, `setmaxnreg`) is
+in the loop, one more stage in flight; rings filled by multicast copies keep 0's schedule, with a
+cluster barrier). Warp specialization (a producer warpgroup, `setmaxnreg`) is
 the planned mode 2. Part of the compile cache key.
 
 Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty means False, unset the default above). Any

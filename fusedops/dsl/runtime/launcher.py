@@ -99,3 +99,33 @@ def device_arch(device) -> str:
 
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
+
+
+def check_cluster_grid(grid, cluster_size: int, kernel: str) -> None:
+    """Raises LaunchError unless grid axis 0 (an int or the first entry of a grid tuple) is a multiple of
+    `cluster_size` (`dsl.cluster_dims`)."""
+    x = grid[0] if isinstance(grid, (tuple, list)) else grid
+    if x % cluster_size:
+        raise LaunchError(f"`{kernel}` runs in clusters of {cluster_size} programs (dsl.cluster_dims({cluster_size})): "
+                          f"its grid's axis 0 must be a multiple of {cluster_size}, got {x}")
+
+
+class ClusterLauncher:
+    """A kernel launcher (driver.KernelLauncher's `launch`/`stream_of`, or a wrapper of it) for a kernel
+    launched in clusters: `launch(grid, stream, values)` checks the grid first (`check_cluster_grid`).
+    Every launch path goes through it (wrappers are never inlined, runtime/fast_path.py)."""
+
+    def __init__(self, launcher, cluster_size: int, kernel: str):
+        self.launcher = launcher
+        self.stream_of = launcher.stream_of
+        inner = launcher.launch
+
+        def launch(grid, stream, values) -> None:
+            if grid[0] % cluster_size:
+                check_cluster_grid(grid, cluster_size, kernel)
+            inner(grid, stream, values)
+
+        self.launch = launch
+
+    def __getattr__(self, name):
+        return getattr(self.launcher, name)

@@ -1,0 +1,71 @@
+"""What the interpreter checks of a kernel launched in clusters (`dsl.cluster_dims`): the grid, and that
+the programs of a cluster make the same `desc.load(..., multicast=True)` calls.
+
+On the GPU the programs of a cluster share the copies of a multicast load: a program whose box differs
+from its cluster's gets a mix of the boxes, and one that makes fewer such calls leaves the others
+waiting for ever. Neither can be detected there; the interpreter, which runs a cluster's programs one
+after another (rank 0 first), records rank 0's calls and compares each other rank's with them.
+"""
+
+from __future__ import annotations
+
+from ..errors import LaunchError
+from ..ir.ops import OpCode, cluster_size
+
+
+class ClusterLog:
+    """The multicast loads of one launch, per cluster: (cluster, y, z) -> {id(op): [offsets per call]}."""
+
+    def __init__(self, function, grid: tuple, kernel: str):
+        self.size = cluster_size(function)
+        if grid[0] % self.size:
+            raise LaunchError(f"`{kernel}` runs in clusters of {self.size} programs (dsl.cluster_dims({self.size})): "
+                              f"its grid's axis 0 must be a multiple of {self.size}, got {grid[0]}")
+        self.checked = self.size > 1 and bool(self._ops(function))
+        self._calls: dict = {}
+
+    def _key(self, program_id: tuple) -> tuple:
+        return (program_id[0] // self.size, program_id[1], program_id[2])
+
+    def record(self, ctx, op, offsets: tuple) -> None:
+        """One multicast load of program `ctx.program_id` (its calls so far: ctx.multicast_calls).
+
+        Raises:
+            InterpreterError: rank 0 of the cluster loaded another box at this call, or made fewer calls.
+        """
+        calls = ctx.multicast_calls
+        made = calls.get(id(op), 0)
+        calls[id(op)] = made + 1
+        cluster = self._calls.setdefault(self._key(ctx.program_id), {})
+        log = cluster.setdefault(id(op), [])
+        if ctx.program_id[0] % self.size == 0:
+            log.append(offsets)
+            return
+        if made >= len(log):
+            raise ctx.error(op, f"a descriptor load with multicast=True runs {made + 1} times in this program but "
+                                f"{len(log)} times in rank 0 of its cluster: every program of a cluster must make "
+                                f"the same multicast loads (on the GPU the cluster would hang)")
+        if log[made] != offsets:
+            raise ctx.error(op, f"a descriptor load with multicast=True loads the box at {offsets} in this program but "
+                                f"at {log[made]} in rank 0 of its cluster (call {made + 1}): every program of a "
+                                f"cluster must load the same box")
+
+    def finish(self, ctx) -> None:
+        """After program `ctx.program_id` ran.
+
+        Raises:
+            InterpreterError: a rank > 0 made fewer multicast loads than rank 0 of its cluster.
+        """
+        if ctx.program_id[0] % self.size == 0:
+            return
+        calls = ctx.multicast_calls
+        for op in self._ops(ctx.function):
+            expected = len(self._calls.get(self._key(ctx.program_id), {}).get(id(op), ()))
+            if calls.get(id(op), 0) != expected:
+                raise ctx.error(op, f"a descriptor load with multicast=True runs {calls.get(id(op), 0)} times in this "
+                                    f"program but {expected} times in rank 0 of its cluster: every program of a "
+                                    f"cluster must make the same multicast loads (on the GPU the cluster would hang)")
+
+    @staticmethod
+    def _ops(function) -> list:
+        return [op for op in function.walk() if op.opcode == OpCode.DESCRIPTOR_LOAD and op.attrs.get("multicast")]
