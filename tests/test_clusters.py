@@ -26,14 +26,6 @@ from helpers import assert_close, poison, random_tensor
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
 
-@pytest.fixture
-def tma_on(monkeypatch, tmp_path):
-    monkeypatch.setenv("FUSEDOPS_TMA", "1")
-    monkeypatch.setenv("FUSEDOPS_WS", "0")
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    return monkeypatch
-
-
 def _operand(rows, cols, dtype, transposed, seed, device="cpu"):
     """A (rows, cols) operand, row-major or (transposed) a column-major view."""
     if transposed:
@@ -201,7 +193,7 @@ def test_cluster_config_on_the_cp_async_path_drops_the_cluster(b_t, seed):
 ], ids=str)
 @pytest.mark.parametrize("m,n,k,num_stages", [(70, 104, 96, 4), (64, 48, 160, 3), (130, 40, 40, 4)], ids=str)
 def test_pipelined_multicast_ir_computes_the_same_in_the_interpreter(m, n, k, num_stages, cluster, operand, rows,
-                                                                     tma_on, seed):
+                                                                     tma_ws0, seed):
     a, b = _operand(m, k, torch.float16, False, seed), _operand(k, n, torch.float16, False, seed + 1)
     c = poison(torch.empty(1, m, n, dtype=torch.float16))
     function = interpret_pipelined_tma_matmul(c, a, b, num_stages, OpCode.TMA_COPY, **cluster)
@@ -220,7 +212,7 @@ def test_pipelined_multicast_ir_computes_the_same_in_the_interpreter(m, n, k, nu
     assert wait.attrs.get("cluster_wait")
 
 
-def test_multicast_needs_a_tile_that_splits(tma_on, seed):
+def test_multicast_needs_a_tile_that_splits(tma_ws0, seed):
     """B's 16 x 32 tile (one box of 16 rows) does not split among 4 CTAs (shares of whole 8-row swizzle
     patterns): plain copies, no cluster barrier (the cluster still launches)."""
     a, b = _operand(64, 48, torch.float16, False, seed), _operand(48, 32, torch.float16, False, seed + 1)
@@ -232,10 +224,10 @@ def test_multicast_needs_a_tile_that_splits(tma_on, seed):
     assert not any(op.opcode == OpCode.CLUSTER_BARRIER for op in ops)
 
 
-def test_multicast_ring_ignores_empty_barriers(tma_on):
+def test_multicast_ring_ignores_empty_barriers(tma_ws0):
     """FUSEDOPS_WS=1's empty mbarriers release a slot within one CTA only: a multicast ring keeps the
     cluster barrier schedule."""
-    tma_on.setenv("FUSEDOPS_WS", "1")
+    tma_ws0.setenv("FUSEDOPS_WS", "1")
     ptx = _compile(mm.TMA_CLUSTER_CONFIGS[0]).asm["ptx"]
     assert "barrier.cluster.wait" in ptx and "mbarrier.arrive.shared::cta" not in ptx
     assert "mbarrier.arrive.shared::cta" in _compile(mm.WGMMA_CONFIGS[0]).asm["ptx"]
@@ -253,7 +245,7 @@ def _multicast_copies(ptx: str) -> list:
     (mm.TMA_CLUSTER_CONFIGS[1], 1, {(128, 64), (64, 64)}),    # A: 256 x 64, each CTA 128 rows of the one box
     (mm.TMA_CLUSTER_CONFIGS[2], 2, {(64, 32), (32, 64)}),     # B: 32 x 256 (BLOCK_K 32), two boxes each
 ], ids=["cluster_m 128x256", "cluster_n 256x128", "cluster_m 64x256x32"])
-def test_cluster_matmul_ptx(config, shared_boxes, boxes, tma_on):
+def test_cluster_matmul_ptx(config, shared_boxes, boxes, tma_ws0):
     compiled = _compile(config)
     ptx = compiled.asm["ptx"]
     assert ".reqnctapercluster 2, 1, 1" in ptx and compiled.cluster_size == 2
@@ -279,7 +271,7 @@ def test_cluster_matmul_ptx_without_tma(monkeypatch, tmp_path):
 @pytest.mark.parametrize("config", mm.TMA_CLUSTER_CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype,a_t,b_t", [(torch.float16, False, False), (torch.bfloat16, True, True),
                                            (torch.float16, False, True)], ids=str)
-def test_cluster_matmul_ptx_is_accepted_by_ptxas_without_spills(config, dtype, a_t, b_t, tma_on):
+def test_cluster_matmul_ptx_is_accepted_by_ptxas_without_spills(config, dtype, a_t, b_t, tma_ws0):
     from fusedops.dsl.target import assemble
     result = assemble(_compile(config, dtype, a_t=a_t, b_t=b_t).asm["ptx"], "sm_90a")
     assert result.spill_bytes == 0, result.log
