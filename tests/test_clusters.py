@@ -61,7 +61,7 @@ def test_cluster_dims_rejects_a_bad_size(size):
 
 def test_cluster_dims_rejects_two_sizes():
     x = torch.zeros(32)
-    with pytest.raises(dsl.CompilationError, match=r"different cluster sizes \[2, 4\]"):
+    with pytest.raises(dsl.CompilationError, match=r"kernel `_cluster_copy` asks for different cluster sizes 2 \(at .*test_clusters.py:\d+:\d+\) and 4"):
         _cluster_copy.compile(x, x, 32, target="sm_90a", SIZE=2, OTHER=4)
     _cluster_copy.compile(x, x, 32, target="sm_90a", SIZE=2, OTHER=2)        # the same size twice is one
 
@@ -166,14 +166,17 @@ def _bad_multicast(x_ptr):
 # -- the library matmul in clusters: interpreter and pipelined IR -------------------------------------------------
 
 @pytest.mark.parametrize("cluster", [{"CLUSTER_M": 2}, {"CLUSTER_N": 2}, {"CLUSTER_M": 4}], ids=str)
-@pytest.mark.parametrize("m,n,k", [(40, 24, 20), (48, 33, 7), (17, 1, 0), (16, 16, 16)], ids=str)
+@pytest.mark.parametrize("m,n,k", [(40, 32, 48), (48, 16, 16), (72, 48, 32), (16, 16, 16)], ids=str)
 def test_interpreter_cluster_matmul_matches_float64(m, n, k, cluster, seed):
-    a = random_tensor((1, m, k), torch.float32, "cpu", seed)
-    b = random_tensor((1, k, n), torch.float32, "cpu", seed + 1)
-    c = poison(torch.empty(1, m, n))
+    """fp16 operands a tensor map can describe: the TMA path's matmul_tma_kernel in clusters (ragged
+    clusters past the last row / column of tiles)."""
+    a = random_tensor((1, m, k), torch.float16, "cpu", seed)
+    b = random_tensor((1, k, n), torch.float16, "cpu", seed + 1)
+    c = poison(torch.empty(1, m, n, dtype=torch.float16))
+    assert mm._uses_tma(c, a, b)
     config = dsl.Config(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=4, **cluster), num_warps=4, num_stages=1)
     mm.matmul_into(c, a, b, interpret=True, config=config)
-    assert_close(c[0], a[0].double() @ b[0].double(), torch.float32)
+    assert_close(c[0], a[0].double() @ b[0].double(), torch.float16)
 
 
 @pytest.mark.parametrize("b_t", [False, True])
@@ -311,7 +314,8 @@ def test_gpu_cluster_kernel_grid_check(seed):
 
 
 @pytest.mark.cuda
-def test_gpu_multicast_kernel_of_one_box(seed):
+def test_gpu_cluster_kernel_with_a_multicast_load_outside_a_ring(seed):
+    """multicast=True where no TMA ring is built (no dot): an ordinary load, in a cluster launch."""
     x = random_tensor((32, 32), torch.float32, "cuda", seed)
     y = poison(torch.empty(8 * 16, device="cuda"))
     _multicast_sum[(8,)](x, y, 32, 0, 0)

@@ -221,8 +221,11 @@ def attention_backward_preprocess_kernel(
 def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row, m0, rm0, rn, re,
                rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
                BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
-               MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr):
-    """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). Rows past L
+               MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, KV_RING: dsl.constexpr):
+    """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). KV_RING: k and v
+    are the pointer blocks of the program's K and V tiles, loaded here, each use by its dot alone, so
+    that on sm_90a they come through the cp.async ring (L2 hits after the first block) and the dots
+    read them from shared memory (no register A fragments beside the dk and dv accumulators). Rows past L
     need no mask on the logits: their lse loads as +inf (P = 0) and their dO as 0. Without attn_mask
     the causal mask is a `where` on every block (true past the diagonal), not a branch on whether the
     block crosses it: on the H200 that branch inside the pipelined wgmma loop gave wrong dK/dV (E = 64,
@@ -233,6 +236,9 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
     four dots take A from registers (K, V before the loop; P^T and dS^T from the accumulators)."""
     rm = m0 + rm0
     rows_ok = rm < L
+    if KV_RING:
+        k = dsl.load(k, mask=(rn[:, None] < S) & (re[None, :] < E), other=0.0)
+        v = dsl.load(v, mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
     qt = dsl.load(qt_base + rm.to(dsl.int64)[None, :] * stride_qm, mask=(re[:, None] < E) & rows_ok[None, :],
                   other=0.0)
     st = dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC)) * qk_scale
@@ -268,10 +274,11 @@ def attention_backward_dkdv_kernel(
         stride_mb, stride_mh, stride_mm, stride_mn,
         H_KV, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo, scale_hi, scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
-        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr):
+        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, KV_RING: dsl.constexpr = False):
     # dk_ptr, k_ptr: (B, H_KV, S, E); dv_ptr, v_ptr: (B, H_KV, S, EV); q_ptr: (B, H, L, E);
     # do_ptr: (B, H, L, EV); lse_ptr, delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
+    # KV_RING: K and V are loaded in every query block's step instead of once (_dkdv_step).
     # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loop
     # starts at the first block that reaches the diagonal and every block takes the mask (_dkdv_step).
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
@@ -284,10 +291,11 @@ def attention_backward_dkdv_kernel(
     re = dsl.arange(0, BLOCK_E)
     rev = dsl.arange(0, BLOCK_EV)
     rows_n = rn.to(dsl.int64)[:, None]
-    k = dsl.load(k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn + re[None, :] * stride_ke,
-                 mask=(rn[:, None] < S) & (re[None, :] < E), other=0.0)
-    v = dsl.load(v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn + rev[None, :] * stride_ve,
-                 mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
+    k = k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn + re[None, :] * stride_ke
+    v = v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn + rev[None, :] * stride_ve
+    if not KV_RING:
+        k = dsl.load(k, mask=(rn[:, None] < S) & (re[None, :] < E), other=0.0)
+        v = dsl.load(v, mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
     dk = dsl.zeros((BLOCK_N, BLOCK_E), ACC)
     dv = dsl.zeros((BLOCK_N, BLOCK_EV), ACC)
     start_m = 0
@@ -306,7 +314,8 @@ def attention_backward_dkdv_kernel(
         for m0 in range(start_m, L, BLOCK_M):
             dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * L,
                                 delta_ptr + bh * L, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm,
-                                stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL)
+                                stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
+                                KV_RING)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn + re[None, :] * stride_dke,
               dk.to(dk_ptr.dtype.element), mask=(rn[:, None] < S) & (re[None, :] < E))
@@ -398,11 +407,12 @@ def attention_backward_dq_kernel(
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Tile sizes and launch parameters of one attention kernel."""
+    """Tile sizes and launch parameters of one attention kernel; kv_ring: the dK/dV kernel's KV_RING."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    kv_ring: bool = False
 
 
 # Interpreter: small tiles keep the per-program op count (and so CPU test time) low.
@@ -440,14 +450,21 @@ FORWARD_CONFIGS = {
 # warpgroup, all dots of the loop run on wgmma with A from registers (K, V, Q, dO converted once before
 # the loops; P^T, dS^T, dS straight from the accumulators): E = 64 dK/dV 64x128 on 8 warps (was 12
 # barriers, 30 st.shared, 64 mma.sync per query block), dQ 64x64 on 4 warps and E = 128 dQ 128x64 on 8
-# warps (11 barriers -> 1). E = 128 dK/dV keeps mma.sync (32x64 on 8 warps, 12 -> 9 barriers): with K
-# and V as register A fragments beside the dk and dv accumulators (64 x 128 each on one warpgroup) wgmma
-# spills. E = 256 keeps mma.sync. Spill-free per tests/test_attention.py.
+# warps (11 barriers -> 1). E = 128 dK/dV: K and V as register A fragments beside the dk and dv
+# accumulators spill, so they come through the ring with the query-side tiles (kv_ring: loaded every
+# query block, L2 hits) and the dots read them from shared memory: 128 keys on 8 warps, all four dots
+# on wgmma (H200, session 9, run 55, x torch's flash backward, S = 1k / 4k, not causal | causal:
+# 0.77 / 0.69 | 0.83 / 0.82, against 0.46 / 0.41 | 0.53 / 0.45 for the mma.sync 32x64 on 8 warps it
+# replaces; 16 x 128: 0.57 / 0.49 | 0.64 / 0.56). At 255 registers that one spills 8 bytes (not causal; 0
+# causal) and 40-64 with an attn_mask, so a masked backward takes the spill-free 16 x 128
+# (MASKED_DKDV_CONFIGS). E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
 BACKWARD_CONFIGS = {
     64: (AttentionConfig(64, 128, 8, 2), AttentionConfig(64, 64, 4, 2)),
-    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(128, 64, 8, 2)),
+    128: (AttentionConfig(32, 128, 8, 2, kv_ring=True), AttentionConfig(128, 64, 8, 2)),
     256: (AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)),
 }
+# The dK/dV config of a backward with an attn_mask, where it differs from BACKWARD_CONFIGS'.
+MASKED_DKDV_CONFIGS = {128: AttentionConfig(16, 128, 8, 2, kv_ring=True)}
 # Alternatives the sweep times (besides the table's entry), by padded head dim.
 FORWARD_ALTERNATIVES = {
     64: (AttentionConfig(128, 128, 8, 2), AttentionConfig(128, 64, 8, 3), AttentionConfig(64, 64, 4, 3)),
@@ -455,8 +472,8 @@ FORWARD_ALTERNATIVES = {
     256: (),
 }
 DKDV_ALTERNATIVES = {
-    64: (AttentionConfig(64, 64, 4, 2), AttentionConfig(64, 64, 8, 2)),
-    128: (AttentionConfig(32, 64, 8, 1),),
+    64: (AttentionConfig(64, 64, 4, 2), AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2, kv_ring=True)),
+    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(32, 64, 4, 2, kv_ring=True)),
     256: (),
 }
 # 128x32 on 8 warps (128 class): spill-free under ptxas with an additive attn_mask and for head dims below
@@ -479,9 +496,12 @@ def forward_config(block_e: int, block_ev: int) -> AttentionConfig:
     return FORWARD_CONFIGS[_table_key(block_e, block_ev)]
 
 
-def backward_configs(block_e: int, block_ev: int) -> tuple:
-    """(dK/dV kernel config, dQ kernel config) for padded head dims (BACKWARD_CONFIGS)."""
-    return BACKWARD_CONFIGS[_table_key(block_e, block_ev)]
+def backward_configs(block_e: int, block_ev: int, masked: bool = False) -> tuple:
+    """(dK/dV kernel config, dQ kernel config) for padded head dims (BACKWARD_CONFIGS), with an attn_mask
+    where `masked` (MASKED_DKDV_CONFIGS)."""
+    key = _table_key(block_e, block_ev)
+    kv, q = BACKWARD_CONFIGS[key]
+    return (MASKED_DKDV_CONFIGS.get(key, kv) if masked else kv), q
 
 
 def sweep_configs(block_e: int, block_ev: int) -> tuple:
@@ -687,7 +707,8 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
     if batch * heads * length_q == 0 or length_k == 0:   # nothing attends: every gradient is 0
         return lambda do, q, k, v, o, lse, mask: (new_dq().zero_(), new_dk().zero_(), new_dv().zero_())
     block_e, block_ev = head_block(dim), head_block(dim_v)
-    configs = configs or ((INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(block_e, block_ev))
+    if configs is None:
+        configs = (INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(block_e, block_ev, mask is not None)
     kv_config, q_config = configs
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")
@@ -705,7 +726,7 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *mask_strides,
         heads_kv, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=kv_config.block_m, BLOCK_N=kv_config.block_n, num_warps=kv_config.num_warps,
-        num_stages=kv_config.num_stages, **common)
+        num_stages=kv_config.num_stages, KV_RING=kv_config.kv_ring, **common)
     dq_kernel = attention_backward_dq_kernel.prepare(
         (batch * heads, blocks_m), dq, q, k, v, do, lse, delta, mask_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,

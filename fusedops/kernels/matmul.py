@@ -167,7 +167,7 @@ def matmul_tma_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, stride_
     acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
     for k0 in range(0, K, BLOCK_K):
         acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k0), multicast=CLUSTER_N > 1),
-                      b_desc.load((k0, pid_n * BLOCK_N), multicast=CLUSTER_M > 1), acc)
+                      b_desc.load((k0, pid_n * BLOCK_N), multicast=CLUSTER_M > 1 and CLUSTER_N == 1), acc)
     _epilogue(c_ptr, bias_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, stride_bias,
               BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, ACC)
 
@@ -272,10 +272,27 @@ def _stream_k_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.dev
     return matmul_stream_k.plan(m, n, k, config, device)
 
 
+def _cluster_sizes(constexprs) -> tuple:
+    """(CLUSTER_M, CLUSTER_N) of a config's constexprs (1 where absent).
+
+    Raises:
+        ValueError: one not an int from 1 to 8, or both above 1.
+    """
+    cluster_m, cluster_n = constexprs.get("CLUSTER_M", 1), constexprs.get("CLUSTER_N", 1)
+    for name, value in (("CLUSTER_M", cluster_m), ("CLUSTER_N", cluster_n)):
+        if type(value) is not int or not 1 <= value <= 8:
+            raise ValueError(f"matmul config: {name} must be an int from 1 to 8 (programs per cluster), got {value!r}")
+    if cluster_m > 1 and cluster_n > 1:
+        raise ValueError(f"matmul config: CLUSTER_M={cluster_m} and CLUSTER_N={cluster_n}: clusters run along one "
+                         "dim of the tiles, so at most one of them may be above 1")
+    return cluster_m, cluster_n
+
+
 def _programs(m: int, n: int, constexprs) -> int:
     """Programs along grid axis 0 of an (m, n) product: one per tile, with the rows (CLUSTER_M) or columns
-    (CLUSTER_N) of tiles rounded up to whole clusters (matmul_tma_kernel)."""
-    cluster_m, cluster_n = constexprs.get("CLUSTER_M", 1), constexprs.get("CLUSTER_N", 1)
+    (CLUSTER_N) of tiles rounded up to whole clusters (matmul_tma_kernel). Raises what `_cluster_sizes`
+    raises."""
+    cluster_m, cluster_n = _cluster_sizes(constexprs)
     return (dsl.cdiv(m, constexprs["BLOCK_M"] * cluster_m) * cluster_m
             * dsl.cdiv(n, constexprs["BLOCK_N"] * cluster_n) * cluster_n)
 
@@ -342,9 +359,10 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
         cs, as_, bs = c[start:stop], a[start:stop] if a.shape[0] > 1 else a, b[start:stop] if b.shape[0] > 1 else b
         args, constexprs, (m, n, k) = _launch(cs, as_, bs, bias, activation)
         chosen = _chosen_config(m, n, k, interpret, config)
-        if chosen is not None and {"CLUSTER_M", "CLUSTER_N"} & chosen.constexprs.keys():     # a TMA-path config
-            chosen = dsl.Config({key: value for key, value in chosen.constexprs.items() if not key.startswith("CLUSTER_")},
-                                num_warps=chosen.num_warps, num_stages=chosen.num_stages)
+        if chosen is not None and _cluster_sizes(chosen.constexprs) != (1, 1):     # a TMA-path config
+            chosen = dsl.Config({key: value for key, value in chosen.constexprs.items()
+                                 if not key.startswith("CLUSTER_")}, num_warps=chosen.num_warps,
+                                num_stages=chosen.num_stages)
         if chosen is None:
             tuned_matmul_kernel[_grid((m, n), stop - start)](*args, interpret=False, **constexprs)
         else:

@@ -49,9 +49,9 @@ Operand conventions (checked by `verifier.py`):
 | DESCRIPTOR_LOAD | base ptr, shape0, shape1, stride0, stride1 (int scalars), offset0, offset1 (int32) | block_shape, descriptor (index) | block<block_shape x element>: the box at the offsets of a `dsl.make_tensor_descriptor`, zeros outside [0, shape) |
 | DESCRIPTOR_STORE | base ptr, shape0, shape1, stride0, stride1 (int scalars), offset0, offset1 (int32), value (block<block_shape x element>) | block_shape | - (writes the box at the offsets, only its elements inside [0, shape)) |
 | TMA_STORE | value, base ptr, shape0, shape1, stride0, stride1, offset0, offset1 | block_shape, contiguous_dim | - (a descriptor store the copy engine does, sm_90a: the block through a swizzled shared tile, then cp.async.bulk.tensor to global; elements outside the tensor are not written) |
-| TMA_COPY | buffer, index, barriers, base, shape0, shape1, stride0, stride1, coord0, coord1, predicate (int1) | multicast | - (one thread: mbarrier expect_tx + cp.async.bulk.tensor of the tile at (coord0, coord1) into tile `index`, completing barrier `index`; multicast=n: each of the cluster's n CTAs copies 1/n of the boxes into all n; inserted by pipelining) |
-| MBARRIER_WAIT | barriers, index (int32), phase (int32) | cta_barrier, cluster_barrier, issuer | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier unless cta_barrier=False (a cluster barrier if cluster_barrier=True); issuer=True: only the thread that issues the TMA copies waits) |
-| CLUSTER_BARRIER | - | - | - (every thread of the cluster's CTAs arrives, release, and waits, acquire: barrier.cluster) |
+| TMA_COPY | buffer, index, barriers, base, shape0, shape1, stride0, stride1, coord0, coord1, predicate (int1) | multicast, multicast_rows | - (one thread: mbarrier expect_tx + cp.async.bulk.tensor of the tile at (coord0, coord1) into tile `index`, completing barrier `index`; multicast=n: each of the cluster's n CTAs copies 1/n of the boxes (multicast_rows: of every box's rows) into all n; inserted by pipelining) |
+| MBARRIER_WAIT | barriers, index (int32), phase (int32) | cta_barrier, cluster_wait, issuer | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier unless cta_barrier=False, or with cluster_wait=True the wait half of a cluster barrier; issuer=True: only the thread that issues the TMA copies waits) |
+| CLUSTER_BARRIER | - | half | - (barrier.cluster: every thread of the cluster's CTAs arrives (relaxed) when half="arrive", waits (acquire) when half="wait", both (release / acquire) without half) |
 | MBARRIER_ARRIVE | barriers, index (int32), predicate (int1) | - | - (where predicate: one arrival per warp on barrier `index`; the "empty" barriers of a TMA ring, FUSEDOPS_WS) |
 """
 
@@ -193,11 +193,14 @@ def cluster_size(function) -> int:
     Raises:
         CompilationError: calls with different sizes.
     """
-    sizes = {op.attrs["size"] for op in function.walk() if op.opcode == OpCode.CLUSTER_DIMS}
-    if len(sizes) > 1:
-        from ..errors import CompilationError
-        raise CompilationError(f"cluster_dims: the kernel asks for different cluster sizes {sorted(sizes)}")
-    return sizes.pop() if sizes else 1
+    directives = [op for op in function.walk() if op.opcode == OpCode.CLUSTER_DIMS]
+    for op in directives[1:]:
+        if op.attrs["size"] != directives[0].attrs["size"]:
+            from ..errors import CompilationError
+            raise CompilationError(f"cluster_dims: kernel `{function.name}` asks for different cluster sizes "
+                                   f"{directives[0].attrs['size']} (at {directives[0].loc}) and {op.attrs['size']}",
+                                   op.loc)
+    return directives[0].attrs["size"] if directives else 1
 
 
 CONTROL_FLOW = frozenset({OpCode.FOR, OpCode.WHILE, OpCode.IF})

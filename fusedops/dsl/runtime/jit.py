@@ -39,7 +39,8 @@ from ..ir import Function, print_function
 from ..language import core
 from . import knobs
 from .fast_path import MISSING, make_binder, make_entry, make_plan, make_prepared
-from .launcher import check_arch, check_num_warps, cuda_device, device_arch, normalize_grid
+from ..ir.ops import cluster_size
+from .launcher import check_arch, check_cluster_grid, check_num_warps, cuda_device, device_arch, normalize_grid
 from .signature import NO_DEFAULT, Parameter, SpecializationKey, specialize
 
 _RESERVED = ("num_warps", "num_stages", "interpret", "target", "grid")
@@ -226,9 +227,11 @@ class JITFunction:
             launch_grid = grid(self._meta(args, kwargs, num_warps, num_stages)) if callable(grid) else grid
             launch_grid = normalize_grid(launch_grid, self.__name__)
             if interpret:
-                self._lookup(values, num_warps, num_stages, "interpreter")   # checks the arguments
+                entry, _, _ = self._lookup(values, num_warps, num_stages, "interpreter")   # checks the arguments
+                check_cluster_grid(launch_grid, cluster_size(entry.kernel.function), self.__name__)
                 return fallback
             entry, runtime, device_index = self._lookup(values, num_warps, num_stages, "cuda")
+            check_cluster_grid(launch_grid, entry.compiled.cluster_size, self.__name__)
         except (CompilationError, InterpreterError) as error:
             raise error.with_traceback(None) from None
         if 0 in launch_grid:
