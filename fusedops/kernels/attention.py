@@ -472,8 +472,10 @@ FORWARD_ALTERNATIVES = {
     256: (),
 }
 DKDV_ALTERNATIVES = {
-    64: (AttentionConfig(64, 64, 4, 2), AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2, kv_ring=True)),
-    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(32, 64, 4, 2, kv_ring=True)),
+    64: (AttentionConfig(64, 64, 4, 2), AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2, kv_ring=True),
+         AttentionConfig(64, 128, 8, 2, kv_ring=True), AttentionConfig(32, 128, 8, 2, kv_ring=True)),
+    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(32, 64, 4, 2, kv_ring=True),
+          AttentionConfig(16, 128, 8, 2, kv_ring=True)),
     256: (),
 }
 # 128x32 on 8 warps (128 class): spill-free under ptxas with an additive attn_mask and for head dims below
