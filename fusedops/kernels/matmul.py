@@ -266,8 +266,7 @@ def _stream_k_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.dev
     """matmul_stream_k.plan where FUSEDOPS_STREAM_K is on (the default) and the config is not a cluster
     one (the stream-K kernel runs without clusters), else None."""
     from fusedops.dsl.runtime import knobs
-    constexprs = config.constexprs
-    if not knobs.stream_k_enabled() or constexprs.get("CLUSTER_M", 1) * constexprs.get("CLUSTER_N", 1) > 1:
+    if not knobs.stream_k_enabled() or _cluster_sizes(config.constexprs) != (1, 1):
         return None
     return matmul_stream_k.plan(m, n, k, config, device)
 

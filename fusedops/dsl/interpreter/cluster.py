@@ -9,8 +9,8 @@ after another (rank 0 first), records rank 0's calls and compares each other ran
 
 from __future__ import annotations
 
-from ..errors import LaunchError
 from ..ir.ops import OpCode, cluster_size
+from ..runtime.launcher import check_cluster_grid
 
 
 class ClusterLog:
@@ -18,9 +18,7 @@ class ClusterLog:
 
     def __init__(self, function, grid: tuple, kernel: str):
         self.size = cluster_size(function)
-        if grid[0] % self.size:
-            raise LaunchError(f"`{kernel}` runs in clusters of {self.size} programs (dsl.cluster_dims({self.size})): "
-                              f"its grid's axis 0 must be a multiple of {self.size}, got {grid[0]}")
+        check_cluster_grid(grid, self.size, kernel)
         self.checked = self.size > 1 and bool(self._ops(function))
         self._calls: dict = {}
 

@@ -36,10 +36,10 @@ from typing import Callable, Optional
 
 from ..errors import CompilationError, InterpreterError, UnsupportedError
 from ..ir import Function, print_function
+from ..ir.ops import cluster_size
 from ..language import core
 from . import knobs
 from .fast_path import MISSING, make_binder, make_entry, make_plan, make_prepared
-from ..ir.ops import cluster_size
 from .launcher import check_arch, check_cluster_grid, check_num_warps, cuda_device, device_arch, normalize_grid
 from .signature import NO_DEFAULT, Parameter, SpecializationKey, specialize
 
