@@ -456,8 +456,9 @@ FORWARD_CONFIGS = {
 # on wgmma (H200, session 9, run 55, x torch's flash backward, S = 1k / 4k, not causal | causal:
 # 0.77 / 0.69 | 0.83 / 0.82, against 0.46 / 0.41 | 0.53 / 0.45 for the mma.sync 32x64 on 8 warps it
 # replaces; 16 x 128: 0.57 / 0.49 | 0.64 / 0.56). At 255 registers that one spills 8 bytes (not causal; 0
-# causal) and 40-64 with an attn_mask, so a masked backward takes the spill-free 16 x 128
-# (MASKED_DKDV_CONFIGS). E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
+# causal) and 40-64 with an attn_mask, so a masked backward keeps the mma.sync 32 x 64 (MASKED_DKDV_CONFIGS;
+# the spill-free kv_ring 16 x 128 is the alternative to time with a mask: it has not run on a GPU with one).
+# E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
 # E = 64 dQ: 64 x 32 on 4 warps, 4-9% faster than 64 x 64 in three sweeps (sessions 5 and 9, runs 54 and 57:
 # S = 1k / 4k, causal or not).
 BACKWARD_CONFIGS = {
@@ -466,7 +467,7 @@ BACKWARD_CONFIGS = {
     256: (AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)),
 }
 # The dK/dV config of a backward with an attn_mask, where it differs from BACKWARD_CONFIGS'.
-MASKED_DKDV_CONFIGS = {128: AttentionConfig(16, 128, 8, 2, kv_ring=True)}
+MASKED_DKDV_CONFIGS = {128: AttentionConfig(32, 64, 8, 2)}
 # Alternatives the sweep times (besides the table's entry), by padded head dim.
 FORWARD_ALTERNATIVES = {
     64: (AttentionConfig(128, 128, 8, 2), AttentionConfig(128, 64, 8, 3), AttentionConfig(64, 64, 4, 3)),
