@@ -17,6 +17,7 @@ from llvmlite import ir
 from ..errors import CompilationError
 from ..ir import Function, OpCode
 from ..ir.ops import cluster_size
+from ..passes.dot_layouts import arch_number
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
 from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes, tma, tma_store  # noqa: F401,E501  (rules)
@@ -66,7 +67,7 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     llvm_types = [_parameter_type(t) for t in param_types] + [tma.tensor_map_parameter_type()] * len(tensor_maps)
     fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
     cluster = cluster_size(function)
-    clustered = cluster > 1 and int(arch[3:5]) >= 90      # older GPUs launch the same grid without clusters
+    clustered = cluster > 1 and arch_number(arch) >= 90      # older GPUs launch the same grid without clusters
     T.mark_kernel(fn, max_threads=32 * num_warps, min_blocks_per_sm=_min_blocks_per_sm(function, num_warps),
                   extra={"nvvm.cluster_dim": f"{cluster},1,1"} if clustered else None)
     hints = function.arg_hints or [{}] * len(param_types)

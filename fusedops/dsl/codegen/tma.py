@@ -123,10 +123,15 @@ def tma_load_2d(builder: ir.IRBuilder, module: ir.Module, destination, barrier, 
     function = T.declare_intrinsic(
         module, "llvm.nvvm.cp.async.bulk.tensor.g2s.tile.2d", T.void,
         [cluster, T.pointer(3), ir.PointerType(), T.i32, T.i32, T.i16, T.i64, T.i1, T.i1, T.i32])
-    builder.call(function, [builder.addrspacecast(destination, cluster), barrier,
-                            builder.bitcast(tensor_map, ir.PointerType()) if tensor_map.type != ir.PointerType()
-                            else tensor_map, c0, c1, ir.Constant(T.i16, multicast_mask), ir.Constant(T.i64, 0),
+    builder.call(function, [builder.addrspacecast(destination, cluster), barrier, _generic(builder, tensor_map), c0, c1,
+                            ir.Constant(T.i16, multicast_mask), ir.Constant(T.i64, 0),
                             ir.Constant(T.i1, bool(multicast_mask)), ir.Constant(T.i1, 0), ir.Constant(T.i32, 0)])
+
+
+def _generic(builder: ir.IRBuilder, tensor_map):
+    """A tensor-map parameter (a typed pointer, `tensor_map_parameter_type`) as the opaque `ptr` the TMA
+    intrinsics take."""
+    return tensor_map if tensor_map.type == ir.PointerType() else builder.bitcast(tensor_map, ir.PointerType())
 
 
 def cluster_rank(builder: ir.IRBuilder, module: ir.Module):
@@ -163,8 +168,7 @@ def tma_store_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_map, c
     `fence.proxy.async` after the writes of `source` and a `bulk_commit_group` after the copies."""
     function = T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.tensor.s2g.tile.2d", T.void,
                                    [T.pointer(3), ir.PointerType(), T.i32, T.i32, T.i64, T.i1])
-    builder.call(function, [source, builder.bitcast(tensor_map, ir.PointerType()) if tensor_map.type !=
-                            ir.PointerType() else tensor_map, c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
+    builder.call(function, [source, _generic(builder, tensor_map), c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
 
 
 def bulk_commit_group(builder: ir.IRBuilder, module: ir.Module) -> None:

@@ -19,7 +19,9 @@ class ClusterLog:
     def __init__(self, function, grid: tuple, kernel: str):
         self.size = cluster_size(function)
         check_cluster_grid(grid, self.size, kernel)
-        self.checked = self.size > 1 and bool(self._ops(function))
+        self._multicast_ops = [op for op in function.walk()
+                               if op.opcode == OpCode.DESCRIPTOR_LOAD and op.attrs.get("multicast")]
+        self.checked = self.size > 1 and bool(self._multicast_ops)
         self._calls: dict = {}
 
     def _key(self, program_id: tuple) -> tuple:
@@ -57,13 +59,9 @@ class ClusterLog:
         if ctx.program_id[0] % self.size == 0:
             return
         calls = ctx.multicast_calls
-        for op in self._ops(ctx.function):
+        for op in self._multicast_ops:
             expected = len(self._calls.get(self._key(ctx.program_id), {}).get(id(op), ()))
             if calls.get(id(op), 0) != expected:
                 raise ctx.error(op, f"a descriptor load with multicast=True runs {calls.get(id(op), 0)} times in this "
                                     f"program but {expected} times in rank 0 of its cluster: every program of a "
                                     f"cluster must make the same multicast loads (on the GPU the cluster would hang)")
-
-    @staticmethod
-    def _ops(function) -> list:
-        return [op for op in function.walk() if op.opcode == OpCode.DESCRIPTOR_LOAD and op.attrs.get("multicast")]
