@@ -544,9 +544,6 @@ def test_overlapped_epilogue_is_not_serialized_by_ptxas(tma_ws0, variant):
 
 
 @needs_ptxas
-@pytest.mark.xfail(strict=True, reason="BUG (performance): the TMA-store epilogue's runtime branch (copy engine, or "
-                   "element stores for a box starting before the tensor or off 16 bytes) is control flow in the "
-                   "epilogue region, like the nested if below: ptxas C7514 serializes the wgmmas")
 @pytest.mark.parametrize("variant", ["base", "scale"])
 def test_tma_store_epilogue_is_not_serialized_by_ptxas(tma_ws0, variant):
     _assert_not_serialized(variant)

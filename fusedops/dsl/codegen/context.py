@@ -53,19 +53,20 @@ class LoweringContext:
         self.values[id(value)] = lowered
 
     # -- thread coordinates ------------------------------------------------------------------------
-    def lane_warp_coordinates(self, layout) -> tuple:
+    def lane_warp_coordinates(self, layout, here: bool = False) -> tuple:
         """Per output dim, the LLVM i32 coordinate that the lane and warp contribute (computed once
-        in the prologue, XOR-combined from the layout's lane and warp bases)."""
+        in the prologue, XOR-combined from the layout's lane and warp bases). `here`: computed at
+        the builder's position instead, not cached (see codegen/tma_store.py for why)."""
         key = layout_access.cache_key(layout)
-        cached = self._coordinate_cache.get(key)
+        cached = None if here else self._coordinate_cache.get(key)
         if cached is not None:
             return cached
-        b = self.prologue
+        b = self.builder if here else self.prologue
         rank = len(layout_access.shape(layout))
         coords = [ir.Constant(T.i32, 0)] * rank
-        for source, bases in ((self.lane_id, layout_access.lane_bases(layout)),
-                              (self.warp_id, layout_access.warp_bases(layout))):
-            for bit, basis in enumerate(bases):
+        for source, bases in self.thread_bit_sources(here, layout_access.lane_bases(layout),
+                                                     layout_access.warp_bases(layout)):
+            for bit, basis in bases:
                 if not any(basis):
                     continue
                 flag = b.and_(b.lshr(source, ir.Constant(T.i32, bit)), ir.Constant(T.i32, 1))
@@ -74,13 +75,29 @@ class LoweringContext:
                         term = b.mul(flag, ir.Constant(T.i32, component))
                         coords[dim] = b.xor(coords[dim], term)
         result = tuple(coords)
-        self._coordinate_cache[key] = result
+        if not here:
+            self._coordinate_cache[key] = result
         return result
 
-    def element_coordinates(self, layout, register: int) -> tuple:
-        """LLVM i32 coordinates of the element that `register` of this thread holds under `layout`."""
+    def thread_bit_sources(self, here: bool, lane_bases, warp_bases):
+        """[(source, [(bit, basis)])]: which bit of which value selects each lane and warp basis. In
+        the prologue, bits of the lane and warp ids; `here`, bits of the thread id (lane bit k is
+        thread bit k, warp bit k thread bit 5 + k), so that nothing is shared with the prologue's
+        values (LLVM would sink a shared value to the first block using it, see codegen/tma_store.py)."""
+        if here:
+            # A thread id LLVM cannot equate with the prologue's (which it would, through CSE, and
+            # then reuse the prologue's warp id).
+            thread_id = T.inline_asm(self.builder, "mov.u32 $0, %tid.x;", "=r", [], T.i32)
+            return [(thread_id, list(enumerate(lane_bases)) +
+                     [(5 + bit, basis) for bit, basis in enumerate(warp_bases)])]
+        return [(self.lane_id, list(enumerate(lane_bases))), (self.warp_id, list(enumerate(warp_bases)))]
+
+    def element_coordinates(self, layout, register: int, runtime: tuple = None) -> tuple:
+        """LLVM i32 coordinates of the element that `register` of this thread holds under `layout`
+        (`runtime`: the layout's lane and warp part, default the prologue's)."""
         constant = layout_access.register_coordinates(layout, register)
-        runtime = self.lane_warp_coordinates(layout)
+        if runtime is None:
+            runtime = self.lane_warp_coordinates(layout)
         out = []
         for dim, (c, r) in enumerate(zip(constant, runtime)):
             if c == 0:

@@ -41,25 +41,27 @@ _MMA_INTRINSIC = {float16: "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
 
 # -- offsets: thread part (lane, warp bits; computed once) XOR a constant per access ---------------------
 
-def thread_offset(ctx, lane_bases, warp_bases):
+def thread_offset(ctx, lane_bases, warp_bases, here: bool = False):
     """(LLVM i32 computed in the prologue, mask of the bits it can have): the XOR of the bases of
-    this thread's set lane and warp bits."""
+    this thread's set lane and warp bits. `here`: computed at the builder's position instead, not
+    cached (a value computed in the prologue stays live through every loop before its use)."""
     key = ("shared-offset", tuple(lane_bases), tuple(warp_bases))
-    cached = ctx._coordinate_cache.get(key)
+    cached = None if here else ctx._coordinate_cache.get(key)
     if cached is not None:
         return cached
-    b = ctx.prologue
+    b = ctx.builder if here else ctx.prologue
     value = ir.Constant(T.i32, 0)
     mask = 0
-    for source, bases in ((ctx.lane_id, lane_bases), (ctx.warp_id, warp_bases)):
-        for bit, basis in enumerate(bases):
+    for source, bases in ctx.thread_bit_sources(here, lane_bases, warp_bases):
+        for bit, basis in bases:
             if not basis:
                 continue
             flag = b.and_(b.lshr(source, ir.Constant(T.i32, bit)), ir.Constant(T.i32, 1))
             value = b.xor(value, b.mul(flag, ir.Constant(T.i32, basis)))
             mask |= basis
     result = (value, mask)
-    ctx._coordinate_cache[key] = result
+    if not here:
+        ctx._coordinate_cache[key] = result
     return result
 
 

@@ -42,7 +42,6 @@ from . import tma
 from .async_copy import first_thread
 from .registry import lowering
 from .mma import byte_pointer, combine_offset, thread_offset, tile_store_groups
-from .ownership import owned_registers
 from .shared import align_shared_memory, barrier, reserve, shared_base
 from .wgmma import WGMMA_ALIGN, fence_generic_to_async
 
@@ -61,48 +60,67 @@ def _wide(b, value):
     return value if value.type.width == 64 else b.sext(value, T.i64)
 
 
-def _store_elements(ctx, op) -> None:
-    """The block written element by element, each where it lies inside the tensor (st.global): for a
-    box the copy engine does not take (see the module docstring)."""
+def _engine_takes(ctx, op):
+    """i1, uniform over the CTA: whether the box starts inside the tensor on a 16-byte boundary along
+    the contiguous dim (the H200 raises "illegal instruction" for a store box that starts before the
+    tensor or off 16 bytes; loads take any start)."""
     b = ctx.builder
-    value = op.operands[0]
-    registers = ctx.get(value)
-    base = ctx.get(op.operands[1])
-    sizes, strides, offsets = ([_wide(b, ctx.get(v)) for v in op.operands[first:first + 2]] for first in (2, 4, 6))
-    memory_type = T.llvm_memory_type(value.type.element)
-    zero = ir.Constant(T.i64, 0)
-    for register in sorted(owned_registers(value.layout)):
-        coordinates = ctx.element_coordinates(value.layout, register)
-        element, inside = zero, None
-        for dim in (0, 1):
-            index = b.add(offsets[dim], b.zext(coordinates[dim], T.i64))
-            bounded = b.and_(b.icmp_signed(">=", index, zero), b.icmp_signed("<", index, sizes[dim]))
-            inside = bounded if inside is None else b.and_(inside, bounded)
-            element = b.add(element, b.mul(index, strides[dim]))
-        with b.if_then(inside):
-            b.store(registers[register], b.gep(base, [element], source_etype=memory_type))
+    element = op.operands[0].type.element
+    offsets = [ctx.get(v) for v in op.operands[6:8]]
+    zero = ir.Constant(T.i32, 0)
+    aligned = b.icmp_unsigned("==", b.and_(offsets[op.attrs["contiguous_dim"]],
+                                           ir.Constant(T.i32, 16 // element.itemsize - 1)), zero)
+    return b.and_(aligned, b.and_(b.icmp_signed(">=", offsets[0], zero), b.icmp_signed(">=", offsets[1], zero)))
+
+
+class _ElementStores:
+    """The fallback for a box the engine does not take: each thread reads back from the shared tile the
+    vectors it wrote there and stores their elements to global memory where they lie inside the tensor
+    (st.global).
+
+    Two things keep an overlapped epilogue's wgmma pipeline whole (ptxas C7514 serializes every wgmma of
+    the kernel otherwise): the fallback reads the tile back instead of the block's registers (no register
+    read under control flow), and it computes its thread coordinates in its own branch (`begin`) instead
+    of taking the prologue's: LLVM sinks prologue values to the first block that uses them, which puts
+    them ahead of the loop's final `wgmma.wait_group 0`."""
+
+    def __init__(self, ctx, op):
+        b = ctx.builder
+        self.ctx, self.layout = ctx, op.operands[0].layout
+        self.base = ctx.get(op.operands[1])
+        self.sizes, self.strides, self.offsets = ([_wide(b, ctx.get(v)) for v in op.operands[first:first + 2]]
+                                                  for first in (2, 4, 6))
+        self.memory_type = T.llvm_memory_type(op.operands[0].type.element)
+        self.itemsize = op.operands[0].type.element.itemsize
+        self.runtime = None
+
+    def begin(self) -> None:
+        """At the head of the fallback's branch: this thread's lane and warp coordinates."""
+        self.runtime = self.ctx.lane_warp_coordinates(self.layout, here=True)
+
+    def store(self, pointer, vector_type, first: int) -> None:
+        """The elements of registers first.. (a vector at shared `pointer`) to their global places."""
+        ctx, b = self.ctx, self.ctx.builder
+        vector = b.load(pointer, typ=vector_type, align=vector_type.count * self.itemsize)
+        zero = ir.Constant(T.i64, 0)
+        for i in range(vector_type.count):
+            coordinates = ctx.element_coordinates(self.layout, first + i, self.runtime)
+            element, inside = zero, None
+            for dim in (0, 1):
+                index = b.add(self.offsets[dim], b.zext(coordinates[dim], T.i64))
+                bounded = b.and_(b.icmp_signed(">=", index, zero), b.icmp_signed("<", index, self.sizes[dim]))
+                inside = bounded if inside is None else b.and_(inside, bounded)
+                element = b.add(element, b.mul(index, self.strides[dim]))
+            with b.if_then(inside):
+                b.store(b.extract_element(vector, ir.Constant(T.i32, i)),
+                        b.gep(self.base, [element], source_etype=self.memory_type))
 
 
 @lowering(OpCode.TMA_STORE)
 def _tma_store(ctx, op):
-    """The copy engine where the box starts inside the tensor on a 16-byte boundary along the contiguous
-    dim (the H200 raises "illegal instruction" for a store box that starts before the tensor or off 16
-    bytes), else `_store_elements`; the offsets are uniform, so every thread takes the same branch."""
-    b = ctx.builder
-    element = op.operands[0].type.element
-    offsets = [ctx.get(v) for v in op.operands[6:8]]
-    contiguous = op.attrs["contiguous_dim"]
-    zero = ir.Constant(T.i32, 0)
-    aligned = b.icmp_unsigned("==", b.and_(offsets[contiguous], ir.Constant(T.i32, 16 // element.itemsize - 1)), zero)
-    engine = b.and_(aligned, b.and_(b.icmp_signed(">=", offsets[0], zero), b.icmp_signed(">=", offsets[1], zero)))
-    with b.if_else(engine) as (by_engine, by_elements):
-        with by_engine:
-            _store_through_engine(ctx, op)
-        with by_elements:
-            _store_elements(ctx, op)
-
-
-def _store_through_engine(ctx, op) -> None:
+    """The block into a 128-byte-swizzled shared tile (chunk by chunk where room is short), then either
+    the copy engine (thread 0, one copy per box) or, for a box it does not take, element stores read
+    back from the tile; the offsets are uniform, so every thread takes the same branch."""
     value = op.operands[0]
     element = value.type.element
     contiguous = op.attrs["contiguous_dim"]
@@ -121,10 +139,12 @@ def _store_through_engine(ctx, op) -> None:
     align_shared_memory(ctx, WGMMA_ALIGN)
     b = ctx.builder
     base = byte_pointer(ctx, shared_base(ctx), ir.Constant(T.i32, ctx.scratch_offset + start))
-    thread = thread_offset(ctx, lanes, warps)
+    thread = thread_offset(ctx, lanes, warps, here=True)
     registers = ctx.get(value)
     vector_type = ir.VectorType(T.llvm_memory_type(element), width)
     coordinates = [ctx.get(v) for v in op.operands[6:8]]
+    engine = _engine_takes(ctx, op)
+    elements = _ElementStores(ctx, op)
     # An empty tensor's map is not encoded (all zeros): nothing to write, no copy issued.
     sizes = [ctx.get(v) for v in op.operands[2:4]]
     non_empty = b.and_(*[b.icmp_signed(">", size, ir.Constant(size.type, 0)) for size in sizes])
@@ -132,6 +152,7 @@ def _store_through_engine(ctx, op) -> None:
     for first_box in range(0, boxes, per_chunk):
         last_box = min(boxes, first_box + per_chunk)
         barrier(ctx)
+        written = []        # (first register, shared pointer, i1 or None): the vectors this thread wrote
         for first, constant in groups:
             if per_chunk < boxes and static and not first_box <= constant // box_bytes < last_box:
                 continue
@@ -139,32 +160,45 @@ def _store_through_engine(ctx, op) -> None:
             for i in range(width):
                 vector = b.insert_element(vector, registers[first + i], ir.Constant(T.i32, i))
             offset = combine_offset(ctx, thread, constant)
+            inside = None
             if per_chunk < boxes and not static:
                 box = b.lshr(offset, ir.Constant(T.i32, box_bytes.bit_length() - 1))
                 inside = b.and_(b.icmp_unsigned(">=", box, ir.Constant(T.i32, first_box)),
                                 b.icmp_unsigned("<", box, ir.Constant(T.i32, last_box)))
-                with b.if_then(inside):
-                    shifted = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
-                    b.store(vector, byte_pointer(ctx, base, shifted), align=width * element.bits // 8)
-                continue
             if first_box:
                 offset = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
-            b.store(vector, byte_pointer(ctx, base, offset), align=width * element.bits // 8)
+            pointer = byte_pointer(ctx, base, offset)
+            written.append((first, pointer, inside))
+            if inside is None:
+                b.store(vector, pointer, align=width * element.bits // 8)
+            else:
+                with b.if_then(inside):
+                    b.store(vector, pointer, align=width * element.bits // 8)
         fence_generic_to_async(ctx)
         barrier(ctx)
         drain = op.attrs.get("drain", True) and last_box == boxes
-        with first_thread(ctx, non_empty):
-            for box in range(first_box, last_box):
-                source = byte_pointer(ctx, base, ir.Constant(T.i32, (box - first_box) * box_bytes))
-                inner = coordinates[contiguous]
-                if box:
-                    inner = b.add(inner, ir.Constant(T.i32, box * atom))
-                tma.tma_store_2d(b, ctx.module, source, tensor_map, inner, coordinates[1 - contiguous])
-            tma.bulk_commit_group(b, ctx.module)
-            if drain:
-                tma.bulk_wait_group(b, ctx.module, 0)
-                tma.fence_async_global(b)
-            else:
-                tma.bulk_wait_group_read(b, ctx.module, 0)
+        with b.if_else(engine) as (by_engine, by_elements):
+            with by_engine:
+                with first_thread(ctx, non_empty):
+                    for box in range(first_box, last_box):
+                        source = byte_pointer(ctx, base, ir.Constant(T.i32, (box - first_box) * box_bytes))
+                        inner = coordinates[contiguous]
+                        if box:
+                            inner = b.add(inner, ir.Constant(T.i32, box * atom))
+                        tma.tma_store_2d(b, ctx.module, source, tensor_map, inner, coordinates[1 - contiguous])
+                    tma.bulk_commit_group(b, ctx.module)
+                    if drain:
+                        tma.bulk_wait_group(b, ctx.module, 0)
+                        tma.fence_async_global(b)
+                    else:
+                        tma.bulk_wait_group_read(b, ctx.module, 0)
+            with by_elements:
+                elements.begin()
+                for first, pointer, inside in written:
+                    if inside is None:
+                        elements.store(pointer, vector_type, first)
+                    else:
+                        with b.if_then(inside):
+                            elements.store(pointer, vector_type, first)
         if drain:
             barrier(ctx)
