@@ -104,5 +104,5 @@ def test_settings_are_frozen(clean_env):
 
 def test_every_field_has_a_variable():
     names = knobs.variables()
-    assert len(names) == len(dataclasses.fields(knobs.Knobs)) == len(set(names)) == 12
+    assert len(names) == len(dataclasses.fields(knobs.Knobs)) == len(set(names)) == 13
     assert all(name.startswith("FUSEDOPS_") for name in names)

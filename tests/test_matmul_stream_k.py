@@ -189,8 +189,9 @@ def test_gpu_every_config_and_split(index, dtype, seed):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 1024), (8192, 8192, 1024), (8320, 8192, 2048)], ids=str)
-def test_gpu_public_matmul_with_a_partial_last_wave(m, n, k, seed):
+def test_gpu_public_matmul_with_a_partial_last_wave(m, n, k, seed, monkeypatch):
     import fusedops
+    monkeypatch.setenv("FUSEDOPS_PERSISTENT", "0")      # the persistent kernel goes first where it runs
     a, b = _gpu_operands(m, n, k, torch.float16, seed)
     c = fusedops.matmul(a, b)           # autotunes
     chosen = mm.tuned_matmul_tma_kernel.best[mm.tuned_matmul_tma_kernel.key_of((a, a, b, a, m, n, k), {})]

@@ -26,6 +26,7 @@ import torch
 from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled, stream_k_enabled as _stream_k_enabled, \
+    persistent_enabled as _persistent_enabled, \
     tma_enabled as _tma_enabled
 from fusedops.kernels import matmul as kernels
 from fusedops.kernels.allocation import contiguous_allocator
@@ -134,7 +135,7 @@ def _product(a, b, bias, activation, out_dtype) -> Optional["_Product"]:
         return None
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), activation, out_dtype,
-           _tma_enabled(), _stream_k_enabled())     # the knobs pick the kernel: a changed setting is seen next call
+           _tma_enabled(), _stream_k_enabled(), _persistent_enabled())     # the knobs pick the kernel: a changed setting is seen next call
     product = _FORWARD_LAUNCHES.get(key)
     if product is None:
         product = _FORWARD_LAUNCHES.put(key, _Product(a, b, bias, activation, out_dtype))
@@ -347,12 +348,13 @@ _KNOWN_PRODUCTS = BoundedCache(1024)
 
 def _argument_key(a, b, bias, activation, out_dtype) -> tuple:
     """The layouts, dtypes and devices of the tensors, activation, out_dtype, the interpreter flag and
-    FUSEDOPS_TMA and FUSEDOPS_STREAM_K. Raises AttributeError for tensors that are not tensors, TypeError for
+    FUSEDOPS_TMA, FUSEDOPS_STREAM_K and FUSEDOPS_PERSISTENT. Raises AttributeError for tensors that are not tensors, TypeError for
     unhashable arguments."""
     device = a.get_device()
     key = (a.shape, a.stride(), a.dtype, device, b.shape, b.stride(), b.dtype, b.get_device(),
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-           activation, out_dtype, _interpret_enabled(), _tma_enabled(), _stream_k_enabled())
+           activation, out_dtype, _interpret_enabled(), _tma_enabled(), _stream_k_enabled(),
+           _persistent_enabled())
     if device < 0:      # get_device() is -1 on every non-CUDA device: name them (the interpreter's CPU tensors)
         key += (a.device, b.device, None if bias is None else bias.device)
     return key

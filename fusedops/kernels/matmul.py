@@ -24,9 +24,13 @@ TMA (sm_90a; FUSEDOPS_TMA=0 turns it off): a single product (batch 1)
 whose operands a tensor map can describe runs `matmul_tma_kernel`, the same kernel reading A and B
 through `dsl.make_tensor_descriptor`, so that on sm_90a the bulk tensor copy engine fills the wgmma
 operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs are TMA_CONFIGS.
-Long TMA products whose last wave of tiles is partial (at least matmul_stream_k.MIN_WAVES waves, e.g.
-8192^3) run matmul_stream_k's persistent kernel instead, which splits that wave along K (stream-K;
-FUSEDOPS_STREAM_K=0 turns it off).
+TMA products of at least matmul_persistent.MIN_WAVES waves of tiles on an 8-warp config run
+matmul_persistent's kernel instead: one program per SM whose tiles follow each other through one
+operand ring, the epilogue (a TMA store) overlapping the next tile's loads (FUSEDOPS_PERSISTENT=0
+turns it off; on the H200 it beat one program per tile at 2 to 21 waves and stream-K at 8192^3 and
+8192 x 11008 x 4096, session 10). Where it does not run, long products whose last wave is partial (at
+least matmul_stream_k.MIN_WAVES waves) run matmul_stream_k's kernel, which splits that wave along K
+(stream-K; FUSEDOPS_STREAM_K=0 turns it off).
 Clusters (CLUSTER_M / CLUSTER_N, `TMA_CLUSTER_CONFIGS`, only by `config=`): programs in clusters of 2
 or 4 tiles of a column (row) of tiles, which copy the shared B (A) tile once from L2 for the cluster (TMA
 multicast): measured no faster on the H200, so not tuned over.
@@ -271,6 +275,15 @@ def _stream_k_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.dev
     return matmul_stream_k.plan(m, n, k, config, device)
 
 
+def _persistent_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.device) -> Optional[int]:
+    """matmul_persistent.plan where FUSEDOPS_PERSISTENT is on (the default) and the config is an 8-warp one
+    (one program per SM either way; the 4-warp configs rely on two per SM) without clusters, else None."""
+    from fusedops.dsl.runtime import knobs
+    if not knobs.persistent_enabled() or config.num_warps != 8 or _cluster_sizes(config.constexprs) != (1, 1):
+        return None
+    return matmul_persistent.plan(m, n, k, config, device)
+
+
 def _cluster_sizes(constexprs) -> tuple:
     """(CLUSTER_M, CLUSTER_N) of a config's constexprs (1 where absent).
 
@@ -345,6 +358,10 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
         if chosen is None:      # tunes (the data-parallel kernel), then launches the best
             tuned_matmul_tma_kernel[_grid((m, n), 1)](*args, interpret=False, **constexprs)
             return c
+        programs = _persistent_plan(m, n, k, chosen, c.device)
+        if programs is not None:
+            matmul_persistent.launch(c[0], a[0], b[0], bias, activation, chosen, programs, interpret=interpret)
+            return c
         stream_k = _stream_k_plan(m, n, k, chosen, c.device)
         if stream_k is not None:
             matmul_stream_k.launch(c[0], a[0], b[0], bias, activation, chosen, *stream_k, interpret=interpret)
@@ -391,6 +408,10 @@ def prepare_matmul(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opti
         chosen = tuned.best.get(tuned.key_of(args, constexprs))
         if chosen is None:
             return None
+    programs = _persistent_plan(m, n, k, chosen, c.device) if kernel is matmul_tma_kernel else None
+    if programs is not None:
+        launch = matmul_persistent.prepare(c[0], a[0], b[0], bias, activation, chosen, programs)
+        return lambda c, a, b, bias: launch(c[0], a[0], b[0], bias)
     stream_k = _stream_k_plan(m, n, k, chosen, c.device) if kernel is matmul_tma_kernel else None
     if stream_k is not None:
         launch = matmul_stream_k.prepare(c[0], a[0], b[0], bias, activation, chosen, *stream_k)
@@ -416,4 +437,4 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     return matmul_into(c, a, b, bias, activation, interpret=interpret, config=config)
 
 
-from fusedops.kernels import matmul_stream_k  # noqa: E402  (it imports this module's kernel helpers)
+from fusedops.kernels import matmul_persistent, matmul_stream_k  # noqa: E402  (they import this module's helpers)

@@ -22,6 +22,7 @@ from `os.environ` directly.
 | FUSEDOPS_WS             | ws              | int 0/1, 0: how a TMA ring's K loop synchronizes        |
 | FUSEDOPS_NATIVE_LAUNCH  | native_launch   | bool, True: cached launches go through native stubs     |
 | FUSEDOPS_STREAM_K       | stream_k        | bool, True: the TMA matmul splits a partial last wave   |
+| FUSEDOPS_PERSISTENT     | persistent      | bool, True: TMA matmuls of several waves run persistent |
 
 FUSEDOPS_WS (sm_90a TMA rings, passes/pipelining.py): 0 = one CTA barrier per K step before thread 0
 refills the slot (the shipped schedule); 1 = per-stage "empty" mbarriers that every warp arrives on
@@ -104,6 +105,7 @@ class Knobs:
     ws: int = _knob("FUSEDOPS_WS", _parse_ws, 0)
     native_launch: bool = _knob("FUSEDOPS_NATIVE_LAUNCH", _parse_bool, True)
     stream_k: bool = _knob("FUSEDOPS_STREAM_K", _parse_bool, True)
+    persistent: bool = _knob("FUSEDOPS_PERSISTENT", _parse_bool, True)
 
     def __post_init__(self) -> None:
         # The home directory is looked up when the settings are built, not at import.
@@ -145,6 +147,12 @@ def stream_k_enabled() -> bool:
     """`current().stream_k`, reading only FUSEDOPS_STREAM_K (the library matmul asks this every call:
     kernels/matmul_stream_k.py)."""
     return _read_bool("FUSEDOPS_STREAM_K", True)
+
+
+def persistent_enabled() -> bool:
+    """`current().persistent`, reading only FUSEDOPS_PERSISTENT (the library matmul asks this every call:
+    kernels/matmul_persistent.py)."""
+    return _read_bool("FUSEDOPS_PERSISTENT", True)
 
 
 def _read_bool(variable: str, default: bool) -> bool:
