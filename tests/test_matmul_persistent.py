@@ -76,6 +76,8 @@ def test_plan_needs_two_waves_and_k():
     assert sm_count(CPU) == 4
     assert mp.plan(16 * 8, 16, 64, config, CPU) == 4             # 8 tiles: 2 waves
     assert mp.plan(16 * 7, 16, 64, config, CPU) is None          # 7 tiles
+    assert mp.plan(16 * 9, 16, 64, config, CPU) == 3             # 9 tiles: 3 each on 3 programs, as on 4
+    assert mp.plan(16 * 13, 16, 64, config, CPU) == 4            # 13 tiles: 4 on the first, 3 on the others
     assert mp.plan(16 * 8, 16, 0, config, CPU) is None           # nothing to multiply: the grid writes the bias
 
 
