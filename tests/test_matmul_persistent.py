@@ -25,18 +25,9 @@ from fusedops.kernels import matmul_persistent as mp
 from fusedops.kernels.device_info import sm_count
 from fusedops.dsl.target import assemble, ptxas_available
 from helpers import poison
+from matmul_helpers import check_gpu as _check_gpu, gpu_operands as _gpu_operands, reference as _reference
 
 CPU = torch.device("cpu")
-_ACTIVATIONS = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-                "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                "silu": torch.nn.functional.silu}
-
-
-def _reference(a, b, bias=None, activation=None):
-    out = a.double() @ b.double()
-    if bias is not None:
-        out = out + bias.double()
-    return _ACTIVATIONS[activation](out)
 
 
 def _config(block_m=16, block_n=16, block_k=16, group_m=4, num_warps=8):
@@ -150,21 +141,25 @@ def test_public_matmul_takes_it_where_planned_and_not_when_off(monkeypatch, seed
     assert spy.call_count == 0
 
 
-def test_public_matmul_cache_sees_the_persistent_knob(monkeypatch):
+@pytest.mark.parametrize("variable, reader", [("FUSEDOPS_PERSISTENT", "persistent_enabled"),
+                                              ("FUSEDOPS_STREAM_K", "stream_k_enabled"), ("FUSEDOPS_TMA", "tma_enabled")])
+def test_public_matmul_cache_sees_the_kernel_knobs(variable, reader, monkeypatch):
+    # The GPU path of fusedops.matmul caches a _Product (prepared launches) per layout; one made with a knob
+    # that picks the kernel on must not be reused once it is off (and the reverse). A stand-in _Product.
     from fusedops.autograd import matmul as amm
     from fusedops.dsl.runtime import knobs
 
     class Recorder:
         def __init__(self, a, b, bias, activation, out_dtype):
-            self.persistent = knobs.persistent_enabled()
+            self.setting = getattr(knobs, reader)()
 
     monkeypatch.setattr(amm, "_interpret_enabled", lambda: False)
     monkeypatch.setattr(amm, "_Product", Recorder)
-    monkeypatch.setattr(amm, "_FORWARD_LAUNCHES", type(amm._FORWARD_LAUNCHES)(16))
+    monkeypatch.setattr(amm, "_FORWARD_LAUNCHES", type(amm._FORWARD_LAUNCHES)(16))     # a private cache
     a, b = torch.zeros(4096, 64, dtype=torch.float16)[:, :61], torch.zeros(64, 4096, dtype=torch.float16)[:61]
     for setting, expected in (("1", True), ("0", False), ("1", True)):
-        monkeypatch.setenv("FUSEDOPS_PERSISTENT", setting)
-        assert amm._product(a, b, None, None, None).persistent is expected
+        monkeypatch.setenv(variable, setting)
+        assert amm._product(a, b, None, None, None).setting is expected
 
 
 def test_bad_knob_value_is_loud(monkeypatch):
@@ -201,19 +196,6 @@ def test_sm90a_ptx_tma_ring_tma_store_no_spills_no_serialization(index, dtype, o
 
 
 # -- GPU tier ----------------------------------------------------------------------------------------
-
-def _gpu_operands(m, n, k, dtype, seed):
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn(m, k, device="cuda", dtype=dtype, generator=generator)
-    b = torch.randn(k, n, device="cuda", dtype=dtype, generator=generator) * k ** -0.5
-    return a, b
-
-
-def _check_gpu(c, a, b, bias=None, activation=None):
-    reference = _reference(a, b, bias, activation)
-    error = (c.double() - reference).abs().max().item()
-    assert error <= 2e-2 * max(1.0, reference.abs().max().item()), error
-
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("index", range(len(_EIGHT_WARP_CONFIGS)))

@@ -22,25 +22,13 @@ from fusedops.kernels import matmul_stream_k as sk
 from fusedops.kernels.device_info import sm_count
 from fusedops.dsl.target import assemble, ptxas_available
 from helpers import poison
+from matmul_helpers import check_gpu as _check_gpu, gpu_operands as _gpu_operands, reference as _reference
 
 CPU = torch.device("cpu")
 
 
 def _config(block_m=16, block_n=16, block_k=16, group_m=2):
     return mm._config(block_m, block_n, block_k, 4, 1, group_m=group_m)
-
-
-_ACTIVATIONS = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-                "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                "silu": torch.nn.functional.silu}
-
-
-def _reference(a, b, bias=None, activation=None):
-    """activation(a @ b + bias) in float64 (every activation of kernels.matmul.ACTIVATIONS)."""
-    out = a.double() @ b.double()
-    if bias is not None:
-        out = out + bias.double()
-    return _ACTIVATIONS[activation](out)
 
 
 def _launch(c, a, b, bias, activation, config, programs, sk_tiles, interpret, epoch=None, workspace=None):
@@ -150,19 +138,6 @@ def test_sm90a_ptx_uses_wgmma_and_tma_without_spills(index, tmp_path, monkeypatc
 
 
 # -- GPU tier ----------------------------------------------------------------------------------------
-
-def _gpu_operands(m, n, k, dtype, seed):
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn(m, k, device="cuda", dtype=dtype, generator=generator)
-    b = torch.randn(k, n, device="cuda", dtype=dtype, generator=generator) * k ** -0.5
-    return a, b
-
-
-def _check_gpu(c, a, b, bias=None, activation=None):
-    reference = _reference(a, b, bias, activation)
-    error = (c.double() - reference).abs().max().item()
-    assert error <= 2e-2 * max(1.0, reference.abs().max().item()), error
-
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("index", range(len(mm.WGMMA_CONFIGS)))

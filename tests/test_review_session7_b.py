@@ -190,25 +190,7 @@ def test_stream_k_off_or_on_per_call_of_kernels_matmul(monkeypatch, seed):
     assert torch.equal(results[0], results[2])
 
 
-def test_public_matmul_cache_sees_the_stream_k_knob(monkeypatch):
-    # The GPU path of fusedops.matmul caches a _Product (prepared launches) per layout; a product made with
-    # the knob on must not be reused once it is off (and the reverse). Checked with a stand-in _Product.
-    from fusedops.autograd import matmul as amm
-    from fusedops.dsl.runtime import knobs
-
-    class Recorder:
-        def __init__(self, a, b, bias, activation, out_dtype):
-            self.stream_k = knobs.stream_k_enabled()
-
-    monkeypatch.setattr(amm, "_interpret_enabled", lambda: False)
-    monkeypatch.setattr(amm, "_Product", Recorder)
-    monkeypatch.setattr(amm, "_FORWARD_LAUNCHES", type(amm._FORWARD_LAUNCHES)(16))     # a private cache
-    a, b = torch.zeros(4096, 64, dtype=torch.float16), torch.zeros(64, 4096, dtype=torch.float16)
-    a = a[:, :63]          # a layout no other test made
-    monkeypatch.setenv("FUSEDOPS_STREAM_K", "1")
-    assert amm._product(a, b[:63], None, None, None).stream_k is True
-    monkeypatch.setenv("FUSEDOPS_STREAM_K", "0")
-    assert amm._product(a, b[:63], None, None, None).stream_k is False
+# (the launch cache keyed on FUSEDOPS_STREAM_K: tests/test_matmul_persistent.py, with the other kernel knobs)
 
 
 # -- stream-K: the fix-up protocol, from the code -------------------------------------------------------
