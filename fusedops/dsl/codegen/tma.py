@@ -171,6 +171,15 @@ def tma_store_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_map, c
     builder.call(function, [source, _generic(builder, tensor_map), c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
 
 
+def tma_reduce_add_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_map, c0, c1) -> None:
+    """`cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group`: `tma_store_2d`, but each
+    element of the box is added to global memory (atomically per element) instead of written; the
+    element type is the map's (PTX ISA 9.7.9.25.5.3)."""
+    function = T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.tensor.reduce.add.tile.2d", T.void,
+                                   [T.pointer(3), ir.PointerType(), T.i32, T.i32, T.i64, T.i1])
+    builder.call(function, [source, _generic(builder, tensor_map), c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
+
+
 def bulk_commit_group(builder: ir.IRBuilder, module: ir.Module) -> None:
     """`cp.async.bulk.commit_group`: the bulk copies issued since the last commit form one group."""
     builder.call(T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.commit.group", T.void, []), [])

@@ -1,4 +1,5 @@
-"""Lowering of `tma_store` (sm_90a): a block written to global memory by the bulk tensor copy engine.
+"""Lowering of `tma_store` (sm_90a): a block written to global memory by the bulk tensor copy engine (or,
+with attr reduce="add", `desc.atomic_add`: added there, cp.reduce.async.bulk.tensor .add).
 
 The block goes, from the layout it has (a wgmma accumulator: no conversion), into a shared tile in
 the canonical 128-byte-swizzled layout (`layouts.mma_shared.operand_tile_layout`: boxes of one swizzle
@@ -87,6 +88,7 @@ class _ElementStores:
     def __init__(self, ctx, op):
         b = ctx.builder
         self.ctx, self.layout = ctx, op.operands[0].layout
+        self.reduce = op.attrs.get("reduce")
         self.base = ctx.get(op.operands[1])
         self.sizes, self.strides, self.offsets = ([_wide(b, ctx.get(v)) for v in op.operands[first:first + 2]]
                                                   for first in (2, 4, 6))
@@ -112,8 +114,13 @@ class _ElementStores:
                 inside = bounded if inside is None else b.and_(inside, bounded)
                 element = b.add(element, b.mul(index, self.strides[dim]))
             with b.if_then(inside):
-                b.store(b.extract_element(vector, ir.Constant(T.i32, i)),
-                        b.gep(self.base, [element], source_etype=self.memory_type))
+                value = b.extract_element(vector, ir.Constant(T.i32, i))
+                pointer = b.gep(self.base, [element], source_etype=self.memory_type)
+                if self.reduce:         # desc.atomic_add: float32, int32 or uint32
+                    b.atomic_rmw("fadd" if isinstance(self.memory_type, ir.FloatType) else "add", pointer, value,
+                                 "monotonic")
+                else:
+                    b.store(value, pointer)
 
 
 @lowering(OpCode.TMA_STORE)
@@ -185,7 +192,8 @@ def _tma_store(ctx, op):
                         inner = coordinates[contiguous]
                         if box:
                             inner = b.add(inner, ir.Constant(T.i32, box * atom))
-                        tma.tma_store_2d(b, ctx.module, source, tensor_map, inner, coordinates[1 - contiguous])
+                        copy = tma.tma_reduce_add_2d if op.attrs.get("reduce") else tma.tma_store_2d
+                        copy(b, ctx.module, source, tensor_map, inner, coordinates[1 - contiguous])
                     tma.bulk_commit_group(b, ctx.module)
                     if drain:
                         tma.bulk_wait_group(b, ctx.module, 0)

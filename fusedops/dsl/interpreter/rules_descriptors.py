@@ -49,10 +49,18 @@ def _descriptor_load(ctx, op, base, shape0, shape1, stride0, stride1, offset0, o
 
 
 def write_box(ctx, op, base, shape, strides, offsets, value, dtype) -> None:
-    """Write `value` (a block) to the box of the 2-D tensor at `offsets`, only its elements inside the tensor."""
+    """Write `value` (a block) to the box of the 2-D tensor at `offsets`, only its elements inside the
+    tensor; with op attr reduce="add" (`desc.atomic_add`) add it there (the programs run one at a time:
+    each addition is whole)."""
     block_shape = tuple(np.shape(value))
     addresses, positions = _box(base, shape, strides, offsets, block_shape, dtype)
     values = np.asarray(value).reshape(-1)[positions]
+    if op.attrs.get("reduce") == "add":
+        def add():
+            with np.errstate(over="ignore"):        # int32 / uint32 wrap, as the hardware's adds do
+                ctx.memory.write(addresses[positions], ctx.memory.read(addresses[positions], dtype) + values, dtype)
+        _access(ctx, op, "descriptor atomic_add", dtype, block_shape, positions, add)
+        return
     _access(ctx, op, "descriptor store", dtype, block_shape, positions,
             lambda: ctx.memory.write(addresses[positions], values, dtype))
 

@@ -1,5 +1,5 @@
-"""Tensor descriptors: `dsl.make_tensor_descriptor(base, shape, strides, block_shape)`, `desc.load(offsets)`
-and `desc.store(offsets, value)`.
+"""Tensor descriptors: `dsl.make_tensor_descriptor(base, shape, strides, block_shape)`, `desc.load(offsets)`,
+`desc.store(offsets, value)` and `desc.atomic_add(offsets, value)`.
 
 A tensor descriptor names a 2-D global tensor (a base pointer, its size and element strides per
 dim) and the box one load reads from it:
@@ -10,7 +10,8 @@ dim) and the box one load reads from it:
 Semantics (interpreter and every target): element (i, j) of the result is
 `base[(offset0 + i) * stride0 + (offset1 + j) * stride1]` where 0 <= offset0 + i < shape0 and
 0 <= offset1 + j < shape1, and 0 elsewhere: a ragged edge needs no mask. `desc.store(offsets, value)`
-writes element (i, j) of `value` there, and only where it is inside the tensor.
+writes element (i, j) of `value` there, and only where it is inside the tensor; `desc.atomic_add(offsets,
+value)` adds it there atomically (float32 / int32 / uint32 tensors).
 
 Why an explicit construct (issue 7; Triton's `tl.make_tensor_descriptor` and CuTe's TMA atoms are the
 same idea): on sm_90a with FUSEDOPS_TMA=1 a descriptor load that feeds a pipelined wgmma is copied by
@@ -27,7 +28,7 @@ from __future__ import annotations
 from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from .core import builtin, constexpr
-from .dtypes import BlockType, DType, PointerType, int32, int64
+from .dtypes import BlockType, DType, PointerType, float32, int32, int64, uint32
 
 
 class TensorDescriptor:
@@ -136,6 +137,25 @@ def descriptor_load(descriptor, offsets, multicast=False, *, _semantic=None):
     return _semantic.builder.value(OpCode.DESCRIPTOR_LOAD, operands, result, **attrs)
 
 
+def _box_write(semantic, descriptor, offsets, value, what: str, **attrs) -> None:
+    """A DESCRIPTOR_STORE of `value` (a scalar or a block_shape block, converted to the element type)
+    at `offsets`; `what` names the method in errors."""
+    coordinates = _offsets(semantic, descriptor, offsets, what)
+    if isinstance(value, Value) and isinstance(value.type.element if isinstance(value.type, BlockType) else value.type,
+                                               PointerType):
+        raise CompilationError(f"descriptor {what}: the value must be numbers (a scalar or a {descriptor.block_shape} "
+                               f"block), got {value.type}")
+    value = semantic.to_value(value, descriptor.element)
+    if not isinstance(value.type, BlockType):
+        value = semantic.broadcast_to(value, descriptor.block_shape)     # a scalar fills the box
+    if tuple(value.type.shape) != descriptor.block_shape:
+        raise CompilationError(f"descriptor {what}: the value must be a {descriptor.block_shape} block "
+                               f"(the descriptor's block_shape), got {value.type}")
+    value = semantic.cast(value, descriptor.element)
+    operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates, value]
+    semantic.builder.create(OpCode.DESCRIPTOR_STORE, operands, [], dict(block_shape=descriptor.block_shape, **attrs))
+
+
 @builtin
 def descriptor_store(descriptor, offsets, value, *, _semantic=None):
     """`descriptor.store(offsets, value)`: write `value` (a `block_shape` block, converted to the
@@ -143,20 +163,28 @@ def descriptor_store(descriptor, offsets, value, *, _semantic=None):
     be negative or past the end); elements outside the tensor are not written. On sm_90a the copy
     engine may do it (passes/descriptors.py). A scalar value fills the box. Raises CompilationError for a
     block of another shape."""
-    coordinates = _offsets(_semantic, descriptor, offsets, "store")
-    if isinstance(value, Value) and isinstance(value.type.element if isinstance(value.type, BlockType) else value.type,
-                                               PointerType):
-        raise CompilationError(f"descriptor store: the value must be numbers (a scalar or a {descriptor.block_shape} "
-                               f"block), got {value.type}")
-    value = _semantic.to_value(value, descriptor.element)
-    if not isinstance(value.type, BlockType):
-        value = _semantic.broadcast_to(value, descriptor.block_shape)     # a scalar fills the box
-    if tuple(value.type.shape) != descriptor.block_shape:
-        raise CompilationError(f"descriptor store: the value must be a {descriptor.block_shape} block "
-                               f"(the descriptor's block_shape), got {value.type}")
-    value = _semantic.cast(value, descriptor.element)
-    operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates, value]
-    _semantic.builder.create(OpCode.DESCRIPTOR_STORE, operands, [], dict(block_shape=descriptor.block_shape))
+    _box_write(_semantic, descriptor, offsets, value, "store")
 
 
-DESCRIPTOR_METHODS = {"load": descriptor_load, "store": descriptor_store}
+# Element types `atomic_add` takes: those the copy engine's reduction and the atomics both add.
+ATOMIC_ADD_ELEMENTS = (float32, int32, uint32)
+
+
+@builtin
+def descriptor_atomic_add(descriptor, offsets, value, *, _semantic=None):
+    """`descriptor.atomic_add(offsets, value)`: add `value` (a `block_shape` block or a scalar, converted
+    to the tensor's element type: float32, int32 or uint32) to the box whose first element is at
+    `offsets`, element by element and atomically (relaxed, device scope: many programs may add to
+    the same elements; float sums then depend on the order), only where the box lies inside the
+    tensor. Returns nothing. On sm_90a the copy engine may do it as one bulk reduction of the box
+    (PTX ISA cp.reduce.async.bulk.tensor `.add`: the tile goes through shared memory as for `store`,
+    passes/descriptors.py); elsewhere, and for a box starting before the tensor or off 16 bytes, it
+    is one `atom.add` per element. The program's later memory accesses see its additions, as after a
+    store. Raises CompilationError for another element type or a block of another shape."""
+    if isinstance(descriptor, TensorDescriptor) and descriptor.element not in ATOMIC_ADD_ELEMENTS:
+        raise CompilationError(f"descriptor atomic_add: the tensor's element type must be one of "
+                               f"{', '.join(map(str, ATOMIC_ADD_ELEMENTS))}, got {descriptor.element}")
+    _box_write(_semantic, descriptor, offsets, value, "atomic_add", reduce="add")
+
+
+DESCRIPTOR_METHODS = {"load": descriptor_load, "store": descriptor_store, "atomic_add": descriptor_atomic_add}

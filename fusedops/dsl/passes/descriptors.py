@@ -23,7 +23,9 @@ pipelining pass then fills the ring of a wgmma operand from such loads with `cp.
 the same conditions, for a block of whole 128-byte swizzle atoms along its contiguous dim (2- or
 4-byte elements, the other dim at most 256: the copy engine's box limit), `tma_store` (codegen/
 tma_store.py: the block goes through a swizzled shared tile and the copy engine writes it, clipping
-what lies outside the tensor).
+what lies outside the tensor). `desc.atomic_add` (DESCRIPTOR_STORE {reduce="add"}) becomes a masked
+relaxed `atomic_add` of the box, or the same `tma_store` with {reduce="add"}: the copy engine adds the
+tile into global memory (cp.reduce.async.bulk.tensor).
 """
 
 from __future__ import annotations
@@ -123,17 +125,23 @@ def _expand_store(function: Function, op: Operation, mark: bool) -> None:
     target = _tma_source(function, op) if mark else None
     value = op.operands[7]
     itemsize = value.type.element.itemsize
+    reduce = op.attrs.get("reduce")
     if target is not None and _tma_store_box(op.attrs["block_shape"], target.contiguous_dim, itemsize):
-        store = Operation(OpCode.TMA_STORE, [value, *op.operands[:7]], [], dict(
-            block_shape=op.attrs["block_shape"], contiguous_dim=target.contiguous_dim,
-            drain=_memory_may_follow(op)), (), op.loc)
+        attrs = dict(block_shape=op.attrs["block_shape"], contiguous_dim=target.contiguous_dim,
+                     drain=_memory_may_follow(op))
+        if reduce:
+            attrs["reduce"] = reduce
+        store = Operation(OpCode.TMA_STORE, [value, *op.operands[:7]], [], attrs, (), op.loc)
         scratch = Block()
         store.parent = scratch
         scratch.ops.append(store)
     else:
         scratch, s = _semantics(op)
         pointer, mask = _box_access(s, op)
-        s.store(pointer, value, mask)
+        if reduce:
+            s.atomic_rmw(reduce, pointer, value, mask, sem="relaxed")
+        else:
+            s.store(pointer, value, mask)
     _replace(op, scratch)
 
 
