@@ -24,8 +24,8 @@ TMA (sm_90a; FUSEDOPS_TMA=0 turns it off): a single product (batch 1)
 whose operands a tensor map can describe runs `matmul_tma_kernel`, the same kernel reading A and B
 through `dsl.make_tensor_descriptor`, so that on sm_90a the bulk tensor copy engine fills the wgmma
 operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs are TMA_CONFIGS.
-TMA products of at least matmul_persistent.MIN_WAVES waves of tiles on an 8-warp config run
-matmul_persistent's kernel instead: one program per SM whose tiles follow each other through one
+TMA products of at least matmul_persistent.MIN_WAVES waves of tiles on an 8-warp config, with a
+16-bit C, on an sm_90 GPU, run matmul_persistent's kernel instead: one program per SM whose tiles follow each other through one
 operand ring, the epilogue (a TMA store) overlapping the next tile's loads (FUSEDOPS_PERSISTENT=0
 turns it off; on the H200 it beat one program per tile at 2 to 21 waves and stream-K at 8192^3 and
 8192 x 11008 x 4096, session 10). Where it does not run, long products whose last wave is partial (at
@@ -275,13 +275,17 @@ def _stream_k_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.dev
     return matmul_stream_k.plan(m, n, k, config, device)
 
 
-def _persistent_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.device) -> Optional[int]:
-    """matmul_persistent.plan where FUSEDOPS_PERSISTENT is on (the default) and the config is an 8-warp one
-    (one program per SM either way; the 4-warp configs rely on two per SM) without clusters, else None."""
+def _persistent_plan(c: torch.Tensor, k: int, config: dsl.Config) -> Optional[int]:
+    """matmul_persistent.plan for batch-1 `c` where FUSEDOPS_PERSISTENT is on (the default), the config is an
+    8-warp one (one program per SM either way; the 4-warp configs rely on two per SM) without clusters, C
+    is 16-bit (a float32 C's epilogue with a bias and an activation spills there) and the device is an
+    sm_90 GPU (where it was measured) or the interpreter's CPU; else None."""
     from fusedops.dsl.runtime import knobs
     if not knobs.persistent_enabled() or config.num_warps != 8 or _cluster_sizes(config.constexprs) != (1, 1):
         return None
-    return matmul_persistent.plan(m, n, k, config, device)
+    if c.dtype == torch.float32 or (c.device.type == "cuda" and torch.cuda.get_device_capability(c.device)[0] != 9):
+        return None
+    return matmul_persistent.plan(c.shape[1], c.shape[2], k, config, c.device)
 
 
 def _cluster_sizes(constexprs) -> tuple:
@@ -358,7 +362,7 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
         if chosen is None:      # tunes (the data-parallel kernel), then launches the best
             tuned_matmul_tma_kernel[_grid((m, n), 1)](*args, interpret=False, **constexprs)
             return c
-        programs = _persistent_plan(m, n, k, chosen, c.device)
+        programs = _persistent_plan(c, k, chosen)
         if programs is not None:
             matmul_persistent.launch(c[0], a[0], b[0], bias, activation, chosen, programs, interpret=interpret)
             return c
@@ -408,7 +412,7 @@ def prepare_matmul(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opti
         chosen = tuned.best.get(tuned.key_of(args, constexprs))
         if chosen is None:
             return None
-    programs = _persistent_plan(m, n, k, chosen, c.device) if kernel is matmul_tma_kernel else None
+    programs = _persistent_plan(c, k, chosen) if kernel is matmul_tma_kernel else None
     if programs is not None:
         launch = matmul_persistent.prepare(c[0], a[0], b[0], bias, activation, chosen, programs)
         return lambda c, a, b, bias: launch(c[0], a[0], b[0], bias)

@@ -53,18 +53,17 @@ class LoweringContext:
         self.values[id(value)] = lowered
 
     # -- thread coordinates ------------------------------------------------------------------------
-    def lane_warp_coordinates(self, layout, here: bool = False) -> tuple:
+    def lane_warp_coordinates(self, layout) -> tuple:
         """Per output dim, the LLVM i32 coordinate that the lane and warp contribute (computed once
-        in the prologue, XOR-combined from the layout's lane and warp bases). `here`: computed at
-        the builder's position instead, not cached (see codegen/tma_store.py for why)."""
+        in the prologue, XOR-combined from the layout's lane and warp bases)."""
         key = layout_access.cache_key(layout)
-        cached = None if here else self._coordinate_cache.get(key)
+        cached = self._coordinate_cache.get(key)
         if cached is not None:
             return cached
-        b = self.builder if here else self.prologue
+        b = self.prologue
         rank = len(layout_access.shape(layout))
         coords = [ir.Constant(T.i32, 0)] * rank
-        for source, bases in self.thread_bit_sources(here, layout_access.lane_bases(layout),
+        for source, bases in self.thread_bit_sources(False, layout_access.lane_bases(layout),
                                                      layout_access.warp_bases(layout)):
             for bit, basis in bases:
                 if not any(basis):
@@ -75,9 +74,13 @@ class LoweringContext:
                         term = b.mul(flag, ir.Constant(T.i32, component))
                         coords[dim] = b.xor(coords[dim], term)
         result = tuple(coords)
-        if not here:
-            self._coordinate_cache[key] = result
+        self._coordinate_cache[key] = result
         return result
+
+    def fresh_thread_id(self):
+        """The thread id read at the builder's position by an asm LLVM cannot equate with the prologue's
+        read (it would through CSE, and then reuse the prologue's values derived from it)."""
+        return T.inline_asm(self.builder, "mov.u32 $0, %tid.x;", "=r", [], T.i32)
 
     def thread_bit_sources(self, here: bool, lane_bases, warp_bases):
         """[(source, [(bit, basis)])]: which bit of which value selects each lane and warp basis. In
@@ -85,19 +88,14 @@ class LoweringContext:
         thread bit k, warp bit k thread bit 5 + k), so that nothing is shared with the prologue's
         values (LLVM would sink a shared value to the first block using it, see codegen/tma_store.py)."""
         if here:
-            # A thread id LLVM cannot equate with the prologue's (which it would, through CSE, and
-            # then reuse the prologue's warp id).
-            thread_id = T.inline_asm(self.builder, "mov.u32 $0, %tid.x;", "=r", [], T.i32)
-            return [(thread_id, list(enumerate(lane_bases)) +
+            return [(self.fresh_thread_id(), list(enumerate(lane_bases)) +
                      [(5 + bit, basis) for bit, basis in enumerate(warp_bases)])]
         return [(self.lane_id, list(enumerate(lane_bases))), (self.warp_id, list(enumerate(warp_bases)))]
 
-    def element_coordinates(self, layout, register: int, runtime: tuple = None) -> tuple:
-        """LLVM i32 coordinates of the element that `register` of this thread holds under `layout`
-        (`runtime`: the layout's lane and warp part, default the prologue's)."""
+    def element_coordinates(self, layout, register: int) -> tuple:
+        """LLVM i32 coordinates of the element that `register` of this thread holds under `layout`."""
         constant = layout_access.register_coordinates(layout, register)
-        if runtime is None:
-            runtime = self.lane_warp_coordinates(layout)
+        runtime = self.lane_warp_coordinates(layout)
         out = []
         for dim, (c, r) in enumerate(zip(constant, runtime)):
             if c == 0:

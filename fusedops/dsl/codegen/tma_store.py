@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..errors import CompilationError
 from ..ir import OpCode
 from ..layouts.mma_shared import operand_tile_layout
 from ..passes.descriptors import STORE_SWIZZLE_BYTES
@@ -75,44 +76,80 @@ def _engine_takes(ctx, op):
 
 
 class _ElementStores:
-    """The fallback for a box the engine does not take: each thread reads back from the shared tile the
-    vectors it wrote there and stores their elements to global memory where they lie inside the tensor
-    (st.global).
+    """The fallback for a box the engine does not take: the CTA copies each chunk of the shared tile to
+    global memory itself, 16 bytes per thread at a time, every element where it lies inside the tensor
+    (st.global, or for `desc.atomic_add` a relaxed atom.add). An element's block coordinates come from
+    its offset in the tile through the tile's layout (the inverse of the swizzle), so each element is
+    written once whatever layout the block had in registers.
 
     Two things keep an overlapped epilogue's wgmma pipeline whole (ptxas C7514 serializes every wgmma of
-    the kernel otherwise): the fallback reads the tile back instead of the block's registers (no register
-    read under control flow), and it computes its thread coordinates in its own branch (`begin`) instead
-    of taking the prologue's: LLVM sinks prologue values to the first block that uses them, which puts
-    them ahead of the loop's final `wgmma.wait_group 0`."""
+    the kernel otherwise): the fallback reads the shared tile, not the block's registers (no register
+    read under control flow), and it computes from a thread id of its own branch (`begin`), not the
+    prologue's: LLVM sinks prologue values to the first block that uses them, which puts them ahead of
+    the loop's final `wgmma.wait_group 0`."""
 
-    def __init__(self, ctx, op):
+    def __init__(self, ctx, op, tile):
         b = ctx.builder
-        self.ctx, self.layout = ctx, op.operands[0].layout
+        self.ctx, self.tile = ctx, tile
+        self.contiguous = op.attrs["contiguous_dim"]
         self.reduce = op.attrs.get("reduce")
         self.base = ctx.get(op.operands[1])
         self.sizes, self.strides, self.offsets = ([_wide(b, ctx.get(v)) for v in op.operands[first:first + 2]]
                                                   for first in (2, 4, 6))
-        self.memory_type = T.llvm_memory_type(op.operands[0].type.element)
-        self.itemsize = op.operands[0].type.element.itemsize
-        self.runtime = None
+        element = op.operands[0].type.element
+        self.memory_type = T.llvm_memory_type(element)
+        self.vector = 16 // element.itemsize            # elements per 16-byte access
+        bases = tile.bases_of("offset")
+        low = self.vector.bit_length() - 1
+        unit = [0, 0]
+        for bit in range(low):      # a 16-byte access holds consecutive elements along the contiguous dim
+            unit[self.contiguous] = 1 << bit
+            if tuple(bases[bit]) != tuple(unit):
+                raise CompilationError(f"internal error: tile offset bit {bit} maps to {bases[bit]}")
+        self.high_bases = list(enumerate(bases))[low:]
+        self.thread = None
 
     def begin(self) -> None:
-        """At the head of the fallback's branch: this thread's lane and warp coordinates."""
-        self.runtime = self.ctx.lane_warp_coordinates(self.layout, here=True)
+        """At the head of the fallback's branch: a thread id LLVM cannot equate with the prologue's."""
+        self.thread = self.ctx.fresh_thread_id()
 
-    def store(self, pointer, vector_type, first: int) -> None:
-        """The elements of registers first.. (a vector at shared `pointer`) to their global places."""
+    def copy_out(self, chunk, first_element: int, elements: int) -> None:
+        """The `elements` elements of the tile from element `first_element` on, which lie in shared memory
+        from `chunk` (an i8 pointer) on, to their global places."""
         ctx, b = self.ctx, self.ctx.builder
-        vector = b.load(pointer, typ=vector_type, align=vector_type.count * self.itemsize)
+        threads = ctx.num_warps * 32
+        vectors = elements // self.vector
+        vector_type = ir.VectorType(self.memory_type, self.vector)
+        for step in range(-(-vectors // threads)):
+            index = b.add(self.thread, ir.Constant(T.i32, step * threads))
+            if (step + 1) * threads > vectors:
+                with b.if_then(b.icmp_unsigned("<", index, ir.Constant(T.i32, vectors))):
+                    self._copy_vector(chunk, index, first_element, vector_type)
+            else:
+                self._copy_vector(chunk, index, first_element, vector_type)
+
+    def _copy_vector(self, chunk, index, first_element: int, vector_type) -> None:
+        b = self.ctx.builder
+        source = b.gep(chunk, [b.mul(index, ir.Constant(T.i32, 16))], source_etype=T.i8)
+        vector = b.load(source, typ=vector_type, align=16)
+        offset = b.add(b.mul(index, ir.Constant(T.i32, self.vector)), ir.Constant(T.i32, first_element))
+        coordinates = [ir.Constant(T.i32, 0), ir.Constant(T.i32, 0)]
+        for bit, basis in self.high_bases:
+            flag = b.and_(b.lshr(offset, ir.Constant(T.i32, bit)), ir.Constant(T.i32, 1))
+            for dim in (0, 1):
+                if basis[dim]:
+                    coordinates[dim] = b.xor(coordinates[dim], b.mul(flag, ir.Constant(T.i32, basis[dim])))
         zero = ir.Constant(T.i64, 0)
-        for i in range(vector_type.count):
-            coordinates = ctx.element_coordinates(self.layout, first + i, self.runtime)
+        for i in range(self.vector):
             element, inside = zero, None
             for dim in (0, 1):
-                index = b.add(self.offsets[dim], b.zext(coordinates[dim], T.i64))
-                bounded = b.and_(b.icmp_signed(">=", index, zero), b.icmp_signed("<", index, self.sizes[dim]))
+                coordinate = b.zext(coordinates[dim], T.i64)
+                if dim == self.contiguous and i:
+                    coordinate = b.add(coordinate, ir.Constant(T.i64, i))
+                position = b.add(self.offsets[dim], coordinate)
+                bounded = b.and_(b.icmp_signed(">=", position, zero), b.icmp_signed("<", position, self.sizes[dim]))
                 inside = bounded if inside is None else b.and_(inside, bounded)
-                element = b.add(element, b.mul(index, self.strides[dim]))
+                element = b.add(element, b.mul(position, self.strides[dim]))
             with b.if_then(inside):
                 value = b.extract_element(vector, ir.Constant(T.i32, i))
                 pointer = b.gep(self.base, [element], source_etype=self.memory_type)
@@ -151,7 +188,7 @@ def _tma_store(ctx, op):
     vector_type = ir.VectorType(T.llvm_memory_type(element), width)
     coordinates = [ctx.get(v) for v in op.operands[6:8]]
     engine = _engine_takes(ctx, op)
-    elements = _ElementStores(ctx, op)
+    elements = _ElementStores(ctx, op, tile)
     # An empty tensor's map is not encoded (all zeros): nothing to write, no copy issued.
     sizes = [ctx.get(v) for v in op.operands[2:4]]
     non_empty = b.and_(*[b.icmp_signed(">", size, ir.Constant(size.type, 0)) for size in sizes])
@@ -159,7 +196,6 @@ def _tma_store(ctx, op):
     for first_box in range(0, boxes, per_chunk):
         last_box = min(boxes, first_box + per_chunk)
         barrier(ctx)
-        written = []        # (first register, shared pointer, i1 or None): the vectors this thread wrote
         for first, constant in groups:
             if per_chunk < boxes and static and not first_box <= constant // box_bytes < last_box:
                 continue
@@ -167,20 +203,19 @@ def _tma_store(ctx, op):
             for i in range(width):
                 vector = b.insert_element(vector, registers[first + i], ir.Constant(T.i32, i))
             offset = combine_offset(ctx, thread, constant)
-            inside = None
             if per_chunk < boxes and not static:
+                # this thread's group lands in this chunk or not (a branch: ptxas took an inline-asm
+                # predicated st.shared of the registers as a read that serializes the wgmmas, C7514)
                 box = b.lshr(offset, ir.Constant(T.i32, box_bytes.bit_length() - 1))
                 inside = b.and_(b.icmp_unsigned(">=", box, ir.Constant(T.i32, first_box)),
                                 b.icmp_unsigned("<", box, ir.Constant(T.i32, last_box)))
+                shifted = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
+                with b.if_then(inside):
+                    b.store(vector, byte_pointer(ctx, base, shifted), align=width * element.bits // 8)
+                continue
             if first_box:
                 offset = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
-            pointer = byte_pointer(ctx, base, offset)
-            written.append((first, pointer, inside))
-            if inside is None:
-                b.store(vector, pointer, align=width * element.bits // 8)
-            else:
-                with b.if_then(inside):
-                    b.store(vector, pointer, align=width * element.bits // 8)
+            b.store(vector, byte_pointer(ctx, base, offset), align=width * element.bits // 8)
         fence_generic_to_async(ctx)
         barrier(ctx)
         drain = op.attrs.get("drain", True) and last_box == boxes
@@ -202,11 +237,7 @@ def _tma_store(ctx, op):
                         tma.bulk_wait_group_read(b, ctx.module, 0)
             with by_elements:
                 elements.begin()
-                for first, pointer, inside in written:
-                    if inside is None:
-                        elements.store(pointer, vector_type, first)
-                    else:
-                        with b.if_then(inside):
-                            elements.store(pointer, vector_type, first)
+                elements.copy_out(base, first_box * box_bytes // element.itemsize,
+                                  (last_box - first_box) * box_bytes // element.itemsize)
         if drain:
             barrier(ctx)
