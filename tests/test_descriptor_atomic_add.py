@@ -73,6 +73,14 @@ def test_interpreter_integer_adds_wrap(dtype):
     assert y.to(torch.int64).eq(expected + 1).all(), y       # (max - 1) + 3 wraps round to min + 1 (or 1)
 
 
+def test_interpreter_a_stride_of_zero_adds_every_element():
+    # a (4, 8) box over a tensor whose rows all alias (stride 0): each element of a column adds
+    y = torch.zeros(1, 8)
+    x = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    _box_add_kernel[(1,)](y, x, 4, 8, 0, 1, 0, 0, BLOCK_R=4, BLOCK_C=8, interpret=True)
+    assert torch.equal(y[0], x.sum(0))
+
+
 @dsl.jit
 def _scalar_add_kernel(y_ptr, n, value, BLOCK: dsl.constexpr):
     dsl.make_tensor_descriptor(y_ptr, (n, n), (n, 1), (BLOCK, BLOCK)).atomic_add((1, 1), value)

@@ -57,8 +57,12 @@ def write_box(ctx, op, base, shape, strides, offsets, value, dtype) -> None:
     values = np.asarray(value).reshape(-1)[positions]
     if op.attrs.get("reduce") == "add":
         def add():
+            # box elements at the same address (a stride of 0) each add, as the hardware's atomics do
+            unique, inverse = np.unique(addresses[positions], return_inverse=True)
+            sums = np.zeros(unique.size, dtype=values.dtype)
             with np.errstate(over="ignore"):        # int32 / uint32 wrap, as the hardware's adds do
-                ctx.memory.write(addresses[positions], ctx.memory.read(addresses[positions], dtype) + values, dtype)
+                np.add.at(sums, inverse, values)
+                ctx.memory.write(unique, ctx.memory.read(unique, dtype) + sums, dtype)
         _access(ctx, op, "descriptor atomic_add", dtype, block_shape, positions, add)
         return
     _access(ctx, op, "descriptor store", dtype, block_shape, positions,
