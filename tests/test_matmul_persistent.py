@@ -142,7 +142,8 @@ def test_public_matmul_takes_it_where_planned_and_not_when_off(monkeypatch, seed
 
 
 @pytest.mark.parametrize("variable, reader", [("FUSEDOPS_PERSISTENT", "persistent_enabled"),
-                                              ("FUSEDOPS_STREAM_K", "stream_k_enabled"), ("FUSEDOPS_TMA", "tma_enabled")])
+                                              ("FUSEDOPS_STREAM_K", "stream_k_enabled"),
+                                              ("FUSEDOPS_TMA", "tma_enabled")])
 def test_public_matmul_cache_sees_the_kernel_knobs(variable, reader, monkeypatch):
     # The GPU path of fusedops.matmul caches a _Product (prepared launches) per layout; one made with a knob
     # that picks the kernel on must not be reused once it is off (and the reverse). A stand-in _Product.

@@ -25,12 +25,12 @@ whose operands a tensor map can describe runs `matmul_tma_kernel`, the same kern
 through `dsl.make_tensor_descriptor`, so that on sm_90a the bulk tensor copy engine fills the wgmma
 operand ring (passes/pipelining.py) and zero-fills the ragged edges; its configs are TMA_CONFIGS.
 TMA products of at least matmul_persistent.MIN_WAVES waves of tiles on an 8-warp config, with a
-16-bit C, on an sm_90 GPU, run matmul_persistent's kernel instead: one program per SM whose tiles follow each other through one
-operand ring, the epilogue (a TMA store) overlapping the next tile's loads (FUSEDOPS_PERSISTENT=0
-turns it off; on the H200 it beat one program per tile at 2 to 21 waves and stream-K at 8192^3 and
-8192 x 11008 x 4096, session 10). Where it does not run, long products whose last wave is partial (at
-least matmul_stream_k.MIN_WAVES waves) run matmul_stream_k's kernel, which splits that wave along K
-(stream-K; FUSEDOPS_STREAM_K=0 turns it off).
+16-bit C, on an sm_90 GPU, run matmul_persistent's kernel instead: one program per SM whose tiles
+follow each other through one operand ring, the epilogue (a TMA store) overlapping the next tile's
+loads (FUSEDOPS_PERSISTENT=0 turns it off; on the H200 it beat one program per tile at 2 to 21 waves
+and stream-K at 8192^3 and 8192 x 11008 x 4096, session 10). Where it does not run, long products
+whose last wave is partial (at least matmul_stream_k.MIN_WAVES waves) run matmul_stream_k's kernel,
+which splits that wave along K (stream-K; FUSEDOPS_STREAM_K=0 turns it off).
 Clusters (CLUSTER_M / CLUSTER_N, `TMA_CLUSTER_CONFIGS`, only by `config=`): programs in clusters of 2
 or 4 tiles of a column (row) of tiles, which copy the shared B (A) tile once from L2 for the cluster (TMA
 multicast): measured no faster on the H200, so not tuned over.
@@ -278,12 +278,12 @@ def _stream_k_plan(m: int, n: int, k: int, config: dsl.Config, device: torch.dev
 def _persistent_plan(c: torch.Tensor, k: int, config: dsl.Config) -> Optional[int]:
     """matmul_persistent.plan for batch-1 `c` where FUSEDOPS_PERSISTENT is on (the default), the config is an
     8-warp one (one program per SM either way; the 4-warp configs rely on two per SM) without clusters, C
-    is 16-bit (a float32 C's epilogue with a bias and an activation spills there) and the device is an
-    sm_90 GPU (where it was measured) or the interpreter's CPU; else None."""
+    is 16-bit (a float32 C's epilogue with a bias and an activation spills there; measured for 16-bit C)
+    and the device is an sm_90 GPU (where it was measured) or the interpreter's CPU; else None."""
     from fusedops.dsl.runtime import knobs
     if not knobs.persistent_enabled() or config.num_warps != 8 or _cluster_sizes(config.constexprs) != (1, 1):
         return None
-    if c.dtype == torch.float32 or (c.device.type == "cuda" and torch.cuda.get_device_capability(c.device)[0] != 9):
+    if c.element_size() != 2 or (c.device.type == "cuda" and torch.cuda.get_device_capability(c.device)[0] != 9):
         return None
     return matmul_persistent.plan(c.shape[1], c.shape[2], k, config, c.device)
 

@@ -24,11 +24,12 @@ out in chunks that fit, one after the other through the same space (a register g
 chunk: known at compile time when lane and warp bits stay below the box bits, else tested per thread).
 
 A box that starts before the tensor or, along the contiguous dim, off a 16-byte boundary (the H200
-raises "illegal instruction" for such a store; loads take any start) is written element by element
-with bounds checks instead (a branch on the offsets, uniform over the CTA).
+raises "illegal instruction" for such a store; loads take any start) takes the other side of a
+branch on the offsets (uniform over the CTA) after each chunk reached shared memory: the CTA copies
+the chunk to global memory itself, element by element with bounds checks (`_ElementStores`).
 
-PTX ISA 9.7.9.25.5.2 (cp.async.bulk.tensor), 9.7.9.25.5.4-5 (cp.async.bulk.commit_group,
-wait_group); TOOLCHAIN.md section 2 ("TMA store").
+PTX ISA 9.7.9.25.5.2 (cp.async.bulk.tensor), 9.7.9.25.5.3 (cp.reduce.async.bulk.tensor),
+9.7.9.25.5.4-5 (cp.async.bulk.commit_group, wait_group); TOOLCHAIN.md section 2 ("TMA store").
 """
 
 from __future__ import annotations
@@ -163,8 +164,8 @@ class _ElementStores:
 @lowering(OpCode.TMA_STORE)
 def _tma_store(ctx, op):
     """The block into a 128-byte-swizzled shared tile (chunk by chunk where room is short), then either
-    the copy engine (thread 0, one copy per box) or, for a box it does not take, element stores read
-    back from the tile; the offsets are uniform, so every thread takes the same branch."""
+    the copy engine (thread 0, one copy per box) or, for a box it does not take, the CTA's own copy of
+    the chunk (`_ElementStores`); the offsets are uniform, so every thread takes the same branch."""
     value = op.operands[0]
     element = value.type.element
     contiguous = op.attrs["contiguous_dim"]
