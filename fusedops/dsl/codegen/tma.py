@@ -180,6 +180,14 @@ def tma_reduce_add_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_m
     builder.call(function, [source, _generic(builder, tensor_map), c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
 
 
+def fence_proxy_async(builder: ir.IRBuilder, module: ir.Module) -> None:
+    """`fence.proxy.async` (every state space): this thread's earlier generic-proxy accesses, to shared
+    memory (the tile a bulk copy reads) and to global memory (what a bulk store or reduction then
+    writes), are ordered before async-proxy accesses that a barrier orders after it (PTX ISA 9.7.13.4.13)."""
+    builder.call(T.declare_intrinsic(module, "llvm.nvvm.fence.proxy.async", T.void, [],
+                                     attributes=("convergent", "nounwind")), [])
+
+
 def bulk_commit_group(builder: ir.IRBuilder, module: ir.Module) -> None:
     """`cp.async.bulk.commit_group`: the bulk copies issued since the last commit form one group."""
     builder.call(T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.commit.group", T.void, []), [])

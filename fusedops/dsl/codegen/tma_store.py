@@ -8,8 +8,9 @@ atom along the contiguous dim, each `rows x 128` bytes, one after the other), th
 engine has read the tile (`cp.async.bulk.wait_group.read 0`); the writes to global memory complete
 on their own (by the end of the kernel), and box elements outside the tensor are not written.
 
-Protocol (shared.py): barrier, st.shared, fence.proxy.async (the generic-proxy writes become visible
-to the engine's async-proxy reads), barrier, thread 0 copies and waits. The next scratch user begins
+Protocol (shared.py): barrier, st.shared, fence.proxy.async (the generic-proxy writes, to the tile and
+any earlier ones to global memory, become visible to the engine's async-proxy accesses), barrier,
+thread 0 copies and waits. The next scratch user begins
 with a barrier that thread 0 reaches only after its wait, so the tile is not overwritten while read.
 Where the kernel may touch global memory after the store (attr `drain`, passes/descriptors.py: a later
 access, or the store in a loop), thread 0 waits until the writes are done (`wait_group 0`, then
@@ -46,7 +47,7 @@ from .async_copy import first_thread
 from .registry import lowering
 from .mma import byte_pointer, combine_offset, thread_offset, tile_store_groups
 from .shared import align_shared_memory, barrier, reserve, shared_base
-from .wgmma import WGMMA_ALIGN, fence_generic_to_async
+from .wgmma import WGMMA_ALIGN
 
 # Bytes of shared memory one CTA may use on sm_90 (227 KB, with the opt-in).
 MAX_SHARED_BYTES = 232448
@@ -217,7 +218,9 @@ def _tma_store(ctx, op):
             if first_box:
                 offset = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
             b.store(vector, byte_pointer(ctx, base, offset), align=width * element.bits // 8)
-        fence_generic_to_async(ctx)
+        # the tile's st.shared and the program's earlier global writes (which the engine's store or
+        # reduction of the same elements must follow) before the engine's async-proxy accesses
+        tma.fence_proxy_async(b, ctx.module)
         barrier(ctx)
         drain = op.attrs.get("drain", True) and last_box == boxes
         with b.if_else(engine) as (by_engine, by_elements):

@@ -168,17 +168,22 @@ def _memory_may_follow(op: Operation) -> bool:
 
 
 # The copy engine's limits for the boxes of a TMA store: at most 256 elements per dim; the block is cut
-# into boxes of one 128-byte swizzle atom along the contiguous dim (codegen/tma_store.py).
+# into boxes of one 128-byte swizzle atom along the contiguous dim (codegen/tma_store.py), each of at
+# least 8 rows where there are several: the swizzle pattern spans 8 rows of 128 bytes and the engine
+# takes its phase from the shared address, so a box of fewer rows leaves the next one mid-pattern.
 MAX_BOX_ELEMENTS = 256
+MIN_BOX_ROWS = 8
 STORE_SWIZZLE_BYTES = 128
 
 
 def _tma_store_box(block_shape: tuple, contiguous_dim: int, itemsize: int) -> bool:
     """Whether a block of `block_shape` (`itemsize`-byte elements) can go out as whole 128-byte-swizzled
-    boxes: 2- or 4-byte elements, the contiguous extent a multiple of the atom, the other at most 256."""
+    boxes: 2- or 4-byte elements, the contiguous extent a multiple of the atom, the other at most 256 and,
+    for more than one box, at least 8."""
     atom = STORE_SWIZZLE_BYTES // itemsize if itemsize in (2, 4) else 0
-    return atom > 0 and block_shape[contiguous_dim] % atom == 0 \
-        and block_shape[1 - contiguous_dim] <= MAX_BOX_ELEMENTS
+    rows = block_shape[1 - contiguous_dim]
+    return atom > 0 and block_shape[contiguous_dim] % atom == 0 and rows <= MAX_BOX_ELEMENTS \
+        and (rows >= MIN_BOX_ROWS or block_shape[contiguous_dim] == atom)
 
 
 def _divisible_by(function: Function, value: Value, factor: int) -> bool:
