@@ -166,16 +166,19 @@ def tma_store_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_map, c
     coordinates (c0 innermost, c1) written from shared memory at `source` (`ptr addrspace(3)`, laid
     out as the map's swizzle says); box elements outside the tensor are not written. Needs a
     `fence.proxy.async` after the writes of `source` and a `bulk_commit_group` after the copies."""
-    function = T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.tensor.s2g.tile.2d", T.void,
-                                   [T.pointer(3), ir.PointerType(), T.i32, T.i32, T.i64, T.i1])
-    builder.call(function, [source, _generic(builder, tensor_map), c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
+    _shared_to_global(builder, module, "s2g", source, tensor_map, c0, c1)
 
 
 def tma_reduce_add_2d(builder: ir.IRBuilder, module: ir.Module, source, tensor_map, c0, c1) -> None:
     """`cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group`: `tma_store_2d`, but each
     element of the box is added to global memory (atomically per element) instead of written; the
     element type is the map's (PTX ISA 9.7.9.25.5.3)."""
-    function = T.declare_intrinsic(module, "llvm.nvvm.cp.async.bulk.tensor.reduce.add.tile.2d", T.void,
+    _shared_to_global(builder, module, "reduce.add", source, tensor_map, c0, c1)
+
+
+def _shared_to_global(builder: ir.IRBuilder, module: ir.Module, kind: str, source, tensor_map, c0, c1) -> None:
+    """`llvm.nvvm.cp.async.bulk.tensor.<kind>.tile.2d` of the box at (c0, c1) from shared `source`, no cache hint."""
+    function = T.declare_intrinsic(module, f"llvm.nvvm.cp.async.bulk.tensor.{kind}.tile.2d", T.void,
                                    [T.pointer(3), ir.PointerType(), T.i32, T.i32, T.i64, T.i1])
     builder.call(function, [source, _generic(builder, tensor_map), c0, c1, ir.Constant(T.i64, 0), ir.Constant(T.i1, 0)])
 
