@@ -9,8 +9,9 @@ engine has read the tile (`cp.async.bulk.wait_group.read 0`); the writes to glob
 on their own (by the end of the kernel), and box elements outside the tensor are not written.
 
 Protocol (shared.py): barrier, st.shared, fence.proxy.async (the generic-proxy writes, to the tile and
-any earlier ones to global memory, become visible to the engine's async-proxy accesses), barrier,
-thread 0 copies and waits. The next scratch user begins
+any earlier ones to global memory, become visible to the engine's async-proxy accesses; only
+`.shared::cta`, the tile, where the kernel has no generic global access the engine's writes must follow:
+attr `fence_global`, passes/descriptors.py), barrier, thread 0 copies and waits. The next scratch user begins
 with a barrier that thread 0 reaches only after its wait, so the tile is not overwritten while read.
 Where the kernel may touch global memory after the store (attr `drain`, passes/descriptors.py: a later
 access, or the store in a loop), thread 0 waits until the writes are done (`wait_group 0`, then
@@ -21,8 +22,11 @@ makes every thread wait for it; a store with nothing after it only waits for the
 Shared memory: the tile lives in scratch on a 1024-byte boundary (the swizzle pattern is tied to
 address bits). Where the buffers still alive (a pipelined loop's ring around a persistent kernel's
 epilogue) leave less room than the tile (MAX_SHARED_BYTES, the H100/H200 per-CTA limit), the boxes go
-out in chunks that fit, one after the other through the same space (a register group goes in its box's
-chunk: known at compile time when lane and warp bits stay below the box bits, else tested per thread).
+out in chunks (a register group goes in its box's chunk: known at compile time when lane and warp bits
+stay below the box bits, else tested per thread), through two buffers of half the room where each holds
+a box (`chunk_buffers`): the CTA writes chunk i + 1 while the engine reads chunk i, and thread 0 waits
+for the read of chunk i - 1 (`wait_group.read 1`) before the barrier that lets the CTA overwrite its
+buffer; only the last chunk is waited for as above.
 
 A box that starts before the tensor or, along the contiguous dim, off a 16-byte boundary (the H200
 raises "illegal instruction" for such a store; loads take any start) takes the other side of a
@@ -47,7 +51,7 @@ from .async_copy import first_thread
 from .registry import lowering
 from .mma import byte_pointer, combine_offset, thread_offset, tile_store_groups
 from .shared import align_shared_memory, barrier, reserve, shared_base
-from .wgmma import WGMMA_ALIGN
+from .wgmma import WGMMA_ALIGN, fence_generic_to_async
 
 # Bytes of shared memory one CTA may use on sm_90 (227 KB, with the opt-in).
 MAX_SHARED_BYTES = 232448
@@ -58,6 +62,16 @@ def boxes_per_chunk(scratch_offset: int, boxes: int, box_bytes: int) -> int:
     `scratch_offset` (rounded up to 1024), else as many as fit, at least one."""
     room = MAX_SHARED_BYTES - (-(-scratch_offset // WGMMA_ALIGN) * WGMMA_ALIGN)
     return max(1, min(boxes, room // box_bytes))
+
+
+def chunk_buffers(scratch_offset: int, boxes: int, box_bytes: int) -> tuple:
+    """(boxes per chunk, buffers): the whole tile in one buffer where it fits (`boxes_per_chunk`); else
+    two buffers of half the room where that holds a box each, so that the CTA writes one chunk while the
+    copy engine reads the one before; else one buffer of what fits."""
+    per_chunk = boxes_per_chunk(scratch_offset, boxes, box_bytes)
+    if per_chunk == boxes or per_chunk < 2:
+        return per_chunk, 1
+    return per_chunk // 2, 2
 
 
 def _wide(b, value):
@@ -176,12 +190,12 @@ def _tma_store(ctx, op):
     boxes = shape[contiguous] // atom
     tile = operand_tile_layout(shape, element.bits, contiguous, STORE_SWIZZLE_BYTES)
     width, groups, lanes, warps = tile_store_groups(value.layout, tile, element.bits)
-    per_chunk = boxes_per_chunk(ctx.scratch_offset, boxes, box_bytes)
+    per_chunk, buffers = chunk_buffers(ctx.scratch_offset, boxes, box_bytes)
     # Which chunk a register group lands in: known here when the thread's part of its offset stays
     # below the box bits, else tested per thread.
     static = all(base < box_bytes for base in lanes + warps)
     start = -ctx.scratch_offset % WGMMA_ALIGN
-    reserve(ctx, start + per_chunk * box_bytes)
+    reserve(ctx, start + buffers * per_chunk * box_bytes)
     align_shared_memory(ctx, WGMMA_ALIGN)
     b = ctx.builder
     base = byte_pointer(ctx, shared_base(ctx), ir.Constant(T.i32, ctx.scratch_offset + start))
@@ -195,8 +209,13 @@ def _tma_store(ctx, op):
     sizes = [ctx.get(v) for v in op.operands[2:4]]
     non_empty = b.and_(*[b.icmp_signed(">", size, ir.Constant(size.type, 0)) for size in sizes])
     tensor_map, _ = ctx.tensor_maps[id(op)]
-    for first_box in range(0, boxes, per_chunk):
+    for chunk, first_box in enumerate(range(0, boxes, per_chunk)):
         last_box = min(boxes, first_box + per_chunk)
+        buffer = byte_pointer(ctx, base, ir.Constant(T.i32, chunk % buffers * per_chunk * box_bytes))
+        if buffers > 1 and chunk >= buffers:
+            # the engine has read the chunk that last used this buffer (the one since may still be read)
+            with first_thread(ctx):
+                tma.bulk_wait_group_read(b, ctx.module, buffers - 1)
         barrier(ctx)
         for first, constant in groups:
             if per_chunk < boxes and static and not first_box <= constant // box_bytes < last_box:
@@ -213,21 +232,24 @@ def _tma_store(ctx, op):
                                 b.icmp_unsigned("<", box, ir.Constant(T.i32, last_box)))
                 shifted = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
                 with b.if_then(inside):
-                    b.store(vector, byte_pointer(ctx, base, shifted), align=width * element.bits // 8)
+                    b.store(vector, byte_pointer(ctx, buffer, shifted), align=width * element.bits // 8)
                 continue
             if first_box:
                 offset = b.sub(offset, ir.Constant(T.i32, first_box * box_bytes))
-            b.store(vector, byte_pointer(ctx, base, offset), align=width * element.bits // 8)
-        # the tile's st.shared and the program's earlier global writes (which the engine's store or
-        # reduction of the same elements must follow) before the engine's async-proxy accesses
-        tma.fence_proxy_async(b, ctx.module)
+            b.store(vector, byte_pointer(ctx, buffer, offset), align=width * element.bits // 8)
+        # the tile's st.shared and, where there may be any (attr fence_global), the program's earlier
+        # generic global accesses of the same elements, before the engine's async-proxy accesses
+        if op.attrs.get("fence_global", True):
+            tma.fence_proxy_async(b, ctx.module)
+        else:
+            fence_generic_to_async(ctx)
         barrier(ctx)
         drain = op.attrs.get("drain", True) and last_box == boxes
         with b.if_else(engine) as (by_engine, by_elements):
             with by_engine:
                 with first_thread(ctx, non_empty):
                     for box in range(first_box, last_box):
-                        source = byte_pointer(ctx, base, ir.Constant(T.i32, (box - first_box) * box_bytes))
+                        source = byte_pointer(ctx, buffer, ir.Constant(T.i32, (box - first_box) * box_bytes))
                         inner = coordinates[contiguous]
                         if box:
                             inner = b.add(inner, ir.Constant(T.i32, box * atom))
@@ -237,11 +259,12 @@ def _tma_store(ctx, op):
                     if drain:
                         tma.bulk_wait_group(b, ctx.module, 0)
                         tma.fence_async_global(b)
-                    else:
+                    elif last_box == boxes or buffers == 1:
                         tma.bulk_wait_group_read(b, ctx.module, 0)
+                    # else the engine reads this chunk while the CTA writes the next one to the other buffer
             with by_elements:
                 elements.begin()
-                elements.copy_out(base, first_box * box_bytes // element.itemsize,
+                elements.copy_out(buffer, first_box * box_bytes // element.itemsize,
                                   (last_box - first_box) * box_bytes // element.itemsize)
         if drain:
             barrier(ctx)
