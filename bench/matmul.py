@@ -6,7 +6,8 @@ against torch.matmul (cuBLAS) and a Triton 3.6 tutorial-style kernel (bench/trit
 
 Shapes (M x N x K): 4096^3, 8192^3 and LLM projections at M = 8192 tokens with N, K in
 {4096, 11008, 14336} (up: N = 11008 / 14336, K = 4096; down: N = 4096, K = 11008 / 14336).
-For each shape and dtype it reports ms (median of CUDA-event timings, L2 flushed before each run),
+For each shape and dtype it reports ms (median of CUDA-event timings, L2 flushed before each run, the
+providers timed side by side in rounds: `interleaved_gpu_times_ms`),
 TFLOP/s (2 M N K / time) and the ratio to torch.matmul. --epilogue also times
 activation(a @ b + bias) fused (fusedops.matmul(a, b, bias, "gelu")) against torch's unfused ops.
 The first fusedops call per shape autotunes (compiles every config once, then times them); that is
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from timing import gpu_time_ms, write_rows  # noqa: E402
+from timing import interleaved_gpu_times_ms, write_rows  # noqa: E402
 
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
@@ -64,20 +65,21 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
         providers["torch+gelu"] = lambda: torch.nn.functional.gelu(torch.addmm(bias, a, b))
         providers["fusedops+gelu"] = lambda: fusedops.matmul(a, b, bias, "gelu")
     reference = torch.matmul(a.float(), b.float())
-    rows, torch_ms = [], {}          # the torch time per family: plain matmul, and with the epilogue
+    rows, outputs = [], {}
     for provider, fn in providers.items():
         try:
-            out = fn()      # compiles / autotunes outside the timed region
+            outputs[provider] = fn()      # compiles / autotunes outside the timed region
         except Exception as error:     # one failing provider must not lose the others' numbers
             print(f"{provider} failed at {m}x{n}x{k} {dtype_name}: {type(error).__name__}: {error}")
             rows.append({"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider,
                          "error": scripts.failure_text(error, 200)})
-            continue
+    # side by side, in rounds: the autotuning above and a long product's heat fall on every provider alike
+    times = interleaved_gpu_times_ms({p: providers[p] for p in outputs}, warmup=3, repeats=repeats)
+    torch_ms = {"gelu" if p.endswith("gelu") else "plain": times[p] for p in times if p.startswith("torch")}
+    for provider, out in outputs.items():
+        ms = times[provider]
         ref = torch.nn.functional.gelu(reference + bias.float()) if provider.endswith("gelu") else reference
-        ms = gpu_time_ms(fn, warmup=3, repeats=repeats)
         family = "gelu" if provider.endswith("gelu") else "plain"
-        if provider.startswith("torch"):
-            torch_ms[family] = ms
         row = {"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider, "ms": ms,
                "TFLOP/s": flops / ms / 1e9, "rel_error": scripts.relative_error(out, ref)}
         row["vs torch"] = torch_ms[family] / ms if family in torch_ms else None

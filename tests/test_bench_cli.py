@@ -229,6 +229,27 @@ def test_bench_scripts_share_the_timing_implementation():
     assert module.gpu_time_ms is timing.gpu_time_ms and module.write_rows is report.write_rows
 
 
+def test_interleaved_timing_takes_rounds_side_by_side(monkeypatch):
+    # Each round times every function in turn (a clock change mid-run falls on all alike); the result is the
+    # median of each function's runs over the rounds.
+    from fusedops.bench import timing
+
+    calls = []
+
+    def fake_times(fn, *, warmup, repeats, flush_l2):
+        calls.append((fn(), repeats))
+        return [float(fn()) + len(calls)] * repeats
+
+    monkeypatch.setattr(timing, "gpu_times_ms", fake_times)
+    result = timing.interleaved_gpu_times_ms({"a": lambda: 10, "b": lambda: 20}, rounds=3, repeats=7)
+    assert calls == [(10, 2), (20, 2), (10, 2), (20, 2), (10, 2), (20, 2)]
+    assert result == {"a": 13.0, "b": 24.0}
+    assert timing.interleaved_gpu_times_ms({"a": lambda: 1}, rounds=5, repeats=2) is not None
+    assert len(calls) == 11 and calls[-1] == (1, 1)       # at least one run per round
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        timing.interleaved_gpu_times_ms({"a": lambda: 1}, rounds=0)
+
+
 # -- self-check failures ---------------------------------------------------------------------------------
 def test_selfcheck_fails_on_a_wrong_result(capsys):
     case = dataclasses.replace(cases.CASES_BY_NAME["softmax"], selfcheck_shapes=((2, 8),),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -59,6 +59,22 @@ def gpu_times_ms(fn: Callable[[], object], *, warmup: int = 5, repeats: int = 30
 def gpu_time_ms(fn: Callable[[], object], *, warmup: int = 5, repeats: int = 30, flush_l2: bool = True) -> float:
     """Median GPU time of `fn()` in ms, each run after overwriting a buffer larger than L2."""
     return statistics.median(gpu_times_ms(fn, warmup=warmup, repeats=repeats, flush_l2=flush_l2))
+
+
+def interleaved_gpu_times_ms(fns: Dict[str, Callable[[], object]], *, rounds: int = 3, warmup: int = 3,
+                             repeats: int = 30, flush_l2: bool = True) -> Dict[str, float]:
+    """Median GPU time in ms of each of `fns` (name -> function), timed side by side: `rounds` rounds, each
+    timing every function in turn for `repeats // rounds` runs (at least one), so that a change of clock or
+    power state during the measurement (an autotuning that ran just before, a long product heating the
+    GPU) falls on all of them alike rather than on whichever came last. Raises what a function raises."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    per_round = max(1, repeats // rounds)
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].extend(gpu_times_ms(fn, warmup=warmup, repeats=per_round, flush_l2=flush_l2))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def host_time_us(fn: Callable[[], object], *, calls: int = 2000, rounds: int = 7) -> float:
