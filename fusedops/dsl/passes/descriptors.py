@@ -154,10 +154,11 @@ _GENERIC_WRITES = frozenset({OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS}
 def _generic_global_access_may_precede(function: Function, store: Operation) -> bool:
     """Whether a generic-proxy global access that a TMA store (or bulk reduction) must follow may run before
     it: any generic write of the function (st.global, atomics), or a load whose value the stored block is
-    not computed from in the same iteration (a load marked for the copy engine may stay a generic one). A load the stored block is
-    computed from (a bias added in the epilogue) has completed before the tile reaches shared memory. Where
-    nothing else remains, the store's proxy fence covers only its shared tile (codegen/tma_store.py): a
-    `fence.proxy.async` of every state space cost the persistent matmul 1-2% on the H200 (session 11)."""
+    not computed from in the same iteration (a load marked for the copy engine may stay a generic one).
+    A load the stored block is computed from (a bias added in the epilogue) has completed before the tile
+    reaches shared memory. Where nothing else remains, the store's proxy fence covers only its shared tile
+    (codegen/tma_store.py): a `fence.proxy.async` of every state space cost the persistent matmul 1-2% on
+    the H200 (session 11)."""
     feeding, pending = set(), [store.operands[0]]
     while pending:
         value = pending.pop()
