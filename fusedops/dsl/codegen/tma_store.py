@@ -31,7 +31,9 @@ buffer; only the last chunk is waited for as above.
 A box that starts before the tensor or, along the contiguous dim, off a 16-byte boundary (the H200
 raises "illegal instruction" for such a store; loads take any start) takes the other side of a
 branch on the offsets (uniform over the CTA) after each chunk reached shared memory: the CTA copies
-the chunk to global memory itself, element by element with bounds checks (`_ElementStores`).
+the chunk to global memory itself, element by element with bounds checks (`_ElementStores`), each
+thread then fencing its generic writes for the async proxy (`fence.proxy.async.global`: a later TMA
+store of the same elements may fence only its tile).
 
 PTX ISA 9.7.9.25.5.2 (cp.async.bulk.tensor), 9.7.9.25.5.3 (cp.reduce.async.bulk.tensor),
 9.7.9.25.5.4-5 (cp.async.bulk.commit_group, wait_group); TOOLCHAIN.md section 2 ("TMA store").
@@ -266,5 +268,8 @@ def _tma_store(ctx, op):
                 elements.begin()
                 elements.copy_out(buffer, first_box * box_bytes // element.itemsize,
                                   (last_box - first_box) * box_bytes // element.itemsize)
+                # these generic writes before any later async-proxy access of the same elements (a later
+                # TMA store, whose own fence may cover only its shared tile: attr fence_global)
+                tma.fence_async_global(b)
         if drain:
             barrier(ctx)
