@@ -26,7 +26,7 @@ _SCOPE = {"gpu": "device", "cta": "block", "sys": ""}
 
 def _rmw_name(kind: str, element) -> str:
     if element.is_floating:
-        return {"add": "fadd", "max": "fmax", "min": "fmin", "xchg": "xchg"}[kind]
+        return {"add": "fadd", "max": "fmaximum", "min": "fminimum", "xchg": "xchg"}[kind]
     if kind in ("max", "min"):
         return kind if element.is_signed else "u" + kind
     return kind

@@ -108,6 +108,31 @@ def _compare(ctx, op):
     map_registers(ctx, op, fn)
 
 
+def _fmod(ctx, x, y):
+    """C fmod of two float scalars; 16-bit floats through float32 (fmod is exact, so narrowing the float32
+    result back rounds nothing: it is the 16-bit operands' own remainder)."""
+    if x.type in (T.f32, T.f64):
+        return lower_math(ctx, "fmod", x, y)
+    b = ctx.builder
+    return b.fptrunc(lower_math(ctx, "fmod", b.fpext(x, T.f32), b.fpext(y, T.f32)), x.type)
+
+
+def _int_to_bfloat16(ctx, x, source):
+    """An integer of more than 24 bits to bfloat16, rounded once (to nearest even) where the target has no
+    direct conversion (before sm_90 LLVM goes through float32: two roundings). The float32 step rounds to
+    odd -- toward zero, then the last bit set where that was inexact -- which float32's 16 bits more than
+    bfloat16 make exact for the second rounding (S. Boldo and G. Melquiond, "When double rounding is odd",
+    2005)."""
+    b = ctx.builder
+    name = {(True, 32): "i2f", (False, 32): "ui2f", (True, 64): "ll2f", (False, 64): "ull2f"}[
+        (source.is_signed, x.type.width)]
+    toward_zero = b.call(T.declare_intrinsic(ctx.module, f"llvm.nvvm.{name}.rz", T.f32, [x.type]), [x])
+    back = b.fptosi(toward_zero, x.type) if source.is_signed else b.fptoui(toward_zero, x.type)
+    inexact = b.zext(b.icmp_unsigned("!=", back, x), T.i32)
+    odd = b.bitcast(b.or_(b.bitcast(toward_zero, T.i32), inexact), T.f32)
+    return b.fptrunc(odd, T.bf16)
+
+
 @lowering(OpCode.ADD, OpCode.SUB, OpCode.MUL, OpCode.DIV, OpCode.IDIV, OpCode.MOD, OpCode.AND, OpCode.OR,
           OpCode.XOR, OpCode.SHL, OpCode.SHR, OpCode.MINIMUM, OpCode.MAXIMUM)
 def _binary(ctx, op):
@@ -119,7 +144,7 @@ def _binary(ctx, op):
         if code in simple:
             return map_registers(ctx, op, simple[code])
         if code == OpCode.MOD:
-            return map_registers(ctx, op, lambda x, y: lower_math(ctx, "fmod", x, y))
+            return map_registers(ctx, op, lambda x, y: _fmod(ctx, x, y))
         if code in (OpCode.MINIMUM, OpCode.MAXIMUM):
             return map_registers(ctx, op, lambda x, y: _float_min_max(ctx, b, x, y, code == OpCode.MAXIMUM))
         raise AssertionError(code)
@@ -235,6 +260,8 @@ def convert(ctx, x, source, target):
         fn = T.declare_intrinsic(ctx.module, f"llvm.{kind}.sat.i{ty.width}.{_suffix(x.type)}", ty, [x.type])
         return b.call(fn, [x])
     if target.is_floating:
+        if ty == T.bf16 and source.bits > 24 and not ctx.arch_at_least(90):
+            return _int_to_bfloat16(ctx, x, source)
         return b.sitofp(x, ty) if source.is_signed else b.uitofp(x, ty)
     if ty.width == x.type.width:
         return x

@@ -100,6 +100,21 @@ def _float64_to_float32_round_to_odd(x: np.ndarray) -> np.ndarray:
     return np.where(inexact & even, stepped, bits).astype(np.uint32).view(np.float32)
 
 
+def _integer_to_float64_round_to_odd(x: np.ndarray) -> np.ndarray:
+    """int64 / uint64 -> float64 rounding to odd (53 significant bits: exact below 2**53; above, the bits
+    past the 53rd dropped and the last kept one set where any was nonzero), so that a later rounding to
+    fewer bits is the single correct one (see `_float64_to_float32_round_to_odd`)."""
+    negative = x < 0 if x.dtype.kind == "i" else np.zeros(x.shape, dtype=bool)
+    magnitude = x.astype(np.uint64)
+    magnitude = np.where(negative, ~magnitude + np.uint64(1), magnitude)        # |INT64_MIN| = 2**63
+    length = sum((magnitude >> np.uint64(k)) != 0 for k in range(64)).astype(np.uint64)
+    shift = np.where(length > 53, length - np.uint64(53), np.uint64(0))
+    kept = (magnitude >> shift) << shift
+    odd = np.where(kept != magnitude, kept | (np.uint64(1) << shift), kept)
+    value = odd.astype(np.float64)                                                # exact: 53 bits
+    return np.where(negative, -value, value)
+
+
 def round_to_type(x, dtype: DType) -> np.ndarray:
     """Round float values (float16/32/64 arrays) to the floating `dtype`, to nearest, ties to even.
 
@@ -151,7 +166,7 @@ def cast(x, src, dst) -> np.ndarray:
     - anything -> int1: `x != 0` (NaN -> True); int1 -> number: 0 or 1;
     - float -> int: truncate toward zero, saturate at the target's range, NaN -> 0 (PTX `cvt.rzi.sat`);
     - int -> int: two's complement truncation, or sign/zero extension by the *source's* signedness;
-    - -> float16/bfloat16: round to nearest even, once (int -> bfloat16 is exact up to 2**53);
+    - -> float16/bfloat16: round to nearest even, once (64-bit ints through float64 rounded to odd);
     - int -> float32/float64: round to nearest even; float widening is exact.
     Pointers convert as int64 byte addresses.
     """
@@ -165,7 +180,8 @@ def cast(x, src, dst) -> np.ndarray:
         if src.is_floating:
             return round_to_type(x, dst)
         if dst == bfloat16:
-            return round_to_type(x.astype(np.float64), dst)
+            wide = x.dtype.itemsize == 8 and x.dtype.kind in "iu"
+            return round_to_type(_integer_to_float64_round_to_odd(x) if wide else x.astype(np.float64), dst)
         if dst == float16:
             return x.astype(np.float32).astype(np.float16)   # exact below 2**24; above, inf either way
         return x.astype(dst.numpy_dtype)
