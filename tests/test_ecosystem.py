@@ -88,13 +88,13 @@ def test_opcheck(case, path, monkeypatch):
 def test_operators_run_the_kernels_under_the_interpreter(interpret, monkeypatch):
     calls = []
     for module, name in ((softmax_kernels, "softmax_forward"), (softmax_kernels, "softmax_backward"),
-                         (norm_kernels, "norm_forward"), (norm_kernels, "norm_backward"), (matmul_kernels, "matmul")):
+                         (norm_kernels, "norm_forward"), (norm_kernels, "norm_backward"), (matmul_kernels, "matmul_into")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     x = _leaf(3, 8)
     (ops.softmax(x, -1).sum() + ops.layer_norm(x, [8], None, None, 1e-5)[0].square().sum()
      + ops.matmul(x, x.t().detach()).sum()).backward()
-    assert set(calls) == {"softmax_forward", "softmax_backward", "norm_forward", "norm_backward", "matmul"}
+    assert set(calls) == {"softmax_forward", "softmax_backward", "norm_forward", "norm_backward", "matmul_into"}
 
 
 def test_operator_outputs_match_torch_on_the_fallback():

@@ -119,6 +119,14 @@ def _expand(t: torch.Tensor, shape: tuple) -> torch.Tensor:
     return t if t.shape == shape else t.expand(shape)     # a view costs about a microsecond
 
 
+def attention_scale(query: torch.Tensor, scale: Optional[float]) -> float:
+    """The logits' scale: `scale`, or 1 / sqrt(E) for query's head dim E (torch's default). With E = 0 every
+    logit is 0 whatever the scale (torch gives the rows' uniform average of V), so 1.0 stands in for inf."""
+    if scale is not None:
+        return float(scale)
+    return 1.0 / math.sqrt(query.size(-1)) if query.size(-1) > 0 else 1.0
+
+
 def _as_4d(query, key, value, attn_mask, enable_gqa):
     """(q, k, v, mask, output shape): views of shape (B, H, L, E), (B, H_kv, S, E), (B, H_kv, S, Ev)
     with the batch dims broadcast (stride 0, no copy for up to 4-D inputs) and the mask expanded to
@@ -228,7 +236,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         q, k, v, mask, out_shape = _as_4d(query, key, value, attn_mask, enable_gqa)
         if q is query and k is key and v is value and mask is attn_mask:
             _UNCHANGED_BY_AS_4D.put(shapes, out_shape)
-    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
+    scale = attention_scale(query, scale)
     call = (bool(is_causal), scale, _kernels.attention_launches(q, k, v, mask, bool(is_causal), scale))
     if q is query and k is key and v is value and mask is attn_mask and known_key is not None:
         _KNOWN_LAUNCHES.put(known_key, call)

@@ -156,9 +156,13 @@ def _output_shape(a, b, batch_shape, m, n) -> tuple:
 
 
 def _forward_general(a, b, bias, activation, out_dtype) -> torch.Tensor:
+    # c in its final shape, the kernel writing a (batch, M, N) view of it: the Function's output is then no
+    # view, so that in-place ops on it (y += residual, an in-place ReLU after a Linear) stay allowed
     a3, b3, batch_shape, m, n = _operands(a, b)
-    c = kernels.matmul(a3, b3, bias, activation, out_dtype or a.dtype)
-    return c.reshape(_output_shape(a, b, batch_shape, m, n))
+    c = torch.empty(_output_shape(a, b, batch_shape, m, n), dtype=out_dtype or a.dtype, device=a.device)
+    batch = b3.shape[0] if a3.shape[0] == 1 else a3.shape[0]      # broadcasting: 1 against 0 is 0
+    kernels.matmul_into(c.view(batch, m, n), a3, b3, bias, activation)
+    return c
 
 
 def _prepared_product(a, b, bias, activation, out_dtype) -> Optional[tuple]:

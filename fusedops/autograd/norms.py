@@ -191,6 +191,8 @@ def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[to
     is needed, else the forward alone. Returns y shaped like x, contiguous, in x's dtype."""
     if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
                                     or (bias is not None and bias.requires_grad)):
+        if x.is_inference():    # made under torch.inference_mode(): autograd may not save it, a copy it may
+            x = x.clone()
         return _norm_apply(x, weight, bias, launches, normalized_shape)
     return launches.forward(x, weight, bias)[0]
 

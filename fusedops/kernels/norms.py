@@ -21,6 +21,7 @@ import functools
 import math
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 import fusedops.dsl as dsl
@@ -456,7 +457,9 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     y, mean, rstd = allocate_outputs(x)
     rows = x if in_place else as_rows(x, n_rows, n_cols)
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
-    args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, float(eps))
+    # eps in the accumulation dtype: a float64 scalar for float64 rows (a Python float is a float32 argument)
+    eps = np.float64(eps) if x.dtype == torch.float64 else float(eps)
+    args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, eps)
     shifted = 0         # with shifted_affine: the window's SHIFT (the number of shifted copies)
     if config.row_sweeps:
         grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)

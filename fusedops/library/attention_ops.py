@@ -40,10 +40,6 @@ def _attention_batch(query, key, value) -> tuple:
     return torch.broadcast_shapes(*(((1,) * (rank - t.dim()) + tuple(t.shape))[:-3] for t in (query, key, value)))
 
 
-def _attention_scale(query: torch.Tensor, scale: Optional[float]) -> float:
-    return 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
-
-
 def _attention_probabilities(q, k, v, mask, causal: bool, scale: float):
     """The math fallback on 4-D operands: (P, K, V) in the accumulation dtype with K and V repeated to
     H heads (GQA); P = softmax(scale * q k^T + mask), 0 on fully masked rows; also the base-2 lse."""
@@ -69,7 +65,7 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     like output without its last dim, float32 (float64 for float64 input), the base-2 log-sum-exp of
     each row's logits (+inf for fully masked rows)."""
     q, k, v, mask, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
-    scale = _attention_scale(query, scale)
+    scale = _attention.attention_scale(query, scale)
     if attention_runs_kernels(query, value):
         o, lse = _attention_kernels.attention_forward(q, k, v, mask, is_causal, scale)
     else:       # math attention in the accumulation dtype (the L x S logits are materialized)
@@ -86,9 +82,9 @@ def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: 
     """(dquery, dkey, dvalue), contiguous, shaped and typed like query, key, value (gradients of
     broadcast dims summed), from the output gradient and the forward's output and lse."""
     q, k, v, mask, _ = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
-    scale = _attention_scale(query, scale)
+    scale = _attention.attention_scale(query, scale)
     rows = (q.size(0), q.size(1), q.size(2))
-    o, do = output.reshape(*rows, -1), grad_output.reshape(*rows, -1)
+    o, do = output.reshape(*rows, v.size(-1)), grad_output.reshape(*rows, v.size(-1))   # (no -1: 0 elements)
     if attention_runs_kernels(query, value):
         dq, dk, dv = _attention_kernels.attention_backward(do, q, k, v, o, lse.reshape(rows), mask, is_causal, scale)
     else:       # dS = P * (dP - rowsum(dO * O)), dP = dO V^T (Dao 2023, Algorithm 2)
@@ -96,7 +92,8 @@ def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: 
         do = do.to(p.dtype)
         ds = p * (do @ v_heads.transpose(-1, -2) - (do * o.to(p.dtype)).sum(-1, keepdim=True))
         # sum the H query heads' gradients into the H_kv key/value heads they read
-        group_sum = lambda t: t.reshape(k.size(0), k.size(1), -1, *t.shape[2:]).sum(2)  # noqa: E731
+        group = q.size(1) // k.size(1) if k.size(1) else 1      # spelled out: -1 is ambiguous for 0 elements
+        group_sum = lambda t: t.reshape(k.size(0), k.size(1), group, *t.shape[2:]).sum(2)  # noqa: E731
         dq = (ds @ k_heads * scale).to(q.dtype)
         dk = group_sum(ds.transpose(-1, -2) @ q.to(p.dtype) * scale).to(k.dtype)
         dv = group_sum(p.transpose(-1, -2) @ do).to(v.dtype)

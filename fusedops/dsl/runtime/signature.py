@@ -1,7 +1,7 @@
 """Specialization: what a launch's arguments tell the compiler, as a hashable key.
 
 Per parameter an `ArgSpec` records either a runtime type (a tensor becomes a pointer to its dtype;
-a Python int int32, int64 or uint64 by its value; a float float32; a bool int1) or a compile-time
+a Python int int32, int64 or uint64 by its value; a float float32, a numpy.float64 float64; a bool int1) or a compile-time
 value (a `dsl.constexpr` parameter, a `None` argument, a `dsl.constexpr(...)`-wrapped value). Ints
 equal to 1 become the IR constant 1 and leave the runtime signature; ints divisible by 16 (or else by
 8: rows of 8 16-bit elements keep 16-byte vectors and masks) and 16-byte aligned pointers are recorded
@@ -15,6 +15,8 @@ import dataclasses
 import functools
 import struct
 from typing import Any, Optional
+
+import numpy as np
 
 from ..language import core, dtypes
 from ..language.dtypes import DType, PointerType
@@ -138,6 +140,8 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
             specs.append(ArgSpec(param.name, type_, equal_to_one=special and value == 1,
                                  divisible_by_16=special and value % 16 == 0,
                                  divisible_by_8=special and value % 16 == 8))
+        elif type(value) is np.float64:       # a float64 scalar asked for by its type (a float subclass)
+            specs.append(ArgSpec(param.name, dtypes.float64))
         elif isinstance(value, float):
             specs.append(ArgSpec(param.name, dtypes.float32))
         elif allow_types and isinstance(value, (DType, PointerType)):
