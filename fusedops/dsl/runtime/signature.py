@@ -1,8 +1,9 @@
 """Specialization: what a launch's arguments tell the compiler, as a hashable key.
 
 Per parameter an `ArgSpec` records either a runtime type (a tensor becomes a pointer to its dtype;
-a Python int int32, int64 or uint64 by its value; a float float32, a numpy.float64 float64; a bool int1) or a compile-time
-value (a `dsl.constexpr` parameter, a `None` argument, a `dsl.constexpr(...)`-wrapped value). Ints
+a Python int int32, int64 or uint64 by its value; a float float32, a numpy.float64 float64; a bool
+int1) or a compile-time value (a `dsl.constexpr` parameter, a `None` argument, a
+`dsl.constexpr(...)`-wrapped value). Ints
 equal to 1 become the IR constant 1 and leave the runtime signature; ints divisible by 16 (or else by
 8: rows of 8 16-bit elements keep 16-byte vectors and masks) and 16-byte aligned pointers are recorded
 as hints (`Function.arg_hints`). `SpecializationKey` adds the
