@@ -88,7 +88,8 @@ def test_opcheck(case, path, monkeypatch):
 def test_operators_run_the_kernels_under_the_interpreter(interpret, monkeypatch):
     calls = []
     for module, name in ((softmax_kernels, "softmax_forward"), (softmax_kernels, "softmax_backward"),
-                         (norm_kernels, "norm_forward"), (norm_kernels, "norm_backward"), (matmul_kernels, "matmul_into")):
+                         (norm_kernels, "norm_forward"), (norm_kernels, "norm_backward"),
+                         (matmul_kernels, "matmul_into")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     x = _leaf(3, 8)
