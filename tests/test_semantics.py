@@ -67,7 +67,7 @@ WEAK_LITERALS = [
     (dsl.bfloat16, 3, dsl.bfloat16),
     (dsl.float64, 0.1, dsl.float64),
     (dsl.int32, True, dsl.int32),
-    (dsl.int1, True, dsl.int1),
+    (dsl.int1, True, dsl.int32),      # arithmetic of two int1 computes in int32 (C's promotion: True + True = 2)
 ]
 
 

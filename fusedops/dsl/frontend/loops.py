@@ -14,6 +14,9 @@ from ..language.dtypes import BlockType, DType, int64, shape_of
 from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant
 from .scope import is_runtime
 
+# The most iterations a dsl.static_range loop unrolls: each is compiled as its own copy of the body.
+MAX_UNROLL = 4096
+
 
 def _is_literal_promotion(value: Value, carried_type) -> bool:
     """Whether `value` is `x <op> literal` whose type differs from x's only because the literal won."""
@@ -61,6 +64,10 @@ class LoopsMixin:
                                                "loop with runtime bounds")
                     if step == 0:
                         raise CompilationError("dsl.static_range step must not be zero")
+                    if len(range(start, stop, step)) > MAX_UNROLL:
+                        raise CompilationError(f"dsl.static_range({start}, {stop}, {step}) unrolls "
+                                               f"{len(range(start, stop, step))} iterations, over {MAX_UNROLL}; use "
+                                               "range() for a loop")
                     return "unroll", range(start, stop, step)
         value = self.visit(iterator)
         if not is_runtime(value) and isinstance(value, (tuple, list)):

@@ -63,6 +63,9 @@ def bind_arguments(function, args: Sequence, names: Sequence[str]) -> BoundArgum
             if not isinstance(arg, torch.Tensor):
                 raise TypeError(f"argument {name!r} of kernel {function.name} is a pointer "
                                 f"({param.type}); pass a torch.Tensor, got {type(arg).__name__}")
+            if arg.device.type == "meta":
+                raise ValueError(f"argument `{name}` of kernel {function.name} is a meta tensor, which has no "
+                                 "data to run on")
             storage = arg.untyped_storage()
             view_offset = arg.data_ptr() - storage.data_ptr()
             key = (str(storage.device), storage.data_ptr())

@@ -132,6 +132,8 @@ class Semantics(ShapeOps, BlockOps):
             raise CompilationError(str(e)) from None
         if op == "truediv" and not dtype.is_floating:
             dtype = float32
+        if dtype == int1 and op in ("add", "sub", "mul", "floordiv", "mod"):
+            dtype = int32       # C's integer promotion: True + True is 2, not a wrapped 0
         if op in ("and", "or", "xor", "lshift", "rshift") and not dtype.is_integer:
             raise CompilationError(f"bitwise `{op}` needs integer operands, got {ea} and {eb}")
         if op == "floordiv" and dtype.is_floating:
@@ -216,6 +218,9 @@ class Semantics(ShapeOps, BlockOps):
         condition = self.to_condition(condition, allow_block=True)
         a, b = self._pair(a, b)
         if element_of(a) != element_of(b):
+            if isinstance(element_of(a), PointerType) or isinstance(element_of(b), PointerType):
+                raise CompilationError(f"where: a pointer can only be chosen against a pointer of the same type; "
+                                       f"got {element_of(a)} and {element_of(b)}")
             dtype = promotion.promote(element_of(a), element_of(b))
             a, b = self.cast(a, dtype), self.cast(b, dtype)
         shape = self._broadcast_shape(shape_of(condition.type), self._broadcast_shape(shape_of(a.type), shape_of(b.type)))

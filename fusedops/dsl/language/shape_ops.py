@@ -58,6 +58,8 @@ class ShapeOps:
             if isinstance(value.type, BlockType):
                 raise CompilationError("full() takes a scalar value")
             return self.broadcast_to(self.cast(value, dtype), shape)
+        if not isinstance(value, (bool, int, float)):
+            raise CompilationError(f"full: value must be a number or a scalar, got {value!r}")
         return self.constant(value, dtype, shape)
 
     def splat(self, x: Value, shape: tuple) -> Value:

@@ -78,11 +78,20 @@ class Autotuner:
     """
 
     def __init__(self, fn, configs: Sequence[Config], key: Sequence[str]):
+        from .jit import JITFunction
+        if not isinstance(fn, JITFunction):
+            raise TypeError(f"dsl.autotune decorates a @dsl.jit kernel, got {fn!r}")
         if not configs:
             raise ValueError("autotune needs at least one Config")
+        wrong = [c for c in configs if not isinstance(c, Config)]
+        if wrong:
+            raise TypeError(f"autotune configs must be dsl.Config objects, got {wrong[0]!r}")
+        if isinstance(key, str) or not isinstance(key, (list, tuple)) or not all(isinstance(k, str) for k in key):
+            raise TypeError(f"autotune key must be a list of the kernel's parameter names, got {key!r}")
         self.fn = fn
         self.configs = tuple(configs)
         self.key = tuple(key)
+        self._tuned = frozenset({"num_warps", "num_stages"}.union(*(c.constexprs for c in self.configs)))
         names = [p.name for p in fn.params]
         unknown = [k for k in self.key if k not in names]
         if unknown:
@@ -190,6 +199,10 @@ class Autotuner:
 
     def run(self, grid, *args, interpret: Optional[bool] = None, **kwargs):
         """Launch with the best config for this launch's key (tuning it first if needed)."""
+        conflicts = sorted(self._tuned.intersection(kwargs))
+        if conflicts:
+            raise TypeError(f"`{conflicts[0]}` is set by the autotune Configs of `{self.fn.__name__}`; a launch "
+                            "may not also pass it")
         if interpret is None:
             interpret = knobs.current().interpret
         if interpret:

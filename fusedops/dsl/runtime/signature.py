@@ -128,6 +128,9 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
                 element = _tensor_dtype(value.dtype)
             except TypeError as e:
                 raise TypeError(f"argument `{param.name}` of kernel `{kernel}`: {e}") from None
+            if value.layout != torch.strided:
+                raise TypeError(f"argument `{param.name}` of kernel `{kernel}` must be a dense (strided) tensor, "
+                                f"got a {value.layout} one (e.g. .to_dense() it)")
             aligned = not param.do_not_specialize and value.data_ptr() % 16 == 0
             specs.append(ArgSpec(param.name, PointerType(element), divisible_by_16=aligned))
         elif isinstance(value, bool):
