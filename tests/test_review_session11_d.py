@@ -294,3 +294,15 @@ def test_bad_num_stages_and_targets_at_compile_time():
     for target in ("sm_70", None, "SM_90A"):
         with pytest.raises(ValueError, match="sm_80"):
             _copy_kernel.compile(*args, BLOCK=8, target=target)
+
+
+@dsl.jit
+def _atomic_add_block_into_one_address(c_ptr, x_ptr):
+    dsl.atomic_add(c_ptr, dsl.load(x_ptr + dsl.arange(0, 8)))
+
+
+def test_an_atomic_of_a_block_into_one_address_adds_every_element():
+    # unlike a store, an atomic may take a value larger than its pointer block: every element is added
+    counter = torch.zeros(1)
+    _atomic_add_block_into_one_address[(1,)](counter, torch.arange(8.0), **INTERPRET)
+    assert counter.tolist() == [28.0]

@@ -214,12 +214,6 @@ class BlockOps:
         if mask is not None:
             mask = self.to_condition(mask, allow_block=True)
         shape = self._common_shape(ptr, value, mask)
-        if shape != shape_of(ptr.type):
-            # the value (or mask) broadcasts to the pointer's shape, never the pointer to theirs: that would
-            # write each address several times, one write winning (a race on the GPU)
-            raise CompilationError(f"store: the value (shape {shape_of(value.type)}) and mask must broadcast to "
-                                   f"the pointer's shape {shape_of(ptr.type)}; a store of shape {shape} would "
-                                   "write some addresses more than once")
         operands = [self.broadcast_to(ptr, shape), self.broadcast_to(value, shape)]
         if mask is not None:
             operands.append(self.broadcast_to(mask, shape))
