@@ -70,11 +70,15 @@ def once_differentiable(backward: Callable) -> Callable:
             outputs = backward(ctx, *grads)
         single = not isinstance(outputs, tuple)
         outputs = (outputs,) if single else outputs
-        # The gradients depend on the saved inputs too, so they raise whatever the incoming ones need.
-        delayed = _DelayedError(_DOUBLE_BACKWARD, len(outputs))(
+        # The gradients depend on the saved inputs too, so they raise whatever the incoming ones need; the
+        # error node also takes the saved tensors that require grad, so that differentiating a gradient
+        # with respect to the op's input (torch.autograd.grad(g, x)) reaches it and raises, rather than
+        # finding x unused (None with allow_unused: a silent zero second derivative)
+        saved = [t for t in ctx.saved_tensors if isinstance(t, torch.Tensor) and t.requires_grad]
+        delayed = _DelayedError(_DOUBLE_BACKWARD, len(outputs) + len(saved))(
             *[t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-              for t in outputs])
-        delayed = delayed if isinstance(delayed, tuple) else (delayed,)
+              for t in outputs], *saved)
+        delayed = (delayed if isinstance(delayed, tuple) else (delayed,))[:len(outputs)]
         return delayed[0] if single else delayed
 
     return wrapper

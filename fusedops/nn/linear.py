@@ -22,10 +22,10 @@ from fusedops.autograd.matmul import ACTIVATIONS
 
 
 class Linear(torch.nn.Linear):
-    """torch.nn.Linear(in_features, out_features, bias, device, dtype) plus `activation`."""
+    """torch.nn.Linear(in_features, out_features, bias, device, dtype) plus `activation` (keyword only)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: Optional[str] = None,
-                 device=None, dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 activation: Optional[str] = None):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
