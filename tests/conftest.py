@@ -58,3 +58,15 @@ def tma_ws0(monkeypatch, tmp_path):
     monkeypatch.setenv("FUSEDOPS_WS", "0")
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     return monkeypatch
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """The library's ops run their kernels in the interpreter (FUSEDOPS_INTERPRET=1); files may define their own."""
+    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+
+
+@pytest.fixture
+def fallback(monkeypatch):
+    """The library's ops on CPU tensors take their torch fallback (FUSEDOPS_INTERPRET unset)."""
+    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)

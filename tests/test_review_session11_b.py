@@ -19,16 +19,6 @@ import fusedops.nn
 import fusedops.dsl as dsl
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-
-
-@pytest.fixture
-def fallback(monkeypatch):
-    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-
-
 # ------------------------------------------------------------------------------------------------
 # matmul / Linear: the output of the autograd Function is a view, so in-place ops on it are refused
 # ------------------------------------------------------------------------------------------------

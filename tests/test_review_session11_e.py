@@ -20,16 +20,6 @@ import fusedops
 import fusedops.nn
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-
-
-@pytest.fixture
-def fallback(monkeypatch):
-    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-
-
 def _pair(name):
     """(fusedops callable, torch callable) on a (3, 8) float64 input."""
     w = torch.randn(8, dtype=torch.float64)
