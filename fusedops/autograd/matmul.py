@@ -160,8 +160,7 @@ def _forward_general(a, b, bias, activation, out_dtype) -> torch.Tensor:
     # view, so that in-place ops on it (y += residual, an in-place ReLU after a Linear) stay allowed
     a3, b3, batch_shape, m, n = _operands(a, b)
     c = torch.empty(_output_shape(a, b, batch_shape, m, n), dtype=out_dtype or a.dtype, device=a.device)
-    batch = b3.shape[0] if a3.shape[0] == 1 else a3.shape[0]      # broadcasting: 1 against 0 is 0
-    kernels.matmul_into(c.view(batch, m, n), a3, b3, bias, activation)
+    kernels.matmul_into(c.view(kernels.product_batch(a3, b3), m, n), a3, b3, bias, activation)
     return c
 
 
@@ -178,8 +177,7 @@ def _prepared_product(a, b, bias, activation, out_dtype) -> Optional[tuple]:
     shape = _output_shape(a, b, batch_shape, m, n)
     dtype = out_dtype or a.dtype
     c = torch.empty(shape, dtype=dtype, device=a.device)
-    batch = b3.shape[0] if a3.shape[0] == 1 else a3.shape[0]      # broadcasting: 1 against 0 is 0
-    prepared = kernels.prepare_matmul(c.view(batch, m, n), a3, b3, bias, activation)
+    prepared = kernels.prepare_matmul(c.view(kernels.product_batch(a3, b3), m, n), a3, b3, bias, activation)
     if prepared is None:
         return None
     new_output = contiguous_allocator(shape, dtype, a.device)

@@ -428,6 +428,12 @@ def prepare_matmul(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opti
     return prepared
 
 
+def product_batch(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The batch of a product of 3-D a (batch or 1, M, K) and b (batch or 1, K, N): a size-1 batch broadcasts,
+    so 1 against 0 is 0."""
+    return b.shape[0] if a.shape[0] == 1 else a.shape[0]
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None,
            out_dtype: Optional[torch.dtype] = None, *, interpret: Optional[bool] = None,
            config: Optional[dsl.Config] = None) -> torch.Tensor:
@@ -436,8 +442,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Returns a new contiguous (batch, M, N) tensor of `out_dtype` (default a's dtype). See
     `matmul_into` for dtypes, strides and `config`.
     """
-    batch = b.shape[0] if a.shape[0] == 1 else a.shape[0]       # broadcasting: 1 against 0 is 0
-    c = torch.empty((batch, a.shape[1], b.shape[2]), dtype=out_dtype or a.dtype, device=a.device)
+    c = torch.empty((product_batch(a, b), a.shape[1], b.shape[2]), dtype=out_dtype or a.dtype, device=a.device)
     return matmul_into(c, a, b, bias, activation, interpret=interpret, config=config)
 
 

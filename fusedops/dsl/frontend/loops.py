@@ -64,11 +64,11 @@ class LoopsMixin:
                                                "loop with runtime bounds")
                     if step == 0:
                         raise CompilationError("dsl.static_range step must not be zero")
-                    if len(range(start, stop, step)) > MAX_UNROLL:
-                        raise CompilationError(f"dsl.static_range({start}, {stop}, {step}) unrolls "
-                                               f"{len(range(start, stop, step))} iterations, over {MAX_UNROLL}; use "
-                                               "range() for a loop")
-                    return "unroll", range(start, stop, step)
+                    iterations = range(start, stop, step)
+                    if len(iterations) > MAX_UNROLL:
+                        raise CompilationError(f"dsl.static_range({start}, {stop}, {step}) unrolls {len(iterations)} "
+                                               f"iterations, over {MAX_UNROLL}; use range() for a loop")
+                    return "unroll", iterations
         value = self.visit(iterator)
         if not is_runtime(value) and isinstance(value, (tuple, list)):
             return "unroll", value
