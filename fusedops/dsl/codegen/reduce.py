@@ -91,6 +91,14 @@ def _warp_axis_index(ctx, warp_bits):
 
 
 def _reduce_common(ctx, op, arg: bool):
+    plan, partials, combine = _warp_partials(ctx, op, arg)
+    if plan.warp_bits:
+        partials = _combine_warps(ctx, plan, [partials], op.operands[0].type.element, combine, arg)[0]
+    return plan, partials
+
+
+def _warp_partials(ctx, op, arg: bool):
+    """(plan, the partials of each result element this thread holds after the lane shuffles, combine)."""
     source = op.operands[0]
     element = source.type.element
     kind = op.attrs["kind"]
@@ -113,12 +121,14 @@ def _reduce_common(ctx, op, arg: bool):
     for offset in plan.lane_xor_offsets:
         partials = [combine(p, tuple(shuffle_xor(ctx, x, offset) for x in p) if arg else shuffle_xor(ctx, p, offset))
                     for p in partials]
-    if plan.warp_bits:
-        partials = _combine_warps(ctx, plan, partials, element, combine, arg)
-    return plan, partials
+    return plan, partials, combine
 
 
-def _combine_warps(ctx, plan, partials, element, combine, arg):
+def _combine_warps(ctx, plan, members, element, combine, arg):
+    """Each of `members` (one list of lane-combined partials per reduction, all of one plan and
+    element) combined over the warps through one shared-memory exchange: a barrier (the scratch may
+    still be read), every warp's partials stored, a barrier, all of them loaded and combined in warp
+    order. Returns the results, a list per member."""
     bld = ctx.builder
     result_layout = plan.result_layout
     shape = layout_access.shape(result_layout)
@@ -126,35 +136,40 @@ def _combine_warps(ctx, plan, partials, element, combine, arg):
     for size in shape:
         numel *= size
     num_groups = 1 << len(plan.warp_bits)
-    value_type = partials[0][0].type if arg else partials[0].type
+    value_type = members[0][0][0].type if arg else members[0][0].type
     value_bytes = storage_bytes(element)
-    index_base = (numel * num_groups * value_bytes + 3) // 4 * 4 // 4   # i32 slots after the values
-    reserve(ctx, numel * num_groups * value_bytes + (numel * num_groups * 4 + 4 if arg else 0))
+    slots_per_member = numel * num_groups
+    total = slots_per_member * len(members)
+    index_base = (total * value_bytes + 3) // 4 * 4 // 4   # i32 slots after the values
+    reserve(ctx, total * value_bytes + (total * 4 + 4 if arg else 0))
     group = _warp_axis_index(ctx, plan.warp_bits)
+    element_indices = [linear_index(ctx, ctx.element_coordinates(result_layout, j), shape) if shape
+                       else ir.Constant(T.i32, 0) for j in range(len(members[0]))]
     barrier(ctx)
-    slots = []
-    for j, p in enumerate(partials):
-        coords = ctx.element_coordinates(result_layout, j) if shape else ()
-        element_index = linear_index(ctx, coords, shape) if shape else ir.Constant(T.i32, 0)
-        slot = bld.add(bld.mul(group, ir.Constant(T.i32, numel)), element_index)
-        slots.append(element_index)
-        value = p[0] if arg else p
-        bld.store(value, element_pointer(ctx, value_type, slot))
-        if arg:
-            bld.store(p[1], element_pointer(ctx, T.i32, bld.add(slot, ir.Constant(T.i32, index_base))))
-    barrier(ctx)
-    out = []
-    for element_index in slots:
-        acc = None
-        for g in range(num_groups):
-            slot = bld.add(element_index, ir.Constant(T.i32, g * numel))
-            value = bld.load(element_pointer(ctx, value_type, slot), typ=value_type)
+    for m, partials in enumerate(members):
+        for element_index, p in zip(element_indices, partials):
+            slot = bld.add(bld.add(bld.mul(group, ir.Constant(T.i32, numel)), element_index),
+                           ir.Constant(T.i32, m * slots_per_member))
+            bld.store(p[0] if arg else p, element_pointer(ctx, value_type, slot))
             if arg:
-                index = bld.load(element_pointer(ctx, T.i32, bld.add(slot, ir.Constant(T.i32, index_base))), typ=T.i32)
-                value = (value, index)
-            acc = value if acc is None else combine(acc, value)
-        out.append(acc)
-    return out
+                bld.store(p[1], element_pointer(ctx, T.i32, bld.add(slot, ir.Constant(T.i32, index_base))))
+    barrier(ctx)
+    results = []
+    for m in range(len(members)):
+        out = []
+        for element_index in element_indices:
+            acc = None
+            for g in range(num_groups):
+                slot = bld.add(element_index, ir.Constant(T.i32, m * slots_per_member + g * numel))
+                value = bld.load(element_pointer(ctx, value_type, slot), typ=value_type)
+                if arg:
+                    index = bld.load(element_pointer(ctx, T.i32, bld.add(slot, ir.Constant(T.i32, index_base))),
+                                     typ=T.i32)
+                    value = (value, index)
+                acc = value if acc is None else combine(acc, value)
+            out.append(acc)
+        results.append(out)
+    return results
 
 
 def _set_result(op, ctx, values):
@@ -166,8 +181,26 @@ def _set_result(op, ctx, values):
 
 @lowering(OpCode.REDUCE)
 def _reduce(ctx, op):
-    _, partials = _reduce_common(ctx, op, arg=False)
-    _set_result(op, ctx, partials)
+    size = op.attrs.get("exchange_group", 1)
+    if size > 1:
+        _reduce_group(ctx, op, size)
+    elif not op.attrs.get("exchange_follower"):        # else lowered with its group's first member
+        _, partials = _reduce_common(ctx, op, arg=False)
+        _set_result(op, ctx, partials)
+
+
+def _reduce_group(ctx, first, size: int):
+    """`first` and the size - 1 reductions after it in its block (passes/sibling_reductions.py: one kind,
+    axis, element and operand layout; independent), their warp partials through one exchange."""
+    ops = first.parent.ops
+    start = ops.index(first)
+    members = ops[start:start + size]
+    lowered = [_warp_partials(ctx, op, arg=False) for op in members]
+    plan, _, combine = lowered[0]
+    results = _combine_warps(ctx, plan, [partials for _, partials, _ in lowered], first.operands[0].type.element,
+                             combine, arg=False)
+    for op, values in zip(members, results):
+        _set_result(op, ctx, values)
 
 
 @lowering(OpCode.ARGREDUCE)

@@ -13,6 +13,7 @@ from .descriptors import expand_descriptor_loads
 from .layout_assignment import assign_layouts
 from .pipelining import pipeline_loops
 from .pointer_analysis import analyze_pointers
+from .sibling_reductions import group_sibling_reductions
 from .simplify import simplify
 
 
@@ -30,5 +31,6 @@ def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
         descriptors,         # desc.load -> masked load (marked for TMA on sm_90a with FUSEDOPS_TMA=1)
         layouts,             # a distributed layout for every block value; convert_layout where needed
         pipelining,          # loads feeding tensor-core dots in loops -> cp.async ring, num_stages deep
+        group_sibling_reductions,   # independent reductions of one layout and axis: one cross-warp exchange
         analyze_pointers,    # contiguity / divisibility / constancy, for vectorized memory access
     ]
