@@ -3,9 +3,9 @@
 A reduction whose axis spans several warps ends in an exchange through shared memory
 (codegen/reduce.py): a barrier, each warp's partials stored, a barrier, every thread loading the
 partials of all warps. Two such reductions that do not depend on each other (LayerNorm's backward:
-sum(xhat * g) and sum(g) of a row; the forward's shifted sums of x and x^2) can store their partials
-side by side and pay for one exchange: two barriers instead of four, and the shuffle trees of both in
-flight together.
+sum(xhat * g) and sum(g) of a row; the dweight and dbias column sums) can store their partials side by
+side and pay for one exchange: two barriers instead of four, and the shuffle trees of both in flight
+together.
 
 This pass groups them, block by block: for each REDUCE whose plan crosses warps, the later REDUCEs of
 the same block with the same kind, axis, element type and operand layout whose operand does not depend
@@ -13,8 +13,10 @@ on it (directly or through the ops between them) join its group. Each joining re
 after the group's last member, and the ops between them that compute its operand, all pure (no load,
 store, atomic, barrier or control flow; at most MAX_MOVED of them), move to before the group's first
 member, in their order. The first member records the group's size in attr `exchange_group`, the others
-are marked `exchange_follower`; codegen lowers the group at its first member. A reordering of independent pure ops: the program's results
-are unchanged, bit for bit (each reduction still combines its own values in the same order).
+are marked `exchange_follower`; codegen lowers the group at its first member. A reordering of
+independent pure ops: the program's results are unchanged, bit for bit (each reduction still combines
+its own values in the same order). (Moved layout conversions stay safe: every user of the shared
+scratch starts with a barrier.)
 
 Runs after layout assignment (it compares layouts and needs the reduction plan). Of the library's
 kernels, the norms' take it (the fused, persistent and split backward's c1/c2 row sums, the dweight/dbias
