@@ -12,7 +12,8 @@ the same block with the same kind, axis, element type and operand layout whose o
 on it (directly or through the ops between them) join its group. Each joining reduction moves to right
 after the group's last member, and the ops between them that compute its operand, all pure (no load,
 store, atomic, barrier or control flow; at most MAX_MOVED of them), move to before the group's first
-member, in their order. The first member records the group's size in attr `exchange_group`, the others
+member, in their order; a group stays within MAX_GROUP members, MAX_GROUP_SCRATCH_BYTES of shared
+memory and MAX_GROUP_LOADS partials loaded per thread. The first member records the group's size in attr `exchange_group`, the others
 are marked `exchange_follower`; codegen lowers the group at its first member. A reordering of
 independent pure ops: the program's results are unchanged, bit for bit (each reduction still combines
 its own values in the same order). (Moved layout conversions stay safe: every user of the shared
@@ -32,6 +33,8 @@ from typing import Optional
 from ..errors import UnsupportedError
 from ..ir.core import Block, Function, Operation
 from ..ir.ops import ELEMENTWISE, OpCode
+from ..codegen import layout_access
+from ..codegen.shared import storage_bytes
 from ..layouts.reduction import reduction_plan
 
 # Ops that may move (pure, no memory access, no regions): elementwise math and shape ops.
@@ -43,6 +46,16 @@ _MOVABLE = ELEMENTWISE | frozenset({
 MAX_MOVED = 16
 # At most this many reductions share one exchange.
 MAX_GROUP = 4
+# A group's exchange holds every member's partials at once: at most this many bytes of shared memory
+# (the members' scratch side by side; a kernel whose single exchanges fit must not stop launching: two
+# float32 column sums of a (32, 2048) tile on 16 warps would take 256 KiB; the norms' dweight and dbias
+# sums of 2048 columns take 32 KiB), and
+# at most this many partials loaded by each thread after its second barrier (members x result elements
+# per thread x warp groups; ptxas spilled 3.6 KB where four int8 -> int32 column sums of a (128, 64) tile
+# on 8 warps, 4 x 8 x 8 loads, were grouped, none at four sums of 4 x 4 x 8; the norms' row sums load
+# 2 x 2 x 8).
+MAX_GROUP_SCRATCH_BYTES = 32 * 1024
+MAX_GROUP_LOADS = 128
 
 
 def group_sibling_reductions(function: Function) -> bool:
@@ -55,14 +68,24 @@ def group_sibling_reductions(function: Function) -> bool:
     return _group_block(function.body) or changed
 
 
-def _crosses_warps(op: Operation) -> bool:
+def _exchange_cost(op: Operation) -> Optional[tuple]:
+    """(scratch bytes, partials each thread loads) of `op`'s cross-warp exchange, or None where it has
+    none (the axis within a warp, or a layout the reduction plan does not take)."""
     source = op.operands[0]
     if source.layout is None or not hasattr(source.type, "shape"):
-        return False
+        return None
     try:
-        return bool(reduction_plan(source.layout, op.attrs["axis"]).warp_bits)
+        plan = reduction_plan(source.layout, op.attrs["axis"])
     except UnsupportedError:
-        return False
+        return None
+    if not plan.warp_bits:
+        return None
+    groups = 1 << len(plan.warp_bits)
+    numel = 1
+    for size in layout_access.shape(plan.result_layout):
+        numel *= size
+    per_thread = 1 << len(plan.kept_register_bits)
+    return numel * groups * storage_bytes(source.type.element), per_thread * groups
 
 
 def _siblings(a: Operation, b: Operation) -> bool:
@@ -98,13 +121,17 @@ def _group_block(block: Block) -> bool:
     i = 0
     while i < len(block.ops):
         first = block.ops[i]
-        if (first.opcode != OpCode.REDUCE or "exchange_group" in first.attrs or "exchange_follower" in first.attrs
-                or not _crosses_warps(first)):
+        cost = None
+        if first.opcode == OpCode.REDUCE and not {"exchange_group", "exchange_follower"} & first.attrs.keys():
+            cost = _exchange_cost(first)
+        if cost is None:
             i += 1
             continue
+        scratch, loads = cost
+        most = min(MAX_GROUP, MAX_GROUP_SCRATCH_BYTES // scratch, MAX_GROUP_LOADS // loads)
         group = [first]
         j = i + 1
-        while j < len(block.ops) and len(group) < MAX_GROUP:
+        while j < len(block.ops) and len(group) < most:
             candidate = block.ops[j]
             last = block.ops.index(group[-1])
             if _siblings(first, candidate):
