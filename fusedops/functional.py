@@ -20,6 +20,7 @@ import operator
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from fusedops import library as _library
 from fusedops.autograd import matmul as _matmul
@@ -35,6 +36,28 @@ _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: Tr
 # torch.func transforms (vmap, grad, jacrev, ...) pass wrapped tensors without storage, which the kernels
 # cannot read: while one is active every op runs torch's (torch._C's check costs ~0.1 us).
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def needs_torch(*tensors) -> bool:
+    """Whether tensors among `tensors` (None and non-tensors are skipped) hold what the kernels, which read
+    plain strided memory, would get wrong, so that torch's op runs instead: a tensor subclass (FakeTensor
+    of a FakeTensorMode, ...; nn.Parameter is plain), a nested tensor, the negative bit (a view whose
+    memory reads negated, e.g. `z.conj().imag`), or a dual tensor of forward-mode AD (its tangent). Not
+    while torch.compile traces: the custom ops there take fake tensors."""
+    if _is_compiling():
+        return False
+    dual = _forward_ad._current_level >= 0
+    for t in tensors:
+        cls = type(t)
+        if cls is torch.Tensor or cls is torch.nn.Parameter:
+            if t.is_nested or t.is_neg() or (dual and _forward_ad.unpack_dual(t).tangent is not None):
+                return True
+        elif t is not None and isinstance(t, torch.Tensor):
+            return True
+    return False
+
+
+_is_compiling = torch.compiler.is_compiling
 
 
 def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
@@ -111,7 +134,7 @@ def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype]
 
 
 def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) -> torch.Tensor:
-    if _transforms_active():
+    if _transforms_active() or needs_torch(input):
         return (torch.log_softmax if log else torch.softmax)(input, dim, dtype=dtype)
     # Arguments laid out like ones that took the kernel path before (without autocast, an int dim) need
     # neither checks nor routing.
@@ -167,13 +190,14 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
             strides (expanded and transposed inputs are read in place where the flattened rows have one
             stride; otherwise copied once).
         normalized_shape: an int or a sequence of ints.
-        weight, bias: tensors shaped normalized_shape with input's dtype, or None (each independently).
+        weight, bias: tensors shaped normalized_shape with input's dtype, or None (each independently);
+            on the CPU, as torch's CPU kernel, float32 ones with a float16/bfloat16 input.
         eps: added to the variance; statistics are float32 (float64 for float64 input).
     Returns:
         A contiguous tensor shaped and typed like input.
     Raises:
         TypeError: input not floating, or weight/bias dtype differs from input's (named in the message;
-            torch's CUDA kernel rejects that too).
+            torch's CUDA kernel rejects that too; the CPU's mixed case above excepted).
         ValueError: empty normalized_shape, mismatched shapes, parameters on another device.
 
     fp16/bf16/fp32 CUDA tensors run the fusedops kernels (forward, and backward when a gradient is
@@ -181,7 +205,7 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
     FUSEDOPS_INTERPRET=1 runs the kernels in the interpreter. Under CUDA autocast the inputs are cast to
     float32 first and the result is float32, as torch's autocast does for layer_norm.
     """
-    if _transforms_active():
+    if _transforms_active() or needs_torch(input, weight, bias):
         return torch.nn.functional.layer_norm(input, normalized_shape, weight, bias, eps)
     # CUDA autocast runs layer_norm in float32 (it is on torch's "autocast to float32" list).
     autocast = _autocast_dtype("layer_norm", input) if isinstance(input, torch.Tensor) else None
@@ -195,7 +219,7 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
         if not _runs_kernels(input, input.dtype):
             return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
         if torch.compiler.is_compiling():
-            return _library.layer_norm(input, shape, weight, bias, float(eps))
+            return _library.layer_norm(input, shape, weight, bias, _norms.eps_number("layer_norm", eps))
         known = _norms.kernel_launches("layer_norm", input, shape, weight, bias, eps)
     return _norms.normalize(input, weight, bias, *known)
 
@@ -218,7 +242,7 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
 
     Dispatch as for layer_norm (a float64 weight on CUDA also runs torch's op).
     """
-    if _transforms_active():
+    if _transforms_active() or needs_torch(input, weight):
         return torch.nn.functional.rms_norm(input, normalized_shape, weight, eps)
     # float32 under CUDA autocast, as torch
     autocast = _autocast_dtype("rms_norm", input) if isinstance(input, torch.Tensor) else None
@@ -233,7 +257,7 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
         if not _runs_kernels(input, *dtypes):
             return torch.nn.functional.rms_norm(input, shape, weight, eps)
         if torch.compiler.is_compiling():
-            eps = _norms.default_rms_norm_eps(input.dtype) if eps is None else float(eps)
+            eps = _norms.default_rms_norm_eps(input.dtype) if eps is None else _norms.eps_number("rms_norm", eps)
             return _library.rms_norm(input, shape, weight, eps)
         known = _norms.kernel_launches("rms_norm", input, shape, weight, None, eps)
     return _norms.normalize(input, weight, None, *known)
@@ -263,8 +287,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     autograd through fusedops.autograd.matmul.MatmulFunction). Other CUDA dtypes and CPU tensors
     run torch ops, unless FUSEDOPS_INTERPRET=1 runs the kernel in the interpreter (any float dtype).
     """
-    if _transforms_active():
-        _matmul.check_arguments(a, b, bias, activation, out_dtype)
+    if _transforms_active() or needs_torch(a, b, bias):
+        if not (isinstance(a, torch.Tensor) and a.is_nested):     # (the checks read a's shape)
+            _matmul.check_arguments(a, b, bias, activation, out_dtype)
         return _matmul.reference(a, b, bias, activation, out_dtype)
     autocast = _autocast_dtype("matmul", a) if isinstance(a, torch.Tensor) else None
     if autocast is not None:    # the autocast dtype (float16/bfloat16), as torch.matmul
@@ -330,7 +355,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """
     from fusedops.autograd import attention as _attention
 
-    if _transforms_active():
+    if _transforms_active() or needs_torch(query, key, value, attn_mask):
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
             enable_gqa=enable_gqa)

@@ -70,3 +70,22 @@ def interpret_pipelined_tma_matmul(c, a, b, num_stages, expected_op, **tile):
     runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
     Interpreter(function).launch((mm._programs(m, n, kwargs), 1), runtime)
     return function
+
+
+def interpret_ir(kernel, function, grid, args, kwargs) -> None:
+    """Run `function` (kernel's IR, e.g. after passes) in the interpreter over `grid` with the runtime
+    arguments that `args` and constexprs `kwargs` bind to."""
+    from fusedops.dsl.interpreter import Interpreter
+    from fusedops.dsl.runtime.signature import specialize
+
+    values = kernel._bind(args, kwargs)
+    runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
+    Interpreter(function).launch(grid, runtime)
+
+
+def exchange_groups(function) -> list:
+    """The sizes of the groups of reductions that share one exchange (passes/sibling_reductions.py)."""
+    from fusedops.dsl.ir import OpCode
+
+    return [op.attrs["exchange_group"] for op in function.walk()
+            if op.opcode == OpCode.REDUCE and "exchange_group" in op.attrs]

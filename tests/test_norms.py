@@ -570,12 +570,34 @@ def test_double_backward_raises(interpret, op, seed):
 @pytest.mark.parametrize("weight_dtype, bias_dtype", [(torch.float32, None), (None, torch.float32),
                                                       (torch.float16, torch.bfloat16)])
 def test_layer_norm_rejects_mixed_dtypes_naming_both(weight_dtype, bias_dtype):
-    x = torch.zeros(2, 3, dtype=torch.float16)
-    w = None if weight_dtype is None else torch.ones(3, dtype=weight_dtype)
-    b = None if bias_dtype is None else torch.ones(3, dtype=bias_dtype)
+    # Off the CPU (the rule of torch's CUDA kernel; meta tensors here: the checks run before any kernel).
+    x = torch.zeros(2, 3, dtype=torch.float16, device="meta")
+    w = None if weight_dtype is None else torch.ones(3, dtype=weight_dtype, device="meta")
+    b = None if bias_dtype is None else torch.ones(3, dtype=bias_dtype, device="meta")
     offending = w if weight_dtype not in (None, torch.float16) else b
     with pytest.raises(TypeError, match=rf"{offending.dtype}.*torch.float16"):
         fusedops.layer_norm(x, (3,), w, b)
+
+
+@pytest.mark.parametrize("weight_dtype, bias_dtype, accepted", [
+    (torch.float32, None, True), (None, torch.float32, True), (torch.float32, torch.float32, True),
+    (torch.float16, torch.float32, False), (torch.bfloat16, None, False)])
+def test_layer_norm_cpu_mixed_dtypes_as_torch(weight_dtype, bias_dtype, accepted):
+    # torch's CPU kernel takes a 16-bit input with float32 weight and bias (all of them float32).
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, dtype=torch.float16)
+    w = None if weight_dtype is None else torch.randn(3, dtype=weight_dtype)
+    b = None if bias_dtype is None else torch.randn(3, dtype=bias_dtype)
+    if not accepted:
+        with pytest.raises(Exception):
+            torch.nn.functional.layer_norm(x, (3,), w, b)
+        with pytest.raises(TypeError):
+            fusedops.layer_norm(x, (3,), w, b)
+        return
+    expected = torch.nn.functional.layer_norm(x, (3,), w, b)
+    actual = fusedops.layer_norm(x, (3,), w, b)
+    assert actual.dtype == expected.dtype == torch.float16
+    torch.testing.assert_close(actual, expected)
 
 
 def test_argument_errors():

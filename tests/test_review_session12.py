@@ -26,7 +26,6 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.codegen.kernel import lower_to_llvm
 from fusedops.dsl.codegen.tma_store import MAX_SHARED_BYTES
-from fusedops.dsl.interpreter import Interpreter
 from fusedops.dsl.ir import OpCode, verify
 from fusedops.dsl.ir.printer import print_function
 from fusedops.dsl.layouts.reduction import reduction_plan
@@ -34,9 +33,10 @@ from fusedops.dsl.passes.manager import run_pipeline
 from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.passes.sibling_reductions import (MAX_GROUP, MAX_GROUP_LOADS, MAX_GROUP_SCRATCH_BYTES, MAX_MOVED,
                                                     _exchange_cost, group_sibling_reductions)
-from fusedops.dsl.runtime.signature import specialize
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.dsl.target.ptx import Target, compile_to_ptx
+
+from codegen_helpers import exchange_groups, interpret_ir
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -332,15 +332,6 @@ def _pipelined(kernel, args, kwargs, num_warps, siblings=True, arch="sm_90a", nu
     return function, report
 
 
-def _interpret(kernel, function, grid, args, kwargs):
-    values = kernel._bind(args, kwargs)
-    runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
-    Interpreter(function).launch(grid, runtime)
-
-
-def _groups(function):
-    return [op.attrs["exchange_group"] for op in function.walk()
-            if op.opcode == OpCode.REDUCE and "exchange_group" in op.attrs]
 
 
 def _reaches(value, targets, seen=None) -> bool:
@@ -385,7 +376,7 @@ def _check_groups(function):
             for k, m in enumerate(members):
                 others = {id(o.result) for o in members if o is not m}
                 assert not _reaches(m.operands[0], others), f"member {k} depends on another member"
-    assert followers == sum(size - 1 for size in _groups(function))
+    assert followers == sum(size - 1 for size in exchange_groups(function))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -403,11 +394,11 @@ def _compare(kernel, make, kwargs, num_warps, grid=(1,), num_stages=1, arch="sm_
         function, _ = _pipelined(kernel, args, kwargs, num_warps, siblings, arch, num_stages)
         if siblings:
             _check_groups(function)
-            groups = _groups(function)
+            groups = exchange_groups(function)
         else:
-            assert _groups(function) == []
+            assert exchange_groups(function) == []
         initial = [o.clone() for o in outs]
-        _interpret(kernel, function, grid, args, kwargs)
+        interpret_ir(kernel, function, grid, args, kwargs)
         assert all(not _same(o, i) for o, i in zip(outs, initial))     # the kernel wrote its outputs
         results.append([o.clone() for o in outs])
     for a, b in zip(*results):

@@ -13,12 +13,11 @@ import pytest
 import torch
 
 import fusedops.dsl as dsl
-from fusedops.dsl.interpreter import Interpreter
 from fusedops.dsl.ir import OpCode
 from fusedops.dsl.passes.manager import run_pipeline
 from fusedops.dsl.passes.pipeline import default_pipeline
-from fusedops.dsl.runtime.signature import specialize
 from fusedops.dsl.target import assemble, ptxas_available
+from codegen_helpers import exchange_groups, interpret_ir
 from helpers import poison
 
 
@@ -74,15 +73,6 @@ def _pipelined(kernel, args, kwargs, num_warps, siblings=True):
     return function
 
 
-def _interpret(kernel, function, grid, args, kwargs):
-    values = kernel._bind(args, kwargs)
-    runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
-    Interpreter(function).launch(grid, runtime)
-
-
-def _groups(function):
-    return [op.attrs["exchange_group"] for op in function.walk()
-            if op.opcode == OpCode.REDUCE and "exchange_group" in op.attrs]
 
 
 @pytest.mark.parametrize("n_rows, n_cols, block_rows, block_n, num_warps", [
@@ -96,8 +86,8 @@ def test_grouped_ir_runs_bit_identical_and_right(n_rows, n_cols, block_rows, blo
         out = poison(torch.empty(n_rows, 3))
         args, kwargs = (out, x, n_rows, n_cols), dict(BLOCK_ROWS=block_rows, BLOCK_N=block_n)
         function = _pipelined(row_moments_kernel, args, kwargs, num_warps, siblings)
-        assert _groups(function) == ([3] if siblings else [])
-        _interpret(row_moments_kernel, function, grid, args, kwargs)
+        assert exchange_groups(function) == ([3] if siblings else [])
+        interpret_ir(row_moments_kernel, function, grid, args, kwargs)
         outputs.append(out)
     assert torch.equal(outputs[0], outputs[1])
     xd = x.double()
@@ -120,17 +110,17 @@ def test_grouped_members_follow_the_first_and_keep_their_order():
 def test_dependent_other_kind_and_loaded_operands_are_not_grouped():
     x = torch.randn(3, 1000, dtype=torch.float32)
     function = _pipelined(dependent_kernel, (torch.empty(3), x, 1000), dict(BLOCK_N=1024), 4)
-    assert _groups(function) == []
+    assert exchange_groups(function) == []
     args = (torch.empty(3, 3), x, x.clone(), 1000)
     function = _pipelined(not_siblings_kernel, args, dict(BLOCK_N=1024), 4)
-    assert _groups(function) == []
+    assert exchange_groups(function) == []
 
 
 def test_single_warp_reductions_are_left_alone():
     # Within one warp there is no exchange to share: nothing moves.
     x = torch.randn(4, 64, dtype=torch.float16)
     args, kwargs = (torch.empty(4, 3), x, 4, 64), dict(BLOCK_ROWS=1, BLOCK_N=64)
-    assert _groups(_pipelined(row_moments_kernel, args, kwargs, 1)) == []
+    assert exchange_groups(_pipelined(row_moments_kernel, args, kwargs, 1)) == []
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")

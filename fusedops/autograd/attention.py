@@ -47,17 +47,25 @@ _attention_apply = apply_of(AttentionFunction, (0, 1, 2, 3))
 
 
 def _number(name: str, value) -> float:
-    """float(value), or torch's TypeError naming the argument (a 0-d tensor counts as a number)."""
+    """float(value), or torch's TypeError naming the argument (a 0-d tensor counts as a number; a string
+    does not, though float() would parse it)."""
     try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be float, not "
                         f"{type(value).__name__}") from None
 
 
-def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=None) -> None:
+def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=None, is_causal=False) -> None:
     """Raise torch's errors (RuntimeError, same messages where torch has one) for bad arguments; a
-    dropout_p or scale that is not a number is a TypeError naming it, as torch's."""
+    dropout_p or scale that is not a number, an is_causal or enable_gqa that is not a bool, is a
+    TypeError naming it, as torch's (a truthy string must not turn causal masking on)."""
+    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
+        if type(flag) is not bool:
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be bool, not "
+                            f"{type(flag).__name__}")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not {type(t).__name__}")
@@ -218,7 +226,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         known_key = known = None
     if known is not None and (attn_mask is None or not (attn_mask.requires_grad and torch.is_grad_enabled())):
         return _attend(query, key, value, attn_mask, *known)
-    check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale)
+    check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale, is_causal)
     native = (not _runs_kernels(query) or value.size(-1) > _kernels.MAX_HEAD_DIM or query.size(-1) == 0
               or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled())
               or gqa_heads_differ(query, key, value, enable_gqa))

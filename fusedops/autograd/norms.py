@@ -32,6 +32,7 @@ from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import norms as kernels
 
 _FLOATING = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
 
 
 def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
@@ -82,8 +83,9 @@ def _check_parameter(name: str, role: str, p: Optional[torch.Tensor], x: torch.T
         raise ValueError(f"fusedops.{name}(): {role} is on {p.device} but the input is on {x.device}")
     if same_dtype and p.dtype != x.dtype:
         raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype} but the input has dtype {x.dtype}; they "
-                        f"must be the same (torch.nn.functional.{name} rejects mixed dtypes on CUDA too): "
-                        f"convert one of them")
+                        f"must be the same (torch.nn.functional.{name} rejects mixed dtypes on CUDA too; on the "
+                        f"CPU it also takes a float16/bfloat16 input with float32 weight and bias): convert one "
+                        f"of them")
     if not same_dtype and p.dtype not in _FLOATING:
         raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype}; it must be a floating dtype (input: "
                         f"{x.dtype})")
@@ -93,13 +95,18 @@ def check_layer_norm_arguments(x, normalized_shape, weight, bias) -> Tuple[int, 
     """normalized_shape as a tuple, after checking the arguments as torch does.
 
     Raises:
-        TypeError: a non-tensor, a non-floating input, or a weight/bias whose dtype is not the input's.
+        TypeError: a non-tensor, a non-floating input, or a weight/bias whose dtype is not the input's (on
+            the CPU, as torch's CPU kernel, a float16/bfloat16 input may have float32 weight and bias).
         ValueError: an empty normalized_shape, shapes that do not match, parameters on another device.
     """
     normalized_shape = normalized_shape_tuple(normalized_shape)
     _check_input("layer_norm", x, normalized_shape)
-    _check_parameter("layer_norm", "weight", weight, x, normalized_shape, same_dtype=True)
-    _check_parameter("layer_norm", "bias", bias, x, normalized_shape, same_dtype=True)
+    # torch's CPU kernel also takes a 16-bit input with float32 weight and bias (its "mixed type": what
+    # CPU autocast hands a LayerNorm after a bfloat16 Linear); its CUDA kernel does not.
+    mixed = (x.dtype in _HALF_DTYPES and x.device.type == "cpu"
+             and all(p is None or (isinstance(p, torch.Tensor) and p.dtype == torch.float32) for p in (weight, bias)))
+    _check_parameter("layer_norm", "weight", weight, x, normalized_shape, same_dtype=not mixed)
+    _check_parameter("layer_norm", "bias", bias, x, normalized_shape, same_dtype=not mixed)
     return normalized_shape
 
 
@@ -153,6 +160,17 @@ def _argument_key(op: str, x: torch.Tensor, normalized_shape: Tuple[int, ...], w
     return key
 
 
+def eps_number(op: str, eps) -> float:
+    """float(eps), or torch's TypeError naming the argument: eps must be a number (a 0-d tensor counts; None
+    and strings, which float() would parse, do not; rms_norm's default None is resolved by the caller)."""
+    try:
+        if isinstance(eps, (str, bytes)):
+            raise TypeError
+        return float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"fusedops.{op}(): argument 'eps' must be a number, got {type(eps).__name__}") from None
+
+
 def known_launches(op: str, x, normalized_shape, weight, bias, eps) -> Optional[tuple]:
     """kernel_launches(op, ...) as remembered for arguments laid out like these, or None (arguments
     not seen before, which the caller checks and routes in full). Raises only what
@@ -170,11 +188,7 @@ def kernel_launches(op: str, x: torch.Tensor, normalized_shape, weight: Optional
     that passed its checks and take the kernel path (remembered for known_launches). eps: as given
     (None: rms_norm's default). Raises TypeError for an eps that is not a number."""
     normalized_shape = normalized_shape_tuple(normalized_shape)
-    # None is rms_norm's default only: layer_norm's eps must be a number, as torch's (float(None) raises)
-    try:
-        eps_value = default_rms_norm_eps(x.dtype) if eps is None and op == "rms_norm" else float(eps)
-    except (TypeError, ValueError):     # as torch: a TypeError naming the argument
-        raise TypeError(f"fusedops.{op}(): argument 'eps' must be a number, got {type(eps).__name__}") from None
+    eps_value = default_rms_norm_eps(x.dtype) if eps is None and op == "rms_norm" else eps_number(op, eps)
     launches = kernels.norm_launches(x, weight, bias, eps_value, subtract_mean=op == "layer_norm",
                                      n_cols=_columns(normalized_shape))
     known = (launches, normalized_shape)

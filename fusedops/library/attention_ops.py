@@ -137,7 +137,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask, dropout_p: float,
     """fusedops.scaled_dot_product_attention while a graph is traced (inputs already autocast): torch's
     argument errors, then the output of torch.ops.fusedops.scaled_dot_product_attention, or torch's op
     where fusedops.functional runs torch's op (other devices and dtypes, a mask that requires grad)."""
-    _attention.check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale)
+    _attention.check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale, is_causal)
     mask_grad = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
     if not attention_runs_kernels(query, value) or mask_grad or _attention.gqa_heads_differ(query, key, value,
                                                                                              enable_gqa):

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from fusedops import functional
-from fusedops.autograd.matmul import ACTIVATIONS
+from fusedops.autograd.matmul import ACTIVATIONS, apply_activation
 
 
 class Linear(torch.nn.Linear):
@@ -32,6 +32,8 @@ class Linear(torch.nn.Linear):
         self.activation = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if isinstance(input, torch.Tensor) and input.is_nested:      # no (rows, in_features) view: torch's ops
+            return apply_activation(torch.nn.functional.linear(input, self.weight, self.bias), self.activation)
         if input.shape[-1:] != (self.in_features,):
             raise ValueError(f"Linear expects inputs whose last dim is {self.in_features}, got {tuple(input.shape)}")
         # a view for contiguous (and most strided) inputs; the row count spelled out for in_features == 0
