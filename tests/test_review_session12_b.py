@@ -820,3 +820,37 @@ def test_torch_compile_fullgraph_module(interpret):
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     _close_all(_grads(lambda t: compiled(t), x), expected)
     torch._dynamo.reset()
+
+
+# ================================================================================================
+# The reviewer's "worth a look" list, fixed the same session: torch rejects a bool normalized_shape and
+# an eps tensor that requires grad; enable_gqa with no query heads gives torch's empty result.
+# ================================================================================================
+@pytest.mark.parametrize("mode", ["fallback", "interpret"])
+@pytest.mark.parametrize("shape", [True, [True]])
+def test_bool_normalized_shape_is_rejected(request, mode, shape):
+    request.getfixturevalue(mode)
+    x = torch.randn(2, 4)
+    with pytest.raises(TypeError):
+        F.layer_norm(x, shape)
+    with pytest.raises(TypeError, match="normalized_shape"):
+        fusedops.layer_norm(x, shape)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_eps_tensor_that_requires_grad_is_rejected(interpret, op):
+    x, eps = torch.randn(2, 4, dtype=D), torch.tensor(1e-5, dtype=D, requires_grad=True)
+    with pytest.raises(TypeError, match="eps"):
+        getattr(F, op)(x, (4,), eps=eps)
+    with pytest.raises(TypeError, match="eps"):
+        getattr(fusedops, op)(x, (4,), eps=eps)
+    _close(getattr(fusedops, op)(x, (4,), eps=eps.detach()), getattr(F, op)(x, (4,), eps=eps.detach()))
+
+
+@pytest.mark.parametrize("mode", ["fallback", "interpret"])
+@pytest.mark.parametrize("kv_heads", [0, 2])
+def test_gqa_without_query_heads_is_empty(request, mode, kv_heads):
+    request.getfixturevalue(mode)
+    q, kv = torch.randn(1, 0, 3, 8, dtype=D), torch.randn(1, kv_heads, 3, 8, dtype=D)
+    expected = F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    _close(fusedops.scaled_dot_product_attention(q, kv, kv, enable_gqa=True), expected)

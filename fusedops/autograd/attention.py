@@ -103,8 +103,8 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=N
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
     if enable_gqa and query.dim() >= 3:
         # as torch: key's and value's head counts each divide query's (they may differ: see _runs_kernels)
-        heads = query.size(-3)
-        if any(h == 0 or heads % h != 0 for h in (key.size(-3), value.size(-3))):
+        heads = query.size(-3)      # 0 query heads: an empty result, as torch (whatever key's and value's)
+        if heads and any(h == 0 or heads % h != 0 for h in (key.size(-3), value.size(-3))):
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
 
 
@@ -204,8 +204,9 @@ def _runs_kernels(query: torch.Tensor) -> bool:
 
 def gqa_heads_differ(query, key, value, enable_gqa) -> bool:
     """Grouped-query attention whose key and value have different head counts (each dividing query's),
-    which torch accepts (its math backend) and the kernels do not: torch's op runs it."""
-    return bool(enable_gqa) and query.dim() >= 3 and key.size(-3) != value.size(-3)
+    which torch accepts (its math backend) and the kernels do not, or whose query has no heads (an empty
+    result, whatever key's and value's head counts): torch's op runs it."""
+    return bool(enable_gqa) and query.dim() >= 3 and (key.size(-3) != value.size(-3) or query.size(-3) == 0)
 
 
 def dropout_not_implemented(dropout_p: float) -> NotImplementedError:

@@ -41,11 +41,11 @@ def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
         return normalized_shape     # what torch.nn.LayerNorm holds, checked without the ABCs below
     if type(normalized_shape) is int:
         return (normalized_shape,)
-    if isinstance(normalized_shape, numbers.Integral):
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         return (int(normalized_shape),)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
         shape = tuple(normalized_shape)
-        if all(isinstance(d, numbers.Integral) for d in shape):
+        if all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):
             return tuple(int(d) for d in shape)
     raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
 
@@ -161,11 +161,12 @@ def _argument_key(op: str, x: torch.Tensor, normalized_shape: Tuple[int, ...], w
 
 
 def eps_number(op: str, eps) -> float:
-    """float(eps), or torch's TypeError naming the argument: eps must be a number (a 0-d tensor counts; None
-    and strings, which float() would parse, do not; rms_norm's default None is resolved by the caller)."""
+    """float(eps), or torch's TypeError naming the argument: eps must be a number (a 0-d tensor that does not
+    require grad counts; None and strings, which float() would parse, do not; rms_norm's default None is
+    resolved by the caller)."""
     try:
-        if isinstance(eps, (str, bytes)):
-            raise TypeError
+        if isinstance(eps, (str, bytes)) or (isinstance(eps, torch.Tensor) and eps.requires_grad):
+            raise TypeError     # (torch takes a 0-d tensor as a number, but not one that requires grad)
         return float(eps)
     except (TypeError, ValueError):
         raise TypeError(f"fusedops.{op}(): argument 'eps' must be a number, got {type(eps).__name__}") from None
