@@ -54,10 +54,8 @@ def interpret_pipelined_tma_matmul(c, a, b, num_stages, expected_op, **tile):
     4 warps, `num_stages`), asserting that the pipelined IR holds an `expected_op` (an OpCode) whenever
     K > 0; returns the pipelined IR function. The interpreter lands a TMA copy only at the mbarrier wait
     of its slot, so a wrong slot, phase or wait changes c."""
-    from fusedops.dsl.interpreter import Interpreter
     from fusedops.dsl.passes.manager import run_pipeline
     from fusedops.dsl.passes.pipeline import default_pipeline
-    from fusedops.dsl.runtime.signature import specialize
 
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     args, constexprs, _ = mm._tma_launch(c, a[None], b[None], None, None)
@@ -66,9 +64,7 @@ def interpret_pipelined_tma_matmul(c, a, b, num_stages, expected_op, **tile):
     function = kernel.ir(*args, **kwargs)
     run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=num_stages))
     assert (k > 0) <= any(op.opcode == expected_op for op in function.walk())
-    values = kernel._bind(args, kwargs)
-    runtime = [v for v, spec in zip(values, specialize(kernel.__name__, kernel.params, values)) if spec.is_runtime]
-    Interpreter(function).launch((mm._programs(m, n, kwargs), 1), runtime)
+    interpret_ir(kernel, function, (mm._programs(m, n, kwargs), 1), args, kwargs)
     return function
 
 
