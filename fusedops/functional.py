@@ -38,6 +38,9 @@ _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: Tr
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
+_is_compiling = torch.compiler.is_compiling
+
+
 def needs_torch(*tensors) -> bool:
     """Whether tensors among `tensors` (None and non-tensors are skipped) hold what the kernels, which read
     plain strided memory, would get wrong, so that torch's op runs instead: a tensor subclass (FakeTensor
@@ -55,9 +58,6 @@ def needs_torch(*tensors) -> bool:
         elif t is not None and isinstance(t, torch.Tensor):
             return True
     return False
-
-
-_is_compiling = torch.compiler.is_compiling
 
 
 def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from fusedops.autograd.arguments import float_argument
 from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.dsl.runtime import knobs
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
@@ -17,6 +18,7 @@ from fusedops.kernels import attention as _kernels
 # Masks the kernels read: boolean (True = keep) or additive float (torch also accepts float32 masks
 # for float16/bfloat16 queries, and a mask of the query's dtype).
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
+_SDPA = "scaled_dot_product_attention"     # the name torch's argument errors give
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -44,18 +46,6 @@ class AttentionFunction(torch.autograd.Function):
 
 # AttentionFunction.apply without the Python layer of torch's (function_host.py)
 _attention_apply = apply_of(AttentionFunction, (0, 1, 2, 3))
-
-
-def _number(name: str, value) -> float:
-    """float(value), or torch's TypeError naming the argument (a 0-d tensor counts as a number; a string
-    does not, though float() would parse it)."""
-    try:
-        if isinstance(value, (str, bytes)):
-            raise TypeError
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be float, not "
-                        f"{type(value).__name__}") from None
 
 
 def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=None, is_causal=False) -> None:
@@ -98,8 +88,8 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=N
         if not (device >= 0 and attn_mask.get_device() == device) and attn_mask.device != query.device:
             raise RuntimeError(f"Expected attn_mask on {query.device}, got {attn_mask.device}")
     if scale is not None:
-        _number("scale", scale)
-    if not 0.0 <= _number("dropout_p", dropout_p) <= 1.0:
+        float_argument(_SDPA, "scale", scale)
+    if not 0.0 <= float_argument(_SDPA, "dropout_p", dropout_p) <= 1.0:
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
     if enable_gqa and query.dim() >= 3:
         # as torch: key's and value's head counts each divide query's (they may differ: see _runs_kernels)

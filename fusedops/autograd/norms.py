@@ -26,6 +26,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from fusedops.autograd.arguments import float_argument
 from fusedops.autograd.function_host import apply_of, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
@@ -161,15 +162,9 @@ def _argument_key(op: str, x: torch.Tensor, normalized_shape: Tuple[int, ...], w
 
 
 def eps_number(op: str, eps) -> float:
-    """float(eps), or torch's TypeError naming the argument: eps must be a number (a 0-d tensor that does not
-    require grad counts; None and strings, which float() would parse, do not; rms_norm's default None is
-    resolved by the caller)."""
-    try:
-        if isinstance(eps, (str, bytes)) or (isinstance(eps, torch.Tensor) and eps.requires_grad):
-            raise TypeError     # (torch takes a 0-d tensor as a number, but not one that requires grad)
-        return float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"fusedops.{op}(): argument 'eps' must be a number, got {type(eps).__name__}") from None
+    """float(eps), or torch's TypeError naming the argument (arguments.float_argument; rms_norm's default
+    None is resolved by the caller)."""
+    return float_argument(f"fusedops.{op}", "eps", eps, expected="a number")
 
 
 def known_launches(op: str, x, normalized_shape, weight, bias, eps) -> Optional[tuple]:
