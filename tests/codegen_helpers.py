@@ -85,3 +85,20 @@ def exchange_groups(function) -> list:
 
     return [op.attrs["exchange_group"] for op in function.walk()
             if op.opcode == OpCode.REDUCE and "exchange_group" in op.attrs]
+
+
+def pipelined_ir(kernel, args, kwargs, num_warps, siblings=True, arch="sm_90a", num_stages=1):
+    """(function, report): the IR of a fresh copy of `kernel` (its own IR cache) for args / constexprs
+    kwargs after the default pass pipeline, without group_sibling_reductions when `siblings` is False;
+    verified."""
+    from fusedops.dsl.ir import verify
+    from fusedops.dsl.passes.manager import run_pipeline
+    from fusedops.dsl.passes.pipeline import default_pipeline
+
+    function = dsl.jit(kernel.fn).ir(*args, **kwargs)
+    passes = default_pipeline(num_warps, arch, num_stages)
+    if not siblings:
+        passes = [p for p in passes if getattr(p, "__name__", "") != "group_sibling_reductions"]
+    report = run_pipeline(function, passes)
+    verify(function)
+    return function, report

@@ -26,17 +26,15 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.codegen.kernel import lower_to_llvm
 from fusedops.dsl.codegen.tma_store import MAX_SHARED_BYTES
-from fusedops.dsl.ir import OpCode, verify
+from fusedops.dsl.ir import OpCode
 from fusedops.dsl.ir.printer import print_function
 from fusedops.dsl.layouts.reduction import reduction_plan
-from fusedops.dsl.passes.manager import run_pipeline
-from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.passes.sibling_reductions import (MAX_GROUP, MAX_GROUP_LOADS, MAX_GROUP_SCRATCH_BYTES, MAX_MOVED,
                                                     _exchange_cost, group_sibling_reductions)
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.dsl.target.ptx import Target, compile_to_ptx
 
-from codegen_helpers import exchange_groups, interpret_ir
+from codegen_helpers import exchange_groups, interpret_ir, pipelined_ir
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -322,18 +320,6 @@ def multi_result_loop_kernel(out_ptr, x_ptr, n, N: dsl.constexpr):
 
 # -- helpers ----------------------------------------------------------------------------------------------
 
-def _pipelined(kernel, args, kwargs, num_warps, siblings=True, arch="sm_90a", num_stages=1):
-    function = dsl.jit(kernel.fn).ir(*args, **kwargs)        # a fresh JITFunction: its own IR
-    passes = default_pipeline(num_warps, arch, num_stages)
-    if not siblings:
-        passes = [p for p in passes if getattr(p, "__name__", "") != "group_sibling_reductions"]
-    report = run_pipeline(function, passes)
-    verify(function)
-    return function, report
-
-
-
-
 def _reaches(value, targets, seen=None) -> bool:
     """Whether `value` is computed (transitively, through defining ops in any block) from one of `targets`."""
     seen = set() if seen is None else seen
@@ -391,7 +377,7 @@ def _compare(kernel, make, kwargs, num_warps, grid=(1,), num_stages=1, arch="sm_
     for siblings in (True, False):
         torch.manual_seed(1234)
         args, outs = make()
-        function, _ = _pipelined(kernel, args, kwargs, num_warps, siblings, arch, num_stages)
+        function, _ = pipelined_ir(kernel, args, kwargs, num_warps, siblings, arch, num_stages)
         if siblings:
             _check_groups(function)
             groups = exchange_groups(function)
@@ -407,7 +393,7 @@ def _compare(kernel, make, kwargs, num_warps, grid=(1,), num_stages=1, arch="sm_
 
 
 def _ptx(kernel, args, kwargs, num_warps, siblings, arch, num_stages=1):
-    function, report = _pipelined(kernel, args, kwargs, num_warps, siblings, arch, num_stages)
+    function, report = pipelined_ir(kernel, args, kwargs, num_warps, siblings, arch, num_stages)
     lowered = lower_to_llvm(function, arch=arch, num_warps=num_warps, axis_info=report.analyses["analyze_pointers"])
     return lowered, compile_to_ptx(lowered.llvm_ir, Target(arch)).ptx
 
@@ -501,7 +487,7 @@ def test_argreduce_and_cumsum_are_not_grouped():
         x[7] = float("nan")
         return (out, idx, x), [out, idx]
     assert _compare(arg_scan_kernel, make, dict(N=1024), 4) == [2]
-    function, _ = _pipelined(arg_scan_kernel, make()[0], dict(N=1024), 4)
+    function, _ = pipelined_ir(arg_scan_kernel, make()[0], dict(N=1024), 4)
     assert not any("exchange_group" in op.attrs or "exchange_follower" in op.attrs
                    for op in function.walk() if op.opcode in (OpCode.ARGREDUCE, OpCode.SCAN))
 
@@ -558,7 +544,7 @@ def test_result_of_a_multi_result_loop_is_not_moved():
 
 def test_pass_is_idempotent():
     x = torch.randn(64, 128)
-    function, _ = _pipelined(four_kernel, (torch.zeros(512), x, x, 63, 125), dict(R=64, N=128, AXIS=0, KIND=0), 8)
+    function, _ = pipelined_ir(four_kernel, (torch.zeros(512), x, x, 63, 125), dict(R=64, N=128, AXIS=0, KIND=0), 8)
     before = print_function(function)
     assert group_sibling_reductions(function) is False
     assert print_function(function) == before

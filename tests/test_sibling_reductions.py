@@ -14,10 +14,8 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.ir import OpCode
-from fusedops.dsl.passes.manager import run_pipeline
-from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.target import assemble, ptxas_available
-from codegen_helpers import exchange_groups, interpret_ir
+from codegen_helpers import exchange_groups, interpret_ir, pipelined_ir
 from helpers import poison
 
 
@@ -64,17 +62,6 @@ def not_siblings_kernel(out_ptr, x_ptr, y_ptr, n_cols, BLOCK_N: dsl.constexpr):
     dsl.store(out_ptr + dsl.program_id(0) * 3 + 2, c)
 
 
-def _pipelined(kernel, args, kwargs, num_warps, siblings=True):
-    function = dsl.jit(kernel.fn).ir(*args, **kwargs)       # a fresh JITFunction: its own IR
-    passes = default_pipeline(num_warps, "sm_90a")
-    if not siblings:
-        passes = [p for p in passes if getattr(p, "__name__", "") != "group_sibling_reductions"]
-    run_pipeline(function, passes)
-    return function
-
-
-
-
 @pytest.mark.parametrize("n_rows, n_cols, block_rows, block_n, num_warps", [
     (5, 1000, 2, 1024, 4), (1, 1, 1, 128, 4), (7, 300, 4, 512, 8), (3, 2049, 1, 4096, 16)])
 def test_grouped_ir_runs_bit_identical_and_right(n_rows, n_cols, block_rows, block_n, num_warps):
@@ -85,7 +72,7 @@ def test_grouped_ir_runs_bit_identical_and_right(n_rows, n_cols, block_rows, blo
     for siblings in (True, False):
         out = poison(torch.empty(n_rows, 3))
         args, kwargs = (out, x, n_rows, n_cols), dict(BLOCK_ROWS=block_rows, BLOCK_N=block_n)
-        function = _pipelined(row_moments_kernel, args, kwargs, num_warps, siblings)
+        function = pipelined_ir(row_moments_kernel, args, kwargs, num_warps, siblings)[0]
         assert exchange_groups(function) == ([3] if siblings else [])
         interpret_ir(row_moments_kernel, function, grid, args, kwargs)
         outputs.append(out)
@@ -98,7 +85,7 @@ def test_grouped_ir_runs_bit_identical_and_right(n_rows, n_cols, block_rows, blo
 def test_grouped_members_follow_the_first_and_keep_their_order():
     x = torch.randn(4, 1000, dtype=torch.float16)
     args, kwargs = (torch.empty(4, 3), x, 4, 1000), dict(BLOCK_ROWS=2, BLOCK_N=1024)
-    function = _pipelined(row_moments_kernel, args, kwargs, 4)
+    function = pipelined_ir(row_moments_kernel, args, kwargs, 4)[0]
     ops = function.body.ops
     reduces = [i for i, op in enumerate(ops) if op.opcode == OpCode.REDUCE]
     assert len(reduces) == 3 and reduces == list(range(reduces[0], reduces[0] + 3))
@@ -109,10 +96,10 @@ def test_grouped_members_follow_the_first_and_keep_their_order():
 
 def test_dependent_other_kind_and_loaded_operands_are_not_grouped():
     x = torch.randn(3, 1000, dtype=torch.float32)
-    function = _pipelined(dependent_kernel, (torch.empty(3), x, 1000), dict(BLOCK_N=1024), 4)
+    function = pipelined_ir(dependent_kernel, (torch.empty(3), x, 1000), dict(BLOCK_N=1024), 4)[0]
     assert exchange_groups(function) == []
     args = (torch.empty(3, 3), x, x.clone(), 1000)
-    function = _pipelined(not_siblings_kernel, args, dict(BLOCK_N=1024), 4)
+    function = pipelined_ir(not_siblings_kernel, args, dict(BLOCK_N=1024), 4)[0]
     assert exchange_groups(function) == []
 
 
@@ -120,7 +107,7 @@ def test_single_warp_reductions_are_left_alone():
     # Within one warp there is no exchange to share: nothing moves.
     x = torch.randn(4, 64, dtype=torch.float16)
     args, kwargs = (torch.empty(4, 3), x, 4, 64), dict(BLOCK_ROWS=1, BLOCK_N=64)
-    assert exchange_groups(_pipelined(row_moments_kernel, args, kwargs, 1)) == []
+    assert exchange_groups(pipelined_ir(row_moments_kernel, args, kwargs, 1)[0]) == []
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
