@@ -112,8 +112,7 @@ def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = N
         dim: the dim to normalize over, negative counts from the end.
         dtype: if given, `input` is cast to it first and the result has this dtype.
     Returns:
-        A tensor shaped like `input` (dense; its dims lie in memory in `input`'s order, where torch
-        returns a contiguous tensor). A row of only -inf gives NaN, like torch.
+        A contiguous tensor shaped like `input`, as torch's. A row of only -inf gives NaN, like torch.
     Raises:
         TypeError: `input` is not a floating-point tensor (and no floating `dtype` is given), or
             `dtype` is not a floating dtype.

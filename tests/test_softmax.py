@@ -246,18 +246,33 @@ def test_backward_of_one_forward_layout_for_every_dy_layout(log, seed, interpret
 
 
 def test_saved_tensor_hooks_that_lay_y_out_anew(seed, interpret):
-    # y keeps x's dim order (here not contiguous); save_on_cpu gives it back contiguous: the backward
-    # must not read it with the forward's strides.
+    # y is contiguous; hooks that give it back transposed (or on the CPU and back): the backward must
+    # not read it with the forward's strides.
     x = random_tensor((12, 5), torch.float32, seed=seed).t().requires_grad_()     # (5, 12), strides (1, 5)
     dy = random_tensor((5, 12), torch.float32, seed=seed + 1)
     for hooks in (torch.autograd.graph.save_on_cpu(), torch.autograd.graph.saved_tensors_hooks(
-            lambda t: t.contiguous(), lambda t: t)):
+            lambda t: t.t().contiguous().t(), lambda t: t)):
         x.grad = None
         with hooks:
             y = fusedops.softmax(x, 1)
-        assert not y.is_contiguous()
+        assert y.is_contiguous()
         y.backward(dy)
         assert_close(x.grad, reference_grad(x, dy, 1, False), torch.float32)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("view", ["transposed", "permuted", "sliced", "expanded"])
+def test_results_are_contiguous_like_torchs(view, log, seed, interpret):
+    # torch's softmax returns a contiguous tensor for any input layout (so `.view(-1)` of it works); the
+    # kernels write in the input's dim order, which for a permuted input is not contiguous.
+    base = random_tensor((6, 5, 7), torch.float32, seed=seed)
+    x = {"transposed": base.transpose(0, 2), "permuted": base.permute(1, 2, 0),
+         "sliced": base[:, ::2].transpose(1, 2), "expanded": base[:1].expand(4, 5, 7)}[view]
+    for dim in range(x.dim()):
+        y = ours(log)(x, dim)
+        assert y.is_contiguous() and y.shape == x.shape
+        assert_close(y, reference(x, dim, log), torch.float32)
+        assert y.view(-1).numel() == x.numel()
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])

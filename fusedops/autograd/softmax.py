@@ -26,7 +26,7 @@ class SoftmaxFunction(torch.autograd.Function):
     forward(x, launches):
         x: float16/bfloat16/float32 CUDA tensor (any float dtype on the CPU under
             FUSEDOPS_INTERPRET=1), rank >= 1, laid out as `launches` was made for.
-    Returns y, shaped like x, dense with x's dim order, in the launches' output dtype; the gradient is
+    Returns y, shaped like x, contiguous, in the launches' output dtype; the gradient is
     returned in x.dtype. Double backward is not supported (the backward is a kernel): it raises
     RuntimeError.
     """

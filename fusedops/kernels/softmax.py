@@ -927,19 +927,26 @@ class SoftmaxLaunches:
         interpreter) and kept here, so that the autograd Function's backward skips softmax_backward's key.
     """
 
-    __slots__ = ("_launch", "_new_output", "_dim", "_log", "_dtype", "_backward")
+    __slots__ = ("_launch", "_new_output", "_permuted", "_dim", "_log", "_dtype", "_backward")
 
     def __init__(self, x: torch.Tensor, dim: int, log: bool, out_dtype: torch.dtype, config: Optional[Config],
                  max_one_pass_block: Optional[int]):
         self._new_output = _dense_allocator(x, out_dtype)
-        self._launch = _prepare_forward(x, self._new_output(x), dim, log, config, max_one_pass_block)
+        y = self._new_output(x)
+        self._launch = _prepare_forward(x, y, dim, log, config, max_one_pass_block)
+        # the kernels write y in x's dim order (coalesced like x's reads); torch returns a contiguous
+        # tensor, so a permuted x's result is copied to one (torch copies x to a contiguous one first: the
+        # same traffic)
+        self._permuted = not y.is_contiguous()
         self._dim, self._log, self._dtype = dim, log, x.dtype
         self._backward = BoundedCache(16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._new_output(x)
         copied = self._launch(y, x)
-        return y if copied is None else copied
+        if copied is not None:
+            return copied
+        return y.contiguous() if self._permuted else y
 
     def backward(self, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # y's strides too: the output of a copied x, or a saved-tensor hook (torch.autograd.graph.save_on_cpu),
@@ -960,7 +967,7 @@ def softmax_forward(x: torch.Tensor, dim: int, *, log: bool, dtype: Optional[tor
     dtype: the output dtype (default x.dtype); statistics are float32 (float64 for float64).
     config: use this Config instead of `choose_config`'s (benchmark sweeps).
     max_one_pass_block: override the one-pass limits (tests use it to reach the online path).
-    Returns a new tensor shaped like `x`, dense, with its dims in `x`'s memory order.
+    Returns a new contiguous tensor shaped like `x` (as torch's softmax).
     """
     return softmax_launches(x, dim, log=log, dtype=dtype, config=config,
                             max_one_pass_block=max_one_pass_block).forward(x)
