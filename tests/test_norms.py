@@ -114,22 +114,23 @@ def test_matches_float64_every_affine_combination(interpret, op, weight, bias, s
 @pytest.mark.parametrize("n_cols", [1000, 1032, 1544])
 def test_forward_reads_16_byte_vectors_when_row_strides_allow(n_cols, subtract_mean, tmp_path, monkeypatch):
     # Row strides divisible by 8 fp16 elements (not 16, so not specialized): ALIGN keeps vectors, with the
-    # shipped whole-row config's options (LayerNorm: cache hints at 1024 and 2048 columns; rows past 4096
+    # shipped whole-row config's options (LayerNorm: the shifted sums up to 4096 columns; rows past 4096
     # columns take the row sweeps, tests/test_norm_row_sweeps.py).
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     x = torch.empty(8, n_cols, dtype=torch.float16)
     config = norms.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
-    assert config.cache_hints == subtract_mean and not config.reload
+    assert config.shifted_sums == subtract_mean and not config.reload and not config.cache_hints
     align = norms._stride_alignment(x.stride(0), x.stride(0), x.element_size())
     assert align == 8
     stats = torch.empty(8)
     compiled = K.forward_kernel.compile(x, stats if subtract_mean else None, stats, x, x[0], x[0], 8, n_cols, n_cols,
                                         1, n_cols, 1e-5, target="sm_90a", num_warps=config.num_warps,
                                         SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows,
-                                        BLOCK_N=config.block_n, ALIGN=align, CACHE_HINTS=config.cache_hints)
+                                        BLOCK_N=config.block_n, ALIGN=align, SHIFTED_SUMS=config.shifted_sums)
     ptx = compiled.asm["ptx"]
     assert re.search(r"ld\.global[.\w:]*\.v4", ptx) and re.search(r"st\.global[.\w:]*\.v4", ptx)
-    assert ("evict_first" in ptx) == subtract_mean
+    # the shifted sums: one exchange of the statistics (one barrier pair) where the two reductions took two
+    assert ptx.count("bar.sync") == 2         # (LayerNorm without them: 4)
     assert assemble(ptx, "sm_90a").spill_bytes == 0
 
 
@@ -367,13 +368,13 @@ def test_persistent_half_backward(interpret, monkeypatch, op, weight, bias, shap
 # tiles but where the row sweeps run (8192 block, odd rows).
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("n_cols, rows, hints, sweeps, window", [
-    (1000, 2, True, False, False), (4000, 2, True, False, False), (16000, 1, True, True, False),
+    (1000, 1, False, False, False), (4000, 1, False, False, False), (16000, 1, True, True, False),
     (4104, 1, True, True, False), (20001, 1, True, True, True), (3001, 1, True, True, True)])
 def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, sweeps, window, seed):
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
     assert (config.block_rows, config.cache_hints, config.row_sweeps, config.aligned_window) == (rows, hints, sweeps,
                                                                                                 window)
-    assert not config.reload
+    assert not config.reload and config.shifted_sums == (n_cols <= 4096 and not sweeps)
     plain = norms.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
     assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols in (4104, 3001, 20001))
     assert plain.aligned_window == window
@@ -389,6 +390,46 @@ def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, swe
             assert_close(mean, x64.mean(-1), torch.float32)
             x64 = x64 - x64.mean(-1, keepdim=True)
         assert_close(rstd, torch.rsqrt(x64.pow(2).mean(-1) + 1e-5), torch.float32)
+
+
+def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rows that stress the statistics of the shifted sums (norm_kernels' comment above forward_kernel):
+    an outlier in column 0 (the shift) carrying the row's variance, a large mean, one nonzero element
+    (in column 0, then elsewhere), zeros, a tiny spread around a large mean, a pair of opposite outliers."""
+    x = random_tensor((8, n_cols), torch.float32, seed=seed)
+    x[0, 0] = 60000.0 if dtype == torch.float16 else 1e6
+    x[1] += 1000.0
+    x[2] = 0.0
+    x[2, 0] = 1.0
+    x[3] = 0.0
+    x[3, n_cols // 2] = -7.0
+    x[4] = 0.0
+    x[5] = x[5] * 1e-3 + 5.0
+    x[6, 0], x[6, -1] = -300.0, 300.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("n_cols", [1000, 2048, 4096])
+def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed):
+    # The default 16-bit LayerNorm forward of these rows takes the shifted sums; its outputs stay within
+    # twice the error of torch's own (float32 statistics, one rounding) against float64, and its
+    # statistics within the documented bound (rstd ~N * 2^-24 relative at worst).
+    assert norms.forward_config(n_cols, dtype, subtract_mean=True).shifted_sums
+    x = _hard_rows(n_cols, dtype, seed)
+    w, b = (random_tensor((n_cols,), torch.float32, seed=seed + i).to(dtype) for i in (1, 2))
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, interpret=True,
+                                       allocate=_poisoned_cpu_empty)
+    reference = torch.nn.functional.layer_norm(x.double(), (n_cols,), w.double(), b.double(), 1e-5)
+    ours_error = (y.double() - reference).abs().amax(1)
+    torch_error = (torch.nn.functional.layer_norm(x, (n_cols,), w, b, 1e-5).double() - reference).abs().amax(1)
+    ulp = torch.finfo(dtype).eps * reference.abs().amax(1)
+    assert (ours_error <= 2 * torch_error + ulp).all(), (ours_error, torch_error)
+    x64 = x.double()
+    assert (mean.double() - x64.mean(1)).abs().max() <= 1e-6 * x64.abs().amax(1).max()
+    exact = torch.rsqrt(x64.var(1, unbiased=False) + 1e-5)
+    assert ((rstd.double() / exact - 1).abs() <= 2 * n_cols * 2.0 ** -24).all()
+    assert torch.isfinite(y).all()
 
 
 def test_default_forward_options_apply_to_16_bit_layer_norm_only():
@@ -746,9 +787,9 @@ def test_shipped_configs_assemble_for_sm90a_without_spills(dtype, subtract_mean,
         assert not odd or any(name == "forward_row_sweeps_kernel" and constexprs.get("SHIFT")
                               for name, _, _, constexprs, _ in launches)
     if dtype.itemsize == 2 and subtract_mean:       # and LayerNorm's forward options (forward_config)
-        options = {(constexprs.get("BLOCK_ROWS"), constexprs.get("CACHE_HINTS"))
+        options = {(constexprs.get("BLOCK_ROWS"), constexprs.get("SHIFTED_SUMS"))
                    for name, _, _, constexprs, _ in launches if name == "forward_kernel"}
-        assert {(2, True)} <= options
+        assert {(1, True)} <= options
     monkeypatch.undo()          # compile with the kernels' own prepare
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     for name, kernel, args, constexprs, num_warps in launches:
@@ -788,7 +829,7 @@ def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
 # block; the backward of the same rows (fused, split).
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("shape, option", [((257, 4096), "cache_hints"), ((129, 4000), "cache_hints"),
+@pytest.mark.parametrize("shape, option", [((257, 4096), "shifted_sums"), ((129, 4000), "shifted_sums"),
                                            ((65, 16384), "row_sweeps"), ((33, 16000), "row_sweeps"),
                                            ((17, 20001), "aligned_window")])
 def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, seed):
@@ -802,6 +843,28 @@ def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, s
     dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=True, input_grad=True, weight_grad=True,
                                      bias_grad=True, bias_dtype=dtype, allocate=_poisoned_empty)
     _compare(LAYER_NORM, shape[-1:], (y, dx, dw, db), _reference(LAYER_NORM, x, shape[-1:], w, b, 1e-5, dy), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("n_cols", [1000, 2047, 2048, 4096])
+def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed):
+    # test_shifted_sums_within_twice_torchs_error_on_hard_rows on the GPU, against torch's CUDA kernel, with
+    # the hard rows among 300 ordinary ones and poisoned outputs.
+    assert norms.forward_config(n_cols, dtype, subtract_mean=True).shifted_sums
+    x = torch.cat([_hard_rows(n_cols, dtype, seed), random_tensor((300, n_cols), dtype, seed=seed + 3) * 3 + 0.25])
+    x = x.cuda()
+    w, b = (random_tensor((n_cols,), dtype, "cuda", seed + i) for i in (1, 2))
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
+    reference = torch.nn.functional.layer_norm(x.double(), (n_cols,), w.double(), b.double(), 1e-5)
+    ours_error = (y.double() - reference).abs().amax(1)
+    torch_error = (torch.nn.functional.layer_norm(x, (n_cols,), w, b, 1e-5).double() - reference).abs().amax(1)
+    ulp = torch.finfo(dtype).eps * reference.abs().amax(1)
+    assert (ours_error <= 2 * torch_error + ulp).all(), (ours_error, torch_error)
+    x64 = x.double()
+    assert (mean.double() - x64.mean(1)).abs().max() <= 1e-6 * x64.abs().amax(1).max()
+    exact = torch.rsqrt(x64.var(1, unbiased=False) + 1e-5)
+    assert ((rstd.double() / exact - 1).abs() <= 2 * n_cols * 2.0 ** -24).all()
 
 
 @pytest.mark.cuda

@@ -92,19 +92,30 @@ def _affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION: dsl.constexpr
 
 
 @dsl.jit
-def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, weight_ptr, bias_ptr, logical, in_row,
+def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, weight_ptr, bias_ptr, logical, in_row,
                     y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN: dsl.constexpr,
                     EVICTION: dsl.constexpr = ""):
     # The forward of a tile of whole rows: x (R, C) in its own dtype, 0 where `mask` is off; writes y at
     # y_offsets and the rows' mean (LayerNorm) and rstd. weight, bias: loaded tiles (own dtype) or None;
     # weight_ptr, bias_ptr: not None to load them here, after the reductions, at `logical` (masked by
     # in_row): fewer registers live across the reductions; EVICTION: their loads' eviction_policy.
+    # first: None, or (LayerNorm) the rows' first elements x[row, 0] ((R,), own dtype): the statistics
+    # then come from sums shifted by them (see the comment above forward_kernel).
     acc_dtype = rstd_ptr.dtype.element
     x = x.to(acc_dtype)
-    if SUBTRACT_MEAN:
-        mean = dsl.sum(x, axis=1) / n_cols
-        x = dsl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
+    if SUBTRACT_MEAN and first is not None:
+        first = first.to(acc_dtype)
+        x = dsl.where(mask, x - first[:, None], 0.0)
+        shifted_mean = dsl.sum(x, axis=1) / n_cols
+        variance = dsl.maximum(dsl.sum(x * x, axis=1) / n_cols - shifted_mean * shifted_mean, 0.0)
+        x = x - shifted_mean[:, None]       # (masked-off lanes are not stored: no select)
+        mean = first + shifted_mean
+        rstd = 1.0 / dsl.sqrt(variance + eps)
+    else:
+        if SUBTRACT_MEAN:
+            mean = dsl.sum(x, axis=1) / n_cols
+            x = dsl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if weight_ptr is not None or bias_ptr is not None:
         weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION)
@@ -167,12 +178,22 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
     dsl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
+# Shifted sums (forward_kernel's SHIFTED_SUMS, LayerNorm): with K = x[row, 0] and d = x - K, the mean is
+# K + sum(d) / N and the variance sum(d^2) / N - (sum(d) / N)^2. The two sums do not depend on each
+# other, so they cross the warps in one exchange (passes/sibling_reductions.py) instead of the two
+# dependent ones of mean-then-centered-squares. Shifting by a sample of the row keeps the subtraction
+# from cancelling where the mean is large against the spread (rows of mean 1e4 and variance 1 lose
+# nothing); its rounding error, relative to the variance, is about eps_f32 * (1 + (K - mean)^2 / variance),
+# and (K - mean)^2 <= (N - 1) * variance: at most ~N * 2^-24 (2.4e-4 at N = 4096), reached only when
+# column 0 alone holds an outlier that carries the row's variance, where it costs ~1 float16 ulp of
+# that outlier's output. The launchers use it for 16-bit rows of at most 4096 columns (norms.forward_config).
 @dsl.jit
 def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
                    n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,
                    SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr, BLOCK_N: dsl.constexpr,
                    ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0, AFFINE_FIRST: dsl.constexpr = False,
-                   RELOAD: dsl.constexpr = False, CHUNKS: dsl.constexpr = 1, CACHE_HINTS: dsl.constexpr = False):
+                   RELOAD: dsl.constexpr = False, CHUNKS: dsl.constexpr = 1, CACHE_HINTS: dsl.constexpr = False,
+                   SHIFTED_SUMS: dsl.constexpr = False):
     # x_ptr: (n_rows, n_cols) strided; y_ptr: (n_rows, n_cols) unit column stride; weight_ptr, bias_ptr:
     # (n_cols,) contiguous or None; mean_ptr (LayerNorm only, else None), rstd_ptr: (n_rows,) float32/64.
     # One program per BLOCK_ROWS rows; BLOCK_N >= n_cols (>= n_cols + SHIFT - 1 with SHIFT).
@@ -180,7 +201,8 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     # AFFINE_FIRST: weight and bias are loaded with x, before the reductions (their latency overlaps
     # x's), instead of after them. RELOAD (AFFINE_FIRST ignored): _normalize_rows_reloaded, with
     # CHUNKS and CACHE_HINTS (with CACHE_HINTS and without RELOAD: x is loaded with evict_first,
-    # weight and bias with evict_last).
+    # weight and bias with evict_last). SHIFTED_SUMS (LayerNorm; ignored with RELOAD): the statistics from
+    # sums shifted by x[row, 0] (see the comment above).
     rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
     row_mask = rows < n_rows
     cols = dsl.arange(0, BLOCK_N)
@@ -190,16 +212,19 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0,
                  eviction_policy="evict_first" if CACHE_HINTS and not RELOAD else "")
     affine_eviction: dsl.constexpr = "evict_last" if CACHE_HINTS else ""
+    first = None
+    if SHIFTED_SUMS and SUBTRACT_MEAN and not RELOAD:
+        first = dsl.load(x_ptr + rows.to(dsl.int64) * x_row_stride, mask=row_mask, other=0.0)
     if RELOAD:
         _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
                                  x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N, ALIGN, SHIFT,
                                  CHUNKS, CACHE_HINTS)
     elif AFFINE_FIRST:
         weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row, affine_eviction)
-        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
-                        rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
+        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, None, None, logical, in_row,
+                        y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
     else:
-        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, None, None, weight_ptr, bias_ptr, logical, in_row,
+        _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, None, None, weight_ptr, bias_ptr, logical, in_row,
                         y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN, affine_eviction)
 
 
@@ -249,8 +274,8 @@ def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
                                      SHIFT, CHUNKS, CACHE_HINTS)
         else:
             y_offsets, _, _ = _row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
-            _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, mask, weight, bias, None, None, logical, in_row, y_offsets,
-                            rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
+            _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, None, mask, weight, bias, None, None, logical, in_row,
+                            y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
         if PREFETCH:
             x = x_next
 

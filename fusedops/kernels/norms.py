@@ -56,6 +56,9 @@ class ForwardConfig:
     output_chunks: with reload, the output is written in this many column chunks (block_n divisible).
     cache_hints: weight and bias are loaded with eviction_policy="evict_last" (every row reads them);
         without reload x is loaded with "evict_first", with reload y is stored with "evict_first".
+    shifted_sums (LayerNorm, not with reload or programs_per_sm): the mean and variance from the sums of
+        x - x[row, 0] and of its squares, which cross the warps in one exchange instead of two dependent
+        ones (norm_kernels' comment above forward_kernel: the rounding this adds).
 
     row_sweeps=True (looped, block_rows, affine_first, prefetch, reload and output_chunks ignored):
     forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that many programs per SM, each
@@ -86,6 +89,7 @@ class ForwardConfig:
     row_sweeps: bool = False
     min_blocks_per_sm: int = 0
     shifted_affine: bool = False
+    shifted_sums: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +139,14 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 # 16-bit LayerNorm forward options by padded row size (block_n), over the base whole-row tiles of
 # forward_config (the warps and rows there). H200, fp16, M=8192, kernel alone (CUDA events, L2 flushed),
 # fraction of a device-to-device copy of the same bytes, base tiles -> these options (2026-11-30, two runs):
+# Session 13 (prepared launches x a copy of the same bytes, interleaved, three runs; .scratch/ln_shift_probe.py):
+# one row per program with the shifted sums (one exchange) against the tiles above (two dependent
+# exchanges): 1024 0.906 -> 0.938 (2 warps), 2048 0.861 -> 0.931 (2 warps), 4096 0.879 -> 0.952 (4 warps);
+# the cache hints cost 0.5-6% there, 2-row tiles 4-6% (their per-row loads move between layouts).
 _HALF_LAYER_NORM_FORWARD = {
-    1024: dict(cache_hints=True),                                   # 0.838 -> 0.860 (2 rows, 4 warps)
-    2048: dict(cache_hints=True, block_rows=2),                     # 0.834 -> 0.892; 2 rows: 0.950 -> 0.981 (session 6)
-    4096: dict(cache_hints=True, block_rows=2),                     # 0.820 -> 0.894 (reload, 2 output chunks,
-                                                                    # 1 row); 2 rows: 0.839 -> 0.855 (session 6)
+    1024: dict(block_rows=1, num_warps=2, shifted_sums=True),
+    2048: dict(block_rows=1, num_warps=2, shifted_sums=True),
+    4096: dict(block_rows=1, num_warps=4, shifted_sums=True),
 }
 # (8192: hints, 0.826 -> 0.836, and 32768: reload in 8 output chunks, 0.608 -> 0.740, were dropped in session
 # 6: 16-bit rows there take the row sweeps, aligned or through the window.)
@@ -200,15 +207,13 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     columns, not a multiple of 8 (rows off 16-byte boundaries), take the row sweeps through the aligned
     window (`_HALF_ODD_ROW_WINDOW`; where the window does not apply, strided rows, the plain sweeps).
 
-    16-bit LayerNorm rows of 513 to 32768 columns (padded to 1024..32768; but the aligned-window rows
-    and those of the row sweeps below) add cache hints and/or re-read x (ForwardConfig.reload,
-    output_chunks; `_HALF_LAYER_NORM_FORWARD`, measured at fp16 powers of two; bfloat16 has the same
-    layout, other N take their padded row's options): the whole-row tiles alone reached 0.61-0.84 of a
-    copy's bandwidth, these 0.74-0.89 (2048 and 4096: 2 rows per program, 0.86-0.98). (At the 16384 block
-    every 16-bit row goes to the aligned window or the row sweeps, so the table has no entry for it.)
-    RMSNorm keeps the whole-row tiles (0.95-0.99 of a copy; the hints made it slower at 4096-32768
-    columns, 0.87-0.95 against 0.93-0.99). The aligned-window rows (above), float32 and float64 keep
-    their tiles (not measured with these options).
+    16-bit LayerNorm rows of 513 to 4096 columns (padded to 1024..4096; but the aligned-window rows)
+    take one row per program with the shifted sums (ForwardConfig.shifted_sums: one cross-warp exchange
+    for the statistics instead of two; `_HALF_LAYER_NORM_FORWARD`, measured at fp16 powers of two;
+    bfloat16 has the same layout, other N take their padded row's options): 0.93-0.95 of a copy's
+    bandwidth, against 0.86-0.91 for the 2-row tiles with cache hints that they replace. RMSNorm keeps
+    the whole-row tiles (0.95-0.99 of a copy; the hints made it slower at 4096-32768 columns, 0.87-0.95
+    against 0.93-0.99). float32 and float64 keep their tiles and the exact two-reduction statistics.
 
     16-bit rows of 4097 to 32768 columns with N % 8 == 0 take the two-sweep kernel instead where
     `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy)."""
@@ -489,10 +494,14 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
                 raise ValueError(f"output_chunks={config.output_chunks} does not divide block_n={config.block_n}")
             tiles.update(RELOAD=config.reload, CHUNKS=config.output_chunks, CACHE_HINTS=config.cache_hints)
         n_tiles = dsl.cdiv(n_rows, config.block_rows)
+        if config.shifted_sums and (config.reload or config.programs_per_sm > 0):
+            raise ValueError("shifted_sums is an option of the one-program-per-tile kernel without reload")
         if config.programs_per_sm > 0:
             grid = (_round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), max(shift, 1)),)
             prepared = K.forward_persistent_kernel.prepare(grid, *args, PREFETCH=config.prefetch, **tiles)
         else:
+            if config.shifted_sums and subtract_mean:
+                tiles.update(SHIFTED_SUMS=True)
             prepared = K.forward_kernel.prepare((n_tiles,), *args, AFFINE_FIRST=config.affine_first, **tiles)
 
     def launch(x, weight, bias):
