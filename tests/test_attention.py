@@ -134,11 +134,57 @@ def test_empty_batch_and_sequences(shape_q, shape_k, interpret):
 def test_lse_is_the_base_2_log_sum_exp(seed):
     q, k, v = _qkv((1, 1, 20, 16), (1, 1, 30, 16), (1, 1, 30, 16), torch.float64, seed)
     mask = _mask_with_dead_rows("bool", (1, 1, 20, 30), seed)
-    _, lse = at.attention_forward(q, k, v, mask, False, 0.25, interpret=True)
+    _, pair = at.attention_forward(q, k, v, mask, False, 0.25, interpret=True)
+    assert pair.shape == (1, 1, 2, 20)
+    hi, lo = pair[:, :, 0], pair[:, :, 1]
     s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(~mask, -math.inf)
     expected = torch.logsumexp(s, -1) / math.log(2)
-    assert torch.isinf(lse[..., ::3]).all() and (lse[..., ::3] > 0).all()      # fully masked: +inf
-    torch.testing.assert_close(lse[..., 1::3], expected[..., 1::3], rtol=1e-12, atol=1e-12)
+    assert torch.isinf(hi[..., ::3]).all() and (hi[..., ::3] > 0).all() and (lo[..., ::3] == 0).all()  # fully masked
+    torch.testing.assert_close(hi[..., 1::3] + lo[..., 1::3], expected[..., 1::3], rtol=1e-12, atol=1e-12)
+    assert (hi[..., 1::3] + lo[..., 1::3] == hi[..., 1::3]).all()      # lo: below hi's rounding
+
+
+def _math_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(E) + mask) v with P materialized (autograd through softmax): the reference for
+    huge additive masks, where torch's fused CPU kernels recompute P from a log-sum-exp that has rounded
+    to the mask (their gradients come out S times too large)."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + mask
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_finfo_min_masks_forward_and_gradients_are_torchs(dtype, seed):
+    # Hugging Face's additive masks: torch.finfo(dtype).min on masked keys. A row masked on every key by
+    # a value whose base-2 logit overflows attends to all its keys equally, as in torch (finfo.min + q.k
+    # rounds to finfo.min), gradients included; float16's min (-65504) does not overflow: softmax(q.k).
+    # Rows: every key at finfo.min, some keys, one key, half finfo.min, -1e9 (float16: its min)
+    # everywhere, -inf on some. Reference: the math in float64 (float64 inputs) or float32 (the kernel's
+    # logits; the sums with -1e9 keep q.k to float32's precision there).
+    q, k, v = _qkv((1, 2, 6, 16), (1, 2, 9, 16), (1, 2, 9, 16), dtype, seed, requires_grad=True)
+    low = torch.finfo(dtype).min
+    mask = torch.zeros(6, 9, dtype=dtype)
+    mask[0] = low
+    mask[1, :5] = low
+    mask[2, 3] = low
+    mask[3, ::2] = low / 2
+    mask[4] = -1e9 if dtype != torch.float16 else low
+    mask[5, 1:] = -math.inf
+    dout = random_tensor((1, 2, 6, 16), dtype, seed=seed + 7)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    leaves = [t.detach().to(wide).requires_grad_() for t in (q, k, v)]
+    expected = _math_attention(*leaves, mask.to(wide))
+    expected.backward(dout.to(wide))
+    if dtype != torch.float16:
+        torch.testing.assert_close(expected[:, :, 0], leaves[2].mean(2), rtol=1e-6, atol=1e-6)     # uniform
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FUSEDOPS_INTERPRET", "1")
+        out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out.backward(dout)
+    # (float64: -1e9 * log2(e) + q.k keeps q.k to ~2e-7)
+    tolerance = {torch.float64: 1e-6, torch.float32: 1e-5}.get(dtype, 3e-2)
+    torch.testing.assert_close(out.to(wide), expected, rtol=tolerance, atol=tolerance)
+    for ours, reference in zip((q, k, v), leaves):
+        torch.testing.assert_close(ours.grad.to(wide), reference.grad, rtol=tolerance, atol=tolerance)
 
 
 # -- gradients ---------------------------------------------------------------------------------------------
@@ -603,6 +649,33 @@ def test_gpu_masks_with_dead_rows_and_non_contiguous_inputs(kind, seed):
     _assert_within_twice_torch(out, torch_out, expected.detach(), "out")
     for name, ours, theirs, want in zip("qkv", grads, torch_grads, expected_grads):
         _assert_within_twice_torch(ours, theirs, want, f"d{name}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_finfo_min_masks_forward_and_gradients(dtype, seed):
+    # test_finfo_min_masks_forward_and_gradients_are_torchs on the H200's kernels at sizes that take
+    # several key and query blocks: a (L, S) additive mask of finfo.min with rows masked everywhere,
+    # partly, and not at all; reference: the math in float32 with P materialized.
+    q, k, v = _qkv((2, 4, 300, 64), (2, 4, 500, 64), (2, 4, 500, 64), dtype, seed, "cuda", requires_grad=True)
+    low = torch.finfo(dtype).min
+    mask = torch.zeros(300, 500, dtype=dtype, device="cuda")
+    mask[::5] = low                                    # every fifth query: all keys
+    mask[1::5, 100:] = low
+    mask[2::5, ::7] = low
+    mask[3::5, 1:] = -math.inf
+    dout = random_tensor((2, 4, 300, 64), dtype, "cuda", seed + 5)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    expected = _math_attention(*leaves, mask.float())
+    expected.backward(dout.float())
+    out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.backward(dout)
+    if dtype == torch.bfloat16:     # its min overflows in base 2: those rows are the mean of v
+        torch.testing.assert_close(expected[:, :, ::5], leaves[2].mean(2, keepdim=True).expand(-1, -1, 60, -1),
+                                   rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+    for ours, reference_leaf in zip((q, k, v), leaves):
+        torch.testing.assert_close(ours.grad.float(), reference_leaf.grad, rtol=3e-2, atol=3e-2)
 
 
 @pytest.mark.cuda

@@ -139,7 +139,7 @@ def test_attention_operator_matches_torch(case, path, monkeypatch):
         mask, causal = mask + torch.zeros(length_q, length_k).masked_fill(~below, -float("inf")), False
     expected = torch.nn.functional.scaled_dot_product_attention(*inputs, attn_mask=mask, is_causal=causal,
                                                                 scale=scale, enable_gqa=gqa)
-    assert out.shape == expected.shape and lse.shape == out.shape[:-1] and lse.dtype == torch.float64
+    assert out.shape == expected.shape and lse.shape == (*out.shape[:-2], 2, out.shape[-2]) and lse.dtype == torch.float64
     assert_close(out, expected, torch.float64)
     weights = torch.randn(out.shape)
     grads = torch.autograd.grad((out * weights).sum(), inputs)
@@ -158,7 +158,9 @@ def test_attention_operator_lse_is_the_base_2_log_sum_exp(monkeypatch):
     _, lse = ops.scaled_dot_product_attention(q, k, v, keep, False, None, False)
     monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
     _, lse_kernel = ops.scaled_dot_product_attention(q, k, v, keep, False, None, False)
-    for actual in (lse, lse_kernel):
+    for pair in (lse, lse_kernel):      # (hi, lo): the log-sum-exp as an unevaluated sum (kernels/attention.py)
+        assert pair.shape == (1, 2, 2, 4)
+        actual = pair[..., 0, :] + pair[..., 1, :]
         assert torch.equal(actual.isinf(), expected.isinf())
         torch.testing.assert_close(actual.nan_to_num(posinf=0.0), expected.nan_to_num(posinf=0.0))
 

@@ -2,7 +2,7 @@
 pass and the backward pass, and their launchers.
 
     q: (B, H, L, E)    k: (B, H_kv, S, E)    v: (B, H_kv, S, Ev)    o: (B, H, L, Ev)
-    lse: (B, H, L) float32        mask (optional): broadcastable to (B, H, L, S)
+    lse: (B, H, 2, L) float32     mask (optional): broadcastable to (B, H, L, S)
 
 Every tensor is read with its own strides (int64 offsets), so transposed, sliced and expanded
 (stride 0) views are read in place. H is a multiple of H_kv: query head h reads key/value head
@@ -16,19 +16,27 @@ cast to the input dtype before the P @ V tensor-core dot, as FlashAttention does
 The scales are passed as float32 pairs (hi, lo) summed in the kernel's accumulation dtype: float
 kernel arguments are float32, and the float64 interpreter runs (gradcheck) need more precision.
 
-Saved statistics. `lse[b, h, i] = m_i + log2(l_i)` is the log-sum-exp of row i *in base 2*
-(log2(sum_j exp2(s2_ij))); the natural-log LSE is lse * ln(2). The backward pass recomputes
-P = exp2(s2 - lse) from it.
+Saved statistics. `lse[b, h, 0, i] + lse[b, h, 1, i] = m_i + log2(l_i)` is the log-sum-exp of row i
+*in base 2* (log2(sum_j exp2(s2_ij))), as an unevaluated sum: lse[.., 0, i] is m_i + log2(l_i) rounded
+to float32 and lse[.., 1, i] its rounding error (Knuth's TwoSum), so that a row of huge logits (m_i =
+-3.4e38 under a finfo.min mask) keeps its log2(l_i). The natural-log LSE is lse[.., 0, :] * ln(2). The
+backward pass recomputes P = exp2((s2 - lse[.., 0, i]) - lse[.., 1, i]) from it; without an additive
+mask the logits stay far from float32's range, lo is below hi's last bit's weight in P, and the backward
+reads hi alone, P = exp2(s2 - lse[.., 0, i]).
 
 Masks.
   - causal: top-left aligned, as torch's `is_causal` (torch.ones(L, S).tril()): query i sees keys
     j <= i, also when L != S. Key blocks entirely past the diagonal are skipped.
   - attn_mask: boolean (True = keep) or additive float, loaded block by block with its broadcast
     strides (0 for broadcast dims). Causal and attn_mask may be combined (logical and).
+    Additive masks of huge finite values (torch.finfo(dtype).min, Hugging Face's convention) work as in
+    torch: a logit whose base-2 value overflows is held at the float32 minimum (a -inf mask value keeps
+    its key out), so a row masked everywhere by finfo.min attends to all its keys equally, as torch's
+    finfo.min + q.k (which rounds to finfo.min) does; the lse pair below keeps that row's log2(l).
   - ragged edges: keys >= S get -inf; rows >= L and head-dim columns >= E are masked loads/stores,
     so any L, S, E <= 256 work (E is padded to the next power of two, BLOCK_E).
   - fully masked rows (every key masked by attn_mask): the output row is 0 (torch's behaviour) and
-    lse = +inf, which makes the recomputed P of that row 0, so its gradients are 0 and finite.
+    lse = (+inf, 0), which makes the recomputed P of that row 0, so its gradients are 0 and finite.
 
 Backward. Three kernels, no atomics, deterministic:
   1. `attention_backward_preprocess_kernel`: delta_i = rowsum(dO * O) (float32).
@@ -77,8 +85,11 @@ def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
         s = dsl.where(keep != 0, s, -float("inf"))
     elif MASK_KIND == 2:
         bias = dsl.load(mask_ptr + qi.to(dsl.int64) * stride_mm + kj.to(dsl.int64) * stride_mn,
-                        mask=(qi < L) & (kj < S), other=0.0)
-        s = s + bias.to(s.dtype) * 1.4426950408889634
+                        mask=(qi < L) & (kj < S), other=0.0).to(s.dtype)
+        # a finite mask whose base-2 logit overflows (torch.finfo(float32).min * log2(e)) is held at the
+        # float32 minimum, where torch's sum stays; a -inf mask keeps the key out
+        s = s + bias * 1.4426950408889634
+        s = dsl.where((s == -float("inf")) & (bias > -float("inf")), -3.4028234663852886e38, s)
     if CAUSAL:
         s = dsl.where(kj <= qi, s, -float("inf"))
     if CHECK_KEYS:
@@ -151,7 +162,7 @@ def attention_forward_kernel(
         H, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
         CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr):
-    # o_ptr: (B, H, L, EV); lse_ptr: (B * H, L) contiguous ACC; q_ptr: (B, H, L, E);
+    # o_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L) contiguous ACC; q_ptr: (B, H, L, E);
     # k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV); mask_ptr: (B, H, L, S) strides
     # (0 on broadcast dims) or unused. Grid: (B * H, cdiv(L, BLOCK_M)).
     # Key blocks: the first one (masked) is peeled so that the running statistics enter the loops in
@@ -189,8 +200,14 @@ def attention_forward_kernel(
 
     empty = l_i == 0.0                                       # fully masked row (or S = 0)
     acc = acc / dsl.where(empty, 1.0, l_i)[:, None]
-    lse = dsl.where(empty, float("inf"), m_i + dsl.log2(dsl.where(empty, 1.0, l_i)))
-    dsl.store(lse_ptr + bh.to(dsl.int64) * L + rm, lse, mask=rm < L)
+    # lse as the unevaluated sum hi + lo of m_i and log2(l_i) (TwoSum, Knuth TAOCP vol. 2, 4.2.2)
+    log_l = dsl.log2(dsl.where(empty, 1.0, l_i))
+    hi = m_i + log_l
+    rounded = hi - m_i
+    lo = (m_i - (hi - rounded)) + (log_l - rounded)
+    lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
+    dsl.store(lse_row, dsl.where(empty, float("inf"), hi), mask=rm < L)
+    dsl.store(lse_row + L, dsl.where(empty, 0.0, lo), mask=rm < L)
     o = o_ptr + b * stride_ob + h * stride_oh + rm.to(dsl.int64)[:, None] * stride_om + rev[None, :] * stride_oe
     dsl.store(o, acc.to(o_ptr.dtype.element), mask=(rm[:, None] < L) & (rev[None, :] < EV))
 
@@ -246,9 +263,12 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
         st = _apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, False)
     elif CAUSAL:
         st = dsl.where(rn[:, None] <= rm[None, :], st, -float("inf"))
-    # rows past L (and fully masked rows) have lse = +inf: their P is 0
-    lse = dsl.load(lse_row + rm, mask=rows_ok, other=float("inf"))
-    pt = dsl.exp2(st - lse[None, :])
+    # rows past L (and fully masked rows) have lse = (+inf, 0): their P is 0
+    lse_hi = dsl.load(lse_row + rm, mask=rows_ok, other=float("inf"))
+    if MASK_KIND == 2:      # (only additive masks make logits so large that lo matters)
+        pt = dsl.exp2((st - lse_hi[None, :]) - dsl.load(lse_row + L + rm, mask=rows_ok, other=0.0)[None, :])
+    else:
+        pt = dsl.exp2(st - lse_hi[None, :])
     do = dsl.load(do_base + rm.to(dsl.int64)[:, None] * stride_dom, mask=rows_ok[:, None] & (rev[None, :] < EV),
                   other=0.0)
     dv = dsl.dot(pt.to(do_base.dtype.element), do, dv)
@@ -276,7 +296,7 @@ def attention_backward_dkdv_kernel(
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
         CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, KV_RING: dsl.constexpr = False):
     # dk_ptr, k_ptr: (B, H_KV, S, E); dv_ptr, v_ptr: (B, H_KV, S, EV); q_ptr: (B, H, L, E);
-    # do_ptr: (B, H, L, EV); lse_ptr, delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
+    # do_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L), delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
     # KV_RING: K and V are loaded in every query block's step instead of once (_dkdv_step).
     # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loop
@@ -312,7 +332,7 @@ def attention_backward_dkdv_kernel(
         dot_base = do_head + rev[:, None] * stride_doe
         mask_base = mask_ptr + b * stride_mb + h * stride_mh
         for m0 in range(start_m, L, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * L,
+            dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * (2 * L),
                                 delta_ptr + bh * L, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm,
                                 stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
                                 KV_RING)
@@ -342,8 +362,11 @@ def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base,
     # lse and delta are loaded here, not once before the loops: a load used only by a broadcast is read
     # straight in the accumulator's row layout (L1 hits), where a loop-invariant vector would move to
     # that layout through shared memory (2 barriers) every iteration
-    lse = dsl.load(lse_row, mask=rm < L, other=float("inf"))
-    p = dsl.exp2(s - lse[:, None])
+    lse_hi = dsl.load(lse_row, mask=rm < L, other=float("inf"))
+    if MASK_KIND == 2:      # (see _dkdv_step)
+        p = dsl.exp2((s - lse_hi[:, None]) - dsl.load(lse_row + L, mask=rm < L, other=0.0)[:, None])
+    else:
+        p = dsl.exp2(s - lse_hi[:, None])
     vt = dsl.load(vt_base + cols * stride_vn, mask=(rev[:, None] < EV) & keys_ok[None, :], other=0.0)
     dp = dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
     delta = dsl.load(delta_row, mask=rm < L, other=0.0)
@@ -365,7 +388,8 @@ def attention_backward_dq_kernel(
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
         CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr):
     # dq_ptr, q_ptr: (B, H, L, E); k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV);
-    # do_ptr: (B, H, L, EV); lse_ptr, delta_ptr: (B * H, L) contiguous ACC. Grid: (B * H, cdiv(L, BLOCK_M)).
+    # do_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L), delta_ptr: (B * H, L) contiguous ACC. Grid: (B * H,
+    # cdiv(L, BLOCK_M)).
     # Key blocks: the interior ones without any mask, then the ragged / diagonal tail with the masks.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     bh, b, h, kvh, pid_m = _query_program(H, GROUP)
@@ -378,7 +402,7 @@ def attention_backward_dq_kernel(
                  mask=(rm[:, None] < L) & (re[None, :] < E), other=0.0)
     do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom + rev[None, :] * stride_doe,
                   mask=(rm[:, None] < L) & (rev[None, :] < EV), other=0.0)
-    lse_row = lse_ptr + bh.to(dsl.int64) * L + rm
+    lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
     delta_row = delta_ptr + bh.to(dsl.int64) * L + rm
     kt_base = k_ptr + b * stride_kb + kvh * stride_kh + re[:, None] * stride_ke
     k_base = k_ptr + b * stride_kb + kvh * stride_kh + re[None, :] * stride_ke
@@ -585,8 +609,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: O
     q: (B, H, L, E); k: (B, H_kv, S, E); v: (B, H_kv, S, Ev), one dtype (float16/bfloat16 on the GPU;
     the interpreter also runs float32/float64), H a multiple of H_kv, any strides. mask: None or a
     bool / float tensor *expanded* to (B, H, L, S) (stride 0 on broadcast dims). scale multiplies
-    q . k. Returns o: (B, H, L, Ev) contiguous in q's dtype, and lse: (B, H, L) float32 (float64 for
-    float64 inputs), the base-2 log-sum-exp of each row's logits (+inf for fully masked rows).
+    q . k. Returns o: (B, H, L, Ev) contiguous in q's dtype, and lse: (B, H, 2, L) float32 (float64 for
+    float64 inputs), the base-2 log-sum-exp of each row's logits as the unevaluated sum lse[:, :, 0] +
+    lse[:, :, 1] (+inf and 0 for fully masked rows; the module docstring's "Saved statistics").
     With the default interpret and config the launch is prepared once per layouts (`attention_launches`);
     `launches`: that AttentionLaunches (attention_launches(q, k, v, mask, causal, scale)) when the caller
     has it, which saves finding it.
@@ -648,7 +673,7 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
     interpret = _interpret(interpret)
     acc = _acc_dtype(q)
     new_o = contiguous_allocator((batch, heads, length_q, dim_v), q.dtype, q.device)
-    new_lse = contiguous_allocator((batch, heads, length_q), to_torch(acc), q.device)
+    new_lse = contiguous_allocator((batch, heads, 2, length_q), to_torch(acc), q.device)
     if batch * heads * length_q == 0:     # no rows (then no outputs either)
         return lambda q, k, v, mask: (new_o(), new_lse())
     block_e, block_ev = head_block(dim), head_block(dim_v)

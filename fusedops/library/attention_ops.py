@@ -52,9 +52,13 @@ def _attention_probabilities(q, k, v, mask, causal: bool, scale: float):
     if causal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, -math.inf)
+    # softmax, not exp(s - logsumexp(s)): a row of finfo.min logits has a logsumexp that rounds to its
+    # logits, which would make every P of the row 1
+    p = torch.softmax(s, -1).nan_to_num(0.0)                # fully masked rows (all -inf): 0
     lse = torch.logsumexp(s, -1)
     lse = lse.masked_fill(lse == -math.inf, math.inf)      # the kernels' convention for fully masked rows
-    return torch.exp(s - lse[..., None]), k, v, lse * _attention_kernels.LOG2E
+    # the kernels' (hi, lo) pair (kernels/attention.py: Saved statistics); lo 0 (not read by the math backward)
+    return p, k, v, torch.stack((lse * _attention_kernels.LOG2E, torch.zeros_like(lse)), -2)
 
 
 @torch.library.custom_op("fusedops::scaled_dot_product_attention", mutates_args=())
@@ -62,8 +66,9 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
                   is_causal: bool, scale: Optional[float], enable_gqa: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """torch.nn.functional.scaled_dot_product_attention without dropout (see
     fusedops.scaled_dot_product_attention): (output, lse), both new contiguous tensors; lse is shaped
-    like output without its last dim, float32 (float64 for float64 input), the base-2 log-sum-exp of
-    each row's logits (+inf for fully masked rows)."""
+    (*output.shape[:-2], 2, L), float32 (float64 for float64 input): the base-2 log-sum-exp of each row's
+    logits as an unevaluated sum lse[..., 0, :] + lse[..., 1, :] (+inf and 0 for fully masked rows;
+    fusedops/kernels/attention.py)."""
     q, k, v, mask, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
     scale = _attention.attention_scale(query, scale)
     if attention_runs_kernels(query, value):
@@ -71,7 +76,7 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     else:       # math attention in the accumulation dtype (the L x S logits are materialized)
         p, _, v_heads, lse = _attention_probabilities(q, k, v, mask, is_causal, scale)
         o = (p @ v_heads).to(query.dtype)
-    return o.reshape(out_shape).contiguous(), lse.reshape(out_shape[:-1]).contiguous()
+    return o.reshape(out_shape).contiguous(), lse.reshape(*out_shape[:-2], 2, out_shape[-2]).contiguous()
 
 
 @torch.library.custom_op("fusedops::scaled_dot_product_attention_backward", mutates_args=())
@@ -86,7 +91,8 @@ def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: 
     rows = (q.size(0), q.size(1), q.size(2))
     o, do = output.reshape(*rows, v.size(-1)), grad_output.reshape(*rows, v.size(-1))   # (no -1: 0 elements)
     if attention_runs_kernels(query, value):
-        dq, dk, dv = _attention_kernels.attention_backward(do, q, k, v, o, lse.reshape(rows), mask, is_causal, scale)
+        dq, dk, dv = _attention_kernels.attention_backward(do, q, k, v, o, lse.reshape(*rows[:2], 2, rows[2]), mask,
+                                                           is_causal, scale)
     else:       # dS = P * (dP - rowsum(dO * O)), dP = dO V^T (Dao 2023, Algorithm 2)
         p, k_heads, v_heads, _ = _attention_probabilities(q, k, v, mask, is_causal, scale)
         do = do.to(p.dtype)
@@ -106,7 +112,8 @@ def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: 
 @_attention_op.register_fake
 def _(query, key, value, attn_mask, is_causal, scale, enable_gqa):
     _, _, _, _, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
-    return query.new_empty(out_shape), query.new_empty(out_shape[:-1], dtype=accumulation_dtype(query.dtype))
+    return query.new_empty(out_shape), query.new_empty((*out_shape[:-2], 2, out_shape[-2]),
+                                                       dtype=accumulation_dtype(query.dtype))
 
 
 @_attention_backward_op.register_fake
