@@ -88,7 +88,14 @@ def _from_storage(raw: np.ndarray, dtype: DType) -> np.ndarray:
 
 def _to_storage(values: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype == bfloat16:
-        return numerics.to_bits(numerics.round_to_bfloat16(values), dtype)
+        # values that already are bfloat16 (low 16 float32 bits zero) keep their bits, signalling NaNs
+        # included (rounding would set their quiet bit; the GPU's 16-bit store moves the bits as they are)
+        bits = np.asarray(values, dtype=np.float32).view(np.uint32)
+        exact = (bits & 0xFFFF) == 0
+        if exact.all():
+            return (bits >> 16).astype(np.uint16)
+        return np.where(exact, (bits >> 16).astype(np.uint16),
+                        numerics.to_bits(numerics.round_to_bfloat16(values), dtype))
     if dtype.is_bool:
         return np.asarray(values, dtype=np.bool_).view(np.uint8)
     return np.asarray(values, dtype=dtype.numpy_dtype)

@@ -181,9 +181,11 @@ class BlockOps:
         if precision == "tf32" and ea != float32:
             precision = "ieee"
         shape = (sa[0], sb[1])
+        if out_dtype is not None and out_dtype != default_out:
+            raise CompilationError(f"dot out_dtype must be {default_out} for {ea} inputs (the accumulation "
+                                   f"dtype), got {out_dtype!r}")
         if acc is None:
-            out = out_dtype or default_out
-            acc = self.constant(0, out, shape)
+            acc = self.constant(0, default_out, shape)
         else:
             acc = self.to_value(acc)
             if shape_of(acc.type) != shape:

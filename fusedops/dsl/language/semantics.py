@@ -146,8 +146,13 @@ class Semantics(ShapeOps, BlockOps):
     def _pointer_binary(self, op, a, b):
         ea, eb = element_of(a), element_of(b)
         if op in ("add", "sub") and isinstance(ea, PointerType) and isinstance(eb, DType) and eb.is_integer:
-            offset = b if op == "add" else self.unary("neg", b)
-            return self.add_pointer(a, offset)
+            if op == "sub":
+                # negated in a signed type wide enough for -b: an unsigned b negated in its own type would
+                # be 2**bits - b, zero-extended into the address
+                if not eb.is_bool and (not eb.is_signed or eb.itemsize < 4):
+                    b = self.cast(b, int64 if not eb.is_signed and eb.itemsize >= 4 else int32)
+                b = self.unary("neg", b)
+            return self.add_pointer(a, b)
         if op == "add" and isinstance(eb, PointerType) and isinstance(ea, DType) and ea.is_integer:
             return self.add_pointer(b, a)
         if op in ("eq", "ne", "lt", "le", "gt", "ge") and ea == eb:

@@ -60,14 +60,22 @@ class ShapeOps:
             return self.broadcast_to(self.cast(value, dtype), shape)
         if not isinstance(value, (bool, int, float)):
             raise CompilationError(f"full: value must be a number or a scalar, got {value!r}")
+        if isinstance(value, float) and not dtype.is_floating:
+            # a float literal converts as every float -> integer conversion does (toward zero, saturating,
+            # NaN to 0; `.to()`), not by wrapping its integer part
+            return self.broadcast_to(self.cast(self.to_value(value), dtype), shape)
         return self.constant(value, dtype, shape)
 
     def splat(self, x: Value, shape: tuple) -> Value:
         return self.builder.value(OpCode.SPLAT, [x], BlockType(tuple(shape), x.type))
 
     def broadcast_to(self, x, shape) -> Value:
-        """`x` stretched to `shape` (NumPy rules); scalars are splatted."""
+        """`x` stretched to `shape` (NumPy rules; an int is a 1-D shape); scalars are splatted."""
         x = self.to_value(x)
+        if isinstance(shape, int) and not isinstance(shape, bool):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)):
+            raise CompilationError(f"broadcast_to: shape must be a tuple of constexpr ints, got {shape!r}")
         shape = tuple(shape)
         current = shape_of(x.type)
         if current == shape:
