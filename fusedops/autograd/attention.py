@@ -10,7 +10,7 @@ import math
 import torch
 
 from fusedops.autograd.arguments import float_argument
-from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
 from fusedops.dsl.runtime import knobs
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.kernels import attention as _kernels
@@ -39,9 +39,42 @@ class AttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse, mask = ctx.saved_tensors
-        dq, dk, dv = _kernels.attention_backward(do, q, k, v, o, lse, mask, ctx.causal, ctx.scale,
-                                                 launches=ctx.launches)
+        if vmapped(do):
+            dq, dk, dv = _torch_backward(do, q, k, v, o, mask, ctx.causal, ctx.scale)
+        else:
+            dq, dk, dv = _kernels.attention_backward(do, q, k, v, o, lse, mask, ctx.causal, ctx.scale,
+                                                     launches=ctx.launches)
         return dq, dk, dv, None, None, None, None
+
+
+def _torch_backward(do, q, k, v, o, mask, causal: bool, scale: float) -> tuple:
+    """The backward kernels' (dq, dk, dv) with torch ops (which vmap can batch), for a dO the kernels
+    cannot read (function_host.vmapped); shapes as AttentionFunction's. The math backward, with the
+    kernels' semantics: logits S = scale q k^T masked (a boolean mask keeps True, an additive one is added,
+    causal is top-left aligned, a fully masked row has P = 0), P = softmax(S) recomputed (with torch's
+    softmax rather than from the kernels' lse, whose layout is theirs), delta = rowsum(dO * O),
+    dS = P * (dO V^T - delta), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, dK and dV summed over each
+    key/value head's group of query heads; in the kernels' accumulation dtype (float64 for float64, else
+    float32), the gradients in q's, k's and v's dtypes."""
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    group = q.size(1) // max(k.size(1), 1)
+    q_, do_ = q.to(wide), do.to(wide)
+    k_, v_ = (t.to(wide).repeat_interleave(group, dim=1) for t in (k, v))    # query head h reads h // group
+    s = (q_ @ k_.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.to(wide)
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), -math.inf)
+    empty = (s == -math.inf).all(-1, keepdim=True)     # fully masked rows: output 0, no gradient
+    p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    delta = (o.to(wide) * do_).sum(-1, keepdim=True)
+    ds = p * (do_ @ v_.transpose(-1, -2) - delta)
+    dq = (ds @ k_) * scale
+    dk = (ds.transpose(-1, -2) @ q_) * scale
+    dv = p.transpose(-1, -2) @ do_
+    if group != 1:
+        dk, dv = (t.reshape(t.size(0), k.size(1), group, *t.shape[2:]).sum(2) for t in (dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 # AttentionFunction.apply without the Python layer of torch's (function_host.py)

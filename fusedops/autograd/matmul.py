@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled, stream_k_enabled as _stream_k_enabled, \
     persistent_enabled as _persistent_enabled, \
@@ -294,7 +294,9 @@ class MatmulFunction(torch.autograd.Function):
         else:
             dz = (dc.to(z.dtype) * activation_grad(z, ctx.activation)).to(a.dtype)
         needs, product = ctx.needs_input_grad, ctx.product
-        if product is None or (ctx.bias_dtype is not None and needs[2]):
+        if vmapped(dc):     # a dz the kernels cannot read: the same gradients by torch.matmul
+            da, db, dbias = input_gradients(dz, a, b, needs, ctx.bias_dtype, reference)
+        elif product is None or (ctx.bias_dtype is not None and needs[2]):
             da, db, dbias = input_gradients(dz, a, b, needs, ctx.bias_dtype, forward_kernel)
         else:   # the usual case: launches prepared for these layouts (_Product)
             (da, db), dbias = product.gradients(dz, a, b, needs[0], needs[1]), None
@@ -306,7 +308,7 @@ def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):
     (1-D operands, batch broadcasting): dA = dZ @ B^T, dB = A^T @ dZ, dbias = the column sums of dZ
     (accumulated in float32, float64 for float64). `needs_input_grad` says which to compute;
     `bias_dtype` is None without a bias; `matmul(x, y, bias, activation, out_dtype)` computes x @ y
-    (the kernel launcher, or the custom op under torch.compile).
+    (the kernel launcher, the custom op under torch.compile, or `reference` under vmap).
     """
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b

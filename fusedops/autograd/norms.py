@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from fusedops.autograd.arguments import float_argument
-from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import norms as kernels
@@ -231,12 +231,43 @@ class NormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx, dweight, dbias = ctx.launches.backward(dy, x, weight, mean, rstd, ctx.needs_input_grad)
         normalized_shape = ctx.normalized_shape
+        if vmapped(dy):
+            dx, dweight, dbias = _torch_backward(dy, x, weight, mean, rstd, ctx.launches, normalized_shape,
+                                                 ctx.needs_input_grad)
+        else:
+            dx, dweight, dbias = ctx.launches.backward(dy, x, weight, mean, rstd, ctx.needs_input_grad)
         if len(normalized_shape) != 1:      # dweight and dbias are (N,)
             dweight = None if dweight is None else dweight.view(normalized_shape)
             dbias = None if dbias is None else dbias.view(normalized_shape)
         return dx, dweight, dbias, None, None
+
+
+def _torch_backward(dy, x, weight, mean, rstd, launches: kernels.NormLaunches, normalized_shape: Tuple[int, ...],
+                    needs_input_grad: tuple) -> tuple:
+    """The backward kernels' (dx, dweight, dbias) with torch ops (which vmap can batch), for a dy the
+    kernels cannot read (function_host.vmapped), from the saved x, weight, mean (None: RMSNorm) and rstd:
+        xhat = (x - mean) * rstd,  g = dy * weight,
+        dx = rstd * (g - xhat * mean(g * xhat) - mean(g)),  dweight = sum(dy * xhat),  dbias = sum(dy)
+    (means over a row's N columns, sums over the M rows; RMSNorm: xhat = x * rstd, no mean(g) term),
+    computed in rstd's dtype (the kernels' accumulation dtype); dx shaped like x in its dtype, dweight
+    and dbias (N,) in the parameters' dtypes."""
+    wide, shape, dtype = rstd.dtype, x.shape, x.dtype
+    rows, columns = math.prod(shape[:x.dim() - len(normalized_shape)]), _columns(normalized_shape)
+    dy, x = dy.reshape(rows, columns).to(wide), x.reshape(rows, columns).to(wide)
+    rstd = rstd.reshape(rows, 1)
+    xhat = (x if mean is None else x - mean.reshape(rows, 1)) * rstd
+    g = dy if weight is None else dy * weight.reshape(columns).to(wide)
+    dx = dweight = dbias = None
+    if needs_input_grad[0]:
+        dx = g - xhat * (g * xhat).mean(-1, keepdim=True)
+        dx = (dx if mean is None else dx - g.mean(-1, keepdim=True)) * rstd
+        dx = dx.to(dtype).reshape(shape)
+    if needs_input_grad[1] and weight is not None:
+        dweight = (dy * xhat).sum(0).to(weight.dtype)
+    if needs_input_grad[2]:
+        dbias = dy.sum(0).to(launches.bias_dtype)
+    return dx, dweight, dbias
 
 
 # NormFunction.apply without the Python layer of torch's (function_host.py)

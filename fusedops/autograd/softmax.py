@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fusedops.autograd.function_host import apply_of, once_differentiable
+from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import softmax as kernels
@@ -42,7 +42,23 @@ class SoftmaxFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
+        if vmapped(dy):
+            return _torch_backward(dy, y, ctx.launches), None
         return ctx.launches.backward(dy, y), None
+
+
+def _torch_backward(dy: torch.Tensor, y: torch.Tensor, launches: kernels.SoftmaxLaunches) -> torch.Tensor:
+    """The backward kernel's dx with torch ops (which vmap can batch), for a dy the kernel cannot read
+    (function_host.vmapped): the same formulas, sums in the kernel's accumulation dtype (float64 when any
+    of y, dy, dx is float64, else float32), dx in the input's dtype."""
+    dim, log, dtype = launches.dim, launches.log, launches.input_dtype
+    wide = torch.float64 if torch.float64 in (y.dtype, dy.dtype, dtype) else torch.float32
+    dy, y = dy.to(wide), y.to(wide)
+    if log:
+        dx = dy - torch.exp(y) * dy.sum(dim, keepdim=True)
+    else:
+        dx = y * (dy - (dy * y).sum(dim, keepdim=True))
+    return dx.to(dtype)
 
 
 # SoftmaxFunction.apply(x, launches) without the Python layer of torch's apply (function_host.py)

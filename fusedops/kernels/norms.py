@@ -376,6 +376,11 @@ class NormLaunches:
         self._backward = BoundedCache(16)   # per (dy's, x's and weight's strides, the gradients asked for)
         self._contiguous_backward = {}      # per needs_input_grad, for contiguous dy, x and weight
 
+    @property
+    def bias_dtype(self) -> Optional[torch.dtype]:
+        """dbias's dtype (the bias's), None without a bias."""
+        return self._bias_dtype
+
     def backward(self, dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: Optional[torch.Tensor],
                  rstd: torch.Tensor, needs_input_grad: tuple) -> tuple:
         # x's and weight's layouts too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may give them

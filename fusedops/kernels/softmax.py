@@ -941,6 +941,19 @@ class SoftmaxLaunches:
         self._dim, self._log, self._dtype = dim, log, x.dtype
         self._backward = BoundedCache(16)
 
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def log(self) -> bool:
+        return self._log
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """x's dtype (dx's)."""
+        return self._dtype
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._new_output(x)
         copied = self._launch(y, x)
