@@ -743,6 +743,9 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")
     new_delta = contiguous_allocator((batch, heads, length_q), to_torch(acc), q.device)
+    # the kernels read lse as contiguous (B * H, 2, L) rows
+    lse_contiguous = lse.is_contiguous()
+    lse = lse if lse_contiguous else lse.contiguous()
     dq, dk, dv, delta = new_dq(), new_dk(), new_dv(), new_delta()
     mask_arg, mask_strides, mask_kind = _mask_arguments(mask, q)
     common = dict(BLOCK_E=block_e, BLOCK_EV=block_ev, CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc,
@@ -767,6 +770,8 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
 
     def launch(do, q, k, v, o, lse, mask):
         dq, dk, dv, delta = new_dq(), new_dk(), new_dv(), new_delta()
+        if not lse_contiguous:      # (a saved-tensor hook may lay the saved lse out anew)
+            lse = lse.contiguous()
         mask_arg = mask_argument(q, mask)
         preprocess(delta, o, do)
         dkdv(dk, dv, q, k, v, do, lse, delta, mask_arg)
