@@ -65,9 +65,8 @@ def _check_inputs(query, key, value, key_padding_mask, attn_mask, embed_dim: int
                   same_embed_dim: bool) -> None:
     """The checks of torch.nn.functional.multi_head_attention_forward, with its error types and messages,
     for (L, N, E) / (S, N, E_k) / (S, N, E_v) inputs (unbatched ones already given a batch dim of 1), so that
-    the flash path rejects what torch's forward rejects instead of reading masks of other shapes."""
-    _check_mask_dtype(key_padding_mask, "key_padding_mask")
-    _check_mask_dtype(attn_mask, "attn_mask")
+    the flash path rejects what torch's forward rejects instead of reading masks of other shapes. In torch's
+    order: embedding dims, key and value shapes, the attn_mask's shape, then the key_padding_mask's."""
     length_q, batch, embed = query.shape
     length_k = key.size(0)
     if embed != embed_dim:
@@ -76,14 +75,14 @@ def _check_inputs(query, key, value, key_padding_mask, attn_mask, embed_dim: int
         raise AssertionError(f"key shape {key.shape} does not match value shape {value.shape}")
     if not same_embed_dim and key.shape[:2] != value.shape[:2]:
         raise AssertionError(f"key's sequence and batch dims {key.shape[:2]} do not match value's {value.shape[:2]}")
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, length_k):
-        raise AssertionError(f"Expected key_padding_mask of shape {(batch, length_k)}, but got "
-                             f"{tuple(key_padding_mask.shape)}")
     if attn_mask is not None:
         expected = (length_q, length_k) if attn_mask.dim() == 2 else (batch * heads, length_q, length_k)
         if tuple(attn_mask.shape) != expected:
             raise RuntimeError(f"The shape of the {attn_mask.dim()}D attn_mask is {attn_mask.shape}, but should be "
                                f"{expected}.")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, length_k):
+        raise AssertionError(f"Expected key_padding_mask of shape {(batch, length_k)}, but got "
+                             f"{tuple(key_padding_mask.shape)}")
 
 
 class MultiheadAttention(torch.nn.MultiheadAttention):
@@ -97,14 +96,27 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
                 key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
                 attn_mask: Optional[torch.Tensor] = None, average_attn_weights: bool = True,
                 is_causal: bool = False):
+        return multi_head_attention(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                                    average_attn_weights, is_causal)
+
+    def _attention_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                           average_attn_weights, is_causal):
         if not self._uses_flash_path(need_weights):
             return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                                    attn_mask=attn_mask, average_attn_weights=average_attn_weights,
                                    is_causal=is_causal)
+        # torch's order of checks (MultiheadAttention.forward, then F.multi_head_attention_forward): the masks'
+        # dtypes, the ranks, a missing mask for the is_causal hint; then, without a key_padding_mask, the hint
+        # drops attn_mask (SDPA's is_causal runs instead) before its shape would be checked.
+        _check_mask_dtype(key_padding_mask, "key_padding_mask")
+        _check_mask_dtype(attn_mask, "attn_mask")
+        unbatched = _check_ranks(query, key, value, key_padding_mask, attn_mask, self.num_heads)
         if is_causal and attn_mask is None:
             raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the Transformer "
                                "module method `generate_square_subsequent_mask` to create this mask.")
-        unbatched = _check_ranks(query, key, value, key_padding_mask, attn_mask, self.num_heads)
+        causal = is_causal and key_padding_mask is None
+        if causal:
+            attn_mask = None
         if unbatched:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
             key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
@@ -128,23 +140,34 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         q = heads_view(query, w_q, b_q, length_q)
         k = heads_view(key, w_k, b_k, length_k)
         v = heads_view(value, w_v, b_v, length_k)
-        mask, causal = None, False
-        if is_causal and key_padding_mask is None:
-            causal = True            # torch drops the (causal) attn_mask and uses is_causal then
-        else:
-            if attn_mask is not None:
-                mask = _additive(attn_mask, q.dtype)
-                if mask.dim() == 3:                  # (N * H, L, S)
-                    mask = mask.view(batch, heads, length_q, length_k)
-            if key_padding_mask is not None:
-                padding = _additive(key_padding_mask, q.dtype).view(batch, 1, 1, length_k)
-                mask = padding if mask is None else mask + padding
+        mask = None
+        if attn_mask is not None:
+            mask = _additive(attn_mask, q.dtype)
+            if mask.dim() == 3:                      # (N * H, L, S)
+                mask = mask.view(batch, heads, length_q, length_k)
+        if key_padding_mask is not None:
+            padding = _additive(key_padding_mask, q.dtype).view(batch, 1, 1, length_k)
+            mask = padding if mask is None else mask + padding
         out = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         out = out.permute(2, 0, 1, 3).reshape(length_q, batch, embed)
         out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
         if self.batch_first and not unbatched:
             out = out.transpose(0, 1)
         return (out.squeeze(1) if unbatched else out), None
+
+
+@torch.fx.wrap
+def multi_head_attention(module: MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         key_padding_mask: Optional[torch.Tensor], need_weights: bool,
+                         attn_mask: Optional[torch.Tensor], average_attn_weights: bool, is_causal: bool):
+    """`module`'s forward (arguments and result as torch.nn.MultiheadAttention.forward's).
+
+    A leaf function of torch.fx.symbolic_trace, recorded as one call_function node with the module as its
+    first argument (a get_attr node), as torch's MultiheadAttention is a leaf module there: its forward checks
+    ranks and shapes, which a Proxy cannot answer.
+    """
+    return module._attention_forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                     average_attn_weights, is_causal)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -32,15 +32,45 @@ class Linear(torch.nn.Linear):
         self.activation = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if isinstance(input, torch.Tensor) and input.is_nested:      # no (rows, in_features) view: torch's ops
-            return apply_activation(torch.nn.functional.linear(input, self.weight, self.bias), self.activation)
-        if input.shape[-1:] != (self.in_features,):
-            raise ValueError(f"Linear expects inputs whose last dim is {self.in_features}, got {tuple(input.shape)}")
-        # a view for contiguous (and most strided) inputs; the row count spelled out for in_features == 0
-        rows = input.reshape(math.prod(input.shape[:-1]), self.in_features)
-        out = functional.matmul(rows, self.weight.t(), self.bias, self.activation)
-        return out.reshape(*input.shape[:-1], self.out_features)
+        return linear(input, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
         return text + (f", activation={self.activation!r}" if self.activation is not None else "")
+
+
+@torch.fx.wrap     # a leaf of torch.fx.symbolic_trace: one call_function node (the shape checks need sizes)
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None) -> torch.Tensor:
+    """activation(input @ weight^T + bias), fusedops.nn.Linear's forward: one `fusedops.matmul`.
+
+    Args:
+        input: (..., in_features); weight: (out_features, in_features), input's dtype (outside autocast);
+            bias: (out_features,) or None; activation: None, "relu", "gelu", "gelu_tanh" or "silu".
+    Returns:
+        (..., out_features).
+    Raises:
+        RuntimeError, as torch.nn.functional.linear: a 0-d input, an input whose last dim is not
+            in_features, an input of another dtype than weight's. TypeError: input is not a tensor.
+
+    Nested tensors (no (rows, in_features) view) run torch.nn.functional.linear. Under torch.jit.trace
+    fusedops.matmul runs torch's ops (see functional.needs_torch), and the row count and the reshapes follow
+    the input's sizes in the trace.
+    """
+    if not isinstance(input, torch.Tensor) or input.is_nested:
+        return apply_activation(torch.nn.functional.linear(input, weight, bias), activation)
+    in_features = weight.shape[-1]
+    if input.shape[-1:] != (in_features,):
+        got = "a 0-d tensor" if input.dim() == 0 else f"shape {tuple(input.shape)}"
+        raise RuntimeError(f"fusedops.nn.Linear: expected 'input' of shape (..., {in_features}) (its last dim "
+                           f"in_features), got {got}")
+    # a view for contiguous (and most strided) inputs; the row count spelled out for in_features == 0
+    rows = input.reshape(math.prod(input.shape[:-1]), in_features)
+    try:
+        out = functional.matmul(rows, weight.t(), bias, activation)
+    except TypeError as error:      # fusedops.matmul's error; torch's F.linear raises RuntimeError
+        if input.dtype != weight.dtype:
+            raise RuntimeError(f"fusedops.nn.Linear: expected 'input' of the weight's dtype {weight.dtype}, got "
+                               f"{input.dtype}") from error
+        raise
+    return out.reshape(*input.shape[:-1], weight.shape[0])
