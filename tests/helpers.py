@@ -230,3 +230,24 @@ def run_in_threads(work: Callable[[int], None], count: int) -> list:
     for thread in threads:
         thread.join()
     return errors
+
+
+def assert_same_tensor(actual, expected, atol: float = 1e-9, rtol: float = 1e-7) -> None:
+    """`actual` is a tensor of `expected`'s shape and dtype, close to it (NaN where it has NaN): the
+    comparison of an op's result with torch's own in the same dtype (not against float64, see assert_close)."""
+    assert isinstance(actual, torch.Tensor), type(actual)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+
+
+def module_pair(ours_cls, torch_cls, *args, **kwargs) -> tuple:
+    """(ours, theirs): a fusedops.nn module and its torch.nn counterpart built with the same arguments,
+    holding the same random parameters (theirs drawn from N(0, 1), loaded into ours through state_dict)."""
+    theirs = torch_cls(*args, **kwargs)
+    ours = ours_cls(*args, **kwargs)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p))
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs

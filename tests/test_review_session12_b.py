@@ -26,15 +26,12 @@ import torch.nn.functional as F
 
 import fusedops
 import fusedops.nn
+from helpers import assert_same_tensor
 
 D = torch.float64
 
 
-def _close(actual, expected, atol=1e-9, rtol=1e-7):
-    assert isinstance(actual, torch.Tensor), type(actual)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+_close = assert_same_tensor
 
 
 def _grads(fn, *tensors, requires=None):

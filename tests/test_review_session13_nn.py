@@ -20,15 +20,12 @@ import torch.nn.functional as F
 
 import fusedops
 import fusedops.nn as fnn
+from helpers import assert_same_tensor, module_pair
 
 D = torch.float64
 
 
-def _close(actual, expected, atol=1e-9, rtol=1e-7):
-    assert isinstance(actual, torch.Tensor), type(actual)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+_close = assert_same_tensor
 
 
 def _close_all(ours, theirs, **kw):
@@ -40,14 +37,7 @@ def _close_all(ours, theirs, **kw):
             _close(a, b, **kw)
 
 
-def _pair(ours_cls, torch_cls, *args, **kwargs):
-    theirs = torch_cls(*args, **kwargs)
-    ours = ours_cls(*args, **kwargs)
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.copy_(torch.randn_like(p))
-    ours.load_state_dict(theirs.state_dict())
-    return ours, theirs
+_pair = module_pair
 
 
 _MODULES = {

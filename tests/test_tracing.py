@@ -24,19 +24,12 @@ import fusedops.nn as fnn
 from fusedops import functional
 from fusedops.nn.attention import multi_head_attention
 from fusedops.nn.linear import linear
-from helpers import assert_close
+from helpers import assert_close, module_pair
 
 D = torch.float64
 
 
-def _pair(ours_cls, torch_cls, *args, **kwargs):
-    theirs = torch_cls(*args, **kwargs)
-    ours = ours_cls(*args, **kwargs)
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.copy_(torch.randn_like(p))
-    ours.load_state_dict(theirs.state_dict())
-    return ours, theirs
+_pair = module_pair
 
 
 class _Attention(torch.nn.Module):
