@@ -488,7 +488,10 @@ def test_softmax_launches_cached_per_layout(launches, dtype):
         for _ in range(2):      # the second call takes the cached launch
             base = torch.randn(*shape[::-1] if transposed else shape, dtype=dtype)
             x = base.t() if transposed else base
-            y = K.softmax_forward(x, dim, log=False)
+            # the prepared launch of softmax_forward's cached SoftmaxLaunches, into a y laid out as the kernels
+            # write it (x's dim order: softmax_forward returns a permuted x's result copied to a contiguous one)
+            y = K.empty_in_order_of(x, x.dtype)
+            K.softmax_launches(x, dim, log=False)._launch(y, x)
             cached = _symbolic(launches[-1], x=x, y=y)
             plan = K._plan_launch(x.shape, dim, (x.stride(), y.stride()), (x.dtype, y.dtype), False, False, None, None)
             K._forward_kernel[plan.grid](y, x, *plan.arguments, **plan.constexprs)     # the uncached launch

@@ -414,7 +414,7 @@ def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed):
     # The default 16-bit LayerNorm forward of these rows takes the shifted sums; its outputs stay within
     # twice the error of torch's own (float32 statistics, one rounding) against float64, and its
-    # statistics within the documented bound (rstd ~N * 2^-24 relative at worst).
+    # statistics to float32's rounding.
     assert norms.forward_config(n_cols, dtype, subtract_mean=True).shifted_sums
     x = _hard_rows(n_cols, dtype, seed)
     w, b = (random_tensor((n_cols,), torch.float32, seed=seed + i).to(dtype) for i in (1, 2))
@@ -425,7 +425,7 @@ def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed
 
 def _check_hard_rows(x, w, b, y, mean, rstd):
     """y within twice torch's error (+ one ulp of the row's largest output) against float64, row by row; mean
-    and rstd within the shifted sums' bound (norm_kernels' comment above forward_kernel)."""
+    and rstd to float32's rounding (norm_kernels' comment above forward_kernel)."""
     n_cols, dtype = x.shape[-1], x.dtype
     reference = torch.nn.functional.layer_norm(x.double(), (n_cols,), w.double(), b.double(), 1e-5)
     ours_error = (y.double() - reference).abs().amax(1)
@@ -435,7 +435,7 @@ def _check_hard_rows(x, w, b, y, mean, rstd):
     x64 = x.double()
     assert (mean.double() - x64.mean(1)).abs().max() <= 1e-6 * x64.abs().amax(1).max()
     exact = torch.rsqrt(x64.var(1, unbiased=False) + 1e-5)
-    assert ((rstd.double() / exact - 1).abs() <= 2 * n_cols * 2.0 ** -24).all()
+    assert ((rstd.double() / exact - 1).abs() <= 2.0 ** -22).all()     # float64 sums: float32's rounding
     assert torch.isfinite(y).all()
 
 

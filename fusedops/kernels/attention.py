@@ -30,9 +30,12 @@ Masks.
   - attn_mask: boolean (True = keep) or additive float, loaded block by block with its broadcast
     strides (0 for broadcast dims). Causal and attn_mask may be combined (logical and).
     Additive masks of huge finite values (torch.finfo(dtype).min, Hugging Face's convention) work as in
-    torch: a logit whose base-2 value overflows is held at the float32 minimum (a -inf mask value keeps
-    its key out), so a row masked everywhere by finfo.min attends to all its keys equally, as torch's
-    finfo.min + q.k (which rounds to finfo.min) does; the lse pair below keeps that row's log2(l).
+    torch: a logit whose base-2 value overflows is held at the accumulation dtype's minimum (a -inf mask
+    value keeps its key out), so a row masked everywhere by finfo.min attends to all its keys equally,
+    as torch's finfo.min + q.k (which rounds to finfo.min) does; the lse pair below keeps that row's
+    log2(l). (So finite logits below finfo(float32).min / log2(e) = -2.36e38 all weigh the same, where
+    torch still orders them: a row of -2.5e38 and finfo.min attends to the -2.5e38 keys alone in torch,
+    to all of them here.)
   - ragged edges: keys >= S get -inf; rows >= L and head-dim columns >= E are masked loads/stores,
     so any L, S, E <= 256 work (E is padded to the next power of two, BLOCK_E).
   - fully masked rows (every key masked by attn_mask): the output row is 0 (torch's behaviour) and
@@ -87,9 +90,10 @@ def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
         bias = dsl.load(mask_ptr + qi.to(dsl.int64) * stride_mm + kj.to(dsl.int64) * stride_mn,
                         mask=(qi < L) & (kj < S), other=0.0).to(s.dtype)
         # a finite mask whose base-2 logit overflows (torch.finfo(float32).min * log2(e)) is held at the
-        # float32 minimum, where torch's sum stays; a -inf mask keeps the key out
+        # accumulation dtype's minimum, where torch's sum stays; a -inf mask keeps the key out
         s = s + bias * 1.4426950408889634
-        s = dsl.where((s == -float("inf")) & (bias > -float("inf")), -3.4028234663852886e38, s)
+        lowest = -1.7976931348623157e308 if s.dtype == dsl.float64 else -3.4028234663852886e38
+        s = dsl.where((s == -float("inf")) & (bias > -float("inf")), lowest, s)
     if CAUSAL:
         s = dsl.where(kj <= qi, s, -float("inf"))
     if CHECK_KEYS:

@@ -104,13 +104,7 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
     acc_dtype = rstd_ptr.dtype.element
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN and first is not None:
-        first = first.to(acc_dtype)
-        x = dsl.where(mask, x - first[:, None], 0.0)
-        shifted_mean = dsl.sum(x, axis=1) / n_cols
-        variance = dsl.maximum(dsl.sum(x * x, axis=1) / n_cols - shifted_mean * shifted_mean, 0.0)
-        x = x - shifted_mean[:, None]       # (masked-off lanes are not stored: no select)
-        mean = first + shifted_mean
-        rstd = 1.0 / dsl.sqrt(variance + eps)
+        x, mean, rstd = _shifted_statistics(x, first.to(acc_dtype), mask, n_cols, eps)
     else:
         if SUBTRACT_MEAN:
             mean = dsl.sum(x, axis=1) / n_cols
@@ -182,11 +176,24 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
 # K + sum(d) / N and the variance sum(d^2) / N - (sum(d) / N)^2. The two sums do not depend on each
 # other, so they cross the warps in one exchange (passes/sibling_reductions.py) instead of the two
 # dependent ones of mean-then-centered-squares. Shifting by a sample of the row keeps the subtraction
-# from cancelling where the mean is large against the spread (rows of mean 1e4 and variance 1 lose
-# nothing); its rounding error, relative to the variance, is about eps_f32 * (1 + (K - mean)^2 / variance),
-# and (K - mean)^2 <= (N - 1) * variance: at most ~N * 2^-24 (2.4e-4 at N = 4096), reached only when
-# column 0 alone holds an outlier that carries the row's variance, where it costs ~1 float16 ulp of
-# that outlier's output. The launchers use it for 16-bit rows of at most 4096 columns (norms.forward_config).
+# from cancelling where the mean is large against the spread; what is left to cancel is (K - mean)^2
+# (K an outlier: up to (N - 1) variances), so d, the sums and rstd are float64: d = x - K is exact for
+# float16 x (within 2^-53 for bfloat16), the cancellation costs ~2^-53 * N of the variance, and the sums
+# cannot overflow (a bfloat16 outlier of 1e30). Only these few values per element are float64 (Hopper
+# runs float64 at half the float32 rate; the kernel stays memory-bound); the tile itself stays float32.
+# The launchers use it for 16-bit rows of at most 4096 columns (norms.forward_config).
+@dsl.jit
+def _shifted_statistics(x, first, mask, n_cols, eps):
+    # -> (x - mean (lanes where `mask` is off: anything), mean, rstd) of the rows of the tile x (R, C) in
+    # the accumulation dtype (float32), 0 where masked off; first: x[row, 0] (R,). The shifted values,
+    # their sums and rstd are float64 (see the comment above forward_kernel).
+    d = dsl.where(mask, x.to(dsl.float64) - first.to(dsl.float64)[:, None], 0.0)
+    shifted_mean = dsl.sum(d, axis=1) / n_cols
+    variance = dsl.maximum(dsl.sum(d * d, axis=1) / n_cols - shifted_mean * shifted_mean, 0.0)
+    mean = (first.to(dsl.float64) + shifted_mean).to(x.dtype)
+    return x - mean[:, None], mean, (1.0 / dsl.sqrt(variance + eps)).to(x.dtype)
+
+
 @dsl.jit
 def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
                    n_rows, n_cols, x_row_stride, x_col_stride, y_row_stride, eps,

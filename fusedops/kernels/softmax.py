@@ -626,6 +626,15 @@ class RowLayout:
         return self.outer * self.inner
 
 
+def _contiguous_strides(shape: Sequence[int]) -> tuple:
+    """torch's strides for a contiguous tensor of `shape` (a dim of size 0 or 1 counts as 1)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def _dim_order(shape: Sequence[int], strides: Sequence[int]) -> list:
     """The dims from the slowest to the fastest in memory (ties keep the dims' order)."""
     return sorted(range(len(shape)), key=lambda d: (-strides[d], d))
@@ -927,7 +936,7 @@ class SoftmaxLaunches:
         interpreter) and kept here, so that the autograd Function's backward skips softmax_backward's key.
     """
 
-    __slots__ = ("_launch", "_new_output", "_permuted", "_dim", "_log", "_dtype", "_backward")
+    __slots__ = ("_launch", "_new_output", "_permuted", "_strides", "_dim", "_log", "_dtype", "_backward")
 
     def __init__(self, x: torch.Tensor, dim: int, log: bool, out_dtype: torch.dtype, config: Optional[Config],
                  max_one_pass_block: Optional[int]):
@@ -936,8 +945,11 @@ class SoftmaxLaunches:
         self._launch = _prepare_forward(x, y, dim, log, config, max_one_pass_block)
         # the kernels write y in x's dim order (coalesced like x's reads); torch returns a contiguous
         # tensor, so a permuted x's result is copied to one (torch copies x to a contiguous one first: the
-        # same traffic)
+        # same traffic); and with torch's strides, which a contiguous tensor's size-1 (or empty) dims may
+        # not have (a view of the same memory then)
         self._permuted = not y.is_contiguous()
+        standard = _contiguous_strides(tuple(y.shape))
+        self._strides = standard if (y.contiguous() if self._permuted else y).stride() != standard else None
         self._dim, self._log, self._dtype = dim, log, x.dtype
         self._backward = BoundedCache(16)
 
@@ -959,7 +971,9 @@ class SoftmaxLaunches:
         copied = self._launch(y, x)
         if copied is not None:
             return copied
-        return y.contiguous() if self._permuted else y
+        if self._permuted:
+            y = y.contiguous()
+        return y if self._strides is None else y.as_strided(y.shape, self._strides)
 
     def backward(self, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # y's strides too: the output of a copied x, or a saved-tensor hook (torch.autograd.graph.save_on_cpu),

@@ -7,9 +7,9 @@ fusedops.functional calls while a graph is traced.
 | scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)       |
 |                                | (output, lse)                | scaled_dot_product_attention_backward |
 
-Like the norms' statistics, the operator also returns the base-2 log-sum-exp of each row (shaped like
-the output without its last dim), which its backward reads; the Python wrapper returns the output
-alone. The operator has no dropout argument (the kernels have no attention dropout).
+Like the norms' statistics, the operator also returns the base-2 log-sum-exp of each row (the kernels'
+(hi, lo) pair, shaped (*output.shape[:-2], 2, L)), which its backward reads; the Python wrapper returns
+the output alone. The operator has no dropout argument (the kernels have no attention dropout).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def _attention_batch(query, key, value) -> tuple:
 
 def _attention_probabilities(q, k, v, mask, causal: bool, scale: float):
     """The math fallback on 4-D operands: (P, K, V) in the accumulation dtype with K and V repeated to
-    H heads (GQA); P = softmax(scale * q k^T + mask), 0 on fully masked rows; also the base-2 lse."""
+    H heads (GQA); P = softmax(scale * q k^T + mask), 0 on fully masked rows; also the base-2 lse (the
+    kernels' (hi, lo) pair, `_lse_pair`)."""
     wide = accumulation_dtype(q.dtype)
     group = q.size(1) // max(k.size(1), 1)
     k, v = (t.to(wide).repeat_interleave(group, 1) for t in (k, v))
@@ -55,10 +56,24 @@ def _attention_probabilities(q, k, v, mask, causal: bool, scale: float):
     # softmax, not exp(s - logsumexp(s)): a row of finfo.min logits has a logsumexp that rounds to its
     # logits, which would make every P of the row 1
     p = torch.softmax(s, -1).nan_to_num(0.0)                # fully masked rows (all -inf): 0
-    lse = torch.logsumexp(s, -1)
-    lse = lse.masked_fill(lse == -math.inf, math.inf)      # the kernels' convention for fully masked rows
-    # the kernels' (hi, lo) pair (kernels/attention.py: Saved statistics); lo 0 (not read by the math backward)
-    return p, k, v, torch.stack((lse * _attention_kernels.LOG2E, torch.zeros_like(lse)), -2)
+    return p, k, v, _lse_pair(s)
+
+
+def _lse_pair(s: torch.Tensor) -> torch.Tensor:
+    """The kernels' base-2 lse of logits s (..., L, S) as their (hi, lo) pair (..., 2, L)
+    (kernels/attention.py, "Saved statistics"): hi = m + log2(l) rounded, lo its rounding error (TwoSum),
+    with m the row maximum in base 2 (held at the dtype's minimum where it overflows, as the kernels hold
+    logits) and l = sum(exp2(s2 - m)); (+inf, 0) for fully masked rows."""
+    m = s.amax(-1, keepdim=True)
+    dead = m == -math.inf
+    m = m.masked_fill(dead, 0.0)
+    log_l = torch.log2(torch.exp(s - m).sum(-1, keepdim=True)).squeeze(-1)
+    m = (m.squeeze(-1) * _attention_kernels.LOG2E).clamp(min=torch.finfo(s.dtype).min)
+    log_l = log_l.masked_fill(dead.squeeze(-1), 0.0)
+    hi = m + log_l
+    rounded = hi - m
+    lo = (m - (hi - rounded)) + (log_l - rounded)
+    return torch.stack((hi.masked_fill(dead.squeeze(-1), math.inf), lo.masked_fill(dead.squeeze(-1), 0.0)), -2)
 
 
 @torch.library.custom_op("fusedops::scaled_dot_product_attention", mutates_args=())
