@@ -394,8 +394,9 @@ def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, swe
 
 def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Rows that stress the statistics of the shifted sums (norm_kernels' comment above forward_kernel):
-    an outlier in column 0 (the shift) carrying the row's variance, a large mean, one nonzero element
-    (in column 0, then elsewhere), zeros, a tiny spread around a large mean, a pair of opposite outliers."""
+    an outlier in column 0 carrying the row's variance, a large mean, one nonzero element (in column 0,
+    then elsewhere), zeros, a tiny spread around a large mean, a pair of opposite outliers, and (last)
+    outliers in two of the three columns the shift is the median of."""
     x = random_tensor((8, n_cols), torch.float32, seed=seed)
     x[0, 0] = 60000.0 if dtype == torch.float16 else 1e6
     x[1] += 1000.0
@@ -406,6 +407,7 @@ def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     x[4] = 0.0
     x[5] = x[5] * 1e-3 + 5.0
     x[6, 0], x[6, -1] = -300.0, 300.0
+    x[7, 0] = x[7, -1] = 200.0          # two of the three sampled columns: the shift is an outlier
     return x.to(dtype)
 
 
@@ -414,7 +416,7 @@ def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed):
     # The default 16-bit LayerNorm forward of these rows takes the shifted sums; its outputs stay within
     # twice the error of torch's own (float32 statistics, one rounding) against float64, and its
-    # statistics to float32's rounding.
+    # statistics within the documented bounds.
     assert norms.forward_config(n_cols, dtype, subtract_mean=True).shifted_sums
     x = _hard_rows(n_cols, dtype, seed)
     w, b = (random_tensor((n_cols,), torch.float32, seed=seed + i).to(dtype) for i in (1, 2))
@@ -425,7 +427,7 @@ def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed
 
 def _check_hard_rows(x, w, b, y, mean, rstd):
     """y within twice torch's error (+ one ulp of the row's largest output) against float64, row by row; mean
-    and rstd to float32's rounding (norm_kernels' comment above forward_kernel)."""
+    and rstd within the bounds of norm_kernels' comment above forward_kernel."""
     n_cols, dtype = x.shape[-1], x.dtype
     reference = torch.nn.functional.layer_norm(x.double(), (n_cols,), w.double(), b.double(), 1e-5)
     ours_error = (y.double() - reference).abs().amax(1)
@@ -435,7 +437,9 @@ def _check_hard_rows(x, w, b, y, mean, rstd):
     x64 = x.double()
     assert (mean.double() - x64.mean(1)).abs().max() <= 1e-6 * x64.abs().amax(1).max()
     exact = torch.rsqrt(x64.var(1, unbiased=False) + 1e-5)
-    assert ((rstd.double() / exact - 1).abs() <= 2.0 ** -22).all()     # float64 sums: float32's rounding
+    error = (rstd.double() / exact - 1).abs()
+    assert (error[:-1] <= 2.0 ** -21).all()                 # the shift near the row: float32's rounding
+    assert error[-1] <= n_cols * math.log2(n_cols) * 2.0 ** -24     # the documented worst case
     assert torch.isfinite(y).all()
 
 

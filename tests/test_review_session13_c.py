@@ -33,7 +33,9 @@ def _layer_norm(x, w=None, b=None, eps=1e-5):
     return norms.norm_forward(x, w, b, eps, subtract_mean=True, interpret=True)
 
 
-@pytest.mark.parametrize("outlier", [1e19, 3e19, 1e30])
+@pytest.mark.parametrize("outlier", [1e19, 3e19, pytest.param(1e30, marks=pytest.mark.xfail(strict=True, reason=(
+    "documented: past float32's range for the row's statistics (variance 1e57) rstd is 0 and y is 0, as torch's "
+    "own float32 statistics")))])
 def test_bf16_layer_norm_outlier_in_column_0_does_not_overflow_the_shifted_squares(outlier):
     x = torch.randn(2, 1000, generator=_generator(0))
     x[0, 0] = outlier          # the shift: every other d = x - x[0, 0] is -outlier, N of them squared

@@ -99,8 +99,8 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
     # y_offsets and the rows' mean (LayerNorm) and rstd. weight, bias: loaded tiles (own dtype) or None;
     # weight_ptr, bias_ptr: not None to load them here, after the reductions, at `logical` (masked by
     # in_row): fewer registers live across the reductions; EVICTION: their loads' eviction_policy.
-    # first: None, or (LayerNorm) the rows' first elements x[row, 0] ((R,), own dtype): the statistics
-    # then come from sums shifted by them (see the comment above forward_kernel).
+    # first: None, or (LayerNorm) the rows' shifts ((R,), own dtype): the statistics then come from sums
+    # shifted by them (see the comment above forward_kernel).
     acc_dtype = rstd_ptr.dtype.element
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN and first is not None:
@@ -172,26 +172,37 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
     dsl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
-# Shifted sums (forward_kernel's SHIFTED_SUMS, LayerNorm): with K = x[row, 0] and d = x - K, the mean is
-# K + sum(d) / N and the variance sum(d^2) / N - (sum(d) / N)^2. The two sums do not depend on each
-# other, so they cross the warps in one exchange (passes/sibling_reductions.py) instead of the two
-# dependent ones of mean-then-centered-squares. Shifting by a sample of the row keeps the subtraction
-# from cancelling where the mean is large against the spread; what is left to cancel is (K - mean)^2
-# (K an outlier: up to (N - 1) variances), so d, the sums and rstd are float64: d = x - K is exact for
-# float16 x (within 2^-53 for bfloat16), the cancellation costs ~2^-53 * N of the variance, and the sums
-# cannot overflow (a bfloat16 outlier of 1e30). Only these few values per element are float64 (Hopper
-# runs float64 at half the float32 rate; the kernel stays memory-bound); the tile itself stays float32.
-# The launchers use it for 16-bit rows of at most 4096 columns (norms.forward_config).
+# Shifted sums (forward_kernel's SHIFTED_SUMS, LayerNorm): with a shift K near the row and d = x - K,
+# the mean is K + sum(d) / N and the variance sum(d^2) / N - (sum(d) / N)^2. The two sums do not depend
+# on each other, so they cross the warps in one exchange (passes/sibling_reductions.py) instead of the
+# two dependent ones of mean-then-centered-squares. K is the median of three of the row's elements
+# (columns 0, (N - 1) // 2, N - 1: one outlier column, such as a transformer's "massive activation"
+# channel, is never the shift), which keeps the subtraction from cancelling where the mean is large
+# against the spread. What still cancels is (K - mean)^2 against the variance: the variance's relative
+# rounding error is about eps_f32 * log2(N) * (1 + (K - mean)^2 / variance), ~1e-6 for rows whose
+# median-of-three lies within a few deviations of the mean, up to ~N * log2(N) * 2^-24 when two of the
+# three sampled columns are outliers carrying the row's variance. The sums are of d * 2^-16 (exact
+# scaling), so that bfloat16 rows overflow them only past 1e22 (unscaled: 1.8e19 / sqrt(N)), beyond
+# torch's own float32 statistics (1.8e19). The launchers use it for 16-bit rows of at most 4096 columns
+# (norms.forward_config).
 @dsl.jit
-def _shifted_statistics(x, first, mask, n_cols, eps):
+def _median_of_three(a, b, c):
+    return dsl.maximum(dsl.minimum(a, b), dsl.minimum(dsl.maximum(a, b), c))
+
+
+@dsl.jit
+def _shifted_statistics(x, shift, mask, n_cols, eps):
     # -> (x - mean (lanes where `mask` is off: anything), mean, rstd) of the rows of the tile x (R, C) in
-    # the accumulation dtype (float32), 0 where masked off; first: x[row, 0] (R,). The shifted values,
-    # their sums and rstd are float64 (see the comment above forward_kernel).
-    d = dsl.where(mask, x.to(dsl.float64) - first.to(dsl.float64)[:, None], 0.0)
-    shifted_mean = dsl.sum(d, axis=1) / n_cols
-    variance = dsl.maximum(dsl.sum(d * d, axis=1) / n_cols - shifted_mean * shifted_mean, 0.0)
-    mean = (first.to(dsl.float64) + shifted_mean).to(x.dtype)
-    return x - mean[:, None], mean, (1.0 / dsl.sqrt(variance + eps)).to(x.dtype)
+    # the accumulation dtype (float32), 0 where masked off; shift: K (R,) (see the comment above).
+    d = dsl.where(mask, (x - shift[:, None]) * 1.52587890625e-05, 0.0)       # (x - K) * 2^-16
+    scaled_mean = dsl.sum(d, axis=1) / n_cols
+    second = dsl.sum(d * d, axis=1) / n_cols
+    # (an overflowed sum of squares stays +inf: rstd 0, as torch's overflowed float32 statistics)
+    scaled_variance = dsl.where(second == float("inf"), second,
+                                dsl.maximum(second - scaled_mean * scaled_mean, 0.0))
+    mean = shift + scaled_mean * 65536.0
+    rstd = 1.52587890625e-05 / dsl.sqrt(scaled_variance + eps * 2.3283064365386963e-10)     # 2^-16, 2^-32
+    return x - mean[:, None], mean, rstd
 
 
 @dsl.jit
@@ -209,7 +220,7 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     # x's), instead of after them. RELOAD (AFFINE_FIRST ignored): _normalize_rows_reloaded, with
     # CHUNKS and CACHE_HINTS (with CACHE_HINTS and without RELOAD: x is loaded with evict_first,
     # weight and bias with evict_last). SHIFTED_SUMS (LayerNorm; ignored with RELOAD): the statistics from
-    # sums shifted by x[row, 0] (see the comment above).
+    # sums shifted by a median of three of the row's elements (see the comment above).
     rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
     row_mask = rows < n_rows
     cols = dsl.arange(0, BLOCK_N)
@@ -221,7 +232,10 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     affine_eviction: dsl.constexpr = "evict_last" if CACHE_HINTS else ""
     first = None
     if SHIFTED_SUMS and SUBTRACT_MEAN and not RELOAD:
-        first = dsl.load(x_ptr + rows.to(dsl.int64) * x_row_stride, mask=row_mask, other=0.0)
+        row_start = x_ptr + rows.to(dsl.int64) * x_row_stride
+        first = _median_of_three(dsl.load(row_start, mask=row_mask, other=0.0),
+                                 dsl.load(row_start + (n_cols - 1) // 2 * x_col_stride, mask=row_mask, other=0.0),
+                                 dsl.load(row_start + (n_cols - 1) * x_col_stride, mask=row_mask, other=0.0))
     if RELOAD:
         _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
                                  x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N, ALIGN, SHIFT,

@@ -57,8 +57,8 @@ class ForwardConfig:
     cache_hints: weight and bias are loaded with eviction_policy="evict_last" (every row reads them);
         without reload x is loaded with "evict_first", with reload y is stored with "evict_first".
     shifted_sums (LayerNorm, not with reload or programs_per_sm): the mean and variance from the sums of
-        x - x[row, 0] and of its squares, which cross the warps in one exchange instead of two dependent
-        ones (norm_kernels' comment above forward_kernel: the rounding this adds).
+        x - K and of its squares (K a median of three of the row's elements), which cross the warps in one
+        exchange instead of two dependent ones (norm_kernels' comment above forward_kernel: the rounding).
 
     row_sweeps=True (looped, block_rows, affine_first, prefetch, reload and output_chunks ignored):
     forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that many programs per SM, each
