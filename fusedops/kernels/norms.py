@@ -137,12 +137,11 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # 16-bit LayerNorm forward options by padded row size (block_n), over the base whole-row tiles of
-# forward_config (the warps and rows there). H200, fp16, M=8192, kernel alone (CUDA events, L2 flushed),
-# fraction of a device-to-device copy of the same bytes, base tiles -> these options (2026-11-30, two runs):
-# Session 13 (prepared launches x a copy of the same bytes, interleaved, three runs; .scratch/ln_shift_probe.py):
-# one row per program with the shifted sums (one exchange) against the tiles above (two dependent
-# exchanges): 1024 0.906 -> 0.938 (2 warps), 2048 0.861 -> 0.931 (2 warps), 4096 0.879 -> 0.952 (4 warps);
-# the cache hints cost 0.5-6% there, 2-row tiles 4-6% (their per-row loads move between layouts).
+# forward_config (the warps and rows there). H200, fp16, M=8192. Session 13 (the launchers, kernel alone, L2 flushed, x a copy of the same bytes; .scratch/ln_check3.py): one
+# row per program with the shifted sums (one exchange) against the 2-row tiles with cache hints (two
+# dependent exchanges) they replace: 2048 0.863 -> 0.914 (2 warps), 4096 0.897 -> 0.960 (4 warps), 1024
+# 0.902 -> 0.878 (2 warps; bench/layernorm.py, its copy timed apart: 0.97 at 1024, 0.87 at 2048, 0.92 at
+# 4096); 2-row tiles with the shifted sums 4-20% slower (their per-row loads move between layouts).
 _HALF_LAYER_NORM_FORWARD = {
     1024: dict(block_rows=1, num_warps=2, shifted_sums=True),
     2048: dict(block_rows=1, num_warps=2, shifted_sums=True),
