@@ -51,12 +51,16 @@ def test_bf16_layer_norm_outlier_in_column_0_does_not_overflow_the_shifted_squar
     assert ((rstd.double() / exact_rstd - 1).abs() < 1e-2).all(), (rstd, exact_rstd)
 
 
-def test_fp16_layer_norm_rstd_within_the_documented_bound_with_column_0_outliers():
+def _rows_with_a_column_0_outlier(n, outlier):
     g = _generator(0)
-    n = 4096
     x = torch.randn(256, n, generator=g)
-    x[:, 0] = 1000.0 * (1 + 0.1 * torch.rand(256, generator=g))
-    x = x.to(torch.float16)
+    x[:, 0] = outlier * (1 + 0.1 * torch.rand(256, generator=g))
+    return x.to(torch.float16)
+
+
+def test_fp16_layer_norm_rstd_within_the_documented_bound_with_column_0_outliers():
+    n = 4096
+    x = _rows_with_a_column_0_outlier(n, 1000.0)
     _, mean, rstd = _layer_norm(x)
     exact = torch.rsqrt(x.double().var(1, unbiased=False) + 1e-5)
     error = (rstd.double() / exact - 1).abs().max().item()
@@ -64,11 +68,8 @@ def test_fp16_layer_norm_rstd_within_the_documented_bound_with_column_0_outliers
 
 
 def test_fp16_layer_norm_within_twice_torchs_error_with_a_weighted_down_outlier():
-    g = _generator(0)
     n = 4096
-    x = torch.randn(256, n, generator=g)
-    x[:, 0] = 8000.0 * (1 + 0.1 * torch.rand(256, generator=g))
-    x = x.to(torch.float16)
+    x = _rows_with_a_column_0_outlier(n, 8000.0)
     w = torch.ones(n, dtype=torch.float16)
     w[0] = 2.0 ** -10       # the outlier's output is not the largest one
     y, _, _ = _layer_norm(x, w)
