@@ -64,7 +64,7 @@ def _lse_pair(s: torch.Tensor) -> torch.Tensor:
     (kernels/attention.py, "Saved statistics"): hi = m + log2(l) rounded, lo its rounding error (TwoSum),
     with m the row maximum in base 2 (held at the dtype's minimum where it overflows, as the kernels hold
     logits) and l = sum(exp2(s2 - m)); (+inf, 0) for fully masked rows."""
-    m = s.amax(-1, keepdim=True)
+    m = s.amax(-1, keepdim=True) if s.size(-1) else s.new_full((*s.shape[:-1], 1), -math.inf)    # (no keys)
     dead = m == -math.inf
     m = m.masked_fill(dead, 0.0)
     log_l = torch.log2(torch.exp(s - m).sum(-1, keepdim=True)).squeeze(-1)
