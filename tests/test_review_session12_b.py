@@ -211,14 +211,6 @@ def _nested_case(name, layout):
     raise KeyError(name)
 
 
-def _nested_xfail(why):
-    return pytest.mark.xfail(strict=True, reason=why)
-
-
-_STRIDED_FALLBACK = "strided nested tensor on the CPU fallback: fusedops crashes with RuntimeError " \
-                    "'NestedTensorImpl doesn't support sizes' (reads x.shape before routing); torch's op works"
-
-
 @pytest.mark.parametrize("name", [
     "softmax",
     "log_softmax",
@@ -245,10 +237,6 @@ def test_strided_nested_tensors_on_the_fallback(fallback, name):
 def test_jagged_nested_tensors_on_the_fallback(fallback, name):
     ours, theirs = _nested_case(name, torch.jagged)
     _close(_flat(ours()), _flat(theirs()), atol=1e-5, rtol=1e-5)
-
-
-_JAGGED_KERNEL = "jagged nested tensor on the kernel path crashes in the launch code's shape arithmetic " \
-                 "(symbolic nested ints); torch's op works (expected: torch's op, or a clear error)"
 
 
 @pytest.mark.parametrize("name", [

@@ -243,31 +243,33 @@ class NormFunction(torch.autograd.Function):
         return dx, dweight, dbias, None, None
 
 
+def reference_backward(dy, x, n_rows: int, n_cols: int, weight, mean, rstd) -> tuple:
+    """The backward kernels' (dx (n_rows, n_cols), dweight (n_cols,), dbias (n_cols,)) with torch ops, in
+    rstd's dtype (the kernels' accumulation dtype), from the saved x, weight, mean (None: RMSNorm) and rstd
+    ((n_rows,)): xhat = (x - mean) * rstd, g = dy * weight, dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    (no mean(g) term for RMSNorm), dweight = sum(dy * xhat), dbias = sum(dy) (means over a row's columns,
+    sums over the rows). Also the custom op's fallback (library/norm_ops.py)."""
+    wide = rstd.dtype
+    x = x.reshape(n_rows, n_cols).to(wide)
+    dy = dy.reshape(n_rows, n_cols).to(wide)
+    xhat = (x if mean is None else x - mean[:, None]) * rstd[:, None]
+    g = dy if weight is None else dy * weight.reshape(n_cols).to(wide)
+    correction = xhat * (g * xhat).mean(1, keepdim=True)
+    if mean is not None:
+        correction = correction + g.mean(1, keepdim=True)
+    return rstd[:, None] * (g - correction), (dy * xhat).sum(0), dy.sum(0)
+
+
 def _torch_backward(dy, x, weight, mean, rstd, launches: kernels.NormLaunches, normalized_shape: Tuple[int, ...],
                     needs_input_grad: tuple) -> tuple:
-    """The backward kernels' (dx, dweight, dbias) with torch ops (which vmap can batch), for a dy the
-    kernels cannot read (function_host.vmapped), from the saved x, weight, mean (None: RMSNorm) and rstd:
-        xhat = (x - mean) * rstd,  g = dy * weight,
-        dx = rstd * (g - xhat * mean(g * xhat) - mean(g)),  dweight = sum(dy * xhat),  dbias = sum(dy)
-    (means over a row's N columns, sums over the M rows; RMSNorm: xhat = x * rstd, no mean(g) term),
-    computed in rstd's dtype (the kernels' accumulation dtype); dx shaped like x in its dtype, dweight
-    and dbias (N,) in the parameters' dtypes."""
-    wide, shape, dtype = rstd.dtype, x.shape, x.dtype
-    rows, columns = math.prod(shape[:x.dim() - len(normalized_shape)]), _columns(normalized_shape)
-    dy, x = dy.reshape(rows, columns).to(wide), x.reshape(rows, columns).to(wide)
-    rstd = rstd.reshape(rows, 1)
-    xhat = (x if mean is None else x - mean.reshape(rows, 1)) * rstd
-    g = dy if weight is None else dy * weight.reshape(columns).to(wide)
-    dx = dweight = dbias = None
-    if needs_input_grad[0]:
-        dx = g - xhat * (g * xhat).mean(-1, keepdim=True)
-        dx = (dx if mean is None else dx - g.mean(-1, keepdim=True)) * rstd
-        dx = dx.to(dtype).reshape(shape)
-    if needs_input_grad[1] and weight is not None:
-        dweight = (dy * xhat).sum(0).to(weight.dtype)
-    if needs_input_grad[2]:
-        dbias = dy.sum(0).to(launches.bias_dtype)
-    return dx, dweight, dbias
+    """The backward kernels' (dx, dweight, dbias) by `reference_backward` (torch ops, which vmap can batch),
+    for a dy the kernels cannot read (function_host.vmapped); dx shaped like x in its dtype, dweight and
+    dbias (N,) in the parameters' dtypes, None where not needed."""
+    rows = math.prod(x.shape[:x.dim() - len(normalized_shape)])
+    dx, dweight, dbias = reference_backward(dy, x, rows, _columns(normalized_shape), weight, mean, rstd)
+    return (dx.to(x.dtype).reshape(x.shape) if needs_input_grad[0] else None,
+            dweight.to(weight.dtype) if needs_input_grad[1] and weight is not None else None,
+            dbias.to(launches.bias_dtype) if needs_input_grad[2] else None)
 
 
 # NormFunction.apply without the Python layer of torch's (function_host.py)

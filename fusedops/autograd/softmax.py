@@ -47,18 +47,22 @@ class SoftmaxFunction(torch.autograd.Function):
         return ctx.launches.backward(dy, y), None
 
 
-def _torch_backward(dy: torch.Tensor, y: torch.Tensor, launches: kernels.SoftmaxLaunches) -> torch.Tensor:
-    """The backward kernel's dx with torch ops (which vmap can batch), for a dy the kernel cannot read
-    (function_host.vmapped): the same formulas, sums in the kernel's accumulation dtype (float64 when any
-    of y, dy, dx is float64, else float32), dx in the input's dtype."""
-    dim, log, dtype = launches.dim, launches.log, launches.input_dtype
-    wide = torch.float64 if torch.float64 in (y.dtype, dy.dtype, dtype) else torch.float32
+def reference_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, log: bool, wide: torch.dtype) -> torch.Tensor:
+    """The backward kernel's dx with torch ops, in `wide`: softmax y * (dy - sum(dy * y)), log_softmax
+    dy - exp(y) * sum(dy) (sums over `dim`). Also the custom op's fallback (library/softmax_ops.py)."""
     dy, y = dy.to(wide), y.to(wide)
     if log:
-        dx = dy - torch.exp(y) * dy.sum(dim, keepdim=True)
-    else:
-        dx = y * (dy - (dy * y).sum(dim, keepdim=True))
-    return dx.to(dtype)
+        return dy - torch.exp(y) * dy.sum(dim, keepdim=True)
+    return y * (dy - (dy * y).sum(dim, keepdim=True))
+
+
+def _torch_backward(dy: torch.Tensor, y: torch.Tensor, launches: kernels.SoftmaxLaunches) -> torch.Tensor:
+    """The backward kernel's dx with torch ops (which vmap can batch), for a dy the kernel cannot read
+    (function_host.vmapped): sums in the kernel's accumulation dtype (float64 when any of y, dy, dx is
+    float64, else float32), dx in the input's dtype."""
+    dtype = launches.input_dtype
+    wide = torch.float64 if torch.float64 in (y.dtype, dy.dtype, dtype) else torch.float32
+    return reference_backward(dy, y, launches.dim, launches.log, wide).to(dtype)
 
 
 # SoftmaxFunction.apply(x, launches) without the Python layer of torch's apply (function_host.py)

@@ -19,6 +19,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from fusedops.autograd import norms as _autograd_norms
 from fusedops.kernels import norms as _norm_kernels
 from fusedops.library.common import accumulation_dtype, runs_kernels
 
@@ -87,27 +88,13 @@ def _norm_backward_op(grad_output, input, normalized_shape, weight, mean, rstd, 
             mean, rstd, subtract_mean=mean is not None, input_grad=input_grad, weight_grad=weight_grad,
             bias_grad=bias_grad, bias_dtype=bias_dtype)
     else:
-        dx, dweight, dbias = _norm_backward_reference(grad_output, input, n_rows, n_cols, weight, mean, rstd)
+        dx, dweight, dbias = _autograd_norms.reference_backward(grad_output, input, n_rows, n_cols, weight, mean, rstd)
         dx = dx.to(input.dtype) if input_grad else None
         dweight = dweight.to(weight.dtype) if weight_grad else None
         dbias = dbias.to(bias_dtype) if bias_grad else None
     return (None if dx is None else dx.reshape(input.shape).contiguous(),
             None if dweight is None else dweight.reshape(normalized_shape).contiguous(),
             None if dbias is None else dbias.reshape(normalized_shape).contiguous())
-
-
-def _norm_backward_reference(grad_output, input, n_rows, n_cols, weight, mean, rstd):
-    """(dx, dweight, dbias) in the accumulation dtype, with torch ops: xhat = (x - mean) * rstd,
-    g = dy * weight, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (no mean(g) term for RMSNorm)."""
-    wide = rstd.dtype
-    x = input.reshape(n_rows, n_cols).to(wide)
-    dy = grad_output.reshape(n_rows, n_cols).to(wide)
-    xhat = (x if mean is None else x - mean[:, None]) * rstd[:, None]
-    g = dy if weight is None else dy * weight.reshape(n_cols).to(wide)
-    correction = xhat * (g * xhat).mean(1, keepdim=True)
-    if mean is not None:
-        correction = correction + g.mean(1, keepdim=True)
-    return rstd[:, None] * (g - correction), (dy * xhat).sum(0), dy.sum(0)
 
 
 @_layer_norm_op.register_fake

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from fusedops.autograd import softmax as _autograd_softmax
 from fusedops.kernels import softmax as _softmax_kernels
 from fusedops.library.common import accumulation_dtype, runs_kernels
 
@@ -62,12 +63,7 @@ def _softmax_backward_op(grad_output: torch.Tensor, output: torch.Tensor, dim: i
     dim = dim % max(output.dim(), 1)
     y = output.contiguous()
     if not runs_kernels(y, y.dtype, grad_output.dtype, input_dtype):
-        wide = accumulation_dtype(y.dtype)
-        dy, yw = grad_output.to(wide), y.to(wide)
-        if log:
-            dx = dy - torch.exp(yw) * dy.sum(dim, keepdim=True)
-        else:
-            dx = yw * (dy - (dy * yw).sum(dim, keepdim=True))
+        dx = _autograd_softmax.reference_backward(grad_output, y, dim, log, accumulation_dtype(y.dtype))
         return dx.to(input_dtype).contiguous()
     if y.dim() == 0:
         return _softmax_backward_op(grad_output.reshape(1), y.reshape(1), 0, log, input_dtype).reshape(())
