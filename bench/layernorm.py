@@ -4,7 +4,7 @@ torch.compile, next to a device-to-device copy of the same number of bytes timed
     python bench/layernorm.py [--out DIR] [--name NAME] [--quick] [--ops layer_norm,rms_norm]
                               [--dtypes fp16,bf16] [--no-compile] [--sweep]
 
-Shapes: M = 8192 rows x N in {1024, 2048, 4096, 8192, 16384, 32768} and the odd N in {1000, 4097, 12289}
+Shapes: M = 8192 rows x N in {1024, 2048, 4096, 8192, 16384, 32768} and the N in {1000, 2049, 4097, 12289}
 (--quick: N in {1024, 8192, 32768}, float16 only). Inputs: x ~ N(0, 1), weight ~ 1 + N(0, 0.1^2), bias ~
 N(0, 0.1^2), dy ~ N(0, 1).
 
@@ -47,7 +47,7 @@ from fusedops.bench.report import format_table, plot_message, plot_op  # noqa: E
 from fusedops.kernels import norms  # noqa: E402
 
 M = 8192
-COLUMNS = (1000, 1024, 2048, 4096, 4097, 8192, 12289, 16384, 32768)
+COLUMNS = (1000, 1024, 2048, 2049, 4096, 4097, 8192, 12289, 16384, 32768)
 QUICK_COLUMNS = (1024, 8192, 32768)
 DTYPES = scripts.HALF_DTYPES
 TABLE = ("op", "shape", "dtype", "provider", "ms", "GB/s", "fraction_of_copy", "vs torch", "error")

@@ -25,6 +25,7 @@ from fusedops.autograd import norms as autograd_norms
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_kernels as K
+from fusedops.kernels import norm_split_window
 from fusedops.kernels import norms
 from helpers import assert_close, poison, random_tensor
 
@@ -156,7 +157,7 @@ def test_looped_forward_and_split_backward(interpret, monkeypatch, op, dtype, pr
     # chunk), 2-row tiles, 8-column dx tiles.
     _fresh_launch_caches(monkeypatch)
     monkeypatch.setattr(norms, "forward_config", lambda n, d, **_: norms.ForwardConfig(True, 1, 16, 4))
-    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
         True, 2, 16, 4, programs_per_sm=1, prefetch=prefetch, input_block_rows=2, input_block_n=8,
         input_num_warps=4))
     _check(op, (9, 57), (57,), dtype, seed)
@@ -167,7 +168,7 @@ def test_looped_forward_and_split_backward(interpret, monkeypatch, op, dtype, pr
 def test_fused_backward_without_prefetch(interpret, monkeypatch, op, seed):
     # The shipped configurations prefetch up to 8 warps and not at 16: both loops are tested.
     _fresh_launch_caches(monkeypatch)
-    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
         False, 2, 64, 4, programs_per_sm=1, prefetch=False))
     _check(op, (7, 50), (50,), torch.float32, seed)
 
@@ -175,7 +176,7 @@ def test_fused_backward_without_prefetch(interpret, monkeypatch, op, seed):
 def test_split_backward_sums_more_chunks_than_one_block(interpret, monkeypatch, seed):
     # 70 chunks of 1 column > BLOCK_CHUNKS = 64: backward_input_kernel loops over the c1/c2 partials.
     _fresh_launch_caches(monkeypatch)
-    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
         True, 1, 1, 1, programs_per_sm=1, input_block_rows=1, input_block_n=32, input_num_warps=1))
     _check(LAYER_NORM, (3, 70), (70,), torch.float32, seed)
 
@@ -269,7 +270,7 @@ def test_gradcheck_float64(interpret, op, weight, bias, seed):
 def test_gradcheck_float64_split_path(interpret, monkeypatch, seed):
     _fresh_launch_caches(monkeypatch)
     monkeypatch.setattr(norms, "forward_config", lambda n, d, **_: norms.ForwardConfig(True, 1, 4, 1))
-    monkeypatch.setattr(norms, "backward_config", lambda n, d: norms.BackwardConfig(
+    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
         True, 2, 4, 1, programs_per_sm=1, prefetch=True, input_block_rows=1, input_block_n=4, input_num_warps=1))
     x, w, b, _ = _inputs((3, 11), (11,), torch.float64, seed, True, True)
     assert torch.autograd.gradcheck(lambda *a: fusedops.layer_norm(a[0], (11,), a[1], a[2]),
@@ -292,7 +293,7 @@ def test_row_of_zeros_with_tiny_eps_in_float16_gives_no_nan(interpret, op, seed)
     assert_close(dx[[0, 2, 3]], expected[1][[0, 2, 3]], torch.float16)
 
 
-def _persistent_backward_config(n_cols, dtype):
+def _persistent_backward_config(n_cols, dtype, **_):
     """A persistent backward config for any row size (the default has it at 8192 columns only): whole rows,
     1024 // block_n rows a tile, 2 programs per SM (8 programs in the interpreter's 4 "SMs"), prefetch."""
     block_n = norms._next_power_of_2(n_cols)
@@ -325,13 +326,18 @@ def test_more_than_65535_rows(interpret, monkeypatch, op, dtype, n_cols, persist
 @pytest.mark.parametrize("dtype", HALF_DTYPES + [torch.float32])
 def test_default_backward_by_row_size(dtype):
     # 16-bit rows: the fused backward up to 4096 columns, the persistent one for 4097..8192 columns of a
-    # multiple of 8 (both ops), the fused one for odd rows up to 8192, the split one beyond.
-    for n_cols in (64, 1000, 1024, 2048, 4096, 4097, 6144, 8191, 8192, 8200, 32768):
+    # multiple of 8 (both ops), the split window for odd rows of 514..4097 columns (N - 1 padded to
+    # 1024..4096), the fused one for other odd rows up to 8192, the split one beyond.
+    for n_cols in (64, 1000, 1024, 1025, 2048, 2049, 3001, 4096, 4097, 4098, 6144, 8191, 8192, 8200, 32768):
         config = norms.backward_config(n_cols, dtype)
         persistent = dtype.itemsize == 2 and 4096 < n_cols <= 8192 and n_cols % 8 == 0
+        window = dtype.itemsize == 2 and 514 <= n_cols <= 4097 and n_cols % 8 != 0
         split = n_cols > 16384 // dtype.itemsize
         assert (config.persistent, config.split and not config.persistent) == (persistent, split), n_cols
-        if not persistent and not split:
+        assert config.split_window == window, n_cols
+        if window:
+            assert config.block_n == norms._next_power_of_2(n_cols - 1)
+        elif not persistent and not split:
             warps = min(16, max(4, config.block_n * 4 // 2048))
             rows = max(1, 1024 // config.block_n)
             if dtype.itemsize == 2 and config.block_n in (1024, 2048):     # norms._HALF_BACKWARD_TILES
@@ -364,19 +370,20 @@ def test_persistent_half_backward(interpret, monkeypatch, op, weight, bias, shap
 # 16-bit LayerNorm's default forward options by padded row size (forward_config), run at a few rows: the
 # cache hints (1000 columns: 2-row tiles, the last partial; 4000: 2 rows of a row shorter than the block),
 # the row sweeps (16000 and 4104: aligned rows of the 16384 and 8192 blocks), the row sweeps through the
-# aligned window (20001 and 3001: unaligned rows), and an RMSNorm row of the same size, which keeps the plain
-# tiles but where the row sweeps run (8192 block, odd rows).
+# aligned window (20001: unaligned rows), and an RMSNorm row of the same size, which keeps the plain tiles
+# but where the row sweeps run (8192 block, odd rows). (Odd rows of up to 4097 columns take the split window:
+# test_split_window_norms.py.)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("n_cols, rows, hints, sweeps, window", [
     (1000, 1, False, False, False), (4000, 1, False, False, False), (16000, 1, True, True, False),
-    (4104, 1, True, True, False), (20001, 1, True, True, True), (3001, 1, True, True, True)])
+    (4104, 1, True, True, False), (20001, 1, True, True, True)])
 def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, sweeps, window, seed):
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
     assert (config.block_rows, config.cache_hints, config.row_sweeps, config.aligned_window) == (rows, hints, sweeps,
                                                                                                 window)
     assert not config.reload and config.shifted_sums == (n_cols <= 4096 and not sweeps)
     plain = norms.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
-    assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols in (4104, 3001, 20001))
+    assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols in (4104, 20001))
     assert plain.aligned_window == window
     for op in (LAYER_NORM, RMS_NORM):
         subtract_mean = op == LAYER_NORM
@@ -737,9 +744,10 @@ def _shipped_launches(dtype, subtract_mean, sizes, monkeypatch):
             return lambda *tensors: None
         return prepare
 
-    for name, kernel in vars(K).items():
-        if isinstance(kernel, dsl.JITFunction) and not name.startswith("_"):
-            monkeypatch.setattr(kernel, "prepare", recorder(kernel))
+    for module in (K, norm_split_window):
+        for name, kernel in vars(module).items():
+            if isinstance(kernel, dsl.JITFunction) and not name.startswith("_"):
+                monkeypatch.setattr(kernel, "prepare", recorder(kernel))
     monkeypatch.setattr(norms, "_sm_count", lambda device: 132)
     acc = norms.accumulation_dtype(dtype)
     for n in sizes:
@@ -795,9 +803,12 @@ def test_shipped_configs_assemble_for_sm90a_without_spills(dtype, subtract_mean,
     names = {name for name, *_ in launches}
     if dtype.itemsize == 2:     # the persistent backward and (odd rows) the aligned-window row sweeps are shipped
         assert "backward_persistent_kernel" in names
-        odd = [n for n in sizes if n % 8 and n > 2048]
+        odd = [n for n in sizes if n % 8 and n > 4097]
         assert not odd or any(name == "forward_row_sweeps_kernel" and constexprs.get("SHIFT")
                               for name, _, _, constexprs, _ in launches)
+        if any(n % 8 and 514 <= n <= 4097 for n in sizes):         # and the split window
+            assert "backward_split_kernel" in names
+            assert {"forward_split_kernel", "forward_split_persistent_kernel"} & names
     if dtype.itemsize == 2 and subtract_mean:       # and LayerNorm's forward options (forward_config)
         options = {(constexprs.get("BLOCK_ROWS"), constexprs.get("SHIFTED_SUMS"))
                    for name, _, _, constexprs, _ in launches if name == "forward_kernel"}

@@ -191,17 +191,31 @@ def _median_of_three(a, b, c):
 
 
 @dsl.jit
-def _shifted_statistics(x, shift, mask, n_cols, eps):
-    # -> (x - mean (lanes where `mask` is off: anything), mean, rstd) of the rows of the tile x (R, C) in
-    # the accumulation dtype (float32), 0 where masked off; shift: K (R,) (see the comment above).
-    d = dsl.where(mask, (x - shift[:, None]) * 1.52587890625e-05, 0.0)       # (x - K) * 2^-16
-    scaled_mean = dsl.sum(d, axis=1) / n_cols
-    second = dsl.sum(d * d, axis=1) / n_cols
+def _shifted_moments(x, shift, mask):
+    # -> (sum of d, sum of d^2) per row, d = (x - K) * 2^-16 over the lanes of the tile x (R, C) where
+    # `mask` is on (accumulation dtype); shift: K (R,) (see the comment above).
+    d = dsl.where(mask, (x - shift[:, None]) * 1.52587890625e-05, 0.0)
+    return dsl.sum(d, axis=1), dsl.sum(d * d, axis=1)
+
+
+@dsl.jit
+def _shifted_mean_rstd(total, squares, shift, n_cols, eps):
+    # -> (mean, rstd) of rows from their _shifted_moments sums over all n_cols columns.
+    scaled_mean = total / n_cols
+    second = squares / n_cols
     # (an overflowed sum of squares stays +inf: rstd 0, as torch's overflowed float32 statistics)
     scaled_variance = dsl.where(second == float("inf"), second,
                                 dsl.maximum(second - scaled_mean * scaled_mean, 0.0))
-    mean = shift + scaled_mean * 65536.0
     rstd = 1.52587890625e-05 / dsl.sqrt(scaled_variance + eps * 2.3283064365386963e-10)     # 2^-16, 2^-32
+    return shift + scaled_mean * 65536.0, rstd
+
+
+@dsl.jit
+def _shifted_statistics(x, shift, mask, n_cols, eps):
+    # -> (x - mean (lanes where `mask` is off: anything), mean, rstd) of the rows of the tile x (R, C) in
+    # the accumulation dtype (float32), 0 where masked off; shift: K (R,) (see the comment above).
+    total, squares = _shifted_moments(x, shift, mask)
+    mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps)
     return x - mean[:, None], mean, rstd
 
 

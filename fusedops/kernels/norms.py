@@ -28,6 +28,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels import norm_kernels as K
+from fusedops.kernels import norm_split_window as W
 from fusedops.kernels.allocation import contiguous_allocator
 from fusedops.kernels.device_info import sm_count as _sm_count
 
@@ -60,6 +61,14 @@ class ForwardConfig:
         x - K and of its squares (K a median of three of the row's elements), which cross the warps in one
         exchange instead of two dependent ones (norm_kernels' comment above forward_kernel: the rounding).
 
+    split_window=True (block_rows, block_n, num_warps, output_chunks, programs_per_sm, prefetch; the rest
+    ignored): rows that start off 16-byte boundaries (N % 8 != 0 for 16-bit rows) through the split window
+    of norm_split_window (a main tile of block_n >= N - 1 columns in whole 16-byte vectors plus 2 * 8 edge
+    elements; LayerNorm with the shifted sums), where it applies: unit column stride, x's row stride N;
+    elsewhere the launcher takes forward_config's choice without it. programs_per_sm > 0: a persistent
+    grid whose programs gather weight and bias once (forward_split_persistent_kernel; output_chunks
+    ignored), else one program per row tile gathering them per row.
+
     row_sweeps=True (looped, block_rows, affine_first, prefetch, reload and output_chunks ignored):
     forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that many programs per SM, each
     looping over rows) in two sweeps over block_n-column chunks (any N: the rest in masked pieces):
@@ -90,6 +99,7 @@ class ForwardConfig:
     min_blocks_per_sm: int = 0
     shifted_affine: bool = False
     shifted_sums: bool = False
+    split_window: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +120,10 @@ class BackwardConfig:
     (two_pass=True: that also for rows that fit block_n: fewer registers).
     aligned_window: as ForwardConfig's, for x, dy and dx (all of row stride N, unit column stride;
     persistent only).
+    split_window=True (block_rows, block_n >= N - 1, num_warps, programs_per_sm, prefetch; the rest ignored):
+    norm_split_window.backward_split_kernel, rows off 16-byte boundaries through the split window, as the
+    persistent backward walks its row tiles, where it applies (x and dy of row stride N, unit column stride;
+    elsewhere the launcher takes backward_config's choice without it).
     """
 
     split: bool
@@ -125,6 +139,7 @@ class BackwardConfig:
     aligned_window: bool = False
     chunk: int = 4096
     two_pass: bool = False
+    split_window: bool = False
 
 
 def _next_power_of_2(n: int) -> int:
@@ -194,7 +209,37 @@ def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardCon
                          cache_hints=True, row_sweeps=True, min_blocks_per_sm=min_blocks)
 
 
-def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = False) -> ForwardConfig:
+# 16-bit rows off 16-byte boundaries (N % 8 != 0) whose split-window main tile (block_n = the power of two
+# at or above N - 1) is a key here take the split window (ForwardConfig.split_window) with these
+# (num_warps, output_chunks, programs_per_sm, prefetch), by op (subtract_mean). H200, fp16, M=8192, kernel
+# alone, fraction of a copy of the same bytes (.scratch/split_probe.py, session 14, interleaved CUDA events),
+# the shipped path before (whole-row tiles of 2-byte accesses; at 4097 the aligned-window row sweeps) ->
+# this: LayerNorm 1025 0.40 -> 0.72, 2049 0.48 -> 0.79, 3001 0.52 -> 0.64, 4097 0.58 -> 0.78; RMSNorm 1025
+# 0.41 -> 0.84, 2049 0.66 -> 0.88, 3001 0.70 -> 0.78, 4097 0.76 -> 0.83. Persistent programs that gather
+# weight and bias once and prefetch the next row won for LayerNorm (two gathered tensors), one program per
+# row with the output in chunks (fewer registers) for RMSNorm at 1024 and 4096; at 12289 (a 16384 main
+# tile) the split window was slower than the row sweeps (0.49 against 0.65).
+_HALF_SPLIT_WINDOW = {
+    True: {1024: (2, 1, 6, True), 2048: (4, 1, 4, True), 4096: (8, 1, 2, True)},
+    False: {1024: (2, 4, 0, False), 2048: (4, 1, 4, True), 4096: (4, 8, 0, False)},
+}
+
+
+def _split_window_config(n_cols: int, dtype: torch.dtype, subtract_mean: bool) -> Optional[ForwardConfig]:
+    """The split-window config of a row of n_cols columns of `dtype` (None: not one of its rows)."""
+    if dtype.itemsize != 2 or n_cols % 8 == 0 or n_cols < 2:
+        return None
+    block_n = _next_power_of_2(n_cols - 1)
+    choice = _HALF_SPLIT_WINDOW[subtract_mean].get(block_n)
+    if choice is None:
+        return None
+    num_warps, chunks, per_sm, prefetch = choice
+    return ForwardConfig(looped=False, block_rows=1, block_n=block_n, num_warps=num_warps, output_chunks=chunks,
+                         programs_per_sm=per_sm, prefetch=prefetch, split_window=True)
+
+
+def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = False,
+                   split_window: bool = True) -> ForwardConfig:
     """The forward's tiling for rows of n_cols columns of `dtype`, LayerNorm (subtract_mean=True) or
     RMSNorm (False).
 
@@ -217,6 +262,9 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     16-bit rows of 4097 to 32768 columns with N % 8 == 0 take the two-sweep kernel instead where
     `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy)."""
     block_n = _next_power_of_2(n_cols)
+    split = _split_window_config(n_cols, dtype, subtract_mean) if split_window else None
+    if split is not None:
+        return split
     if dtype.itemsize == 2 and n_cols > 2048 and n_cols % 8 != 0:
         return _odd_row_window_config(n_cols)
     if dtype.itemsize == 2 and n_cols % 8 == 0:
@@ -241,7 +289,20 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
 _HALF_BACKWARD_TILES = {1024: (2, 4), 2048: (2, 8)}
 
 
-def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
+# 16-bit rows off 16-byte boundaries whose split-window main tile (the power of two at or above N - 1) is a
+# key here take the split-window backward (BackwardConfig.split_window): (num_warps, programs_per_sm,
+# prefetch) by op (subtract_mean). H200, fp16, M=8192, kernels alone, x torch's backward (session 14,
+# .scratch/split_probe.py), before (the fused backward, 2-byte accesses, a 2 * N-column tile) -> this:
+# LayerNorm 1025 0.96x -> 1.87x, 2049 0.74x -> 1.66x, 3001 0.76x -> 1.38x, 4097 0.53x -> 1.55x; RMSNorm
+# 1025 1.27x -> 2.10x, 2049 0.96x -> 1.65x, 3001 0.84x -> 1.55x, 4097 0.66x -> 1.77x.
+_HALF_SPLIT_WINDOW_BACKWARD = {
+    True: {1024: (2, 4, True), 2048: (8, 2, True), 4096: (4, 2, False)},
+    False: {1024: (4, 4, True), 2048: (8, 2, True), 4096: (4, 2, False)},
+}
+
+
+def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = True,
+                    split_window: bool = True) -> BackwardConfig:
     """The fused backward while the padded row is at most 16 KiB of input (8192 16-bit, 4096 float32,
     2048 float64 columns) at 16 columns per thread (8 for float64): it keeps about eight registers per
     column (x, dy, their products and the two column sums). Longer rows take the split backward.
@@ -259,6 +320,12 @@ def backward_config(n_cols: int, dtype: torch.dtype) -> BackwardConfig:
     next row (LayerNorm 1.65x -> 1.91x, RMSNorm 1.93x -> 2.42x); at 4096 no candidate beat the formula. The persistent
     backward through the aligned window was 1.2-5x slower than the shipped kernels at 4097 and 12289, and
     the persistent kernel over column parts 1.1-2x slower than the split backward at 16384 and 32768."""
+    if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
+        choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(_next_power_of_2(n_cols - 1))
+        if choice is not None:
+            num_warps, per_sm, prefetch = choice
+            return BackwardConfig(split=False, block_rows=1, block_n=_next_power_of_2(n_cols - 1),
+                                  num_warps=num_warps, programs_per_sm=per_sm, prefetch=prefetch, split_window=True)
     block_n = _next_power_of_2(n_cols)
     acc_bytes = accumulation_dtype(dtype).itemsize
     if dtype.itemsize == 2 and block_n == 8192 and n_cols % 8 == 0:
@@ -463,6 +530,12 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     if n_rows == 0 or n_cols == 0:
         return lambda x, weight, bias: allocate_outputs(x)
     config = config or forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
+    split_shift = 0
+    if config.split_window:
+        split_shift = _window_shift(True, None, n_cols, _stride_alignment(row_stride, n_cols, x.element_size()),
+                                    x.element_size(), (row_stride, col_stride))
+        if not split_shift:
+            config = forward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False)
     y, mean, rstd = allocate_outputs(x)
     rows = x if in_place else as_rows(x, n_rows, n_cols)
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
@@ -470,7 +543,20 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     eps = np.float64(eps) if x.dtype == torch.float64 else float(eps)
     args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, eps)
     shifted = 0         # with shifted_affine: the window's SHIFT (the number of shifted copies)
-    if config.row_sweeps:
+    if split_shift:
+        if config.block_n < n_cols - 1 or config.block_n % config.output_chunks:
+            raise ValueError(f"split window: block_n={config.block_n} is smaller than the row ({n_cols} columns) "
+                             f"less one, or output_chunks={config.output_chunks} does not divide it")
+        tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+                     SHIFT=split_shift, num_warps=config.num_warps, interpret=interpret)
+        n_tiles = dsl.cdiv(n_rows, config.block_rows)
+        if config.programs_per_sm > 0:
+            grid = (_round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), split_shift),)
+            prepared = W.forward_split_persistent_kernel.prepare(grid, *args[:9], eps, PREFETCH=config.prefetch,
+                                                                 **tiles)
+        else:
+            prepared = W.forward_split_kernel.prepare((n_tiles,), *args[:9], eps, CHUNKS=config.output_chunks, **tiles)
+    elif config.row_sweeps:
         grid = (n_rows if config.programs_per_sm <= 0 else min(n_rows, _sm_count(device) * config.programs_per_sm),)
         constexprs = row_sweep_constexprs(config, x.dtype, weight, bias, row_stride, n_cols, subtract_mean,
                                           col_stride)
@@ -683,9 +769,17 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
                     grad.zero_()
             return dx, dweight, dbias
         return no_rows
-    config = config or backward_config(n_cols, x.dtype)
-    target_programs = _sm_count(device) * config.programs_per_sm
+    config = config or backward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
     strides = (x_row_stride, x_col_stride, dy_row_stride, dy_col_stride)
+    split_shift = 0
+    if config.split_window:
+        align = min(_stride_alignment(x_row_stride, n_cols, x.element_size()),
+                    _stride_alignment(dy_row_stride, n_cols, x.element_size()))
+        split_shift = _window_shift(True, None, n_cols, align, x.element_size(), (x_row_stride, x_col_stride),
+                                    (dy_row_stride, dy_col_stride))
+        if not split_shift:
+            config = backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False)
+    target_programs = _sm_count(device) * config.programs_per_sm
     tiling = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
                   PREFETCH=config.prefetch, num_warps=config.num_warps, interpret=interpret)
     # Example tensors to prepare the launches with (the launches take each call's own).
@@ -693,7 +787,18 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     dy_rows = dy if dy_in_place else as_rows(dy, n_rows, n_cols)
     x_rows = x if x_in_place else as_rows(x, n_rows, n_cols)
     weight = _contiguous_or_none(weight)
-    if config.persistent:
+    if split_shift:
+        if config.block_n < n_cols - 1:
+            raise ValueError(f"split window: block_n={config.block_n} is smaller than the row ({n_cols} columns) "
+                             f"less one")
+        groups = _round_up(min(dsl.cdiv(n_rows, config.block_rows), target_programs), split_shift)
+        new_partial = contiguous_allocator((groups * config.block_rows, n_cols), acc, device, allocate)
+        dweight_partial = new_partial() if weight_grad else None
+        dbias_partial = new_partial() if bias_grad else None
+        main = W.backward_split_kernel.prepare((groups,), dx, dweight_partial, dbias_partial, dy_rows, x_rows, weight,
+                                               mean, rstd, n_rows, n_cols, n_cols, SHIFT=split_shift, **tiling)
+        new_chunk_partial, input_kernel = None, None
+    elif config.persistent:
         main, new_partial, dweight_partial, dbias_partial = _persistent_backward(
             config, dx, dy_rows, x_rows, weight, mean, rstd, n_rows, n_cols, strides, subtract_mean, weight_grad,
             bias_grad, target_programs, allocate, interpret)
