@@ -43,6 +43,9 @@ Kernels and when the launchers (norms.py) use them:
   Both row loops are `_group_column_sums`; with PREFETCH it issues the next row block's loads before
   reducing the current one, so that a program keeps two blocks of loads in flight.
 - `column_sum_kernel`: the second stage of the dweight/dbias reduction.
+- norm_split_window.py: the forward and backward of 16-bit rows of 514 to 4097 columns that start off
+  16-byte boundaries (N % 8 != 0), through a split window (a power-of-two main tile of whole vectors
+  plus a small edge tile).
 
 Addressing: row r, column c of x is at x_ptr + r * x_row_stride + c * x_col_stride, with the row
 offset computed in int64 (tensors may hold more than 2**31 elements); column offsets stay int32 (the
@@ -184,7 +187,7 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
 # three sampled columns are outliers carrying the row's variance. The sums are of d * 2^-16 (exact
 # scaling), so that bfloat16 rows overflow them only past 1e22 (unscaled: 1.8e19 / sqrt(N)), beyond
 # torch's own float32 statistics (1.8e19). The launchers use it for 16-bit rows of at most 4096 columns
-# (norms.forward_config).
+# (norms.forward_config) and in the split window's LayerNorm (norm_split_window.py, up to 4097 columns).
 @dsl.jit
 def _median_of_three(a, b, c):
     return dsl.maximum(dsl.minimum(a, b), dsl.minimum(dsl.maximum(a, b), c))

@@ -1,4 +1,5 @@
-"""Launchers of the LayerNorm/RMSNorm kernels (norm_kernels.py): layouts, configurations, grids.
+"""Launchers of the LayerNorm/RMSNorm kernels (norm_kernels.py; norm_split_window.py for 16-bit rows of 514
+to 4097 columns off 16-byte boundaries): layouts, configurations, grids.
 
 The tensors here are already flattened to (M, N) row matrices by `as_rows` (M rows, N normalized
 columns); argument checking and torch's dtype rules live in fusedops.autograd.norms. Every function
@@ -213,12 +214,14 @@ def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardCon
 # at or above N - 1) is a key here take the split window (ForwardConfig.split_window) with these
 # (num_warps, output_chunks, programs_per_sm, prefetch), by op (subtract_mean). H200, fp16, M=8192, kernel
 # alone, fraction of a copy of the same bytes (.scratch/split_probe.py, session 14, interleaved CUDA events),
-# the shipped path before (whole-row tiles of 2-byte accesses; at 4097 the aligned-window row sweeps) ->
-# this: LayerNorm 1025 0.40 -> 0.72, 2049 0.48 -> 0.79, 3001 0.52 -> 0.64, 4097 0.58 -> 0.78; RMSNorm 1025
-# 0.41 -> 0.84, 2049 0.66 -> 0.88, 3001 0.70 -> 0.78, 4097 0.76 -> 0.83. Persistent programs that gather
-# weight and bias once and prefetch the next row won for LayerNorm (two gathered tensors), one program per
-# row with the output in chunks (fewer registers) for RMSNorm at 1024 and 4096; at 12289 (a 16384 main
-# tile) the split window was slower than the row sweeps (0.49 against 0.65).
+# the shipped path before (whole-row tiles of 2-byte accesses; at 3001 and 4097 the aligned-window row sweeps)
+# -> this: LayerNorm 777 0.39 -> 0.67, 1023 0.35 -> 0.71, 1025 0.40 -> 0.72, 2049 0.48 -> 0.79, 3001 0.52 ->
+# 0.64, 4097 0.58 -> 0.78; RMSNorm 777 0.40 -> 0.78, 1023 0.35 -> 0.86, 1025 0.41 -> 0.84, 2049 0.66 -> 0.88,
+# 3001 0.70 -> 0.78, 4097 0.76 -> 0.83 (bench/layernorm.py, LayerNorm fp16: 2049 0.82, 4097 0.82 of its copy,
+# 3.9x and 3.6x torch). Persistent programs that gather weight and bias once and prefetch the next row won
+# for LayerNorm (two gathered tensors), one program per row with the output in chunks (fewer registers) for
+# RMSNorm at 1024 and 4096; at 12289 (a 16384 main tile) the split window was slower than the row sweeps
+# (0.49 against 0.65).
 _HALF_SPLIT_WINDOW = {
     True: {1024: (2, 1, 6, True), 2048: (4, 1, 4, True), 4096: (8, 1, 2, True)},
     False: {1024: (2, 4, 0, False), 2048: (4, 1, 4, True), 4096: (4, 8, 0, False)},
@@ -249,7 +252,9 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     cheaper and left room for more programs per SM (bench/layernorm.py --sweep on the H200: 4 warps
     up to 8192 columns, 8 at 16384, 16 at 32768 were the fastest). 16-bit rows of more than 2048
     columns, not a multiple of 8 (rows off 16-byte boundaries), take the row sweeps through the aligned
-    window (`_HALF_ODD_ROW_WINDOW`; where the window does not apply, strided rows, the plain sweeps).
+    window (`_HALF_ODD_ROW_WINDOW`; where the window does not apply, strided rows, the plain sweeps);
+    those of 514 to 4097 columns take the split window instead (`_HALF_SPLIT_WINDOW`: whole rows, the
+    main tile padded from N - 1, not N; where it does not apply, the choice without it).
 
     16-bit LayerNorm rows of 513 to 4096 columns (padded to 1024..4096; but the aligned-window rows)
     take one row per program with the shifted sums (ForwardConfig.shifted_sums: one cross-warp exchange
@@ -292,9 +297,11 @@ _HALF_BACKWARD_TILES = {1024: (2, 4), 2048: (2, 8)}
 # 16-bit rows off 16-byte boundaries whose split-window main tile (the power of two at or above N - 1) is a
 # key here take the split-window backward (BackwardConfig.split_window): (num_warps, programs_per_sm,
 # prefetch) by op (subtract_mean). H200, fp16, M=8192, kernels alone, x torch's backward (session 14,
-# .scratch/split_probe.py), before (the fused backward, 2-byte accesses, a 2 * N-column tile) -> this:
-# LayerNorm 1025 0.96x -> 1.87x, 2049 0.74x -> 1.66x, 3001 0.76x -> 1.38x, 4097 0.53x -> 1.55x; RMSNorm
-# 1025 1.27x -> 2.10x, 2049 0.96x -> 1.65x, 3001 0.84x -> 1.55x, 4097 0.66x -> 1.77x.
+# .scratch/split_probe.py), before (the fused backward, 2-byte accesses, a 2 * N-column tile past 2048) ->
+# this: LayerNorm 777 1.16x -> 1.82x, 1023 1.02x -> 1.84x, 1025 0.96x -> 1.87x, 2049 0.74x -> 1.66x, 3001
+# 0.76x -> 1.38x, 4097 0.53x -> 1.55x; RMSNorm 777 2.73x -> 3.67x, 1023 2.30x -> 3.48x (4 warps; 2 warps
+# spilled in bfloat16), 2049 0.96x -> 1.65x, 3001 0.84x -> 1.55x, 4097 0.66x -> 1.77x (bench/layernorm.py,
+# CUDA graphs: LayerNorm 2049 1.66x, 4097 1.55x; RMSNorm 4097 1.76x).
 _HALF_SPLIT_WINDOW_BACKWARD = {
     True: {1024: (2, 4, True), 2048: (8, 2, True), 4096: (4, 2, False)},
     False: {1024: (4, 4, True), 2048: (8, 2, True), 4096: (4, 2, False)},
@@ -307,13 +314,14 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     2048 float64 columns) at 16 columns per thread (8 for float64): it keeps about eight registers per
     column (x, dy, their products and the two column sums). Longer rows take the split backward.
 
-    16-bit rows of 4097 to 8192 columns, a multiple of 8, take the persistent backward (whole rows,
-    programs walking strided row tiles), shorter ones the fused backward. H200, fp16, M=8192, the kernels
+    16-bit rows of 514 to 4097 columns that are not a multiple of 8 take the split-window backward
+    (`_HALF_SPLIT_WINDOW_BACKWARD`). 16-bit rows of 4097 to 8192 columns, a multiple of 8, take the
+    persistent backward (whole rows, programs walking strided row tiles), shorter ones the fused backward. H200, fp16, M=8192, the kernels
     alone (CUDA events, L2 flushed; 2026-11-30, two runs), ms, fused vs persistent: LayerNorm N=1024
     0.032 vs 0.038, 2048 0.045 vs 0.059, 4096 0.069 vs 0.079, 8192 0.189 vs 0.161; RMSNorm 1024 0.028
     vs 0.034, 2048 0.038 vs 0.043, 4096 0.064 vs 0.075, 8192 0.139 vs 0.141 (equal: one path for both
-    ops, the persistent). Odd N stays fused (at 4097 an earlier run, not on this footing, had the
-    persistent slower), and so do longer rows (the two-pass persistent variants were slower than the
+    ops, the persistent). Odd N past 4097 stays fused (at 4097 an earlier run, not on this footing, had
+    the persistent slower), and so do longer rows (the two-pass persistent variants were slower than the
     split backward).
     Session 6 (.scratch/ln_bwd_sweep.py, same footing, x torch's backward kernels): 16-bit rows of 1024
     and 2048 take 2 rows per tile (`_HALF_BACKWARD_TILES`); the persistent backward at 8192 prefetches the
