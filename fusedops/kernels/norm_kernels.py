@@ -650,6 +650,17 @@ def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
 
 
 @dsl.jit
+def _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN: dsl.constexpr):
+    # -> (mean, rstd) of `rows` saved by the forward, 0 where row_mask is off (a masked-off row's rstd of 0
+    # zeroes its xhat). For RMSNorm `mean` is rstd, unused.
+    rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+    mean = rstd
+    if SUBTRACT_MEAN:
+        mean = dsl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+    return mean, rstd
+
+
+@dsl.jit
 def _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask,
                x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, SUBTRACT_MEAN: dsl.constexpr):
     # The (rows, cols) tiles of x and dy in their own dtype and the rows' mean and rstd; 0 where masked
@@ -658,10 +669,7 @@ def _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask
     rows64 = rows.to(dsl.int64)
     x = dsl.load(x_ptr + rows64[:, None] * x_row_stride + cols[None, :] * x_col_stride, mask=mask, other=0.0)
     dy = dsl.load(dy_ptr + rows64[:, None] * dy_row_stride + cols[None, :] * dy_col_stride, mask=mask, other=0.0)
-    rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-    mean = rstd
-    if SUBTRACT_MEAN:
-        mean = dsl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+    mean, rstd = _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
     return x, dy, mean, rstd
 
 
@@ -832,10 +840,7 @@ def _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols,
     mask = row_mask[:, None] & in_row
     x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
     dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0)
-    rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-    mean = rstd
-    if SUBTRACT_MEAN:
-        mean = dsl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+    mean, rstd = _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
     return x, dy, mean, rstd, mask
 
 

@@ -30,8 +30,8 @@ one row stride (`row_stride`, a multiple of nothing: N) and have unit column str
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.norm_kernels import _affine_tiles, _median_of_three, _normalize, _shifted_moments, \
-    _shifted_mean_rstd
+from fusedops.kernels.norm_kernels import _affine_tiles, _load_statistics, _median_of_three, _normalize, \
+    _shifted_mean_rstd, _shifted_moments
 
 
 @dsl.jit
@@ -176,10 +176,7 @@ def _split_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, n_rows, n_cols, row_st
     dy = dsl.load(dy_ptr + offsets, mask=mask, other=0.0)
     x_edge = dsl.load(x_ptr + edge_offsets, mask=edge_mask, other=0.0)
     dy_edge = dsl.load(dy_ptr + edge_offsets, mask=edge_mask, other=0.0)
-    rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-    mean = rstd
-    if SUBTRACT_MEAN:
-        mean = dsl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+    mean, rstd = _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
     return x, dy, x_edge, dy_edge, mean, rstd
 
 
