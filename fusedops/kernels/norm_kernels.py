@@ -403,7 +403,10 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
 # stay near 0, so their rounding does not leak into the d^2 and (mean_t - mean)^2 terms (rows of mean
 # 1e4 and variance 9 in float32: rstd to 1e-7 relative instead of 1e-5, torch's), and y is formed as
 # ((x - x[row, 0]) - mean) * rstd. A far outlier in column 0 only brings back the unshifted rounding.
-# RMSNorm keeps per-thread sums of squares.
+# With SHIFTED_SUMS (the launchers' default for 16-bit LayerNorm rows since session 14: 2-6% faster, one
+# exchange a row) the threads keep the shifted sums of the comment above forward_kernel instead, about a
+# median of three of the row's elements, with that comment's error bound. RMSNorm keeps per-thread sums
+# of squares.
 @dsl.jit
 def _thread_sum(values):
     # [K, THREADS, VECTOR] -> [1, THREADS, 1]: the sum of each thread's own elements (no shuffles).
@@ -412,13 +415,18 @@ def _thread_sum(values):
 
 @dsl.jit
 def _add_moments(x, mask, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
-                 SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr):
+                 SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, SUMS: dsl.constexpr = False):
     # -> the per-thread (count, mean, M2) ([1, THREADS, 1]) of the elements seen so far and those of x (a
     # chunk or a piece in the accumulation dtype, 0 where masked off); RMSNorm: m2 is the sum of squares
-    # (count and mean unused). MASKED: `mask` says which elements of x are the row's.
+    # (count and mean unused). MASKED: `mask` says which elements of x are the row's. SUMS (LayerNorm):
+    # the shifted sums instead (the comment above forward_kernel): `mean` accumulates x * 2^-16 and m2 its
+    # squares (count unused).
     x = dsl.reshape(x, (x.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
     if not SUBTRACT_MEAN:
         return count, mean, m2 + _thread_sum(x * x)
+    if SUMS:
+        d = x * 1.52587890625e-05
+        return count, mean + _thread_sum(d), m2 + _thread_sum(d * d)
     if MASKED:
         mask = dsl.reshape(mask, (mask.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
         part_count = _thread_sum(dsl.where(mask, 1.0, 0.0))
@@ -436,11 +444,17 @@ def _add_moments(x, mask, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.c
 
 @dsl.jit
 def _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS: dsl.constexpr,
-                    SUBTRACT_MEAN: dsl.constexpr):
+                    SUBTRACT_MEAN: dsl.constexpr, SUMS: dsl.constexpr = False):
     # Once per row: the CTA's statistics from the per-thread ones (see above), stored; -> (the mean of
-    # x - shift, rstd) (mean 0.0 for RMSNorm).
+    # x - shift, rstd) (mean 0.0 for RMSNorm). SUMS: from _add_moments' shifted sums (one exchange).
     m2 = dsl.reshape(m2, (THREADS,))
     row_mean = 0.0
+    if SUBTRACT_MEAN and SUMS:
+        total = dsl.sum(dsl.reshape(mean, (THREADS,)), axis=0)
+        absolute, rstd = _shifted_mean_rstd(total, dsl.sum(m2, axis=0), shift, n_cols, eps)
+        dsl.store(mean_ptr + row, absolute)
+        dsl.store(rstd_ptr + row, rstd)
+        return total / n_cols * 65536.0, rstd
     if SUBTRACT_MEAN:
         count = dsl.reshape(count, (THREADS,))
         mean = dsl.reshape(mean, (THREADS,))
@@ -451,6 +465,16 @@ def _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps
     rstd = 1.0 / dsl.sqrt(dsl.sum(m2, axis=0) / n_cols + eps)
     dsl.store(rstd_ptr + row, rstd)
     return row_mean, rstd
+
+
+@dsl.jit
+def _row_shift(x_row, n_cols, col_stride, SUMS: dsl.constexpr):
+    # The LayerNorm row sweeps' shift (n_cols >= 1): x[row, 0], or with SUMS the median of three of the
+    # row's elements (the comment above forward_kernel), in x's own dtype.
+    if SUMS:
+        return _median_of_three(dsl.load(x_row), dsl.load(x_row + (n_cols - 1) // 2 * col_stride),
+                                dsl.load(x_row + (n_cols - 1) * col_stride))
+    return dsl.load(x_row)
 
 
 @dsl.jit
@@ -485,7 +509,7 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
                           x_col_stride, y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr, CHUNK: dsl.constexpr,
                           THREADS: dsl.constexpr, VECTOR: dsl.constexpr, ALIGN: dsl.constexpr,
                           FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr,
-                          AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr):
+                          AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr, SUMS: dsl.constexpr = False):
     acc_dtype = rstd_ptr.dtype.element
     x_row = x_ptr + dsl.multiple_of(row.to(dsl.int64) * x_row_stride, ALIGN)
     y_row = y_ptr + dsl.multiple_of(row.to(dsl.int64) * y_row_stride, ALIGN)
@@ -497,7 +521,7 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     pieces = (n_cols - tail + PIECE - 1) // PIECE
     shift = 0.0
     if SUBTRACT_MEAN:
-        shift = dsl.load(x_row).to(acc_dtype)     # column 0 (n_cols >= 1)
+        shift = _row_shift(x_row, n_cols, x_col_stride, SUMS).to(acc_dtype)
     # Sweep 1: per-thread statistics of x - shift.
     count = dsl.zeros((1, THREADS, 1), acc_dtype)
     mean = dsl.zeros((1, THREADS, 1), acc_dtype)
@@ -505,15 +529,16 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     for index in range(0, chunks):
         cols = index * CHUNK + chunk
         x = _load_part(x_row + cols * x_col_stride, None, FIRST_EVICTION, False).to(acc_dtype)
-        count, mean, m2 = _add_moments(x - shift, None, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, False)
+        count, mean, m2 = _add_moments(x - shift, None, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, False,
+                                       SUMS)
     for index in range(0, pieces):
         cols = tail + index * PIECE + piece
         in_row = cols < n_cols
         x = dsl.where(in_row, _load_part(x_row + cols * x_col_stride, in_row, FIRST_EVICTION, True).to(acc_dtype)
                       - shift, 0.0)
-        count, mean, m2 = _add_moments(x, in_row, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, True)
+        count, mean, m2 = _add_moments(x, in_row, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, True, SUMS)
     row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
-                                     SUBTRACT_MEAN)
+                                     SUBTRACT_MEAN, SUMS)
     # Sweep 2: y, in the first sweep's order (the least recently read chunk first).
     for index in range(0, chunks):
         _write_part(y_row, x_row, weight_ptr, bias_ptr, index * CHUNK + chunk, None, x_col_stride, shift, row_mean,
@@ -549,14 +574,15 @@ def affine_copy_stride(n_cols, SHIFT: dsl.constexpr):
 
 @dsl.jit
 def _window_moments(x_window, at, mask, shift, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
-                    SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, EVICTION: dsl.constexpr):
+                    SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, EVICTION: dsl.constexpr,
+                    SUMS: dsl.constexpr = False):
     # -> the per-thread statistics updated with x - shift at window positions `at` (masked by `mask`).
     x = _load_part(x_window + at, mask, EVICTION, MASKED).to(count.dtype)
     if MASKED:
         x = dsl.where(mask, x - shift, 0.0)
     else:
         x = x - shift
-    return _add_moments(x, mask, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, MASKED)
+    return _add_moments(x, mask, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, MASKED, SUMS)
 
 
 @dsl.jit
@@ -565,7 +591,7 @@ def _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, b
                                  THREADS: dsl.constexpr, VECTOR: dsl.constexpr, SHIFT: dsl.constexpr,
                                  FIRST_EVICTION: dsl.constexpr, SECOND_EVICTION: dsl.constexpr,
                                  AFFINE_EVICTION: dsl.constexpr, STORE_CACHE: dsl.constexpr,
-                                 AFFINE_SHIFTED: dsl.constexpr):
+                                 AFFINE_SHIFTED: dsl.constexpr, SUMS: dsl.constexpr = False):
     # _normalize_row_sweeps through the aligned window (see above); x_row_stride == y_row_stride.
     acc_dtype = rstd_ptr.dtype.element
     x_start = row.to(dsl.int64) * x_row_stride
@@ -589,22 +615,22 @@ def _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, b
     piece = dsl.arange(0, PIECE)
     shift = 0.0
     if SUBTRACT_MEAN:
-        shift = dsl.load(x_window + first).to(acc_dtype)        # column 0 (n_cols >= 1)
+        shift = _row_shift(x_window + first, n_cols, 1, SUMS).to(acc_dtype)
     # Sweep 1: per-thread statistics of x - shift.
     count = dsl.zeros((1, THREADS, 1), acc_dtype)
     mean = dsl.zeros((1, THREADS, 1), acc_dtype)
     m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
     count, mean, m2 = _window_moments(x_window, edges, edge_mask, shift, count, mean, m2, THREADS, 1, SUBTRACT_MEAN,
-                                      True, FIRST_EVICTION)
+                                      True, FIRST_EVICTION, SUMS)
     for index in range(0, chunks):
         count, mean, m2 = _window_moments(x_window, GROUP + index * CHUNK + chunk, None, shift, count, mean, m2,
-                                          THREADS, VECTOR, SUBTRACT_MEAN, False, FIRST_EVICTION)
+                                          THREADS, VECTOR, SUBTRACT_MEAN, False, FIRST_EVICTION, SUMS)
     for index in range(0, pieces):
         at = tail + index * PIECE + piece
         count, mean, m2 = _window_moments(x_window, at, at < middle, shift, count, mean, m2, THREADS, VECTOR,
-                                          SUBTRACT_MEAN, True, FIRST_EVICTION)
+                                          SUBTRACT_MEAN, True, FIRST_EVICTION, SUMS)
     row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
-                                     SUBTRACT_MEAN)
+                                     SUBTRACT_MEAN, SUMS)
     # Sweep 2: y, in the first sweep's order.
     _write_part(y_window, x_window, weight_window, bias_window, edges, edge_mask, 1, shift, row_mean, rstd,
                 SUBTRACT_MEAN, True, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
@@ -624,7 +650,8 @@ def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
                               VECTOR: dsl.constexpr, ALIGN: dsl.constexpr = 1, FIRST_EVICTION: dsl.constexpr = "",
                               SECOND_EVICTION: dsl.constexpr = "", AFFINE_EVICTION: dsl.constexpr = "",
                               STORE_CACHE: dsl.constexpr = "", MIN_BLOCKS: dsl.constexpr = 0,
-                              SHIFT: dsl.constexpr = 0, AFFINE_SHIFTED: dsl.constexpr = False):
+                              SHIFT: dsl.constexpr = 0, AFFINE_SHIFTED: dsl.constexpr = False,
+                              SHIFTED_SUMS: dsl.constexpr = False):
     # Arguments as forward_kernel; any n_cols. Program p normalizes the rows p, p + G, ... (G =
     # num_programs) by the row sweeps (see above). THREADS, VECTOR: the chunk's load layout (THREADS
     # threads of VECTOR consecutive elements; the launcher derives them as the default blocked layout
@@ -634,7 +661,8 @@ def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
     # dsl.launch_bounds (registers capped for that many CTAs per SM). SHIFT > 0 (the elements of a
     # 16-byte vector of x; x_row_stride == y_row_stride, x_col_stride == 1; ALIGN unused): rows through
     # the aligned window (_normalize_row_window_sweeps); AFFINE_SHIFTED: weight_ptr and bias_ptr are then
-    # the launcher's shifted copies of them (see above).
+    # the launcher's shifted copies of them (see above). SHIFTED_SUMS (LayerNorm): the statistics from the
+    # shifted sums (the comment above forward_kernel; one exchange a row) instead of Welford/Chan.
     if MIN_BLOCKS:
         dsl.launch_bounds(MIN_BLOCKS)
     for row in range(dsl.program_id(0), n_rows, dsl.num_programs(0)):
@@ -642,11 +670,11 @@ def forward_row_sweeps_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
             _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols,
                                          x_row_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR,
                                          SHIFT, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE,
-                                         AFFINE_SHIFTED)
+                                         AFFINE_SHIFTED, SHIFTED_SUMS)
         else:
             _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols,
                                   x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, CHUNK, THREADS, VECTOR,
-                                  ALIGN, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)
+                                  ALIGN, FIRST_EVICTION, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE, SHIFTED_SUMS)
 
 
 @dsl.jit

@@ -58,9 +58,10 @@ class ForwardConfig:
     output_chunks: with reload, the output is written in this many column chunks (block_n divisible).
     cache_hints: weight and bias are loaded with eviction_policy="evict_last" (every row reads them);
         without reload x is loaded with "evict_first", with reload y is stored with "evict_first".
-    shifted_sums (LayerNorm, not with reload or programs_per_sm): the mean and variance from the sums of
-        x - K and of its squares (K a median of three of the row's elements), which cross the warps in one
-        exchange instead of two dependent ones (norm_kernels' comment above forward_kernel: the rounding).
+    shifted_sums (LayerNorm, not with reload or programs_per_sm; with row_sweeps too): the mean and
+        variance from the sums of x - K and of its squares (K a median of three of the row's elements),
+        which cross the warps in one exchange instead of two dependent ones (norm_kernels' comment above
+        forward_kernel: the rounding).
 
     split_window=True (block_rows, block_n, num_warps, output_chunks, programs_per_sm, prefetch; the rest
     ignored): rows that start off 16-byte boundaries (N % 8 != 0 for 16-bit rows) through the split window
@@ -174,6 +175,10 @@ _HALF_LAYER_NORM_FORWARD = {
 # (8192, 8 warps, 4 CTAs); 32768: 0.3480 -> 0.2888 (16384, 16 warps, 2 CTAs, 2 programs per SM, each
 # looping over rows); RMSNorm 8192: 0.0711 -> 0.0680 (8192, 8 warps, 4 CTAs); 32768: 0.2757 -> 0.2593
 # (16384, 16 warps, 2 CTAs); RMSNorm 16384 was equal (0.1319 against 0.1309) and keeps its tiles.
+# LayerNorm's row sweeps take the shifted sums (ForwardConfig.shifted_sums; one exchange a row instead of
+# Welford/Chan's two): session 14, .scratch/sweep_sums_probe.py, fraction of a copy, Welford -> sums: 8192
+# 0.917 -> 0.937, 16384 0.873 -> 0.892, 32768 0.897 -> 0.902; through the aligned window 12289 0.652 ->
+# 0.690, 20001 0.687 -> 0.707.
 _HALF_ROW_SWEEPS = {
     True: {8192: (4096, 4, 8, 0), 16384: (8192, 8, 4, 0), 32768: (16384, 16, 2, 2)},
     False: {8192: (8192, 8, 4, 0), 32768: (16384, 16, 2, 0)},
@@ -192,12 +197,14 @@ _HALF_ROW_SWEEPS = {
 _HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8, False)), (None, (4096, 8, 4, True)))
 
 
-def _odd_row_window_config(n_cols: int) -> ForwardConfig:
-    """The aligned-window row sweeps of a 16-bit row of n_cols > 2048 columns, n_cols % 8 != 0."""
+def _odd_row_window_config(n_cols: int, subtract_mean: bool) -> ForwardConfig:
+    """The aligned-window row sweeps of a 16-bit row of n_cols > 2048 columns, n_cols % 8 != 0 (LayerNorm:
+    with the shifted sums, see _HALF_ROW_SWEEPS)."""
     chunk, num_warps, min_blocks, shifted = next(choice for limit, choice in _HALF_ODD_ROW_WINDOW
                                                  if limit is None or n_cols <= limit)
     return ForwardConfig(looped=False, block_rows=1, block_n=chunk, num_warps=num_warps, cache_hints=True,
-                         row_sweeps=True, aligned_window=True, min_blocks_per_sm=min_blocks, shifted_affine=shifted)
+                         row_sweeps=True, aligned_window=True, min_blocks_per_sm=min_blocks, shifted_affine=shifted,
+                         shifted_sums=subtract_mean)
 
 
 def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardConfig]:
@@ -207,7 +214,7 @@ def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardCon
         return None
     chunk, num_warps, min_blocks, per_sm = choice
     return ForwardConfig(looped=False, block_rows=1, block_n=chunk, num_warps=num_warps, programs_per_sm=per_sm,
-                         cache_hints=True, row_sweeps=True, min_blocks_per_sm=min_blocks)
+                         cache_hints=True, row_sweeps=True, min_blocks_per_sm=min_blocks, shifted_sums=subtract_mean)
 
 
 # 16-bit rows off 16-byte boundaries (N % 8 != 0) whose split-window main tile (block_n = the power of two
@@ -271,7 +278,7 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     if split is not None:
         return split
     if dtype.itemsize == 2 and n_cols > 2048 and n_cols % 8 != 0:
-        return _odd_row_window_config(n_cols)
+        return _odd_row_window_config(n_cols, subtract_mean)
     if dtype.itemsize == 2 and n_cols % 8 == 0:
         sweeps = _row_sweeps_config(block_n, subtract_mean)
         if sweeps is not None:
@@ -667,6 +674,8 @@ def row_sweep_constexprs(config: ForwardConfig, dtype: torch.dtype, weight: Opti
         constexprs.update(ROW_SWEEP_HINTS)
     if config.min_blocks_per_sm:
         constexprs["MIN_BLOCKS"] = config.min_blocks_per_sm
+    if config.shifted_sums and subtract_mean:
+        constexprs["SHIFTED_SUMS"] = True
     shift = _window_shift(config.aligned_window, None, n_cols, constexprs["ALIGN"], dtype.itemsize,
                           (row_stride, col_stride), (n_cols, 1))
     if shift:
