@@ -194,6 +194,15 @@ def _median_of_three(a, b, c):
 
 
 @dsl.jit
+def _row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, col_stride):
+    # -> K of `rows` ((R,), x's dtype; 0 for rows masked off): the median of columns 0, (N - 1) // 2, N - 1.
+    row_start = x_ptr + rows.to(dsl.int64) * row_stride
+    return _median_of_three(dsl.load(row_start, mask=row_mask, other=0.0),
+                            dsl.load(row_start + (n_cols - 1) // 2 * col_stride, mask=row_mask, other=0.0),
+                            dsl.load(row_start + (n_cols - 1) * col_stride, mask=row_mask, other=0.0))
+
+
+@dsl.jit
 def _shifted_moments(x, shift, mask):
     # -> (sum of d, sum of d^2) per row, d = (x - K) * 2^-16 over the lanes of the tile x (R, C) where
     # `mask` is on (accumulation dtype); shift: K (R,) (see the comment above).
@@ -207,9 +216,10 @@ def _shifted_mean_rstd(total, squares, shift, n_cols, eps):
     scaled_mean = total / n_cols
     second = squares / n_cols
     # (an overflowed sum of squares stays +inf: rstd 0, as torch's overflowed float32 statistics)
-    scaled_variance = dsl.where(second == float("inf"), second,
-                                dsl.maximum(second - scaled_mean * scaled_mean, 0.0))
-    rstd = 1.52587890625e-05 / dsl.sqrt(scaled_variance + eps * 2.3283064365386963e-10)     # 2^-16, 2^-32
+    variance = dsl.maximum(second - scaled_mean * scaled_mean, 0.0) * 4294967296.0
+    # The variance unscaled before eps is added (exact; +inf, rstd 0, where torch's float32 variance
+    # overflows too): eps scaled by 2^-32 instead would underflow for eps below ~1e-29.
+    rstd = dsl.where(second == float("inf"), 0.0, 1.0 / dsl.sqrt(variance + eps))
     return shift + scaled_mean * 65536.0, rstd
 
 
@@ -249,10 +259,7 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     affine_eviction: dsl.constexpr = "evict_last" if CACHE_HINTS else ""
     first = None
     if SHIFTED_SUMS and SUBTRACT_MEAN and not RELOAD:
-        row_start = x_ptr + rows.to(dsl.int64) * x_row_stride
-        first = _median_of_three(dsl.load(row_start, mask=row_mask, other=0.0),
-                                 dsl.load(row_start + (n_cols - 1) // 2 * x_col_stride, mask=row_mask, other=0.0),
-                                 dsl.load(row_start + (n_cols - 1) * x_col_stride, mask=row_mask, other=0.0))
+        first = _row_shifts(x_ptr, rows, row_mask, n_cols, x_row_stride, x_col_stride)
     if RELOAD:
         _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
                                  x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N, ALIGN, SHIFT,

@@ -14,9 +14,10 @@ p - first, first = r * N mod SHIFT) and its window is cut in two:
 with middle = max(SHIFT, (first + N) rounded down to SHIFT). The edges hold what the main tile leaves
 of the row, so BLOCK_N >= N - 1 is enough (N = 4097 takes a 4096-column main tile, not 8192 columns of
 which half are padding). The main tile's mask is constant over each vector (middle is a multiple of
-SHIFT), so its loads and stores stay 16-byte vectors; the edges are one element per lane, inside one
-warp (their reductions need no cross-warp exchange). Every statistic and sum adds the two tiles; padded
-lanes are masked out of all of them.
+SHIFT), so its loads and stores stay 16-byte vectors (8-byte ones where output chunks leave a thread
+fewer than 8 elements of a chunk); the edges are one element per lane, inside one warp (their
+reductions need no cross-warp exchange). Every statistic and sum adds the two tiles; padded lanes are
+masked out of all of them.
 
 weight and bias are read at the row's columns (p - first: not vector aligned, element loads from L1).
 The backward walks the rows g, g + G, ... of a persistent grid whose size G * BLOCK_ROWS the launcher
@@ -30,7 +31,7 @@ one row stride (`row_stride`, a multiple of nothing: N) and have unit column str
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.norm_kernels import _affine_tiles, _load_statistics, _median_of_three, _normalize, \
+from fusedops.kernels.norm_kernels import _affine_tiles, _load_statistics, _normalize, _row_shifts, \
     _shifted_mean_rstd, _shifted_moments
 
 
@@ -82,10 +83,7 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     x_edge = x_edge.to(acc_dtype)
     mean = 0.0
     if SUBTRACT_MEAN:
-        row_start = x_ptr + rows.to(dsl.int64) * row_stride
-        shift = _median_of_three(dsl.load(row_start, mask=row_mask, other=0.0),
-                                 dsl.load(row_start + (n_cols - 1) // 2, mask=row_mask, other=0.0),
-                                 dsl.load(row_start + (n_cols - 1), mask=row_mask, other=0.0)).to(acc_dtype)
+        shift = _row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, 1).to(acc_dtype)
         total, squares = _shifted_moments(x, shift, mask)
         edge_total, edge_squares = _shifted_moments(x_edge, shift, edge_mask)
         mean, rstd = _shifted_mean_rstd(total + edge_total, squares + edge_squares, shift, n_cols, eps)
