@@ -432,12 +432,13 @@ def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed
     w, b = (random_tensor((n_cols,), torch.float32, seed=seed + i).to(dtype) for i in (1, 2))
     y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, interpret=True,
                                        allocate=_poisoned_cpu_empty)
-    _check_hard_rows(x, w, b, y, mean, rstd)
+    _check_hard_rows(x, w, b, y, mean, rstd, config)
 
 
-def _check_hard_rows(x, w, b, y, mean, rstd):
+def _check_hard_rows(x, w, b, y, mean, rstd, config):
     """y within twice torch's error (+ one ulp of the row's largest output) against float64, row by row; mean
-    and rstd within the bounds of norm_kernels' comment above forward_kernel."""
+    and rstd within the bounds of norm_kernels' comment above forward_kernel (`config`: the forward's; the row
+    sweeps' threads add up runs of N / threads elements each)."""
     n_cols, dtype = x.shape[-1], x.dtype
     reference = torch.nn.functional.layer_norm(x.double(), (n_cols,), w.double(), b.double(), 1e-5)
     ours_error = (y.double() - reference).abs().amax(1)
@@ -449,7 +450,10 @@ def _check_hard_rows(x, w, b, y, mean, rstd):
     exact = torch.rsqrt(x64.var(1, unbiased=False) + 1e-5)
     error = (rstd.double() / exact - 1).abs()
     outlying_shift = torch.arange(len(error), device=error.device) == 7      # _hard_rows' last row
-    assert (error[~outlying_shift] <= 2.0 ** -21).all()     # the shift near the row: float32's rounding
+    bound = 2.0 ** -21                                      # the shift near the row: float32's rounding
+    if config.row_sweeps:
+        bound = 2.0 ** -24 * (n_cols / (32 * config.num_warps) + math.log2(n_cols))
+    assert (error[~outlying_shift] <= bound).all(), error[~outlying_shift].max()
     assert error[7] <= n_cols * math.log2(n_cols) * 2.0 ** -24      # the documented worst case
     assert torch.isfinite(y).all()
 
@@ -887,7 +891,7 @@ def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, 
     x = x.cuda()
     w, b = (random_tensor((n_cols,), dtype, "cuda", seed + i) for i in (1, 2))
     y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
-    _check_hard_rows(x, w, b, y, mean, rstd)
+    _check_hard_rows(x, w, b, y, mean, rstd, config)
 
 
 @pytest.mark.cuda
