@@ -323,11 +323,11 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
 
     16-bit rows of 514 to 4097 columns that are not a multiple of 8 take the split-window backward
     (`_HALF_SPLIT_WINDOW_BACKWARD`). 16-bit rows of 4097 to 8192 columns, a multiple of 8, take the
-    persistent backward (whole rows, programs walking strided row tiles), shorter ones the fused backward. H200, fp16, M=8192, the kernels
-    alone (CUDA events, L2 flushed; 2026-11-30, two runs), ms, fused vs persistent: LayerNorm N=1024
-    0.032 vs 0.038, 2048 0.045 vs 0.059, 4096 0.069 vs 0.079, 8192 0.189 vs 0.161; RMSNorm 1024 0.028
-    vs 0.034, 2048 0.038 vs 0.043, 4096 0.064 vs 0.075, 8192 0.139 vs 0.141 (equal: one path for both
-    ops, the persistent). Odd N past 4097 stays fused (at 4097 an earlier run, not on this footing, had
+    persistent backward (whole rows, programs walking strided row tiles), shorter ones the fused
+    backward. H200, fp16, M=8192, the kernels alone (CUDA events, L2 flushed; 2026-11-30, two runs), ms,
+    fused vs persistent: LayerNorm N=1024 0.032 vs 0.038, 2048 0.045 vs 0.059, 4096 0.069 vs 0.079, 8192
+    0.189 vs 0.161; RMSNorm 1024 0.028 vs 0.034, 2048 0.038 vs 0.043, 4096 0.064 vs 0.075, 8192 0.139 vs
+    0.141 (equal: one path for both ops, the persistent). Odd N past 4097 stays fused (at 4097 an earlier run, not on this footing, had
     the persistent slower), and so do longer rows (the two-pass persistent variants were slower than the
     split backward).
     Session 6 (.scratch/ln_bwd_sweep.py, same footing, x torch's backward kernels): 16-bit rows of 1024
