@@ -214,16 +214,18 @@ def _shifted_moments(x, shift, mask):
 
 
 @dsl.jit
-def _shifted_mean_rstd(total, squares, shift, n_cols, eps):
-    # -> (mean, rstd) of rows from their _shifted_moments sums over all n_cols columns.
+def _shifted_mean_rstd(total, squares, shift, n_cols, eps, scale):
+    # -> (mean, rstd) of rows from their _shifted_moments sums over all n_cols columns, sums of (x - K) *
+    # scale (a power of two: 2^-16, or 1.0 for _row_shifted_statistics' second sums).
+    inverse = 1.0 / scale
     scaled_mean = total / n_cols
     second = squares / n_cols
     # (an overflowed sum of squares stays +inf: rstd 0, as torch's overflowed float32 statistics)
-    variance = dsl.maximum(second - scaled_mean * scaled_mean, 0.0) * 4294967296.0
+    variance = dsl.maximum(second - scaled_mean * scaled_mean, 0.0) * (inverse * inverse)
     # The variance unscaled before eps is added (exact; +inf, rstd 0, where torch's float32 variance
     # overflows too): eps scaled by 2^-32 instead would underflow for eps below ~1e-29.
     rstd = dsl.where(second == float("inf"), 0.0, 1.0 / dsl.sqrt(variance + eps))
-    return shift + scaled_mean * 65536.0, rstd
+    return shift + scaled_mean * inverse, rstd
 
 
 @dsl.jit
@@ -231,7 +233,7 @@ def _shifted_statistics(x, shift, mask, n_cols, eps):
     # -> (x - mean (lanes where `mask` is off: anything), mean, rstd) of the rows of the tile x (R, C) in
     # the accumulation dtype (float32), 0 where masked off; shift: K (R,) (see the comment above).
     total, squares = _shifted_moments(x, shift, mask)
-    mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps)
+    mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, 1.52587890625e-05)
     return x - mean[:, None], mean, rstd
 
 
@@ -415,8 +417,11 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
 # ((x - x[row, 0]) - mean) * rstd. A far outlier in column 0 only brings back the unshifted rounding.
 # With SHIFTED_SUMS (the launchers' default for 16-bit LayerNorm rows since session 14: 2-6% faster, one
 # exchange a row) the threads keep the shifted sums of the comment above forward_kernel instead, about a
-# median of three of the row's elements, with that comment's error bound. RMSNorm keeps per-thread sums
-# of squares.
+# median of three of the row's elements. A row whose shift lies far from its mean (|K - mean| > 8
+# deviations: two of the sampled columns are outliers), or whose scaled squares fell below float32's
+# normal range, takes the sums once more, from L2, about its mean and unscaled: Welford-grade statistics
+# for those rows (one more sweep and exchange), the one-exchange speed for the others. RMSNorm keeps
+# per-thread sums of squares.
 @dsl.jit
 def _thread_sum(values):
     # [K, THREADS, VECTOR] -> [1, THREADS, 1]: the sum of each thread's own elements (no shuffles).
@@ -425,17 +430,17 @@ def _thread_sum(values):
 
 @dsl.jit
 def _add_moments(x, mask, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
-                 SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, SUMS: dsl.constexpr = False):
+                 SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, SUMS: dsl.constexpr = False, scale=1.0):
     # -> the per-thread (count, mean, M2) ([1, THREADS, 1]) of the elements seen so far and those of x (a
     # chunk or a piece in the accumulation dtype, 0 where masked off); RMSNorm: m2 is the sum of squares
     # (count and mean unused). MASKED: `mask` says which elements of x are the row's. SUMS (LayerNorm):
-    # the shifted sums instead (the comment above forward_kernel): `mean` accumulates x * 2^-16 and m2 its
+    # the shifted sums instead (the comment above forward_kernel): `mean` accumulates x * scale and m2 its
     # squares (count unused).
     x = dsl.reshape(x, (x.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
     if not SUBTRACT_MEAN:
         return count, mean, m2 + _thread_sum(x * x)
     if SUMS:
-        d = x * 1.52587890625e-05
+        d = x * scale
         return count, mean + _thread_sum(d), m2 + _thread_sum(d * d)
     if MASKED:
         mask = dsl.reshape(mask, (mask.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
@@ -454,17 +459,11 @@ def _add_moments(x, mask, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.c
 
 @dsl.jit
 def _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS: dsl.constexpr,
-                    SUBTRACT_MEAN: dsl.constexpr, SUMS: dsl.constexpr = False):
+                    SUBTRACT_MEAN: dsl.constexpr):
     # Once per row: the CTA's statistics from the per-thread ones (see above), stored; -> (the mean of
-    # x - shift, rstd) (mean 0.0 for RMSNorm). SUMS: from _add_moments' shifted sums (one exchange).
+    # x - shift, rstd) (mean 0.0 for RMSNorm).
     m2 = dsl.reshape(m2, (THREADS,))
     row_mean = 0.0
-    if SUBTRACT_MEAN and SUMS:
-        total = dsl.sum(dsl.reshape(mean, (THREADS,)), axis=0)
-        absolute, rstd = _shifted_mean_rstd(total, dsl.sum(m2, axis=0), shift, n_cols, eps)
-        dsl.store(mean_ptr + row, absolute)
-        dsl.store(rstd_ptr + row, rstd)
-        return total / n_cols * 65536.0, rstd
     if SUBTRACT_MEAN:
         count = dsl.reshape(count, (THREADS,))
         mean = dsl.reshape(mean, (THREADS,))
@@ -475,6 +474,27 @@ def _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps
     rstd = 1.0 / dsl.sqrt(dsl.sum(m2, axis=0) / n_cols + eps)
     dsl.store(rstd_ptr + row, rstd)
     return row_mean, rstd
+
+
+@dsl.jit
+def _row_shifted_statistics(mean_ptr, rstd_ptr, row, total, squares, shift, n_cols, eps, scale,
+                            THREADS: dsl.constexpr):
+    # Once per row, LayerNorm with SUMS: the statistics from the per-thread shifted sums (_add_moments'
+    # `mean` and `m2` of (x - shift) * scale; one exchange), stored; -> (the mean of x - shift, rstd, again).
+    # again: the shift lies far from the mean, (K - mean)^2 > 64 variance, where the variance cancels
+    # digits, or the squares underflowed (the comment above forward_kernel): the caller takes the sums once
+    # more, about this mean and unscaled (about the mean they overflow only where torch's float32 do).
+    total = dsl.sum(dsl.reshape(total, (THREADS,)), axis=0)
+    squares = dsl.sum(dsl.reshape(squares, (THREADS,)), axis=0)
+    absolute, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, scale)
+    dsl.store(mean_ptr + row, absolute)
+    dsl.store(rstd_ptr + row, rstd)
+    scaled_mean = total / n_cols
+    second = squares / n_cols
+    spread = dsl.sqrt(dsl.maximum(second - scaled_mean * scaled_mean, 0.0))
+    # (the square root: mean^2 does not underflow against 0; subnormal squares of a nonzero row: rounded)
+    again = (dsl.abs(scaled_mean) > 8.0 * spread) | ((second < 1.1754943508222875e-38) & (total != 0.0))
+    return scaled_mean * (1.0 / scale), rstd, again
 
 
 @dsl.jit
@@ -515,6 +535,34 @@ def _write_part(y_row, x_row, weight_ptr, bias_ptr, cols, mask, x_col_stride, sh
 
 
 @dsl.jit
+def _row_moments(x_row, shift, scale, n_cols, x_col_stride, acc_dtype: dsl.constexpr, CHUNK: dsl.constexpr,
+                 THREADS: dsl.constexpr, VECTOR: dsl.constexpr, SUBTRACT_MEAN: dsl.constexpr,
+                 EVICTION: dsl.constexpr, SUMS: dsl.constexpr):
+    # Sweep 1 of _normalize_row_sweeps: -> the per-thread (count, mean, M2) of the row's x - shift (see
+    # _add_moments; SUMS: the shifted sums of (x - shift) * scale) over its CHUNK-column chunks, then masked
+    # pieces.
+    PIECE: dsl.constexpr = THREADS * VECTOR
+    chunk = dsl.arange(0, CHUNK)
+    piece = dsl.arange(0, PIECE)
+    chunks = n_cols // CHUNK
+    tail = chunks * CHUNK
+    count = dsl.zeros((1, THREADS, 1), acc_dtype)
+    mean = dsl.zeros((1, THREADS, 1), acc_dtype)
+    m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
+    for index in range(0, chunks):
+        x = _load_part(x_row + (index * CHUNK + chunk) * x_col_stride, None, EVICTION, False).to(acc_dtype)
+        count, mean, m2 = _add_moments(x - shift, None, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, False,
+                                       SUMS, scale)
+    for index in range(0, (n_cols - tail + PIECE - 1) // PIECE):
+        cols = tail + index * PIECE + piece
+        in_row = cols < n_cols
+        x = dsl.where(in_row, _load_part(x_row + cols * x_col_stride, in_row, EVICTION, True).to(acc_dtype) - shift,
+                      0.0)
+        count, mean, m2 = _add_moments(x, in_row, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, True, SUMS, scale)
+    return count, mean, m2
+
+
+@dsl.jit
 def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
                           x_col_stride, y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr, CHUNK: dsl.constexpr,
                           THREADS: dsl.constexpr, VECTOR: dsl.constexpr, ALIGN: dsl.constexpr,
@@ -533,22 +581,20 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     if SUBTRACT_MEAN:
         shift = _row_shift(x_row, n_cols, x_col_stride, SUMS).to(acc_dtype)
     # Sweep 1: per-thread statistics of x - shift.
-    count = dsl.zeros((1, THREADS, 1), acc_dtype)
-    mean = dsl.zeros((1, THREADS, 1), acc_dtype)
-    m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
-    for index in range(0, chunks):
-        cols = index * CHUNK + chunk
-        x = _load_part(x_row + cols * x_col_stride, None, FIRST_EVICTION, False).to(acc_dtype)
-        count, mean, m2 = _add_moments(x - shift, None, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, False,
-                                       SUMS)
-    for index in range(0, pieces):
-        cols = tail + index * PIECE + piece
-        in_row = cols < n_cols
-        x = dsl.where(in_row, _load_part(x_row + cols * x_col_stride, in_row, FIRST_EVICTION, True).to(acc_dtype)
-                      - shift, 0.0)
-        count, mean, m2 = _add_moments(x, in_row, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, True, SUMS)
-    row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
-                                     SUBTRACT_MEAN, SUMS)
+    count, mean, m2 = _row_moments(x_row, shift, 1.52587890625e-05, n_cols, x_col_stride, acc_dtype, CHUNK, THREADS,
+                                   VECTOR, SUBTRACT_MEAN, FIRST_EVICTION, SUMS)
+    if SUBTRACT_MEAN and SUMS:
+        row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
+                                                        1.52587890625e-05, THREADS)
+        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean, unscaled
+            shift = shift + row_mean
+            count, mean, m2 = _row_moments(x_row, shift, 1.0, n_cols, x_col_stride, acc_dtype, CHUNK, THREADS,
+                                           VECTOR, SUBTRACT_MEAN, FIRST_EVICTION, SUMS)
+            row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
+                                                            1.0, THREADS)
+    else:
+        row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
+                                         SUBTRACT_MEAN)
     # Sweep 2: y, in the first sweep's order (the least recently read chunk first).
     for index in range(0, chunks):
         _write_part(y_row, x_row, weight_ptr, bias_ptr, index * CHUNK + chunk, None, x_col_stride, shift, row_mean,
@@ -585,14 +631,36 @@ def affine_copy_stride(n_cols, SHIFT: dsl.constexpr):
 @dsl.jit
 def _window_moments(x_window, at, mask, shift, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
                     SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, EVICTION: dsl.constexpr,
-                    SUMS: dsl.constexpr = False):
+                    SUMS: dsl.constexpr = False, scale=1.0):
     # -> the per-thread statistics updated with x - shift at window positions `at` (masked by `mask`).
     x = _load_part(x_window + at, mask, EVICTION, MASKED).to(count.dtype)
     if MASKED:
         x = dsl.where(mask, x - shift, 0.0)
     else:
         x = x - shift
-    return _add_moments(x, mask, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, MASKED, SUMS)
+    return _add_moments(x, mask, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, MASKED, SUMS, scale)
+
+
+@dsl.jit
+def _window_row_moments(x_window, shift, scale, edges, edge_mask, middle, chunks, tail, pieces, acc_dtype: dsl.constexpr,
+                        CHUNK: dsl.constexpr, THREADS: dsl.constexpr, VECTOR: dsl.constexpr, GROUP: dsl.constexpr,
+                        SUBTRACT_MEAN: dsl.constexpr, EVICTION: dsl.constexpr, SUMS: dsl.constexpr):
+    # Sweep 1 of _normalize_row_window_sweeps: -> the per-thread (count, mean, M2) of the row's x - shift over
+    # the window's edges, chunks and pieces (see the comment above).
+    PIECE: dsl.constexpr = THREADS * VECTOR
+    count = dsl.zeros((1, THREADS, 1), acc_dtype)
+    mean = dsl.zeros((1, THREADS, 1), acc_dtype)
+    m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
+    count, mean, m2 = _window_moments(x_window, edges, edge_mask, shift, count, mean, m2, THREADS, 1, SUBTRACT_MEAN,
+                                      True, EVICTION, SUMS, scale)
+    for index in range(0, chunks):
+        count, mean, m2 = _window_moments(x_window, GROUP + index * CHUNK + dsl.arange(0, CHUNK), None, shift, count,
+                                          mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, False, EVICTION, SUMS, scale)
+    for index in range(0, pieces):
+        at = tail + index * PIECE + dsl.arange(0, PIECE)
+        count, mean, m2 = _window_moments(x_window, at, at < middle, shift, count, mean, m2, THREADS, VECTOR,
+                                          SUBTRACT_MEAN, True, EVICTION, SUMS, scale)
+    return count, mean, m2
 
 
 @dsl.jit
@@ -627,20 +695,22 @@ def _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, b
     if SUBTRACT_MEAN:
         shift = _row_shift(x_window + first, n_cols, 1, SUMS).to(acc_dtype)
     # Sweep 1: per-thread statistics of x - shift.
-    count = dsl.zeros((1, THREADS, 1), acc_dtype)
-    mean = dsl.zeros((1, THREADS, 1), acc_dtype)
-    m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
-    count, mean, m2 = _window_moments(x_window, edges, edge_mask, shift, count, mean, m2, THREADS, 1, SUBTRACT_MEAN,
-                                      True, FIRST_EVICTION, SUMS)
-    for index in range(0, chunks):
-        count, mean, m2 = _window_moments(x_window, GROUP + index * CHUNK + chunk, None, shift, count, mean, m2,
-                                          THREADS, VECTOR, SUBTRACT_MEAN, False, FIRST_EVICTION, SUMS)
-    for index in range(0, pieces):
-        at = tail + index * PIECE + piece
-        count, mean, m2 = _window_moments(x_window, at, at < middle, shift, count, mean, m2, THREADS, VECTOR,
-                                          SUBTRACT_MEAN, True, FIRST_EVICTION, SUMS)
-    row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
-                                     SUBTRACT_MEAN, SUMS)
+    count, mean, m2 = _window_row_moments(x_window, shift, 1.52587890625e-05, edges, edge_mask, middle, chunks, tail,
+                                          pieces, acc_dtype, CHUNK, THREADS, VECTOR, GROUP, SUBTRACT_MEAN,
+                                          FIRST_EVICTION, SUMS)
+    if SUBTRACT_MEAN and SUMS:
+        row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
+                                                        1.52587890625e-05, THREADS)
+        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean, unscaled
+            shift = shift + row_mean
+            count, mean, m2 = _window_row_moments(x_window, shift, 1.0, edges, edge_mask, middle, chunks, tail,
+                                                  pieces, acc_dtype, CHUNK, THREADS, VECTOR, GROUP, SUBTRACT_MEAN,
+                                                  FIRST_EVICTION, SUMS)
+            row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
+                                                            1.0, THREADS)
+    else:
+        row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
+                                         SUBTRACT_MEAN)
     # Sweep 2: y, in the first sweep's order.
     _write_part(y_window, x_window, weight_window, bias_window, edges, edge_mask, 1, shift, row_mean, rstd,
                 SUBTRACT_MEAN, True, SECOND_EVICTION, AFFINE_EVICTION, STORE_CACHE)

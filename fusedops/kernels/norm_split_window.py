@@ -86,7 +86,8 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         shift = _row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, 1).to(acc_dtype)
         total, squares = _shifted_moments(x, shift, mask)
         edge_total, edge_squares = _shifted_moments(x_edge, shift, edge_mask)
-        mean, rstd = _shifted_mean_rstd(total + edge_total, squares + edge_squares, shift, n_cols, eps)
+        mean, rstd = _shifted_mean_rstd(total + edge_total, squares + edge_squares, shift, n_cols, eps,
+                                        1.52587890625e-05)
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
         mean = mean[:, None]
     else:
