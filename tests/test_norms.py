@@ -382,7 +382,7 @@ def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, swe
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
     assert (config.block_rows, config.cache_hints, config.row_sweeps, config.aligned_window) == (rows, hints, sweeps,
                                                                                                 window)
-    assert not config.reload and config.shifted_sums      # (the row sweeps' too, since session 14)
+    assert not config.reload and config.shifted_sums == (not sweeps or norms.ROW_SWEEP_SHIFTED_SUMS)
     plain = norms.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
     assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols in (4104, 20001))
     assert plain.aligned_window == window
@@ -421,11 +421,12 @@ def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("n_cols", [1000, 2047, 2048, 4096, 8192, 12289, 32768])
-def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed):
+def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed, monkeypatch):
     # The default 16-bit LayerNorm forward of these rows takes the shifted sums (2047: in the split window;
-    # 8192 and up: in the row sweeps, 12289 through their aligned window);
+    # 8192 and up: in the row sweeps with norms.ROW_SWEEP_SHIFTED_SUMS, 12289 through their aligned window);
     # its outputs stay within twice the error of torch's own (float32 statistics, one rounding) against
     # float64, and its statistics within the documented bounds.
+    monkeypatch.setattr(norms, "ROW_SWEEP_SHIFTED_SUMS", True)
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
     assert config.shifted_sums or config.split_window
     x = _hard_rows(n_cols, dtype, seed)
@@ -467,10 +468,10 @@ def test_default_forward_options_apply_to_16_bit_layer_norm_only():
     for n_cols in (512, 65536):      # below the measured sizes, the looped kernel
         assert norms.forward_config(n_cols, torch.float16, subtract_mean=True) == norms.forward_config(
             n_cols, torch.float16)
-    # the aligned-window row sweeps: the same but for LayerNorm's shifted sums
+    # the aligned-window row sweeps: the same but for LayerNorm's shifted sums (norms.ROW_SWEEP_SHIFTED_SUMS)
     layer_norm = norms.forward_config(12289, torch.float16, subtract_mean=True)
-    assert layer_norm.shifted_sums and dataclasses.replace(layer_norm, shifted_sums=False) == norms.forward_config(
-        12289, torch.float16)
+    assert layer_norm.shifted_sums == norms.ROW_SWEEP_SHIFTED_SUMS
+    assert dataclasses.replace(layer_norm, shifted_sums=False) == norms.forward_config(12289, torch.float16)
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
@@ -882,9 +883,12 @@ def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, s
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("n_cols", [1000, 2047, 2048, 4096, 8192, 12289, 32768])
-def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed):
+def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed, monkeypatch):
     # test_shifted_sums_within_twice_torchs_error_on_hard_rows on the GPU, against torch's CUDA kernel, with
-    # the hard rows among 300 ordinary ones and poisoned outputs (2047: the split window's shifted sums).
+    # the hard rows among 300 ordinary ones and poisoned outputs (2047: the split window's shifted sums; 8192
+    # and up: the row sweeps', norms.ROW_SWEEP_SHIFTED_SUMS).
+    monkeypatch.setattr(norms, "ROW_SWEEP_SHIFTED_SUMS", True)
+    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
     assert config.shifted_sums or config.split_window
     x = torch.cat([_hard_rows(n_cols, dtype, seed), random_tensor((300, n_cols), dtype, seed=seed + 3) * 3 + 0.25])

@@ -1,4 +1,5 @@
-"""Review of session 14's shifted-sum statistics in LayerNorm's row sweeps (commits ffe59ed..4e7b0a1:
+"""Review of session 14's shifted-sum statistics in LayerNorm's row sweeps (norms.ROW_SWEEP_SHIFTED_SUMS, set
+for every test here; commits ffe59ed..4e7b0a1 and c7701ce's second sums:
 norm_kernels._add_moments / _row_statistics / _row_shift with SUMS, forward_row_sweeps_kernel's SHIFTED_SUMS,
 _shifted_mean_rstd's rstd = 1 / sqrt(variance + eps); norms._row_sweeps_config / _odd_row_window_config /
 row_sweep_constexprs).
@@ -35,6 +36,14 @@ HALF = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f
 @pytest.fixture
 def interpret(monkeypatch):
     monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def row_sweep_sums(monkeypatch):
+    # The shifted sums in the default row sweeps (norms.ROW_SWEEP_SHIFTED_SUMS, off until they run on the
+    # H200 with their second pass): these tests review that option as the defaults would take it.
+    monkeypatch.setattr(norms, "ROW_SWEEP_SHIFTED_SUMS", True)
+    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", type(norms._FORWARD_LAUNCHES)(1024))
 
 
 def _poisoned_empty(shape, dtype, device):
