@@ -25,7 +25,7 @@ makes a multiple of SHIFT: every row a lane sees starts at the same place in its
 gathers weight once and keeps its dweight/dbias column sums at fixed window positions.
 
 Arguments as norm_kernels' forward_kernel / backward_persistent_kernel, except: x, y, dy and dx share
-one row stride (`row_stride`, a multiple of nothing: N) and have unit column strides.
+one row stride (`row_stride`: N, contiguous rows) and have unit column strides.
 """
 
 from __future__ import annotations
