@@ -26,6 +26,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_split_window as W
 from fusedops.kernels import norms
 from helpers import assert_close, poison, random_tensor
+from test_split_window_norms import _shipped_split_ptx
 
 LAYER_NORM, RMS_NORM = True, False
 OPS = pytest.mark.parametrize("subtract_mean", [LAYER_NORM, RMS_NORM], ids=["layer_norm", "rms_norm"])
@@ -408,30 +409,7 @@ def test_zero_and_constant_rows(interpret, dtype, seed):
         assert torch.equal(torch.isnan(fusedops.rms_norm(x, (n,), w, eps)), torch.isnan(F.rms_norm(x, (n,), w, eps)))
 
 
-# -- ptxas -------------------------------------------------------------------------------------------------
-def _ptx(n, dtype, subtract_mean, parameter_dtype):
-    """PTX of the default split-window forward and backward for (8192, n) rows of `dtype` with weight (and for
-    LayerNorm bias) of `parameter_dtype`, every gradient (sm_90a)."""
-    x = torch.empty(64, dtype=dtype, device="meta")
-    p = torch.empty(64, dtype=parameter_dtype, device="meta")
-    stats = torch.empty(64, dtype=torch.float32, device="meta")
-    mean, bias = (stats, p) if subtract_mean else (None, None)
-    forward = norms.forward_config(n, dtype, subtract_mean=subtract_mean)
-    tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=1, BLOCK_N=forward.block_n, SHIFT=8,
-                 num_warps=forward.num_warps, target="sm_90a")
-    args = (x, mean, stats, x, p, bias, 8192, n, n, 1e-5)
-    if forward.programs_per_sm:
-        fwd = W.forward_split_persistent_kernel.compile(*args, PREFETCH=forward.prefetch, **tiles)
-    else:
-        fwd = W.forward_split_kernel.compile(*args, CHUNKS=forward.output_chunks, **tiles)
-    backward = norms.backward_config(n, dtype, subtract_mean=subtract_mean)
-    bwd = W.backward_split_kernel.compile(x, stats, stats if subtract_mean else None, x, x, p, mean, stats, 8192, n,
-                                          n, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=1, BLOCK_N=backward.block_n,
-                                          SHIFT=8, PREFETCH=backward.prefetch, num_warps=backward.num_warps,
-                                          target="sm_90a")
-    return {"forward": fwd.asm["ptx"], "backward": bwd.asm["ptx"]}
-
-
+# -- ptxas (the shipped kernels' PTX: test_split_window_norms._shipped_split_ptx) -----------------------------
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 @pytest.mark.parametrize("n, dtype, subtract_mean, parameter_dtype", [
     (4097, torch.float16, LAYER_NORM, torch.float32),       # the backward's heaviest case: 255 registers
@@ -442,7 +420,7 @@ def test_more_shipped_variants_assemble_with_x_in_16_byte_vectors_and_no_spills(
                                                                                 parameter_dtype, tmp_path,
                                                                                 monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    for name, ptx in _ptx(n, dtype, subtract_mean, parameter_dtype).items():
+    for name, ptx in _shipped_split_ptx(n, dtype, subtract_mean, parameter_dtype).items():
         assert re.search(r"ld\.global[.\w:]*\.v4", ptx) and re.search(r"st\.global[.\w:]*\.v[24]", ptx), name
         assert not re.search(r"\.ftz|sqrt\.approx", ptx), name     # subnormal statistics as the interpreter's
         assert assemble(ptx, "sm_90a").spill_bytes == 0, name

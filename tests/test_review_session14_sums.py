@@ -77,6 +77,12 @@ def _y_errors(x, w, b, y, eps=1e-5):
     return ours, bar
 
 
+def _assert_within_bar(x, w, b, y, eps=1e-5, context=()):
+    """y's error against float64 within _y_errors' bar on every row (context: prefixed to the message)."""
+    ours, bar = _y_errors(x, w, b, y, eps)
+    assert (ours <= bar).all(), (*context, (ours / bar).tolist())
+
+
 def _check_statistics(x, mean, rstd, eps=1e-5, rstd_bound=None):
     """mean within 1e-6 of the row's largest |x|; rstd within rstd_bound relative of float64 (default: the
     row sweeps' documented 2^-24 * (N / threads + log2 N) at the shipped configs' 128+ threads)."""
@@ -112,8 +118,7 @@ def test_outlier_pair_in_the_sampled_columns_keeps_torchs_accuracy(interpret, n)
     x = _outlier_pair_rows(n, torch.float16)
     assert norms.forward_config(n, torch.float16, subtract_mean=True).shifted_sums
     y, mean, rstd = _forward(x)
-    ours, bar = _y_errors(x, None, None, y)
-    assert (ours <= bar).all(), (ours / bar).tolist()
+    _assert_within_bar(x, None, None, y)
     _check_statistics(x, mean, rstd, rstd_bound=1e-5)
 
 
@@ -126,8 +131,7 @@ def test_outlier_pair_is_fine_without_the_sums_and_below_4097_columns(interpret)
         if config.row_sweeps:
             config = dataclasses.replace(config, shifted_sums=False)
         y, _, _ = _forward(x, config=config)
-        ours, bar = _y_errors(x, None, None, y)
-        assert (ours <= bar).all(), (n, (ours / bar).tolist())
+        _assert_within_bar(x, None, None, y, context=(n,))
 
 
 # Found: bf16 rows of spread ~1e-18 with eps = 0 gave +-inf ((x - K) * 2^-16 squared underflowed), spread
@@ -140,8 +144,7 @@ def test_bf16_tiny_spread_rows_with_tiny_eps(interpret, n, scale, eps, seed):
     assert norms.forward_config(n, torch.bfloat16, subtract_mean=True).shifted_sums
     y, mean, rstd = _forward(x, eps=eps)
     assert torch.isfinite(y).all(), f"{int((~torch.isfinite(y)).sum())} non-finite elements"
-    ours, bar = _y_errors(x, None, None, y, eps)
-    assert (ours <= bar).all(), (ours / bar).tolist()
+    _assert_within_bar(x, None, None, y, eps)
     _check_statistics(x, mean, rstd, eps, rstd_bound=1e-5)
 
 
@@ -207,8 +210,7 @@ def test_forced_sums_sweeps_match_float64(interpret, dtype, chunk, num_warps, wi
         if dtype == torch.float32:      # (not a shipped use of the sums: float32's tolerance, not torch's error)
             assert_close(y, F.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5), dtype)
         else:
-            ours, bar = _y_errors(x, w, b, y)
-            assert (ours <= bar).all(), (n, (ours / bar).tolist())
+            _assert_within_bar(x, w, b, y, context=(n,))
         _check_statistics(x, mean, rstd, rstd_bound=1e-5)
 
 
@@ -240,8 +242,7 @@ def test_default_long_rows_match_float64(interpret, dtype, n, seed):
     x = x.to(dtype)
     w, b = (random_tensor((n,), dtype, "cpu", seed + i) for i in (1, 2))
     y, mean, rstd = _forward(x, w, b)
-    ours, bar = _y_errors(x, w, b, y)
-    assert (ours <= bar).all(), (ours / bar).tolist()
+    _assert_within_bar(x, w, b, y)
     _check_statistics(x, mean, rstd)
 
 
@@ -293,8 +294,7 @@ def test_huge_rows(interpret, n, seed):
     x[2, 0] = x[2, n - 1] = -65504.0
     w, b = (random_tensor((n,), torch.float16, "cpu", seed + i) for i in (1, 2))
     y, mean, rstd = _forward(x, w, b)
-    ours, bar = _y_errors(x, w, b, y)
-    assert (ours <= bar).all(), (ours / bar).tolist()
+    _assert_within_bar(x, w, b, y)
     # (row 2's shift is -65504, two of the three sampled columns: its rstd is 6e-5 off, the defect above)
     _check_statistics(x[:2], mean[:2], rstd[:2])
     x = random_tensor((2, n), torch.bfloat16, "cpu", seed, scale=1e19)
@@ -322,8 +322,8 @@ def test_layouts_through_the_public_api(interpret, dtype, n, seed):
     for x, weight, bias in cases:
         y = fusedops.layer_norm(x, (n,), weight, bias, 1e-5)
         assert y.dtype == dtype and y.shape == x.shape
-        ours, bar = _y_errors(x.reshape(-1, n), weight, bias, y.reshape(-1, n))
-        assert (ours <= bar).all(), (x.stride(), x.storage_offset(), (ours / bar).tolist())
+        _assert_within_bar(x.reshape(-1, n), weight, bias, y.reshape(-1, n),
+                           context=(x.stride(), x.storage_offset()))
 
 
 @pytest.mark.parametrize("n", [16392, 32768])
@@ -337,8 +337,7 @@ def test_programs_looping_over_rows(interpret, monkeypatch, n, seed):
         x[row, (0, (n - 1) // 2, n - 1)[row % 3]] = 1000.0 * (row + 1)
     w, b = (random_tensor((n,), torch.float16, "cpu", seed + i) for i in (1, 2))
     y, mean, rstd = _forward(x, w, b)
-    ours, bar = _y_errors(x, w, b, y)
-    assert (ours <= bar).all(), (ours / bar).tolist()
+    _assert_within_bar(x, w, b, y)
     _check_statistics(x, mean, rstd)
 
 

@@ -163,24 +163,24 @@ def test_far_outlier_in_a_sampled_column(interpret, seed):
 
 
 # -- CPU tier: ptxas --------------------------------------------------------------------------------
-def _shipped_split_ptx(n, dtype, subtract_mean):
-    """The PTX of the split-window kernels the defaults pick for (8192, n) rows of `dtype` (sm_90a):
-    {kernel name: ptx}."""
+def _shipped_split_ptx(n, dtype, subtract_mean, parameter_dtype=None):
+    """The PTX of the split-window kernels the defaults pick for (8192, n) rows of `dtype` (sm_90a), with weight
+    (and for LayerNorm bias) of `parameter_dtype` (default: dtype), every gradient: {kernel name: ptx}."""
     x = torch.empty(64, dtype=dtype, device="meta")
+    p = torch.empty(64, dtype=parameter_dtype or dtype, device="meta")
     stats = torch.empty(64, dtype=torch.float32, device="meta")
-    mean = stats if subtract_mean else None
-    bias = x if subtract_mean else None
+    mean, bias = (stats, p) if subtract_mean else (None, None)
     forward = norms.forward_config(n, dtype, subtract_mean=subtract_mean)
     tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=1, BLOCK_N=forward.block_n, SHIFT=8,
                  num_warps=forward.num_warps, target="sm_90a")
-    args = (x, mean, stats, x, x, bias, 8192, n, n, 1e-5)
+    args = (x, mean, stats, x, p, bias, 8192, n, n, 1e-5)
     if forward.programs_per_sm:
         fwd = W.forward_split_persistent_kernel.compile(*args, PREFETCH=forward.prefetch, **tiles)
     else:
         fwd = W.forward_split_kernel.compile(*args, CHUNKS=forward.output_chunks, **tiles)
     backward = norms.backward_config(n, dtype, subtract_mean=subtract_mean)
-    bwd = W.backward_split_kernel.compile(x, stats, stats, x, x, x, mean, stats, 8192, n, n,
-                                          SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=1, BLOCK_N=backward.block_n,
+    bwd = W.backward_split_kernel.compile(x, stats, stats if subtract_mean else None, x, x, p, mean, stats, 8192, n,
+                                          n, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=1, BLOCK_N=backward.block_n,
                                           SHIFT=8, PREFETCH=backward.prefetch, num_warps=backward.num_warps,
                                           target="sm_90a")
     return {"forward": fwd.asm["ptx"], "backward": bwd.asm["ptx"]}
