@@ -195,6 +195,14 @@ VARIANTS = {
     "persistent looped / persistent two-pass whole rows+prefetch": (
         norms.ForwardConfig(True, 1, 8, 1, programs_per_sm=1),
         norms.BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True, two_pass=True, chunk=8)),
+    # the parts of a row in one cluster (dsl.cluster_sum): 21 columns in clusters of 3, 16 in clusters of 2,
+    # one column in "clusters" of one
+    "plain / persistent cluster parts+prefetch": (
+        norms.ForwardConfig(False, 1, 32, 1),
+        norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, prefetch=True, cluster=True)),
+    "plain / persistent cluster parts, 2-row tiles+window": (
+        norms.ForwardConfig(False, 1, 32, 1),
+        norms.BackwardConfig(False, 2, 8, 1, 1, persistent=True, cluster=True, aligned_window=True)),
 }
 
 
@@ -326,14 +334,17 @@ def test_more_than_65535_rows(interpret, monkeypatch, op, dtype, n_cols, persist
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES + [torch.float32])
 def test_default_backward_by_row_size(dtype):
-    # 16-bit rows: the fused backward up to 4096 columns, the persistent one for 4097..8192 columns of a
-    # multiple of 8 (both ops), the split window for odd rows of 514..4097 columns (N - 1 padded to
-    # 1024..4096), the fused one for other odd rows up to 8192, the split one beyond.
-    for n_cols in (64, 1000, 1024, 1025, 2048, 2049, 3001, 4096, 4097, 4098, 6144, 8191, 8192, 8200, 32768):
+    # 16-bit rows: the fused backward up to 4096 columns, the persistent one for 4097..32768 columns of a
+    # multiple of 8 (both ops; past 8192 in clusters), the split window for odd rows of 514..4097 columns
+    # (N - 1 padded to 1024..4096), the fused one for other odd rows up to 8192, the split one beyond.
+    for n_cols in (64, 1000, 1024, 1025, 2048, 2049, 3001, 4096, 4097, 4098, 6144, 8191, 8192, 8200, 12289, 16384,
+                   32768, 32776):
         config = norms.backward_config(n_cols, dtype)
-        persistent = dtype.itemsize == 2 and 4096 < n_cols <= 8192 and n_cols % 8 == 0
+        persistent = dtype.itemsize == 2 and 4096 < n_cols <= 32768 and n_cols % 8 == 0
         window = dtype.itemsize == 2 and 514 <= n_cols <= 4097 and n_cols % 8 != 0
-        split = n_cols > 16384 // dtype.itemsize
+        split = n_cols > 16384 // dtype.itemsize and not persistent
+        assert config.cluster == (persistent and n_cols > 8192), n_cols
+        assert norms.backward_config(n_cols, dtype, clusters=False).cluster is False
         assert (config.persistent, config.split and not config.persistent) == (persistent, split), n_cols
         assert config.split_window == window, n_cols
         if window:

@@ -7,7 +7,7 @@ compiled or launched.
 from .errors import CompilationError, InterpreterError, LaunchError, UnsupportedError
 from .language.core import (abs, arange, argmax, argmin, atomic_add, atomic_and, atomic_cas, atomic_max,
                             atomic_min, atomic_or, atomic_xchg, atomic_xor, barrier, broadcast_to, cast, cdiv, ceil,
-                            cluster_dims,
+                            cluster_dims, cluster_sum,
                             constexpr, cos, cumsum, device_assert, device_print, dot, erf, exp, exp2,
                             expand_dims, floor, fma, full, launch_bounds, load, log, log2, max, max_contiguous, maximum, min,
                             minimum, multiple_of, num_programs, program_id, reshape, rsqrt, sigmoid, sin, sqrt,
@@ -29,5 +29,5 @@ __all__ = [
     "ceil", "fma", "cdiv", "cast", "sum", "max", "min", "argmax", "argmin", "cumsum", "dot",
     "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg",
     "atomic_cas", "reshape", "trans", "broadcast_to", "expand_dims", "multiple_of", "max_contiguous",
-    "device_print", "device_assert", "launch_bounds", "cluster_dims", "barrier", "make_tensor_descriptor", "TensorDescriptor",
+    "device_print", "device_assert", "launch_bounds", "cluster_dims", "cluster_sum", "barrier", "make_tensor_descriptor", "TensorDescriptor",
 ]

@@ -957,7 +957,8 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
                                rstd_ptr, n_rows, n_cols, n_groups, n_parts, x_row_stride, x_col_stride, dy_row_stride,
                                dy_col_stride, dx_row_stride, SUBTRACT_MEAN: dsl.constexpr, BLOCK_ROWS: dsl.constexpr,
                                BLOCK_N: dsl.constexpr, TWO_PASS: dsl.constexpr, CHUNK: dsl.constexpr,
-                               PREFETCH: dsl.constexpr, ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0):
+                               PREFETCH: dsl.constexpr, ALIGN: dsl.constexpr = 1, SHIFT: dsl.constexpr = 0,
+                               CLUSTER: dsl.constexpr = 1, MIN_BLOCKS_PER_SM: dsl.constexpr = 0):
     # A fixed grid of n_groups * n_parts programs (n_parts = cdiv(n_cols + max(SHIFT - 1, 0), BLOCK_N):
     # the window's columns); program p = group * n_parts + part handles the row tiles group, group + n_groups, ... and
     # the columns (window positions) [part * BLOCK_N, (part + 1) * BLOCK_N) of them: it writes their dx
@@ -973,7 +974,14 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
     # group * BLOCK_ROWS + i of d{weight,bias}_partial ((n_groups * BLOCK_ROWS, n_cols) float32/64, or
     # None) at the row's own columns. With SHIFT the launcher makes n_groups * BLOCK_ROWS a multiple of
     # SHIFT, so lane i of every tile of a program sits at the same place in its window.
+    # CLUSTER > 1 (= n_parts, TWO_PASS=False): the parts of a row tile go to the programs of one cluster
+    # (sm_90), which add their parts' row sums with dsl.cluster_sum: x and dy read once, in one pass.
     # Arguments otherwise as backward_fused_kernel; with SHIFT, x, dy and dx share one row stride.
+    # MIN_BLOCKS_PER_SM > 0: dsl.launch_bounds(MIN_BLOCKS_PER_SM).
+    if CLUSTER > 1:
+        dsl.cluster_dims(CLUSTER)
+    if MIN_BLOCKS_PER_SM > 0:
+        dsl.launch_bounds(MIN_BLOCKS_PER_SM)
     acc_dtype = rstd_ptr.dtype.element
     pid = dsl.program_id(0)
     group = pid // n_parts
@@ -1031,8 +1039,14 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
         dbias_sum += dy_acc
         if dx_ptr is not None:
             if not TWO_PASS:
-                c1 = dsl.sum(xhat * g, axis=1) / n_cols
-                c2 = dsl.sum(g, axis=1) / n_cols
+                c1 = dsl.sum(xhat * g, axis=1)
+                c2 = dsl.sum(g, axis=1)
+                if CLUSTER > 1 and SUBTRACT_MEAN:
+                    c1, c2 = dsl.cluster_sum(c1, c2)
+                elif CLUSTER > 1:
+                    c1 = dsl.cluster_sum(c1)
+                c1 = c1 / n_cols
+                c2 = c2 / n_cols
             dx = g - xhat * c1[:, None]
             if SUBTRACT_MEAN:
                 dx = dx - c2[:, None]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 import fusedops.dsl as dsl
+from fusedops.dsl.ir.ops import MAX_CLUSTER_SIZE
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels import norm_kernels as K
@@ -126,6 +127,9 @@ class BackwardConfig:
     norm_split_window.backward_split_kernel, rows off 16-byte boundaries through the split window, as the
     persistent backward walks its row tiles, where it applies (x and dy of row stride N, unit column stride;
     elsewhere the launcher takes backward_config's choice without it).
+    cluster=True (persistent, rows of 2 to 8 parts): the parts of a row tile go to the programs of one
+    thread block cluster, which add their row sums through distributed shared memory (`dsl.cluster_sum`):
+    one pass over x and dy. Needs sm_90 (elsewhere the launcher takes the two-pass persistent kernel).
     """
 
     split: bool
@@ -142,6 +146,8 @@ class BackwardConfig:
     chunk: int = 4096
     two_pass: bool = False
     split_window: bool = False
+    cluster: bool = False
+    min_blocks_per_sm: int = 0
 
 
 def _next_power_of_2(n: int) -> int:
@@ -319,7 +325,7 @@ _HALF_SPLIT_WINDOW_BACKWARD = {
 
 
 def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = True,
-                    split_window: bool = True) -> BackwardConfig:
+                    split_window: bool = True, clusters: bool = True) -> BackwardConfig:
     """The fused backward while the padded row is at most 16 KiB of input (8192 16-bit, 4096 float32,
     2048 float64 columns) at 16 columns per thread (8 for float64): it keeps about eight registers per
     column (x, dy, their products and the two column sums). Longer rows take the split backward.
@@ -346,6 +352,9 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
                                   num_warps=num_warps, programs_per_sm=per_sm, prefetch=prefetch, split_window=True)
     block_n = _next_power_of_2(n_cols)
     acc_bytes = accumulation_dtype(dtype).itemsize
+    if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 == 0:
+        return BackwardConfig(split=False, block_rows=1, block_n=4096, num_warps=8, programs_per_sm=2,
+                              persistent=True, prefetch=not subtract_mean, cluster=True, min_blocks_per_sm=2)
     if dtype.itemsize == 2 and block_n == 8192 and n_cols % 8 == 0:
         return BackwardConfig(split=False, block_rows=1, block_n=block_n, num_warps=16, programs_per_sm=1,
                               persistent=True, prefetch=True)
@@ -799,6 +808,8 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
                                     (dy_row_stride, dy_col_stride))
         if not split_shift:
             config = backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False)
+    if config.cluster and not _has_clusters(device, interpret):
+        config = backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, clusters=False)
     target_programs = _sm_count(device) * config.programs_per_sm
     tiling = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
                   PREFETCH=config.prefetch, num_warps=config.num_warps, interpret=interpret)
@@ -900,17 +911,44 @@ def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, 
     shift = _window_shift(config.aligned_window, None, n_cols, align, x.element_size(),
                           (x_row_stride, x_col_stride), (dy_row_stride, dy_col_stride))
     parts = dsl.cdiv(n_cols + max(shift - 1, 0), config.block_n)
+    cluster = parts if config.cluster and 1 < parts <= MAX_CLUSTER_SIZE and _has_clusters(x.device, interpret) else 1
     groups = min(dsl.cdiv(n_rows, config.block_rows), max(1, target_programs // parts))
+    options = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+                   TWO_PASS=(parts > 1 and cluster == 1) or config.two_pass, CHUNK=min(config.chunk, config.block_n),
+                   PREFETCH=config.prefetch, ALIGN=align, SHIFT=shift, CLUSTER=cluster,
+                   MIN_BLOCKS_PER_SM=config.min_blocks_per_sm, num_warps=config.num_warps)
+
+    def prepare(groups: int) -> tuple:
+        new_partial = contiguous_allocator((groups * config.block_rows, n_cols), rstd.dtype, x.device, allocate)
+        dweight_partial = new_partial() if weight_grad else None
+        dbias_partial = new_partial() if bias_grad else None
+        args = (dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd, n_rows, n_cols, groups, parts, *strides,
+                n_cols)
+        return args, new_partial, dweight_partial, dbias_partial
+
     groups = _round_up(groups, max(shift, 1))
-    new_partial = contiguous_allocator((groups * config.block_rows, n_cols), rstd.dtype, x.device, allocate)
-    dweight_partial = new_partial() if weight_grad else None
-    dbias_partial = new_partial() if bias_grad else None
-    main = K.backward_persistent_kernel.prepare(
-        (groups * parts,), dx, dweight_partial, dbias_partial, dy, x, weight, mean, rstd, n_rows, n_cols, groups,
-        parts, *strides, n_cols, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
-        TWO_PASS=parts > 1 or config.two_pass, CHUNK=min(config.chunk, config.block_n), PREFETCH=config.prefetch,
-        ALIGN=align, SHIFT=shift, num_warps=config.num_warps, interpret=interpret)
+    args, new_partial, dweight_partial, dbias_partial = prepare(groups)
+    if cluster > 1 and not _interpreting(interpret):
+        # every cluster at once: a GPC holds a whole number of clusters, so the device may hold fewer than
+        # SMs * programs_per_sm / cluster (a grid of more runs its last clusters after the others)
+        resident = K.backward_persistent_kernel.max_active_clusters(*args, **options)
+        if resident < groups:
+            groups = max(resident // max(shift, 1), 1) * max(shift, 1)
+            args, new_partial, dweight_partial, dbias_partial = prepare(groups)
+    main = K.backward_persistent_kernel.prepare((groups * parts,), *args, interpret=interpret, **options)
     return main, new_partial, dweight_partial, dbias_partial
+
+
+def _interpreting(interpret: Optional[bool]) -> bool:
+    """Whether launches with this `interpret` argument run in the interpreter (None: FUSEDOPS_INTERPRET)."""
+    return _interpret_enabled() if interpret is None else bool(interpret)
+
+
+def _has_clusters(device: torch.device, interpret: Optional[bool]) -> bool:
+    """Whether kernels on `device` can run in thread block clusters (sm_90 and later; the interpreter can)."""
+    if _interpreting(interpret) or device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> Callable:

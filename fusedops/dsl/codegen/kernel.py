@@ -20,7 +20,7 @@ from ..ir.ops import cluster_size
 from ..passes.dot_layouts import arch_number
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
-from . import async_copy, atomics, control, debug, dot, elementwise, memory, reduce, shapes, tma, tma_store  # noqa: F401,E501  (rules)
+from . import async_copy, atomics, cluster_sum, control, debug, dot, elementwise, memory, reduce, shapes, tma, tma_store  # noqa: F401,E501  (rules)
 from .context import LoweringContext
 from .control import lower_block
 
@@ -99,6 +99,7 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
             ctx.set(value, prologue.icmp_unsigned("!=", arg, ir.Constant(T.i8, 0)))
         else:
             ctx.set(value, arg)
+    cluster_sum.prepare(ctx, function, cluster, arch_number(arch))
     lower_block(ctx, function.body)
     builder.ret_void()
     prologue.branch(body_block)

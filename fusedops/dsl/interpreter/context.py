@@ -55,7 +55,7 @@ class ProgramContext:
     """
 
     __slots__ = ("program_id", "grid", "memory", "env", "plans", "kernel_name", "function",
-                 "pointer_names", "cluster_log", "multicast_calls")
+                 "pointer_names", "cluster_log", "multicast_calls", "cluster_exchange", "cluster_sum_calls")
 
     def __init__(self, program_id: tuple, grid: tuple, memory, plans: dict, kernel_name: str,
                  function, pointer_names: dict):
@@ -69,6 +69,8 @@ class ProgramContext:
         self.pointer_names = pointer_names   # id(pointer argument Value) -> its name
         self.cluster_log = None              # cluster.ClusterLog where multicast loads are checked
         self.multicast_calls: dict = {}      # id(multicast load op) -> calls so far
+        self.cluster_exchange = None         # cooperative.ClusterExchange where cluster_sum adds across programs
+        self.cluster_sum_calls = 0           # cluster_sum calls so far
 
     def run_region(self, block, args=()) -> list:
         """Bind `block`'s arguments to `args`, run its ops, and return its terminator's operand values

@@ -3,8 +3,11 @@
 `Interpreter(function)` prepares the function once (looks up the rule of every op, evaluates constants
 and aranges); `Interpreter.launch(grid, args)` binds the arguments and runs every program of the grid
 in row-major order over (z, y, x), x fastest (a kernel launched in clusters, `dsl.cluster_dims`, has
-its grid and its multicast loads checked: cluster.py). Programs run one after another, so atomics are
-sequential and a kernel that is only correct under some interleaving is not detected.
+its grid and its multicast loads checked: cluster.py). Programs run one after another, except the
+programs of a cluster of a kernel that calls `dsl.cluster_sum`: those run side by side, one at a time,
+switching only inside cluster_sum (cooperative.py), and clusters run one after another. Either way
+one program runs at a time, so atomics are sequential, every launch runs in the same order, and a
+kernel that is only correct under some interleaving is not detected.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ import numpy as np
 
 from ..errors import LaunchError
 from ..ir.core import Block, Function
-from ..ir.ops import TERMINATORS
-from . import rules_block, rules_control, rules_descriptors, rules_elementwise, rules_memory, rules_pipelining  # noqa: F401,E501 (register rules)
+from ..ir.ops import TERMINATORS, OpCode
+from . import rules_block, rules_cluster, rules_control, rules_descriptors, rules_elementwise, rules_memory, rules_pipelining  # noqa: F401,E501 (register rules)
 from .arguments import bind_arguments
 from .cluster import ClusterLog
+from .cooperative import ClusterExchange
 from .context import RULES, ProgramContext
 
 
@@ -57,6 +61,7 @@ class Interpreter:
         if len(names) != len(function.args):
             names = [v.name or f"arg{i}" for i, v in enumerate(function.args)]
         self.arg_names = names
+        self._has_cluster_sum = any(op.opcode == OpCode.CLUSTER_SUM for op in function.walk())
 
     def _prepare(self, block: Block) -> None:
         steps, terminator = [], None
@@ -79,24 +84,37 @@ class Interpreter:
         None) for each pointer, a Python/NumPy scalar for each scalar). Tensors are updated in place.
 
         Raises LaunchError for a bad grid, TypeError/ValueError for bad arguments, InterpreterError for
-        a fault in the kernel (out-of-bounds or misaligned access, failed assertion).
+        a fault in the kernel (out-of-bounds or misaligned access, failed assertion, programs of a cluster
+        making different multicast loads or cluster_sum calls).
         """
         grid = normalize_grid(grid)
         name = kernel_name or self.function.name
         cluster = ClusterLog(self.function, grid, name)
         bound = bind_arguments(self.function, args, self.arg_names)
+        side_by_side = self._has_cluster_sum and cluster.size > 1
+
+        def new_context(x, y, z):
+            return ProgramContext((x, y, z), grid, bound.memory, self._plans, name, self.function,
+                                  bound.pointer_names)
+
+        def run(ctx):
+            if cluster.checked:
+                ctx.cluster_log = cluster
+            ctx.run_region(self.function.body, bound.values)
+            if cluster.checked:
+                cluster.finish(ctx)
+
         try:
             with np.errstate(all="ignore"):   # IEEE results (inf, NaN) are the semantics, not errors
                 for z in range(grid[2]):
                     for y in range(grid[1]):
-                        for x in range(grid[0]):
-                            ctx = ProgramContext((x, y, z), grid, bound.memory, self._plans, name,
-                                                 self.function, bound.pointer_names)
-                            if cluster.checked:
-                                ctx.cluster_log = cluster
-                            ctx.run_region(self.function.body, bound.values)
-                            if cluster.checked:
-                                cluster.finish(ctx)
+                        if side_by_side:
+                            for first in range(0, grid[0], cluster.size):
+                                ClusterExchange([new_context(first + rank, y, z)
+                                                 for rank in range(cluster.size)]).run(run)
+                        else:
+                            for x in range(grid[0]):
+                                run(new_context(x, y, z))
         finally:
             bound.finish()
 

@@ -109,5 +109,5 @@ def _mbarrier_arrive(ctx, op, barriers, index, predicate):
 
 @register(OpCode.CLUSTER_BARRIER)
 def _cluster_barrier(ctx, op):
-    # A cluster's programs run one after another here, each with all of its (multicast) tiles.
+    # Each program of a cluster gets all of its (multicast) tiles itself here: there is nothing to wait for.
     return None

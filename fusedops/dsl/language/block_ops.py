@@ -258,6 +258,21 @@ class BlockOps:
                                    f"{size!r}")
         self.builder.create(OpCode.CLUSTER_DIMS, [], [], dict(size=size))
 
+    def cluster_sum(self, values) -> tuple:
+        """The CLUSTER_SUM of `values` (each cast to its sum's accumulation type), as a tuple of results."""
+        if not values:
+            raise CompilationError("cluster_sum needs at least one value")
+        operands = []
+        for index, value in enumerate(values):
+            value = self.to_value(value)
+            element = _element(value)
+            if isinstance(element, PointerType) or element == int1:
+                raise CompilationError(f"cluster_sum: value {index} must be a number or a block of numbers, got "
+                                       f"{value.type}")
+            operands.append(self.cast(value, self._accumulation_type(element)))
+        op = self.builder.create(OpCode.CLUSTER_SUM, operands, [v.type for v in operands], {})
+        return tuple(op.results)
+
     def device_assert(self, condition, message: str = "") -> None:
         if not isinstance(message, str):
             raise CompilationError("device_assert's message must be a string")

@@ -364,6 +364,31 @@ def cluster_dims(size, *, _semantic=None):
 
 
 @builtin
+def cluster_sum(*values, _semantic=None):
+    """The sum of each of `values` over the programs of this program's cluster (`dsl.cluster_dims`), the
+    same in every program of the cluster: the programs' values are added in rank order (rank =
+    program_id(0) % size), so the result is deterministic. `values`: blocks or scalars of numbers,
+    each summed in its own shape; 16-bit floats and small ints are summed in float32 / int32 as by
+    `dsl.sum`. One value returns its sum, several a tuple of sums, exchanged together.
+
+    On sm_90 each program writes its values into a slot in the shared memory of every program of the
+    cluster (distributed shared memory: `mapa` + `st.shared::cluster`), then the cluster's threads
+    meet at a cluster barrier (`barrier.cluster.arrive.release` / `wait.acquire`, PTX ISA "barrier.cluster";
+    CUDA Programming Guide, "Distributed Shared Memory"), then each program adds the slots in its own
+    shared memory. Slots alternate between two buffers, so a call costs one cluster barrier (the kernel
+    starts with one more: no program writes into another before it runs). A kernel without clusters
+    (size 1) gets the values themselves.
+
+    Every program of a cluster must make the same cluster_sum calls, in the same order: on the GPU a
+    program that makes fewer leaves the others waiting for ever (the interpreter, which runs a
+    cluster's programs side by side, raises InterpreterError instead). Compiling a kernel with
+    clusters of more than one program and cluster_sum for a GPU before sm_90 raises CompilationError.
+    """
+    results = _semantic.cluster_sum(values)
+    return results[0] if len(results) == 1 else results
+
+
+@builtin
 def barrier(*, _semantic=None):
     """Wait until every thread of this program (CTA) reaches this point; the program's global and
     shared memory writes before it are visible to all its threads after it (PTX `bar.sync`, CUDA's

@@ -379,6 +379,11 @@ def _assign_op(state: _State, op: Operation) -> None:
         for r in results:
             r.layout = plan.result_layout
         return
+    if code == OpCode.CLUSTER_SUM:
+        for index, result in enumerate(op.results):
+            if _is_block(result):
+                result.layout = _anchor(state, op, index)
+        return
     if code == OpCode.SCAN:
         layout = _anchor(state, op, 0)
         op.result.layout = layout

@@ -288,6 +288,26 @@ def set_dynamic_shared_memory(kernel: LoadedKernel, nbytes: int) -> None:
     kernel.dynamic_shared_limit = nbytes
 
 
+def max_active_clusters(kernel: LoadedKernel, num_warps: int, shared_bytes: int, cluster_size: int) -> int:
+    """The most clusters of `cluster_size` CTAs of `kernel` (num_warps * 32 threads and `shared_bytes` of
+    dynamic shared memory each) that its device runs at once (`cuOccupancyMaxActiveClusters`, CUDA Driver
+    API "Occupancy"): a persistent grid of more clusters than that runs its last ones after the others.
+    With `cluster_size` 1, the CTAs of the kernel that fit on the device at once.
+
+    Raises:
+        LaunchError: the driver rejects the query (e.g. a cluster the device cannot run).
+    """
+    cu = _driver()
+    set_dynamic_shared_memory(kernel, shared_bytes)
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = 32 * num_warps, 1, 1
+    config.sharedMemBytes = shared_bytes
+    config.numAttrs = 0
+    with kernel.context.pushed():
+        return int(check(cu.cuOccupancyMaxActiveClusters(kernel.function, config), "cuOccupancyMaxActiveClusters"))
+
+
 class KernelLauncher:
     """A prepared launch of one kernel: argument packing plan, block size and dynamic shared memory.
 

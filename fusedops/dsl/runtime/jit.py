@@ -246,6 +246,26 @@ class JITFunction:
         return make_prepared(entry.compiled.launcher(device_index), device_index, launch_grid,
                              [values[i] for i in runtime], slots, checked, entry.kernel.used_globals, fallback)
 
+    def max_active_clusters(self, *args, num_warps: int = 4, num_stages: int = 3, **kwargs) -> int:
+        """How many clusters (`dsl.cluster_dims`; programs, for a kernel without) of this kernel, compiled
+        for these arguments as a launch would compile it, run at once on the arguments' CUDA device
+        (`driver.max_active_clusters`): what a persistent grid sizes itself by.
+
+        Raises: what `run` raises for these arguments on the GPU path; LaunchError where the driver
+        rejects the query.
+        """
+        try:
+            check_num_warps(num_warps, num_stages, self.__name__)
+            entry, _, device_index = self._lookup(self._bind(args, kwargs), num_warps, num_stages, "cuda")
+        except (CompilationError, InterpreterError) as error:
+            raise error.with_traceback(None) from None
+        from .driver import max_active_clusters
+        launcher = entry.compiled.launcher(device_index)
+        while not hasattr(launcher, "kernel"):      # a wrapper (tensor maps) of the driver's launcher
+            launcher = launcher.launcher
+        return max_active_clusters(launcher.kernel, num_warps, entry.compiled.shared_bytes,
+                                   entry.compiled.cluster_size)
+
     def _meta(self, args: tuple, kwargs: dict, num_warps: int, num_stages: int) -> dict:
         """The meta-parameters a grid callable sees: every argument by name, and the launch options."""
         values = self._bind(args, kwargs)

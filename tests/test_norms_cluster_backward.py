@@ -1,0 +1,126 @@
+"""The LayerNorm / RMSNorm backward of long 16-bit rows in thread block clusters (norms.BackwardConfig.cluster:
+the parts of a row in one cluster, their row sums added by dsl.cluster_sum).
+
+CPU tier: the default config at 16384 columns in the interpreter against float64, the fallback where a
+device has no clusters. GPU tier: poisoned outputs against float64 at ragged sizes (clusters of 2 to 8),
+strided and expanded views, run-to-run determinism, and the resident-cluster count the launcher sizes its
+grid by. (Forced small cluster configs: test_norms.py's VARIANTS; the DSL op: test_cluster_sum_*.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusedops.kernels import norm_kernels as K
+from fusedops.kernels import norms
+from helpers import poison
+
+from test_norms import (LAYER_NORM, RMS_NORM, _check, _check_views, _compare, _inputs, _poisoned_empty,
+                        _reference, interpret)  # noqa: F401  (interpret: a fixture)
+
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+
+
+def _backward(op, x, w, b, dy, allocate=_poisoned_empty):
+    subtract_mean = op == LAYER_NORM
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=allocate)
+    grads = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                allocate=allocate)
+    return (y,) + tuple(grads)
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_default_half_backward_of_16392_columns_in_clusters(interpret, op, seed):
+    config = norms.backward_config(16392, torch.float16, subtract_mean=op == LAYER_NORM)
+    assert config.cluster and config.persistent and config.block_n == 4096
+    _check(op, (3, 16392), (16392,), torch.float16, seed)
+
+
+def test_devices_without_clusters_take_the_split_backward(monkeypatch):
+    monkeypatch.setattr(norms, "_has_clusters", lambda device, interpret: False)
+    launched = []
+    monkeypatch.setattr(K.backward_partials_kernel, "prepare", lambda *a, **k: launched.append("split") or None)
+    monkeypatch.setattr(K.backward_input_kernel, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(K.backward_persistent_kernel, "prepare", lambda *a, **k: launched.append("cluster") or None)
+    x = torch.zeros(4, 16384, dtype=torch.float16)
+    rstd = torch.ones(4)
+    norms._backward_launcher(x, x, None, torch.zeros(4), rstd, True, True, False, False, None, None, None, False,
+                             torch.empty)
+    assert launched == ["split"]
+
+
+# -- GPU tier -------------------------------------------------------------------------------------------
+
+# (rows, columns): clusters of 4 (16384, 16392: a last part of 8 columns), 6 (24576), 8 (32768); fewer rows
+# than resident clusters, and many more
+GPU_SHAPES = [(1, 16384), (257, 16392), (1000, 16384), (61, 24576), (130, 32768), (2, 32768)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_cluster_backward_poisoned_outputs(op, dtype, shape, seed):
+    assert norms.backward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM).cluster
+    x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, op == LAYER_NORM, device="cuda")
+    x = x * 3 + 0.25
+    y, dx, dw, db = _backward(op, x, w, b, dy)
+    _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("weight, bias", [(False, True), (True, False), (False, False)])
+def test_gpu_cluster_backward_affine_combinations(op, weight, bias, seed):
+    if op == RMS_NORM and bias:
+        pytest.skip("RMSNorm has no bias")
+    shape = (77, 16384)
+    x, w, b, dy = _inputs(shape, shape[-1:], torch.bfloat16, seed, weight, bias, device="cuda")
+    y, dx, dw, db = _backward(op, x, w, b, dy)
+    _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy),
+             torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_gpu_cluster_backward_strided_and_expanded(op, seed):
+    x, w, b, _ = _inputs((16, 16384), (16384,), torch.float16, seed, True, op == LAYER_NORM, device="cuda")
+    _check_views(op, x, w, b, torch.float16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+def test_gpu_cluster_backward_is_deterministic(op, seed):
+    shape = (4000, 16384)
+    x, w, b, dy = _inputs(shape, shape[-1:], torch.float16, seed, True, op == LAYER_NORM, device="cuda")
+    first = _backward(op, x, w, b, dy)
+    for _ in range(3):
+        again = _backward(op, x, w, b, dy)
+        for a, e in zip(again, first):
+            assert e is None or torch.equal(a, e)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n_cols", [16384, 32768])
+def test_gpu_resident_clusters_bound_the_grid(n_cols, monkeypatch):
+    counts = []
+    query = K.backward_persistent_kernel.max_active_clusters
+
+    def spy(*args, **kwargs):
+        counts.append((query(*args, **kwargs), kwargs["CLUSTER"]))
+        return counts[-1][0]
+
+    monkeypatch.setattr(K.backward_persistent_kernel, "max_active_clusters", spy)
+    prepared = []
+    prepare = K.backward_persistent_kernel.prepare
+    monkeypatch.setattr(K.backward_persistent_kernel, "prepare",
+                        lambda grid, *a, **k: prepared.append(grid) or prepare(grid, *a, **k))
+    x = poison(torch.empty(8192, n_cols, dtype=torch.float16, device="cuda"))
+    norms._backward_launcher(x, x, None, torch.zeros(8192, device="cuda"), torch.ones(8192, device="cuda"), True,
+                             True, False, False, None, None, None, None, torch.empty)
+    (resident, cluster), = counts
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert cluster == n_cols // 4096 and 0 < resident <= 2 * sms // cluster
+    assert prepared == [(min(resident, 2 * sms // cluster) * cluster,)]
