@@ -34,7 +34,7 @@ def _backward(op, x, w, b, dy, allocate=_poisoned_empty):
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_default_half_backward_of_16392_columns_in_clusters(interpret, op, seed):
     config = norms.backward_config(16392, torch.float16, subtract_mean=op == LAYER_NORM)
-    assert config.cluster and config.persistent and config.block_n == 4096
+    assert config.cluster and config.persistent and config.block_n == (8192 if op == LAYER_NORM else 4096)
     _check(op, (3, 16392), (16392,), torch.float16, seed)
 
 
@@ -53,8 +53,8 @@ def test_devices_without_clusters_take_the_split_backward(monkeypatch):
 
 # -- GPU tier -------------------------------------------------------------------------------------------
 
-# (rows, columns): clusters of 4 (16384, 16392: a last part of 8 columns), 6 (24576), 8 (32768); fewer rows
-# than resident clusters, and many more
+# (rows, columns): clusters of 2 (LayerNorm) or 4 (RMSNorm) at 16384 and 16392 (a last part of 8 columns),
+# 6 (24576), 8 (32768); fewer rows than resident clusters, and many more
 GPU_SHAPES = [(1, 16384), (257, 16392), (1000, 16384), (61, 24576), (130, 32768), (2, 32768)]
 
 
@@ -122,5 +122,8 @@ def test_gpu_resident_clusters_bound_the_grid(n_cols, monkeypatch):
                              True, False, False, None, None, None, None, torch.empty)
     (resident, cluster), = counts
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert cluster == n_cols // 4096 and 0 < resident <= 2 * sms // cluster
-    assert prepared == [(min(resident, 2 * sms // cluster) * cluster,)]
+    config = norms.backward_config(n_cols, torch.float16)
+    assert cluster == n_cols // config.block_n
+    per_sm = config.programs_per_sm
+    assert 0 < resident <= per_sm * sms // cluster
+    assert prepared == [(min(resident, per_sm * sms // cluster) * cluster,)]

@@ -184,9 +184,10 @@ _HALF_LAYER_NORM_FORWARD = {
 # Whether LayerNorm's row sweeps take the shifted sums (ForwardConfig.shifted_sums; one exchange a row
 # instead of Welford/Chan's two): session 14, .scratch/sweep_sums_probe.py, fraction of a copy, Welford ->
 # sums: 8192 0.917 -> 0.937, 16384 0.873 -> 0.892, 32768 0.897 -> 0.902; through the aligned window 12289
-# 0.652 -> 0.690, 20001 0.687 -> 0.707. Off: the sums' second pass for rows far from their shift (added
-# after that run, from a review) has not run on the H200 yet; the Welford sweeps have.
-ROW_SWEEP_SHIFTED_SUMS = False
+# 0.652 -> 0.690, 20001 0.687 -> 0.707; session 15, with the sums' second pass for rows far from their
+# shift (from a review; its hard-rows GPU test passed): 8192 0.915 -> 0.924, 16384 0.862 -> 0.903, 32768
+# 0.895 -> 0.891, 12289 0.654 -> 0.692, 20001 0.689 -> 0.712. On (False: the Welford sweeps).
+ROW_SWEEP_SHIFTED_SUMS = True
 _HALF_ROW_SWEEPS = {
     True: {8192: (4096, 4, 8, 0), 16384: (8192, 8, 4, 0), 32768: (16384, 16, 2, 2)},
     False: {8192: (8192, 8, 4, 0), 32768: (16384, 16, 2, 0)},
@@ -343,7 +344,16 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     and 2048 take 2 rows per tile (`_HALF_BACKWARD_TILES`); the persistent backward at 8192 prefetches the
     next row (LayerNorm 1.65x -> 1.91x, RMSNorm 1.93x -> 2.42x); at 4096 no candidate beat the formula. The persistent
     backward through the aligned window was 1.2-5x slower than the shipped kernels at 4097 and 12289, and
-    the persistent kernel over column parts 1.1-2x slower than the split backward at 16384 and 32768."""
+    the persistent kernel over column parts 1.1-2x slower than the split backward at 16384 and 32768.
+    Session 15 (.scratch/cluster_probe*.py, x torch's, interleaved CUDA events): 16-bit rows of 8193..32768
+    columns, a multiple of 8 and where the GPU has clusters (`clusters`), take the persistent backward
+    in clusters (BackwardConfig.cluster), one pass over x and dy: 4096-column parts, 8 warps, 2 CTAs per
+    SM (launch bounds), RMSNorm with the next row prefetched; LayerNorm's 16384 columns in two 8192-column
+    halves of 16 warps with the prefetch (its 4096-column parts 1.67x; prefetching there spilled). Split
+    backward -> clusters, fp16 (bf16 alike): LayerNorm 16384 1.14x -> 1.76x, 32768 1.20x -> 1.67x;
+    RMSNorm 1.63x -> 2.09-2.16x, 1.70x -> 2.12-2.20x. Not taken: odd rows through the aligned window
+    (12289: 0.43-0.55x, against the split backward's 0.78x), 2048-column parts (4 CTAs per SM),
+    2-row tiles, a weight reloaded per row."""
     if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
         choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(_next_power_of_2(n_cols - 1))
         if choice is not None:
@@ -353,6 +363,9 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     block_n = _next_power_of_2(n_cols)
     acc_bytes = accumulation_dtype(dtype).itemsize
     if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 == 0:
+        if subtract_mean and block_n == 16384:
+            return BackwardConfig(split=False, block_rows=1, block_n=8192, num_warps=16, programs_per_sm=1,
+                                  persistent=True, prefetch=True, cluster=True)
         return BackwardConfig(split=False, block_rows=1, block_n=4096, num_warps=8, programs_per_sm=2,
                               persistent=True, prefetch=not subtract_mean, cluster=True, min_blocks_per_sm=2)
     if dtype.itemsize == 2 and block_n == 8192 and n_cols % 8 == 0:
