@@ -5,14 +5,17 @@ CPU tier: the interpreter's sums (mixed dtypes in one call, int32 wrap-around, b
 NumPy adding the programs' values in rank order; the PTX (slot layout of a mixed call, one cluster barrier
 per call, alternating buffers in straight code and in loops, ptxas) and the slot region kept ahead of the
 other shared-memory users (a wgmma ring, a TMA store's staging); the norms' cluster launches (default
-configs at 8200 / 24576 / 32768 columns, offset and strided views, forced clusters of 3..8 parts, more
+configs at 8200 / 16384 / 24576 / 32768 columns, offset and strided views, forced clusters of 3..8 parts, more
 than 8 parts, > 65535 rows, zero and one row, weight-only gradients) against float64.
 
-GPU tier (`cuda`): the compiled sums bit for bit against the interpreter, programs that drift apart over
-many calls (a race on the alternating buffers would show), a cluster_sum next to a wgmma ring, and
-`max_active_clusters`.
+CPU tier also: a cluster_sum inside a TMA multicast ring (the split cluster barrier's halves still
+alternate; the pipelined IR interpreted).
 
-Defects are the strict xfails: each reason says what is wrong (expected vs got).
+GPU tier (`cuda`): the compiled sums bit for bit against the interpreter, programs that drift apart over
+many calls (a race on the alternating buffers would show), a cluster_sum next to a wgmma ring and inside
+a multicast ring, and `max_active_clusters`.
+
+The review's four defects were fixed the same session; their tests are under "review fixes".
 """
 
 from __future__ import annotations
@@ -32,10 +35,8 @@ from fusedops.kernels import norms
 
 from helpers import assert_close, poison, random_tensor
 from test_cluster_sum_codegen import _compile_sums
-from test_norms import (LAYER_NORM, RMS_NORM, _check_with_configs, _compare, _inputs, _poisoned_cpu_empty,
-                        _reference)
-
-needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+from test_norms import (LAYER_NORM, RMS_NORM, _check_with_configs, _compare, _fresh_launch_caches, _inputs,
+                        _poisoned_cpu_empty, _reference)
 
 
 def _launch_promptly(launch) -> None:
@@ -254,12 +255,9 @@ def test_ptx_of_a_mixed_call(size, num_warps):
         assert assemble(ptx, "sm_90a").spill_bytes == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an int64 value goes to each peer as two st.shared::cluster.b32 halves: the slot store is emitted without an "
-    "alignment and target/ptx.py parses the IR before it sets the NVPTX data layout, so it gets LLVM's default "
-    "i64 ABI alignment of 4 ('store i64 ..., ptr addrspace(7) ..., align 4'), though the slot is 8-byte aligned: "
-    "expected one b64 store per peer for the int64 and the float64 value (2 x size), got size (the float64's)"))
 def test_ptx_int64_slot_stores_are_64_bit():
+    """An int64 value goes to each peer as one st.shared::cluster.b64 (the slot stores carry their alignment:
+    the module has no data layout, so LLVM's default i64 alignment of 4 split them in two; review fix)."""
     size = 3
     ptx = _compile_mixed(size, 1).asm["ptx"]
     assert len(re.findall(r"st\.shared::cluster\.b64", ptx)) == 2 * size
@@ -474,7 +472,7 @@ def _backward_all(op, x, w, b, dy, config=None, input_grad=True):
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 @pytest.mark.parametrize("shape,dtype", [((2, 24576), torch.bfloat16), ((1, 32768), torch.float16),
-                                         ((3, 8200), torch.float16)], ids=str)
+                                         ((3, 8200), torch.float16), ((4, 16384), torch.bfloat16)], ids=str)
 def test_default_cluster_backward_matches_float64(op, shape, dtype, seed, monkeypatch):
     config = norms.backward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM)
     assert config.cluster
@@ -491,8 +489,12 @@ def test_default_cluster_backward_matches_float64(op, shape, dtype, seed, monkey
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
-def test_cluster_backward_of_offset_and_strided_views(op, seed):
-    """Rows starting 1 and 3 elements off 16 bytes, and every other column of 32768 (16384 columns)."""
+def test_cluster_backward_of_offset_and_strided_views(op, seed, monkeypatch):
+    """Rows starting 1 and 3 elements off 16 bytes, and every other column of 32768 (16384 columns), through
+    the public functions and autograd in the interpreter."""
+    _fresh_launch_caches(monkeypatch)
+    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+    launches = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
     base = random_tensor((3, 32800), torch.float16, "cpu", seed)
     grad = random_tensor((3, 32800), torch.float16, "cpu", seed + 1)
     w = random_tensor((16384,), torch.float16, "cpu", seed + 2) + 1
@@ -500,12 +502,12 @@ def test_cluster_backward_of_offset_and_strided_views(op, seed):
     for view in (slice(1, 16385), slice(3, 16387), slice(0, 32768, 2)):
         x, dy = base[:, view], grad[:, view]
         leaf, weight = x.detach().requires_grad_(), w.detach().requires_grad_()
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("FUSEDOPS_INTERPRET", "1")
-            function(leaf, (16384,), weight, eps=1e-5).backward(dy)
+        function(leaf, (16384,), weight, eps=1e-5).backward(dy)
         expected = _reference(op, x, (16384,), w, None, 1e-5, dy)
         assert_close(leaf.grad, expected[1], torch.float16)
         assert_close(weight.grad, expected[2], torch.float16)
+    # the two offset views share one prepared launch (same shape and strides; alignment is checked per call)
+    assert len(launches) == 2 and all(options["CLUSTER"] > 1 for _, options in launches)
 
 
 @pytest.mark.parametrize("shape", [(0, 16384), (1, 16384)], ids=str)
@@ -549,7 +551,7 @@ def test_more_than_eight_parts_take_the_two_pass_kernel(op, seed, monkeypatch):
     launches = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
     config = norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, cluster=True)
     _check_with_configs(op, (5, 75), torch.float16, seed, FORWARD, config)     # 10 parts
-    ((grid,), options), = launches
+    ((_, options),) = launches
     assert options["CLUSTER"] == 1 and options["TWO_PASS"] is True
 
 
@@ -572,15 +574,11 @@ def test_weight_gradients_alone_in_clusters(seed):
     assert_close(db, expected_db, torch.float16)
 
 
-# -- defects ----------------------------------------------------------------------------------------------------
+# -- review fixes ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BackwardConfig's docstring: cluster=True 'Needs sm_90 (elsewhere the launcher takes the two-pass "
-    "persistent kernel)'; but _backward_launcher replaces a forced cluster config on a device without clusters "
-    "by backward_config(n_cols, clusters=False), dropping the caller's config altogether: expected "
-    "backward_persistent_kernel with CLUSTER=1, TWO_PASS=True (BLOCK_N 8), got backward_fused_kernel with "
-    "BLOCK_N 32 (the default config of 21 columns); _persistent_backward's own _has_clusters check never runs"))
 def test_forced_cluster_config_without_clusters_takes_the_two_pass_kernel(monkeypatch, seed):
+    """A forced cluster config on a device without clusters takes the two-pass persistent kernel, as
+    BackwardConfig's docstring says (the launcher replaced it by the default config; review fix)."""
     monkeypatch.setattr(norms, "_has_clusters", lambda device, interpret: False)
     persistent = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
     fused = _spy_prepare(monkeypatch, K.backward_fused_kernel)
@@ -599,12 +597,9 @@ def _cluster_copy_sum(out_ptr, x_ptr, SIZE: dsl.constexpr, BLOCK: dsl.constexpr)
     dsl.store(out_ptr + offsets, dsl.cluster_sum(dsl.load(x_ptr + offsets)))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "max_active_clusters with CPU tensors raises the launcher's ValueError, whose advice is 'run the kernel in "
-    "the interpreter (FUSEDOPS_INTERPRET=1 or interpret=True)'; but max_active_clusters has no interpreter mode "
-    "and rejects interpret=True with a TypeError: expected a message without that advice (or one saying it needs "
-    "CUDA tensors), got the advice"))
 def test_max_active_clusters_of_cpu_tensors_gives_applicable_advice():
+    """max_active_clusters with CPU tensors says it needs CUDA tensors (it gave the launcher's advice to use
+    the interpreter, which it does not have; review fix)."""
     x = torch.zeros(8)
     with pytest.raises(ValueError, match="CUDA tensors") as caught:
         _cluster_copy_sum.max_active_clusters(x, x, 2, 4)
@@ -695,14 +690,9 @@ def test_gpu_max_active_clusters_of_a_cluster_kernel():
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(strict=True, raises=dsl.LaunchError, reason=(
-    "suspected from the CUDA docs (not run here): cuOccupancyMaxActiveClusters needs the cluster size in the "
-    "launch config for a function without a compile-time cluster size ('Without required sizes, the cluster "
-    "size must be specified in config, else the function will return an error'); driver.max_active_clusters "
-    "passes numAttrs=0 and the PTX of a kernel without dsl.cluster_dims has no .reqnctapercluster: expected "
-    "the documented 'With cluster_size 1, the CTAs of the kernel that fit on the device at once', got a "
-    "LaunchError. If this passes on the H200, drop the xfail"))
 def test_gpu_max_active_clusters_of_a_kernel_without_clusters():
+    """A kernel without dsl.cluster_dims: the CTAs that fit at once (the query passes the cluster size of
+    one; the driver API's docs: without a compiled-in size the config must give one)."""
     x = torch.zeros(64, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert _cluster_copy_sum.max_active_clusters(x, x, 1, 16, num_warps=1) >= sms

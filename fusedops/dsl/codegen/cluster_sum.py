@@ -107,8 +107,9 @@ def _write_slots(ctx, op, buffer_base, rank, offsets) -> None:
             for r in owned:
                 local = _slot_pointer(ctx, buffer_base, rank, offset, _element_index(ctx, value, r),
                                       storage_type(element))
-                for peer in range(size):
-                    b.store(registers[r], b.call(mapa, [local, ir.Constant(T.i32, peer)]))
+                for peer in range(size):       # (explicitly aligned: the module has no data layout)
+                    b.store(registers[r], b.call(mapa, [local, ir.Constant(T.i32, peer)]),
+                            align=storage_bytes(element))
 
 
 @lowering(OpCode.CLUSTER_SUM)
@@ -135,7 +136,8 @@ def _cluster_sum(ctx, op):
             index = _element_index(ctx, value, r)
             total = None
             for rank in range(size):
-                slot = b.load(_slot_pointer(ctx, buffer_base, rank, offset, index, memory_type), typ=memory_type)
+                slot = b.load(_slot_pointer(ctx, buffer_base, rank, offset, index, memory_type), typ=memory_type,
+                              align=storage_bytes(element))
                 total = slot if total is None else (b.fadd(total, slot) if element.is_floating
                                                     else b.add(total, slot))
             sums.append(total)

@@ -303,7 +303,13 @@ def max_active_clusters(kernel: LoadedKernel, num_warps: int, shared_bytes: int,
     config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = 32 * num_warps, 1, 1
     config.sharedMemBytes = shared_bytes
-    config.numAttrs = 0
+    # the cluster size, also where the kernel has one compiled in (it must then match) and for clusters of
+    # one CTA: a kernel without a compiled-in size gets an error without it (the driver API's docs)
+    attribute = cu.CUlaunchAttribute()
+    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster_size, 1, 1
+    config.attrs = [attribute]
+    config.numAttrs = 1
     with kernel.context.pushed():
         return int(check(cu.cuOccupancyMaxActiveClusters(kernel.function, config), "cuOccupancyMaxActiveClusters"))
 

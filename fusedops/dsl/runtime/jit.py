@@ -254,9 +254,14 @@ class JITFunction:
         Raises: what `run` raises for these arguments on the GPU path; LaunchError where the driver
         rejects the query.
         """
+        values = self._bind(args, kwargs)
+        import torch
+        if not any(isinstance(value, torch.Tensor) and value.is_cuda for value in values):
+            raise ValueError(f"max_active_clusters of kernel `{self.__name__}` asks a GPU's driver: give it the "
+                             f"CUDA tensors of a launch (it has no interpreter mode)")
         try:
             check_num_warps(num_warps, num_stages, self.__name__)
-            entry, _, device_index = self._lookup(self._bind(args, kwargs), num_warps, num_stages, "cuda")
+            entry, _, device_index = self._lookup(values, num_warps, num_stages, "cuda")
         except (CompilationError, InterpreterError) as error:
             raise error.with_traceback(None) from None
         from .driver import max_active_clusters
