@@ -19,6 +19,7 @@ Integer and bool outputs must be equal.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from typing import Callable, Optional, Sequence, Union
 
@@ -214,8 +215,6 @@ def random_tensor(
 
 def run_in_threads(work: Callable[[int], None], count: int) -> list:
     """Run `work(0)`, ..., `work(count - 1)` in `count` threads at once; the exceptions they raised."""
-    import threading
-
     errors = []
 
     def guarded(index: int) -> None:
@@ -251,3 +250,24 @@ def module_pair(ours_cls, torch_cls, *args, **kwargs) -> tuple:
             p.copy_(torch.randn_like(p))
     ours.load_state_dict(theirs.state_dict())
     return ours, theirs
+
+
+def launch_promptly(launch, timeout: float = 20.0) -> None:
+    """Run `launch()` in a thread; fail if it takes over `timeout` seconds (a hang) or leaves a thread
+    behind; re-raise its error in the caller's thread."""
+    before = threading.active_count()
+    outcome = []
+
+    def target():
+        try:
+            launch()
+        except BaseException as error:      # handed to the test's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout=timeout)
+    assert not thread.is_alive(), "the launch hangs"
+    assert threading.active_count() == before, "the launch left threads running"
+    if outcome:
+        raise outcome[0]

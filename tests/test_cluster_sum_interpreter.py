@@ -9,7 +9,6 @@ run in a fixed order; the multicast-load check still holds between cluster_sum c
 from __future__ import annotations
 
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ import torch
 
 import fusedops.dsl as dsl
 
-from helpers import assert_close, poison, random_tensor
+from helpers import assert_close, launch_promptly, poison, random_tensor
 
 # torch dtype of the input -> torch dtype cluster_sum adds in (16-bit floats in float32, as dsl.sum)
 ACCUMULATION = {torch.float32: torch.float32, torch.float64: torch.float64, torch.int32: torch.int32,
@@ -35,26 +34,6 @@ def _rank_order_sum(values: np.ndarray, size: int) -> np.ndarray:
             total = total + values[first + rank]
         sums[first:first + size] = total
     return sums
-
-
-def _launch_promptly(launch) -> None:
-    """Run `launch()`; fail if it takes over 10 s (a hang) or leaves a thread behind; re-raise its error."""
-    before = threading.active_count()
-    outcome = []
-
-    def target():
-        try:
-            launch()
-        except BaseException as error:      # handed to the test's thread
-            outcome.append(error)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout=10)
-    assert not thread.is_alive(), "the launch hangs"
-    assert threading.active_count() == before, "the launch left threads running"
-    if outcome:
-        raise outcome[0]
 
 
 # -- sums of blocks and scalars ----------------------------------------------------------------------------------
@@ -160,7 +139,7 @@ def _uneven_calls(x_ptr, SIZE: dsl.constexpr, SHORT: dsl.constexpr, FEWER: dsl.c
 def test_programs_making_different_calls_raise(size, short, fewer, failing):
     x = torch.arange(3 * size, dtype=torch.int32)
     with pytest.raises(dsl.InterpreterError) as caught:
-        _launch_promptly(lambda: _uneven_calls[(3 * size,)](x, size, short, fewer, interpret=True))
+        launch_promptly(lambda: _uneven_calls[(3 * size,)](x, size, short, fewer, interpret=True))
     message = str(caught.value)
     assert (f"cluster_sum runs {3 - fewer} times in this program but {2 - fewer} times in program "
             f"({size + short}, 0, 0) of its cluster, which has ended: ") in message
@@ -188,7 +167,7 @@ def test_programs_summing_values_of_other_types_raise():
     with pytest.raises(dsl.InterpreterError, match=rf"cluster_sum call 1 sums values of types \(.+\) in this "
                                                    rf"program but \(.+\) in program \(0, 0, 0\) of its cluster: "
                                                    rf"{SAME_CALLS} \(program_id=\(1, 0, 0\)\)"):
-        _launch_promptly(lambda: _unlike_calls[(2,)](x, torch.zeros(16), interpret=True))
+        launch_promptly(lambda: _unlike_calls[(2,)](x, torch.zeros(16), interpret=True))
 
 
 # -- a failing program --------------------------------------------------------------------------------------------
@@ -220,7 +199,7 @@ def test_an_error_in_a_program_propagates(size, faulty, after, seed):
     storage = torch.cat([random_tensor((n,), torch.float32, "cpu", seed), poison(torch.empty(n))])
     x, y = storage[:n], storage[n:]
     with pytest.raises(dsl.InterpreterError, match=r"out-of-bounds load") as caught:
-        _launch_promptly(lambda: _faulting[(2 * size,)](x, y, 2 * n, size, faulty, after, interpret=True))
+        launch_promptly(lambda: _faulting[(2 * size,)](x, y, 2 * n, size, faulty, after, interpret=True))
     assert f"program_id=({faulty}, 0, 0)" in str(caught.value)
     assert "cluster_sum calls" not in str(caught.value) and "which has ended" not in str(caught.value)
 
@@ -292,6 +271,6 @@ def test_multicast_loads_with_cluster_sum(seed):
 def test_multicast_load_on_the_other_side_of_a_cluster_sum_raises():
     with pytest.raises(dsl.InterpreterError, match=r"makes its call 1 after 1 cluster_sum calls in this program but "
                                                    r"after 0 in rank 0 of its cluster") as caught:
-        _launch_promptly(lambda: _multicast_and_sum[(2,)](torch.zeros(32, 32), torch.zeros(32), 32, 1,
+        launch_promptly(lambda: _multicast_and_sum[(2,)](torch.zeros(32, 32), torch.zeros(32), 32, 1,
                                                           interpret=True))
     assert "program_id=(1, 0, 0)" in str(caught.value)

@@ -937,8 +937,9 @@ def test_gpu_public_functions_every_affine_combination(op, weight, bias, seed):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
-def test_gpu_strided_and_expanded(op, seed):
-    x, w, b, _ = _inputs((64, 2048), (2048,), torch.float16, seed, True, op == LAYER_NORM, device="cuda")
+@pytest.mark.parametrize("n_cols", [2048, 16384])       # 16384: the backward in clusters
+def test_gpu_strided_and_expanded(op, n_cols, seed):
+    x, w, b, _ = _inputs((64, n_cols), (n_cols,), torch.float16, seed, True, op == LAYER_NORM, device="cuda")
     _check_views(op, x, w, b, torch.float16)
 
 

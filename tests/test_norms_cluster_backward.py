@@ -3,8 +3,8 @@ the parts of a row in one cluster, their row sums added by dsl.cluster_sum).
 
 CPU tier: the default config at 16384 columns in the interpreter against float64, the fallback where a
 device has no clusters. GPU tier: poisoned outputs against float64 at ragged sizes (clusters of 2 to 8),
-strided and expanded views, run-to-run determinism, and the resident-cluster count the launcher sizes its
-grid by. (Forced small cluster configs: test_norms.py's VARIANTS; the DSL op: test_cluster_sum_*.py.)
+run-to-run determinism, and the resident-cluster count the launcher sizes its grid by (strided and
+expanded views: test_norms.py's test_gpu_strided_and_expanded). (Forced small cluster configs: test_norms.py's VARIANTS; the DSL op: test_cluster_sum_*.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fusedops.kernels import norm_kernels as K
 from fusedops.kernels import norms
 from helpers import poison
 
-from test_norms import (LAYER_NORM, RMS_NORM, _check, _check_views, _compare, _inputs, _poisoned_empty,
+from test_norms import (LAYER_NORM, RMS_NORM, _check, _compare, _inputs, _poisoned_empty,
                         _reference, interpret)  # noqa: F401  (interpret: a fixture)
 
 HALF_DTYPES = [torch.float16, torch.bfloat16]
@@ -85,13 +85,6 @@ def test_gpu_cluster_backward_affine_combinations(op, weight, bias, seed):
     y, dx, dw, db = _backward(op, x, w, b, dy)
     _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy),
              torch.bfloat16)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
-def test_gpu_cluster_backward_strided_and_expanded(op, seed):
-    x, w, b, _ = _inputs((16, 16384), (16384,), torch.float16, seed, True, op == LAYER_NORM, device="cuda")
-    _check_views(op, x, w, b, torch.float16)
 
 
 @pytest.mark.cuda

@@ -21,7 +21,6 @@ The review's four defects were fixed the same session; their tests are under "re
 from __future__ import annotations
 
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -33,30 +32,10 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_kernels as K
 from fusedops.kernels import norms
 
-from helpers import assert_close, poison, random_tensor
+from helpers import assert_close, launch_promptly, poison, random_tensor
 from test_cluster_sum_codegen import _compile_sums
 from test_norms import (LAYER_NORM, RMS_NORM, _check_with_configs, _compare, _fresh_launch_caches, _inputs,
                         _poisoned_cpu_empty, _reference)
-
-
-def _launch_promptly(launch) -> None:
-    """Run `launch()` in a thread; fail on a hang (> 20 s) or on threads left behind; re-raise its error."""
-    before = threading.active_count()
-    outcome = []
-
-    def target():
-        try:
-            launch()
-        except BaseException as error:      # handed to the test's thread
-            outcome.append(error)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout=20)
-    assert not thread.is_alive(), "the launch hangs"
-    assert threading.active_count() == before, "the launch left threads running"
-    if outcome:
-        raise outcome[0]
 
 
 def _rank_order(values: np.ndarray, size: int) -> np.ndarray:
@@ -171,7 +150,7 @@ def test_interpreter_branches_nested_loops_and_while(size, seed):
     programs, block = 4 * size, 16
     x = random_tensor((programs, block), torch.float32, "cpu", seed)
     out = poison(torch.empty(programs, block))
-    _launch_promptly(lambda: _control[(programs,)](out, x, 2, 3, size, block, interpret=True))
+    launch_promptly(lambda: _control[(programs,)](out, x, 2, 3, size, block, interpret=True))
     np.testing.assert_array_equal(out.numpy(), _control_reference(x.numpy(), size, 2, 3))
 
 
@@ -221,7 +200,7 @@ def _asserting(x_ptr, SIZE: dsl.constexpr, FAILING: dsl.constexpr):
 def test_interpreter_failing_assertion_in_a_cluster_raises_it(size, failing):
     x = torch.ones(2 * size)
     with pytest.raises(dsl.InterpreterError, match="program gave up") as caught:
-        _launch_promptly(lambda: _asserting[(2 * size,)](x, size, failing, interpret=True))
+        launch_promptly(lambda: _asserting[(2 * size,)](x, size, failing, interpret=True))
     assert f"program_id=({failing}, 0, 0)" in str(caught.value)
     assert "cluster_sum runs" not in str(caught.value)
 

@@ -130,6 +130,7 @@ class BackwardConfig:
     cluster=True (persistent, rows of 2 to 8 parts): the parts of a row tile go to the programs of one
     thread block cluster, which add their row sums through distributed shared memory (`dsl.cluster_sum`):
     one pass over x and dy. Needs sm_90 (elsewhere the launcher takes the two-pass persistent kernel).
+    min_blocks_per_sm > 0 (persistent): launch bounds for that many CTAs per SM (ptxas caps the registers).
     """
 
     split: bool

@@ -114,7 +114,7 @@ def _write_slots(ctx, op, buffer_base, rank, offsets) -> None:
 
 @lowering(OpCode.CLUSTER_SUM)
 def _cluster_sum(ctx, op):
-    if getattr(ctx, "cluster_sum", None) is None:        # clusters of one CTA: the values themselves
+    if ctx.cluster_sum is None:        # clusters of one CTA: the values themselves
         for value, result in zip(op.operands, op.results):
             ctx.set(result, ctx.get(value))
         return
