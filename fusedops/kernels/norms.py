@@ -352,9 +352,12 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     SM (launch bounds), RMSNorm with the next row prefetched; LayerNorm's 16384 columns in two 8192-column
     halves of 16 warps with the prefetch (its 4096-column parts 1.67x; prefetching there spilled). Split
     backward -> clusters, fp16 (bf16 alike): LayerNorm 16384 1.14x -> 1.76x, 32768 1.20x -> 1.67x;
-    RMSNorm 1.63x -> 2.09-2.16x, 1.70x -> 2.12-2.20x. Not taken: odd rows through the aligned window
-    (12289: 0.43-0.55x, against the split backward's 0.78x), 2048-column parts (4 CTAs per SM),
-    2-row tiles, a weight reloaded per row."""
+    RMSNorm 1.63x -> 2.09-2.16x, 1.70x -> 2.12-2.20x. Rows of 8193..32761 columns off 16-byte boundaries
+    (N % 8 != 0) take 4096-column parts of the aligned window (N + 7 window positions at most), the next
+    row prefetched: 12289 LayerNorm 0.76x -> 1.17x, RMSNorm 0.78x -> 1.41x (8192-column halves 0.92x /
+    1.18x; before the loop-carried 16-bit pairs of codegen/control.py they were 0.43-0.55x). Not taken:
+    2048-column parts (4 CTAs per SM), 2-row tiles, a weight reloaded per row, and clusters for rows of
+    up to 8192 columns (1024..8192: 0.7-0.95 of the shipped kernels' speed)."""
     if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
         choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(_next_power_of_2(n_cols - 1))
         if choice is not None:
@@ -363,6 +366,10 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
                                   num_warps=num_warps, programs_per_sm=per_sm, prefetch=prefetch, split_window=True)
     block_n = _next_power_of_2(n_cols)
     acc_bytes = accumulation_dtype(dtype).itemsize
+    if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 and n_cols + 7 <= 32768:
+        # through the aligned window (x and dy of row stride N and unit column stride; elsewhere unaligned)
+        return BackwardConfig(split=False, block_rows=1, block_n=4096, num_warps=8, programs_per_sm=2,
+                              persistent=True, prefetch=True, cluster=True, min_blocks_per_sm=2, aligned_window=True)
     if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 == 0:
         if subtract_mean and block_n == 16384:
             return BackwardConfig(split=False, block_rows=1, block_n=8192, num_warps=16, programs_per_sm=1,
