@@ -1,0 +1,66 @@
+"""Loop-carried 16-bit floats travel in pairs (codegen/control.py `_pairing`): a FOR's neighbouring half /
+bfloat registers share one <2 x T> phi, so that ptxas holds a pair in one 32-bit register. CPU tier: the
+pairing plan, the optimized LLVM IR's phis, ptxas, and the interpreter's results (the GPU runs the same
+kernels in test_gpu_semantics.py / the norms' prefetching loops)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from llvmlite import ir
+
+import fusedops.dsl as dsl
+from fusedops.dsl.codegen.control import _pairing
+from fusedops.dsl.target import assemble, ptxas_available
+from fusedops.dsl.target import llvm_types as T
+
+from helpers import assert_close, poison, random_tensor
+
+
+def _values(*types):
+    return [ir.Constant(t, 0) for t in types]
+
+
+@pytest.mark.parametrize("types, plan", [
+    ((ir.HalfType(), ir.HalfType(), ir.HalfType()), [(0, 2), (2, 1)]),
+    ((ir.FloatType(), ir.HalfType(), ir.HalfType()), [(0, 1), (1, 2)]),
+    ((ir.HalfType(), T.bf16, T.bf16, ir.HalfType()), [(0, 1), (1, 2), (3, 1)]),
+    ((ir.IntType(16), ir.IntType(16)), [(0, 1), (1, 1)]),           # only floats pair
+    ((), []),
+])
+def test_pairing_plan(types, plan):
+    assert _pairing(_values(*types)) == plan
+
+
+@dsl.jit
+def _prefetch_rows(y_ptr, x_ptr, n_rows, BLOCK: dsl.constexpr):
+    # y[r] = x[r] * 2 + x[r + 1], the next row loaded one iteration ahead (carried in its own dtype)
+    cols = dsl.arange(0, BLOCK)
+    current = dsl.load(x_ptr + cols)
+    for row in range(0, n_rows):
+        following = dsl.load(x_ptr + (row + 1) * BLOCK + cols, mask=row + 1 < n_rows, other=0.0)
+        dsl.store(y_ptr + row * BLOCK + cols, current * 2.0 + following)
+        current = following
+
+
+@pytest.mark.parametrize("dtype, llvm", [(torch.float16, "half"), (torch.bfloat16, "bfloat")])
+def test_carried_16_bit_block_is_carried_in_pairs(dtype, llvm):
+    x = torch.empty(64, 256, dtype=dtype)
+    compiled = _prefetch_rows.compile(x, x, 64, BLOCK=256, target="sm_90a", num_warps=1)
+    phis = re.findall(r"= phi (<2 x \w+>|\w+) ", compiled.asm["llir"])
+    assert f"<2 x {llvm}>" in phis and llvm not in phis       # 256 / 32 = 8 registers a thread: 4 pairs
+    if ptxas_available():
+        assert assemble(compiled.asm["ptx"], "sm_90a").spill_bytes == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block", [32, 64])
+def test_carried_pairs_interpreted_match_float64(dtype, block, seed):
+    n_rows = 7
+    x = random_tensor((n_rows, block), dtype, seed=seed)
+    y = poison(torch.empty_like(x))
+    _prefetch_rows[(1,)](y, x, n_rows, block, interpret=True)
+    following = torch.cat([x[1:], torch.zeros_like(x[:1])]).double()
+    assert_close(y, x.double() * 2 + following, dtype)
