@@ -969,7 +969,8 @@ def test_gpu_more_than_65535_programs_and_deterministic(op, seed):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
-@pytest.mark.parametrize("n_cols", [8192, 16384, 65536])     # persistent backward, split backward, looped forward
+# the persistent backward; in clusters; the split backward and the looped forward
+@pytest.mark.parametrize("n_cols", [8192, 16384, 65536])
 def test_gpu_more_than_2_31_elements(op, n_cols, seed):
     n_rows = 2**31 // n_cols + 3                    # 2**31 + 3 * n_cols elements: int64 row offsets needed
     subtract_mean = op == LAYER_NORM
