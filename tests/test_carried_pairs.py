@@ -19,19 +19,26 @@ from fusedops.dsl.target import llvm_types as T
 from helpers import assert_close, poison, random_tensor
 
 
-def _values(*types):
-    return [ir.Constant(t, 0) for t in types]
+def _values(*values):
+    """Lowered values: a type is a scalar of it, a list of types a block's registers."""
+    return [[ir.Constant(t, 0) for t in v] if isinstance(v, list) else ir.Constant(v, 0) for v in values]
 
 
-@pytest.mark.parametrize("types, plan", [
-    ((ir.HalfType(), ir.HalfType(), ir.HalfType()), [(0, 2), (2, 1)]),
-    ((ir.FloatType(), ir.HalfType(), ir.HalfType()), [(0, 1), (1, 2)]),
-    ((ir.HalfType(), T.bf16, T.bf16, ir.HalfType()), [(0, 1), (1, 2), (3, 1)]),
-    ((ir.IntType(16), ir.IntType(16)), [(0, 1), (1, 1)]),           # only floats pair
+HALF, FLOAT = ir.HalfType(), ir.FloatType()
+
+
+@pytest.mark.parametrize("values, plan", [
+    (([HALF, HALF, HALF],), [(0, 2), (2, 1)]),
+    ((FLOAT, [HALF, HALF]), [(0, 1), (1, 2)]),
+    (([HALF, T.bf16, T.bf16, HALF],), [(0, 1), (1, 2), (3, 1)]),
+    (([ir.IntType(16), ir.IntType(16)],), [(0, 1), (1, 1)]),         # only floats pair
+    # never across values: a 16-bit scalar or a one-register block before a block keeps the block's pairs
+    ((HALF, [HALF, HALF, HALF, HALF]), [(0, 1), (1, 2), (3, 2)]),
+    (([HALF], [HALF, HALF], HALF, HALF), [(0, 1), (1, 2), (3, 1), (4, 1)]),
     ((), []),
 ])
-def test_pairing_plan(types, plan):
-    assert _pairing(_values(*types)) == plan
+def test_pairing_plan(values, plan):
+    assert _pairing(_values(*values)) == plan
 
 
 @dsl.jit

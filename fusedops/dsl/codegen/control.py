@@ -1,8 +1,8 @@
 """Lowering of structured control flow (FOR, WHILE, IF) with loop-carried block values.
 
-Each carried block value becomes one phi per register, but for a FOR's neighbouring 16-bit float
-registers, which share one <2 x T> phi (`_pairing`: ptxas gives a 16-bit scalar a 32-bit register of
-its own; a pair packed as it was loaded needs one). H200, LayerNorm's backward at 16384 columns with the
+Each carried block value becomes one phi per register, but for a FOR's 16-bit float blocks, whose
+registers 2k and 2k + 1 share one <2 x T> phi (`_pairing`: ptxas gives a 16-bit scalar a 32-bit register
+of its own; a pair packed as it was loaded needs one). H200, LayerNorm's backward at 16384 columns with the
 next row prefetched (loop-carried fp16 x and dy): 152 -> 56 bytes of spills, 1.17x -> 1.76x torch's.
 Regions are lowered in place by `lower_block`, which dispatches each op to its rule.
 """
@@ -58,18 +58,24 @@ _PAIRED_TYPES = ("half", "bfloat")
 
 
 def _pairing(values) -> list:
-    """How loop-carried LLVM values travel through the loop's phis: a list of (first index, count), count 2
-    for neighbouring 16-bit floats of one type (carried as one <2 x T> phi: one 32-bit register, where
-    ptxas gives each 16-bit scalar a register of its own), else 1."""
-    plan, i = [], 0
-    while i < len(values):
-        kind = str(values[i].type)
-        if kind in _PAIRED_TYPES and i + 1 < len(values) and str(values[i + 1].type) == kind:
-            plan.append((i, 2))
-            i += 2
-        else:
-            plan.append((i, 1))
-            i += 1
+    """How loop-carried values (lowered: a scalar, or a block's list of registers) travel through the loop's
+    phis: a list of (first index into `_flat(values)`, count), count 2 for registers 2k and 2k + 1 of one
+    16-bit float block (carried as one <2 x T> phi: one 32-bit register, where ptxas gives each 16-bit scalar
+    a register of its own; the pairs a vector load made), else 1. Pairs never span two values: a carried
+    16-bit scalar before a block would shift every pair of the block (repacked each iteration)."""
+    plan, start = [], 0
+    for value in values:
+        registers = value if isinstance(value, list) else [value]
+        i = 0
+        while i < len(registers):
+            kind = str(registers[i].type)
+            if kind in _PAIRED_TYPES and i + 1 < len(registers) and str(registers[i + 1].type) == kind:
+                plan.append((start + i, 2))
+                i += 2
+            else:
+                plan.append((start + i, 1))
+                i += 1
+        start += len(registers)
     return plan
 
 
@@ -171,7 +177,7 @@ def _for(ctx, op):
         zero = ir.Constant(ub.type, 0)
         bound = b.select(b.icmp_signed(">", ub, zero), ub, zero)
     inits = [ctx.get(v) for v in op.operands[3:]]
-    plan = _pairing(_flat(inits))
+    plan = _pairing(inits)
     flat_inits = _pack(b, _flat(inits), plan)
     region = op.regions[0]
     preheader = b.block
