@@ -197,12 +197,18 @@ def _median_of_three(a, b, c):
 
 
 @dsl.jit
+def _sampled_median(row_start, n_cols, col_stride, mask):
+    # -> K of the row(s) starting at `row_start` (a pointer, or a block of them), in x's dtype: the median of
+    # columns 0, (N - 1) // 2, N - 1; 0 where `mask` is off (None: every row is read).
+    return _median_of_three(dsl.load(row_start, mask=mask, other=0.0),
+                            dsl.load(row_start + (n_cols - 1) // 2 * col_stride, mask=mask, other=0.0),
+                            dsl.load(row_start + (n_cols - 1) * col_stride, mask=mask, other=0.0))
+
+
+@dsl.jit
 def _row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, col_stride):
-    # -> K of `rows` ((R,), x's dtype; 0 for rows masked off): the median of columns 0, (N - 1) // 2, N - 1.
-    row_start = x_ptr + rows.to(dsl.int64) * row_stride
-    return _median_of_three(dsl.load(row_start, mask=row_mask, other=0.0),
-                            dsl.load(row_start + (n_cols - 1) // 2 * col_stride, mask=row_mask, other=0.0),
-                            dsl.load(row_start + (n_cols - 1) * col_stride, mask=row_mask, other=0.0))
+    # -> K of `rows` ((R,), x's dtype; 0 for rows masked off): _sampled_median of each row.
+    return _sampled_median(x_ptr + rows.to(dsl.int64) * row_stride, n_cols, col_stride, row_mask)
 
 
 @dsl.jit
@@ -502,8 +508,7 @@ def _row_shift(x_row, n_cols, col_stride, SUMS: dsl.constexpr):
     # The LayerNorm row sweeps' shift (n_cols >= 1): x[row, 0], or with SUMS the median of three of the
     # row's elements (the comment above forward_kernel), in x's own dtype.
     if SUMS:
-        return _median_of_three(dsl.load(x_row), dsl.load(x_row + (n_cols - 1) // 2 * col_stride),
-                                dsl.load(x_row + (n_cols - 1) * col_stride))
+        return _sampled_median(x_row, n_cols, col_stride, None)
     return dsl.load(x_row)
 
 
