@@ -42,7 +42,9 @@ Rules, applied op by op in program order:
   thread the rows/columns of its accumulator elements, K in registers.
 - Loop-carried values keep their initial value's layout, except that a carried value used as a
   tensor-core `dot` accumulator in the loop is carried in the mma/wgmma accumulator layout (so the
-  loop does not convert it every trip); yields are converted to the carried layout.
+  loop does not convert it every trip), and so is a carried value that starts as a constant block
+  and is yielded as an elementwise function of a tensor-core dot's result (a finished tile kept for
+  a later iteration's store); yields are converted to the carried layout.
 The pass sets `Value.layout`; scalars keep `None`. Source of the approach: Triton's layout
 propagation and "Linear Layouts" (Zhou et al., 2025), in our own formulation.
 """
@@ -612,6 +614,56 @@ def _prefer_mma_accumulators(state: _State, function: Function) -> None:
             state.wgmma_accumulators.add(accumulator_layout(op, state.arch, state.num_warps))
 
 
+def _tensor_core_source(state: _State, value: Value, carried: Value, depth: int = 16):
+    """The accumulator layout of the tensor-core dot that `value` is computed from elementwise (casts,
+    activations, a broadcast bias added), through `if` results (either branch but the one passing
+    `carried` on), loop arguments and inner loops' results carried in an accumulator layout; None if
+    it is not such a value."""
+    if depth == 0 or value is carried or not _is_block(value):
+        return None
+    if isinstance(value.owner, Block):
+        return state.preferred.get(id(value))
+    op = value.defining_op
+    if op.opcode == OpCode.DOT:
+        return accumulator_layout(op, state.arch, state.num_warps) if uses_tensor_cores(op, state.arch) else None
+    if op.opcode == OpCode.IF:
+        index = op.results.index(value)
+        for region in op.regions:
+            found = _tensor_core_source(state, region.terminator.operands[index], carried, depth - 1)
+            if found is not None:
+                return found
+        return None
+    if op.opcode == OpCode.FOR:     # an inner loop's accumulator, carried in the accumulator layout
+        return state.preferred.get(id(op.regions[0].args[1 + value.index]))
+    if op.opcode not in ELEMENTWISE:
+        return None
+    for operand in op.operands:
+        if _is_block(operand) and shape_of(operand.type) == shape_of(value.type) \
+                and (operand.defining_op is None or operand.defining_op.opcode != OpCode.BROADCAST):
+            found = _tensor_core_source(state, operand, carried, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _prefer_tensor_core_carries(state: _State, function: Function) -> None:
+    """Record the accumulator layout for loop arguments that start as a constant block (flexible: any
+    layout is free) and are yielded as a value computed elementwise from a tensor-core dot's result,
+    such as a tile's output held for a later iteration's store. Carried in the initial value's
+    default layout instead, every trip would move the tile through shared memory at the yield."""
+    for op in function.walk():
+        if op.opcode != OpCode.FOR:
+            continue
+        region = op.regions[0]
+        for arg, init, yielded in zip(region.args[1:], op.operands[3:], region.terminator.operands):
+            if id(arg) in state.preferred or not _is_block(arg) or init.defining_op is None \
+                    or init.defining_op.opcode not in _FLEXIBLE:
+                continue
+            layout = _tensor_core_source(state, yielded, arg)
+            if layout is not None:
+                state.preferred[id(arg)] = layout
+
+
 def _assign_loop(state, op, inits, args, region: Block, first_index: int):
     layouts = _init_layouts(state, op, first_index, len(inits), args)
     for arg, layout in zip(args, layouts):
@@ -672,6 +724,7 @@ def assign_layouts(function: Function, num_warps: int, arch=None) -> bool:
     """
     state = _State(num_warps, _memory_bits(function), arch, analyze_pointers(function))
     _prefer_mma_accumulators(state, function)
+    _prefer_tensor_core_carries(state, function)
     _hint_broadcast_loads(state, function)
     _assign_block(state, function.body)
     for op in function.walk():
