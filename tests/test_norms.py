@@ -819,9 +819,6 @@ KNOWN_SPILLS = {
     # block): the forward, reload in 8 chunks (unmeasured; the whole-row tiles before it spilled 306 bytes)
     (torch.float16, "forward_kernel", 32768, True, 1): 244,
     (torch.bfloat16, "forward_kernel", 32768, True, 1): 244,
-    # 5..8 partial rows (the split backward of long rows) of >= 256 columns
-    (torch.float16, "column_sum_kernel", 256, None): 8,
-    (torch.float32, "column_sum_kernel", 256, None): 8,
 }
 HALF_LAYER_NORM_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 

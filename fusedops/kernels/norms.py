@@ -977,7 +977,7 @@ def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> C
     these; either pair may be None)."""
     first = dweight_partial if dweight is not None else dbias_partial
     n_partials, n_cols = first.shape
-    block_p, block_n, num_warps = column_sum_tiling(n_partials, n_cols)
+    block_p, block_n, num_warps = column_sum_tiling(n_partials, n_cols, first.element_size())
     grid = (dsl.cdiv(n_cols, block_n),)
     options = dict(BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps, interpret=interpret)
     if dweight is None:
@@ -987,8 +987,9 @@ def _column_sums(dweight, dweight_partial, dbias, dbias_partial, interpret) -> C
                                        **options)
 
 
-def column_sum_tiling(n_partials: int, n_cols: int) -> tuple:
-    """(BLOCK_P, BLOCK_N, num_warps) of column_sum_kernel over (n_partials, n_cols) partials.
+def column_sum_tiling(n_partials: int, n_cols: int, element_size: int = 4) -> tuple:
+    """(BLOCK_P, BLOCK_N, num_warps) of column_sum_kernel over (n_partials, n_cols) partials of
+    `element_size` bytes (a tile of at most 16 KiB per partial tensor: no spills).
 
     The kernel runs right after the backward, its partials in L2, and is latency-bound: up to 256 partial
     rows a step (the largest power of two not above n_partials: no step of mostly masked rows), 8- to
@@ -997,6 +998,6 @@ def column_sum_tiling(n_partials: int, n_cols: int) -> tuple:
     at its backward's partials (.scratch/colsum_probe.py, session 16, two runs), the former (128-row steps,
     ~2048-element tiles, 4 warps) -> this: 512 x 1024 partials 6.9 -> 3.0 us, 256 x 2048 4.2 -> 3.0,
     256 x 4096 4.2 -> 2.8, 132 x 8192 3.6 -> 3.2 (the whole LayerNorm backward: 26.8, 37.1, 63.3, 129 us)."""
-    block_p = min(256, 1 << (max(n_partials, 1).bit_length() - 1))
     block_n = min(max(_next_power_of_2(dsl.cdiv(n_cols, 256)), 8), 32, _next_power_of_2(n_cols))
+    block_p = min(256, 1 << (max(n_partials, 1).bit_length() - 1), 16384 // (block_n * element_size))
     return block_p, block_n, 8 if block_n == 8 and block_p >= 256 else 4
