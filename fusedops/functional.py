@@ -91,7 +91,8 @@ def normalize_dim(name: str, dim, ndim: int) -> int:
     Raises TypeError for a non-integer dim and IndexError, with torch's message, out of range.
     """
     try:
-        if isinstance(dim, bool):   # torch rejects a bool dim (operator.index would take it as 0 or 1)
+        # torch rejects a bool dim (operator.index would take it as 0 or 1) and a tensor of one or more dims
+        if isinstance(dim, bool) or (isinstance(dim, torch.Tensor) and dim.dim() != 0):
             raise TypeError
         dim = operator.index(dim)
     except TypeError:
@@ -148,6 +149,8 @@ def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) 
             return _softmax_autograd.softmax(input, launches)
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"fusedops.{name}(): argument 'input' must be a torch.Tensor, not {type(input).__name__}")
+    if dtype is float:              # torch's argument parser maps the Python type to float64
+        dtype = torch.float64
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"fusedops.{name}(): argument 'dtype' must be a floating-point torch.dtype, got {dtype!r}")
     in_dtype = input.dtype

@@ -36,6 +36,13 @@ _FLOATING = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float
 _HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
 
 
+def _is_size(d) -> bool:
+    """An entry of a shape as torch's parser takes it: an integer (not a bool) or a 0-d integer tensor."""
+    if isinstance(d, torch.Tensor):
+        return d.dim() == 0 and not d.is_floating_point() and not d.is_complex() and d.dtype != torch.bool
+    return isinstance(d, numbers.Integral) and not isinstance(d, bool)
+
+
 def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
     """`normalized_shape` (an int or a sequence of ints, as torch.nn.LayerNorm accepts) as a tuple."""
     if type(normalized_shape) is tuple and len(normalized_shape) == 1 and type(normalized_shape[0]) is int:
@@ -46,7 +53,7 @@ def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
         return (int(normalized_shape),)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
         shape = tuple(normalized_shape)
-        if all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):
+        if all(_is_size(d) for d in shape):
             return tuple(int(d) for d in shape)
     raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
 

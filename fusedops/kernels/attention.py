@@ -31,7 +31,9 @@ Masks.
     strides (0 for broadcast dims). Causal and attn_mask may be combined (logical and).
     Additive masks of huge finite values (torch.finfo(dtype).min, Hugging Face's convention) work as in
     torch: a logit whose base-2 value overflows is held at the accumulation dtype's minimum (a -inf mask
-    value keeps its key out), so a row masked everywhere by finfo.min attends to all its keys equally,
+    value keeps its key out; likewise a finfo.max mask or, with float32 / float64 inputs, a q . k past
+    finfo.max / log2(e) is held at the maximum: that key takes the row's weight, as in torch, where two
+    such keys share it here), so a row masked everywhere by finfo.min attends to all its keys equally,
     as torch's finfo.min + q.k (which rounds to finfo.min) does; the lse pair below keeps that row's
     log2(l). (So finite logits below finfo(float32).min / log2(e) = -2.36e38 all weigh the same, where
     torch still orders them: a row of -2.5e38 and finfo.min attends to the -2.5e38 keys alone in torch,
@@ -77,6 +79,27 @@ NO_MASK, BOOL_MASK, ADDITIVE_MASK = 0, 1, 2
 
 
 @dsl.jit
+def _held_in_range(s, source):
+    # s: base-2 logits computed from `source` (a block of s's shape or one that broadcasts to it); where s
+    # overflowed to +-inf but source is finite, the accumulation dtype's maximum / minimum instead
+    highest = 1.7976931348623157e308 if s.dtype == dsl.float64 else 3.4028234663852886e38
+    s = dsl.where((s == -float("inf")) & (source > -float("inf")), -highest, s)
+    return dsl.where((s == float("inf")) & (source < float("inf")), highest, s)
+
+
+@dsl.jit
+def _base2_logits(qk, qk_scale, IN_DTYPE: dsl.constexpr):
+    # (q . k) * qk_scale for inputs of IN_DTYPE. float32 / float64 inputs can give q . k past finfo.max /
+    # log2(e): held in range (as a mask's, `_apply_masks`), not +-inf (NaN). 16-bit inputs cannot (|q . k|
+    # <= E * 65504^2 in fp16; bfloat16 products past float32's range are inf in q . k itself, as in
+    # torch): no instruction added to their kernels.
+    s = qk * qk_scale
+    if IN_DTYPE == dsl.float32 or IN_DTYPE == dsl.float64:
+        s = _held_in_range(s, qk)
+    return s
+
+
+@dsl.jit
 def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
                  MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, CHECK_KEYS: dsl.constexpr):
     # s: base-2 logits block; qi / kj: query / key index blocks that broadcast to s's shape (either
@@ -90,10 +113,9 @@ def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
         bias = dsl.load(mask_ptr + qi.to(dsl.int64) * stride_mm + kj.to(dsl.int64) * stride_mn,
                         mask=(qi < L) & (kj < S), other=0.0).to(s.dtype)
         # a finite mask whose base-2 logit overflows (torch.finfo(float32).min * log2(e)) is held at the
-        # accumulation dtype's minimum, where torch's sum stays; a -inf mask keeps the key out
-        s = s + bias * 1.4426950408889634
-        lowest = -1.7976931348623157e308 if s.dtype == dsl.float64 else -3.4028234663852886e38
-        s = dsl.where((s == -float("inf")) & (bias > -float("inf")), lowest, s)
+        # accumulation dtype's minimum (maximum: finfo.max), where torch's sum stays; a -inf mask keeps the
+        # key out (a +inf one gives NaN, as in torch)
+        s = _held_in_range(s + bias * 1.4426950408889634, bias)
     if CAUSAL:
         s = dsl.where(kj <= qi, s, -float("inf"))
     if CHECK_KEYS:
@@ -138,7 +160,7 @@ def _forward_step(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0,
     key_mask = (re[:, None] < E) & (rn[None, :] < S)
     value_mask = (rn[:, None] < S) & (rev[None, :] < EV)
     kt = dsl.load(k_base + rn.to(dsl.int64)[None, :] * stride_kn, mask=key_mask, other=0.0)
-    s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)) * qk_scale
+    s = _base2_logits(dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)), qk_scale, k_base.dtype.element)
     if MASKED:
         s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn,
                          MASK_KIND, CAUSAL, True)
@@ -262,7 +284,7 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
         v = dsl.load(v, mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
     qt = dsl.load(qt_base + rm.to(dsl.int64)[None, :] * stride_qm, mask=(re[:, None] < E) & rows_ok[None, :],
                   other=0.0)
-    st = dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC)) * qk_scale
+    st = _base2_logits(dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC)), qk_scale, qt_base.dtype.element)
     if MASK_KIND != 0:
         st = _apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, False)
     elif CAUSAL:
@@ -360,7 +382,7 @@ def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base,
     keys_ok = rn < S
     cols = rn.to(dsl.int64)[None, :]
     kt = dsl.load(kt_base + cols * stride_kn, mask=(re[:, None] < E) & keys_ok[None, :], other=0.0)
-    s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)) * qk_scale
+    s = _base2_logits(dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)), qk_scale, kt_base.dtype.element)
     if MASKED:
         s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, True)
     # lse and delta are loaded here, not once before the loops: a load used only by a broadcast is read

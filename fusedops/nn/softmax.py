@@ -17,9 +17,11 @@ from fusedops import functional
 
 
 def _legacy_dim(name: str, ndim: int) -> int:
-    # torch.nn.functional._get_softmax_dim, which torch keeps private: same warning, same rule.
-    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. "
-                  "Change the call to include dim=X as an argument.", stacklevel=5)
+    # torch.nn.functional._get_softmax_dim, which torch keeps private: same warning, same rule (not while
+    # torch.compile traces: dynamo cannot trace warnings.warn, and a fullgraph compile would fail).
+    if not torch.compiler.is_compiling():
+        warnings.warn(f"Implicit dimension choice for {name} has been deprecated. "
+                      "Change the call to include dim=X as an argument.", stacklevel=5)
     return 0 if ndim in (0, 1, 3) else 1
 
 
