@@ -1,7 +1,9 @@
 """Loop-carried 16-bit floats travel in pairs (codegen/control.py `_pairing`): a FOR's neighbouring half /
-bfloat registers share one <2 x T> phi, so that ptxas holds a pair in one 32-bit register. CPU tier: the
-pairing plan, the optimized LLVM IR's phis, ptxas, and the interpreter's results (the GPU runs the same
-kernels in test_gpu_semantics.py / the norms' prefetching loops)."""
+bfloat registers share one <2 x T> phi, so that ptxas holds a pair in one 32-bit register; an IF merges
+16-bit blocks the same way, packed in each branch (test_tensor_core_carries.py: the deferred epilogue that
+needs it). CPU tier: the pairing plan, the optimized LLVM IR's phis, ptxas, and the interpreter's results;
+GPU tier (`-m cuda`): an IF's 16-bit merge against float64 (the FOR kernels run on the GPU in
+test_gpu_semantics.py / the norms' prefetching loops)."""
 
 from __future__ import annotations
 
@@ -71,3 +73,40 @@ def test_carried_pairs_interpreted_match_float64(dtype, block, seed):
     _prefetch_rows[(1,)](y, x, n_rows, block, interpret=True)
     following = torch.cat([x[1:], torch.zeros_like(x[:1])]).double()
     assert_close(y, x.double() * 2 + following, dtype)
+
+
+@dsl.jit
+def _merged_rows(y_ptr, x_ptr, n_rows, BLOCK: dsl.constexpr):
+    # y[r] = 3 * x[r] on even rows, x[r] + 1 on odd rows: a 16-bit block merged by an IF (no loop carries it)
+    cols = dsl.arange(0, BLOCK)
+    row = dsl.program_id(0)
+    x = dsl.load(x_ptr + row * BLOCK + cols)
+    if row % 2 == 0:
+        y = x * 3.0
+    else:
+        y = x + 1.0
+    dsl.store(y_ptr + row * BLOCK + cols, y)
+
+
+def _merged_reference(x):
+    even = torch.arange(x.shape[0], device=x.device)[:, None] % 2 == 0
+    return torch.where(even, x.double() * 3, x.double() + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_if_merge_interpreted_match_float64(dtype, seed):
+    x = random_tensor((5, 64), dtype, seed=seed)
+    y = poison(torch.empty_like(x))
+    _merged_rows[(5,)](y, x, 5, 64, interpret=True)
+    assert_close(y, _merged_reference(x), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block", [64, 1024])
+def test_gpu_if_merge_match_float64(dtype, block, seed):
+    x = random_tensor((9, block), dtype, seed=seed, device="cuda")
+    y = poison(torch.empty_like(x))
+    _merged_rows[(9,)](y, x, 9, block, num_warps=4)
+    torch.cuda.synchronize()
+    assert_close(y, _merged_reference(x), dtype)

@@ -6,10 +6,18 @@ the next tile's first step: a deferred epilogue) starts `out` as a constant bloc
 constant's default layout, every trip of the loop moved the tile through shared memory at the yield;
 carried in the dot's accumulator layout, only the store converts it, inside its branch.
 
+The same kernel through tensor descriptors (TMA ring, TMA store, the wgmma kept in flight across the
+branches: the persistent matmul's form) at 128 x 256 tiles compiled without spills and without ptxas
+serializing the wgmmas (C7514) only once an IF merges the converted tile's 16-bit pairs as pairs (packed
+in the branch: codegen/control.py); merged per element, ptxas saw the tile's conversions read the
+accumulator inside the wgmma pipeline. (On the H200 that deferred epilogue ran 3-4% slower than the
+persistent matmul's own, session 16: not shipped.)
+
 CPU tier: the pipelined IR on sm_80 (mma.sync) and sm_90a (wgmma) has no layout conversion in the loop
 body outside the branches, the carried tile has the dot's layout, and ptxas assembles the PTX without
-spills; the kernel in the interpreter against float64 (ragged M, N and K, one to several tiles).
-GPU tier (`-m cuda`): the compiled kernel against float64 with a poisoned output.
+spills (the descriptor kernel: without C7514 either); both kernels in the interpreter against float64
+(ragged M, N and K, one to several tiles).
+GPU tier (`-m cuda`): the compiled kernels against float64 with a poisoned output.
 """
 
 from __future__ import annotations
@@ -58,6 +66,36 @@ def deferred_tiles_kernel(c_ptr, a_ptr, b_ptr, M, N, K, BLOCK_M: dsl.constexpr, 
     dsl.store(c_ptr + rows[:, None] * N + rn[None, :], out, mask=(rows[:, None] < M) & (rn[None, :] < N))
 
 
+@dsl.jit
+def deferred_descriptor_kernel(c_ptr, a_ptr, b_ptr, M, N, K, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr,
+                               BLOCK_K: dsl.constexpr):
+    # As deferred_tiles_kernel over every (row tile, column tile) of C, through tensor descriptors.
+    tiles_n = dsl.cdiv(N, BLOCK_N)
+    k_iters = dsl.cdiv(K, BLOCK_K)
+    a_desc = dsl.make_tensor_descriptor(a_ptr, (M, K), (K, 1), (BLOCK_M, BLOCK_K))
+    b_desc = dsl.make_tensor_descriptor(b_ptr, (K, N), (N, 1), (BLOCK_K, BLOCK_N))
+    c_desc = dsl.make_tensor_descriptor(c_ptr, (M, N), (N, 1), (BLOCK_M, BLOCK_N))
+    acc = dsl.zeros((BLOCK_M, BLOCK_N), dsl.float32)
+    out = dsl.zeros((BLOCK_M, BLOCK_N), c_ptr.dtype.element)
+    done_m = 0
+    done_n = 0
+    for it in range(0, dsl.cdiv(M, BLOCK_M) * tiles_n * k_iters):
+        tile = it // k_iters
+        k = it % k_iters
+        pid_m = tile // tiles_n
+        pid_n = tile % tiles_n
+        acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k * BLOCK_K)), b_desc.load((k * BLOCK_K, pid_n * BLOCK_N)), acc)
+        if k == 0:
+            if tile > 0:
+                c_desc.store((done_m * BLOCK_M, done_n * BLOCK_N), out)
+        if k == k_iters - 1:
+            out = acc.to(c_ptr.dtype.element)
+            done_m = pid_m
+            done_n = pid_n
+            acc = dsl.zeros((BLOCK_M, BLOCK_N), dsl.float32)
+    c_desc.store((done_m * BLOCK_M, done_n * BLOCK_N), out)
+
+
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
 ARCHS = ["sm_80", "sm_90a"]
 
@@ -103,6 +141,22 @@ def test_ptx_assembles_without_spills(arch, tmp_path, monkeypatch):
     assert result.spill_bytes == 0, f"{result.registers} registers, {result.spill_bytes} bytes spilled"
 
 
+@pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_descriptor_kernel_keeps_the_wgmma_pipeline(dtype, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FUSEDOPS_TMA", "1")
+    c, a, b = _arguments(4096, 4096, 4096, dtype=dtype)[0], *_arguments(4096, 4096, 4096, dtype=dtype)[1:]
+    compiled = dsl.jit(deferred_descriptor_kernel.fn).compile(c, a, b, 4096, 4096, 4096, target="sm_90a",
+                                                              num_warps=8, num_stages=4, BLOCK_M=128,
+                                                              BLOCK_N=256, BLOCK_K=64)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
+    result = assemble(ptx, "sm_90a")
+    assert "C7514" not in result.log, result.log
+    assert result.spill_bytes == 0, f"{result.registers} registers, {result.spill_bytes} bytes spilled"
+
+
 def _reference(a, b, dtype):
     return (a.double() @ b.double()).to(dtype)
 
@@ -120,5 +174,23 @@ def test_interpreter_against_float64(m, n, k):
 def test_gpu_against_float64(m, n, k, dtype):
     c, a, b = _arguments(m, n, k, "cuda", dtype)
     deferred_tiles_kernel[(1,)](c, a, b, m, n, k, num_warps=4, num_stages=3, **TILE)
+    torch.cuda.synchronize()
+    assert_close(c, _reference(a, b, dtype), dtype=dtype)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (100, 70, 40), (64, 32, 96)])
+def test_descriptor_kernel_interpreted_against_float64(m, n, k):
+    c, a, b = _arguments(m, n, k)
+    deferred_descriptor_kernel[(1,)](c, a, b, m, n, k, interpret=True, BLOCK_M=32, BLOCK_N=16, BLOCK_K=16)
+    assert_close(c, _reference(a, b, c.dtype), dtype=c.dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m, n, k", [(1, 8, 8), (300, 520, 200), (1024, 1024, 512)])
+def test_gpu_descriptor_kernel_against_float64(m, n, k, dtype):
+    c, a, b = _arguments(m, n, k, "cuda", dtype)
+    deferred_descriptor_kernel[(1,)](c, a, b, m, n, k, num_warps=8, num_stages=4, BLOCK_M=128, BLOCK_N=256,
+                                     BLOCK_K=64)
     torch.cuda.synchronize()
     assert_close(c, _reference(a, b, dtype), dtype=dtype)
