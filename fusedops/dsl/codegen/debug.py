@@ -70,7 +70,8 @@ def _program_ids(ctx):
 @lowering(OpCode.PRINT)
 def _print(ctx, op):
     bld = ctx.builder
-    prefix, hex_ = op.attrs.get("prefix", ""), op.attrs.get("hex", False)
+    # the prefix is text, not format: a "%" in it would take an argument (or read a string pointer: %s)
+    prefix, hex_ = op.attrs.get("prefix", "").replace("%", "%%"), op.attrs.get("hex", False)
     pids = _program_ids(ctx)
     if not op.operands:
         _printf(ctx, f"pid (%d, %d, %d) {prefix}\n", pids)

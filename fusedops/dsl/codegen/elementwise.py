@@ -225,11 +225,20 @@ def _addptr(ctx, op):
 
 @lowering(OpCode.BITCAST)
 def _bitcast(ctx, op):
-    target = scalar_type(op.result)
-    if isinstance(target, PointerType):
+    source, target = scalar_type(op.operands[0]), scalar_type(op.result)
+    if isinstance(source, PointerType) and isinstance(target, PointerType):
         return ctx.set(op.result, ctx.get(op.operands[0]))
-    ty = T.llvm_type(target)
-    map_registers(ctx, op, lambda x: ctx.builder.bitcast(x, ty))
+    b, ty, i64 = ctx.builder, T.llvm_type(target), ir.IntType(64)
+
+    def bits(x):
+        # a pointer's 64 bits are an address: ptrtoint / inttoptr (LLVM's bitcast takes no pointer)
+        if isinstance(source, PointerType):
+            x = b.ptrtoint(x, i64)
+            return x if x.type == ty else b.bitcast(x, ty)
+        if isinstance(target, PointerType):
+            return b.inttoptr(x if x.type == i64 else b.bitcast(x, i64), ty)
+        return b.bitcast(x, ty)
+    map_registers(ctx, op, bits)
 
 
 @lowering(OpCode.CAST)

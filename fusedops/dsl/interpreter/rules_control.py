@@ -72,6 +72,8 @@ def _print(ctx, op, *values):
     x, y, z = ctx.program_id
     prefix = op.attrs.get("prefix", "")
     as_hex = bool(op.attrs.get("hex"))
+    if not op.operands:     # the prefix alone, as the compiled kernel prints it
+        print(f"pid ({x}, {y}, {z}) {prefix}")
     for operand, value in zip(op.operands, values):
         text = _format(value, element_type(operand.type), as_hex)
         print(f"pid ({x}, {y}, {z}) " + (f"{prefix} " if prefix else "") + text)

@@ -135,6 +135,8 @@ class BlockOps:
     def argreduce(self, x, axis, kind: str, keep_dims: bool = False) -> Value:
         """argmax / argmin along `axis` (int32 indices; ties give the first index)."""
         x = self.to_value(x)
+        if isinstance(_element(x), PointerType):
+            raise CompilationError(f"cannot take the {kind} of pointers")
         if not isinstance(x.type, BlockType):
             raise CompilationError(f"{kind} needs a block, got a scalar")
         original_rank = len(shape_of(x.type))
@@ -149,6 +151,8 @@ class BlockOps:
     def cumsum(self, x, axis: int = 0, reverse: bool = False) -> Value:
         """Inclusive prefix sum along `axis`, accumulated as a sum is."""
         x = self.to_value(x)
+        if isinstance(_element(x), PointerType):
+            raise CompilationError("cannot cumsum pointers")
         axis = self._axis(x, axis, "cumsum")
         x = self.cast(x, self._accumulation_type(_element(x)))
         return self.builder.value(OpCode.SCAN, [x], x.type, kind="sum", axis=axis, reverse=bool(reverse))
