@@ -97,6 +97,7 @@ def deferred_descriptor_kernel(c_ptr, a_ptr, b_ptr, M, N, K, BLOCK_M: dsl.conste
 
 
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+DESCRIPTOR_TILE = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
 ARCHS = ["sm_80", "sm_90a"]
 
 
@@ -146,10 +147,9 @@ def test_ptx_assembles_without_spills(arch, tmp_path, monkeypatch):
 def test_descriptor_kernel_keeps_the_wgmma_pipeline(dtype, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FUSEDOPS_TMA", "1")
-    c, a, b = _arguments(4096, 4096, 4096, dtype=dtype)[0], *_arguments(4096, 4096, 4096, dtype=dtype)[1:]
+    c, a, b = _arguments(4096, 4096, 4096, dtype=dtype)
     compiled = dsl.jit(deferred_descriptor_kernel.fn).compile(c, a, b, 4096, 4096, 4096, target="sm_90a",
-                                                              num_warps=8, num_stages=4, BLOCK_M=128,
-                                                              BLOCK_N=256, BLOCK_K=64)
+                                                              num_warps=8, num_stages=4, **DESCRIPTOR_TILE)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
     result = assemble(ptx, "sm_90a")
@@ -161,36 +161,35 @@ def _reference(a, b, dtype):
     return (a.double() @ b.double()).to(dtype)
 
 
+def _check_against_float64(kernel, m, n, k, device="cpu", dtype=torch.float16, **options):
+    c, a, b = _arguments(m, n, k, device, dtype)
+    kernel[(1,)](c, a, b, m, n, k, **options)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert_close(c, _reference(a, b, dtype), dtype=dtype)
+
+
+
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (64, 64, 32), (200, 50, 96), (129, 64, 33), (70, 17, 5)])
 def test_interpreter_against_float64(m, n, k):
-    c, a, b = _arguments(m, n, k)
-    deferred_tiles_kernel[(1,)](c, a, b, m, n, k, interpret=True, **TILE)
-    assert_close(c, _reference(a, b, c.dtype), dtype=c.dtype)
+    _check_against_float64(deferred_tiles_kernel, m, n, k, interpret=True, **TILE)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (100, 70, 40), (64, 32, 96)])
+def test_descriptor_kernel_interpreted_against_float64(m, n, k):
+    _check_against_float64(deferred_descriptor_kernel, m, n, k, interpret=True, BLOCK_M=32, BLOCK_N=16, BLOCK_K=16)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (200, 50, 96), (1000, 64, 257)])
 def test_gpu_against_float64(m, n, k, dtype):
-    c, a, b = _arguments(m, n, k, "cuda", dtype)
-    deferred_tiles_kernel[(1,)](c, a, b, m, n, k, num_warps=4, num_stages=3, **TILE)
-    torch.cuda.synchronize()
-    assert_close(c, _reference(a, b, dtype), dtype=dtype)
-
-
-@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (100, 70, 40), (64, 32, 96)])
-def test_descriptor_kernel_interpreted_against_float64(m, n, k):
-    c, a, b = _arguments(m, n, k)
-    deferred_descriptor_kernel[(1,)](c, a, b, m, n, k, interpret=True, BLOCK_M=32, BLOCK_N=16, BLOCK_K=16)
-    assert_close(c, _reference(a, b, c.dtype), dtype=c.dtype)
+    _check_against_float64(deferred_tiles_kernel, m, n, k, "cuda", dtype, num_warps=4, num_stages=3, **TILE)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m, n, k", [(1, 8, 8), (300, 520, 200), (1024, 1024, 512)])
 def test_gpu_descriptor_kernel_against_float64(m, n, k, dtype):
-    c, a, b = _arguments(m, n, k, "cuda", dtype)
-    deferred_descriptor_kernel[(1,)](c, a, b, m, n, k, num_warps=8, num_stages=4, BLOCK_M=128, BLOCK_N=256,
-                                     BLOCK_K=64)
-    torch.cuda.synchronize()
-    assert_close(c, _reference(a, b, dtype), dtype=dtype)
+    _check_against_float64(deferred_descriptor_kernel, m, n, k, "cuda", dtype, num_warps=8, num_stages=4,
+                           **DESCRIPTOR_TILE)
