@@ -1,9 +1,12 @@
 """Lowering of structured control flow (FOR, WHILE, IF) with loop-carried block values.
 
 Each carried block value becomes one phi per register, but for 16-bit float blocks (carried by a FOR or
-merged after an IF), whose registers 2k and 2k + 1 share one <2 x T> phi (`_pairing`: ptxas gives a 16-bit scalar a 32-bit register
-of its own; a pair packed as it was loaded needs one). H200, LayerNorm's backward at 16384 columns with the
-next row prefetched (loop-carried fp16 x and dy): 152 -> 56 bytes of spills, 1.17x -> 1.76x torch's.
+merged after an IF), whose registers 2k and 2k + 1 share one <2 x T> phi (`_pairing`: ptxas gives a 16-bit
+scalar a 32-bit register of its own; a pair packed as it was loaded needs one). H200, LayerNorm's backward
+at 16384 columns with the next row prefetched (loop-carried fp16 x and dy): 152 -> 56 bytes of spills,
+1.17x -> 1.76x torch's. An IF packs its 16-bit results in each branch: a tile converted in a branch and
+carried to a later iteration is then not unpacked and repacked at the join, which made ptxas serialize
+the wgmmas in flight across that branch (C7514; tests/test_tensor_core_carries.py).
 Regions are lowered in place by `lower_block`, which dispatches each op to its rule.
 """
 
