@@ -12,7 +12,12 @@ Numerics. Logits are computed in the base-2 domain: s2 = (q . k) * qk_scale with
 qk_scale = scale * log2(e), so that softmax(scale * q k^T) = exp2(s2 - max) / sum(...) uses the
 `ex2` instruction directly (an additive float mask is multiplied by log2(e) too). The running
 maximum m_i and sum l_i are kept in float32 (float64 for float64 inputs in the interpreter); P is
-cast to the input dtype before the P @ V tensor-core dot, as FlashAttention does.
+cast to the input dtype before the P @ V tensor-core dot, as FlashAttention does. The backward
+recomputes P from logits it rounds afresh (the dK/dV kernel in the transposed dot K Q^T): with float32
+inputs (the interpreter's; CUDA runs torch's op) and logits in the thousands, the recomputed rows of P
+are off from summing to 1 by ~ulp(|s2|) (3e-4 at |logits| ~ 1.5e3) and dV inherits it (8-16x torch's
+error there; tests/test_review_session16_numerics.py, a strict xfail). 16-bit inputs round P to 16
+bits first, which hides it.
 The scales are passed as float32 pairs (hi, lo) summed in the kernel's accumulation dtype: float
 kernel arguments are float32, and the float64 interpreter runs (gradcheck) need more precision.
 
