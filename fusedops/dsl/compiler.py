@@ -12,10 +12,11 @@ NVPTX (target/). A `CompiledKernel` needs no GPU until `launch`; its `asm` holds
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Optional, Sequence
 
-from .ir import Function, print_function, verify
+from .ir import Function, OpCode, print_function, verify
 from .target import Target, compile_to_ptx
 
 SUPPORTED_NUM_WARPS = (1, 2, 4, 8, 16, 32)
@@ -115,6 +116,27 @@ class _Asm(dict):
         return text
 
 
+def _code_inputs_beside_the_ir(function: Function) -> str:
+    """What the generated code depends on that the printed IR does not show, as comment lines for the
+    cache key: the source location of each device_assert (its file, line and function are compiled into
+    the assertion's message) and the libdevice the compiler links (FUSEDOPS_LIBDEVICE_PATH, with the
+    file's size and modification time)."""
+    from .runtime import knobs
+
+    lines = [f"// assert at {op.loc.file}:{op.loc.line} in {op.loc.function}"
+             for op in function.walk() if op.opcode == OpCode.ASSERT]
+    path = knobs.current().libdevice_path
+    if path is not None:
+        from .target.libdevice import LIBDEVICE_FILENAME
+
+        try:
+            stat = os.stat(os.path.join(path, LIBDEVICE_FILENAME) if os.path.isdir(path) else path)
+            lines.append(f"// FUSEDOPS_LIBDEVICE_PATH={path} {stat.st_size} {stat.st_mtime_ns}")
+        except OSError:
+            lines.append(f"// FUSEDOPS_LIBDEVICE_PATH={path}")
+    return "".join(line + "\n" for line in lines)
+
+
 def compile_function(function: Function, options: CompileOptions) -> CompiledKernel:
     """Compile a frontend-produced IR function (the passes modify it in place).
 
@@ -128,7 +150,7 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
     verify(function)
     parameter_types = tuple(a.type for a in function.args)
     parameter_names = tuple(function.arg_names)
-    ir_text = print_function(function)
+    ir_text = print_function(function) + _code_inputs_beside_the_ir(function)
     if options.arch == "sm_90a" and knobs.current().disable_wgmma:
         ir_text += "// FUSEDOPS_DISABLE_WGMMA\n"      # the knob changes the code, so it is part of the key
     if options.arch == "sm_90a" and knobs.current().tma:
@@ -136,14 +158,17 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
         if knobs.current().ws:
             ir_text += f"// FUSEDOPS_WS={knobs.current().ws}\n"
     key = cache.cache_key(ir_text, function.arg_hints, options)
-    entry = cache.load(key)
+    # FUSEDOPS_DUMP_IR asks for the passes' dumps: compile afresh (the entry is rewritten)
+    entry = None if knobs.current().dump_ir else cache.load(key)
     if entry is not None:
         asm = _Asm({"ir": entry["ir"], "llir": entry["llir"], "ptx": entry["ptx"]}, options.arch)
         from .runtime.tensor_map import TensorMapParam
         return CompiledKernel(entry["name"], asm, int(entry["shared_bytes"]), options, parameter_types,
                               parameter_names, tuple(TensorMapParam.from_json(m) for m in entry.get("tensor_maps", ())),
                               int(entry.get("cluster_size", 1)))
-    report = run_pipeline(function, default_pipeline(options.num_warps, options.arch, options.num_stages), dump=knobs.current().dump_ir)
+    dump_dir = knobs.current().dump_dir
+    report = run_pipeline(function, default_pipeline(options.num_warps, options.arch, options.num_stages),
+                          dump=knobs.current().dump_ir, dump_dir=None if dump_dir is None else str(dump_dir))
     axis_info = report.analyses["analyze_pointers"]
     lowered = lower_to_llvm(function, arch=options.arch, num_warps=options.num_warps, axis_info=axis_info)
     compiled = compile_to_ptx(lowered.llvm_ir, Target(options.arch))

@@ -190,7 +190,13 @@ class ExpressionsMixin:
         if name.startswith("__"):
             raise UnsupportedError(f"cannot read `{name}` in a kernel")
         result = getattr(value, name)
-        return check_global(f"{ast.unparse(node)}", result) if isinstance(value, types.ModuleType) else result
+        if not isinstance(value, types.ModuleType):
+            return result
+        checked = check_global(f"{ast.unparse(node)}", result)
+        if self.scope.on_global is not None and not isinstance(result, (types.ModuleType, types.FunctionType)):
+            # `module.NAME` is read like a global: a later rebinding of the attribute recompiles the kernel
+            self.scope.on_global(vars(value), name, result)
+        return checked
 
     def value_attribute(self, value: Value, name: str):
         if name == "shape":

@@ -144,6 +144,8 @@ class Autotuner:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             return
+        if not isinstance(record, dict):        # written by something else: ignored, as an unparsable one
+            return
         for key, index in record.items():
             if isinstance(index, int) and 0 <= index < len(self.configs):
                 self.best.setdefault(key, self.configs[index])
@@ -158,7 +160,8 @@ class Autotuner:
             if path.is_file():
                 try:
                     old = json.loads(path.read_text())
-                    record = {**{k: v for k, v in old.items() if isinstance(v, int)}, **record}
+                    if isinstance(old, dict):
+                        record = {**{k: v for k, v in old.items() if isinstance(v, int)}, **record}
                 except ValueError:
                     pass
             handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")

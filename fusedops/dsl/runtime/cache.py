@@ -4,8 +4,8 @@ An entry is one JSON file named by a SHA-256 of everything that changes the gene
 kernel's frontend IR (which covers its source, callees, constexprs and argument types), the
 specialization hints of its arguments (divisibility by 16), the compile options (arch, num_warps, num_stages), the fusedops version, a hash of the
 compiler's own source, and the llvmlite/LLVM version. Entries are written to a temporary file and renamed into place (atomic on
-POSIX), so concurrent writers never leave a partial file; an entry that does not parse is treated
-as missing and rewritten.
+POSIX), so concurrent writers never leave a partial file; an entry that does not parse, or lacks a
+field the compiler reads back (or holds one of another type), is treated as missing and rewritten.
 """
 
 from __future__ import annotations
@@ -68,9 +68,19 @@ def load(key: str) -> Optional[dict]:
         return None
     except (OSError, ValueError):
         return None
-    if not isinstance(entry, dict) or entry.get("format") != _FORMAT or "ptx" not in entry:
-        return None
-    return entry
+    return entry if _well_formed(entry) else None
+
+
+def _well_formed(entry) -> bool:
+    """An entry as `compiler.compile_function` stores it: the strings, integers and lists it reads back (an
+    entry edited by hand or by another tool is treated as missing, not trusted)."""
+    def integer(value):
+        return type(value) is int and value >= 0
+    return (isinstance(entry, dict) and entry.get("format") == _FORMAT
+            and all(isinstance(entry.get(field), str) for field in ("name", "ir", "llir", "ptx"))
+            and integer(entry.get("shared_bytes")) and integer(entry.get("cluster_size", 1))
+            and isinstance(entry.get("tensor_maps", []), list)
+            and all(isinstance(m, dict) for m in entry.get("tensor_maps", [])))
 
 
 def store(key: str, entry: dict) -> None:

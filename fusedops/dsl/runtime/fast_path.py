@@ -45,6 +45,7 @@ import struct
 from typing import Callable, Optional, Sequence
 
 from ..language import core
+from .signature import _constexpr_key as signature_constexpr_key
 
 _PREFIX = "_jit_"     # the generated code's own names; kernel parameters may not start with it
 
@@ -82,7 +83,13 @@ def _constexpr_key(wrapped: core.constexpr):
     cls = type(value)
     if cls is int:
         return value
-    return cls, float_bits(value) if cls is float else value
+    return cls, float_bits(value) if cls is float else tuple_key(value) if cls is tuple else value
+
+
+def tuple_key(value: tuple):
+    """A tuple constexpr's key: its items' classes and keys ((0.0,) and (-0.0,), (1,) and (1.0,) compare
+    equal but are different constants; `signature._constexpr_key`)."""
+    return signature_constexpr_key(value)
 
 
 def _branches(name: str, a: str, k: str, j: str) -> dict:
@@ -130,7 +137,8 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
             # as the value it wraps, as the full path specializes it.
             cls = f"{_PREFIX}c{index}"
             key.append(f"({name} if ({cls} := {_PREFIX}type({name})) is {_PREFIX}int else "
-                       f"({cls}, {_PREFIX}float_bits({name}) if {cls} is {_PREFIX}float else {name}) "
+                       f"({cls}, {_PREFIX}float_bits({name}) if {cls} is {_PREFIX}float else "
+                       f"{_PREFIX}tuple_key({name}) if {cls} is {_PREFIX}tuple else {name}) "
                        f"if {cls} is not {_PREFIX}constexpr else {_PREFIX}constexpr_key({name}))")
             continue
         a, k, j = f"{_PREFIX}a{index}", f"{_PREFIX}k{index}", f"{_PREFIX}j{index}"
@@ -153,6 +161,7 @@ def _namespace(params: Sequence, tensor_type) -> Optional[dict]:
     # the builtins the generated code calls, under names no parameter can shadow
     namespace.update({f"{_PREFIX}{f.__name__}": f for f in (type, int, float, tuple, len, callable)})
     namespace[f"{_PREFIX}float_bits"] = float_bits
+    namespace[f"{_PREFIX}tuple_key"] = tuple_key
     namespace.update({f"{_PREFIX}constexpr": core.constexpr, f"{_PREFIX}constexpr_key": _constexpr_key})
     for index, param in enumerate(params):
         if param.has_default:

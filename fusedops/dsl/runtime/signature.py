@@ -99,8 +99,17 @@ def _constexpr_spec(kernel: str, param: Parameter, value) -> ArgSpec:
     if type(value).__module__.startswith(("torch", "numpy")) and not isinstance(value, (DType, PointerType)):
         raise TypeError(f"argument `{param.name}` of kernel `{kernel}` is a dsl.constexpr and must be a Python "
                         f"value, got a {type(value).__module__}.{type(value).__name__}")
-    key = struct.pack("<d", value) if type(value) is float else value
-    return ArgSpec(param.name, None, value, type(value), value_key=key)
+    return ArgSpec(param.name, None, value, type(value), value_key=_constexpr_key(value))
+
+
+def _constexpr_key(value):
+    """What tells two constexpr values apart: a float's 8 bytes (0.0 and -0.0 differ), and a tuple's items'
+    keys with their types (so (1,), (True,) and (1.0,) differ, as 1, True and 1.0 do by value_class)."""
+    if type(value) is float:
+        return struct.pack("<d", value)
+    if isinstance(value, tuple):
+        return (type(value),) + tuple((type(item), _constexpr_key(item)) for item in value)
+    return value
 
 
 def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = False) -> tuple:
