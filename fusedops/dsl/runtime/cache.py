@@ -1,7 +1,8 @@
 """The on-disk cache of compiled kernels (`$FUSEDOPS_CACHE_DIR`, default ~/.cache/fusedops).
 
 An entry is one JSON file named by a SHA-256 of everything that changes the generated code: the
-kernel's frontend IR (which covers its source, callees, constexprs and argument types), the
+kernel's frontend IR (which covers its source, callees, constexprs and argument types; with comment
+lines for what it does not show: device_assert locations, FUSEDOPS_LIBDEVICE_PATH and the sm_90a knobs), the
 specialization hints of its arguments (divisibility by 16), the compile options (arch, num_warps, num_stages), the fusedops version, a hash of the
 compiler's own source, and the llvmlite/LLVM version. Entries are written to a temporary file and renamed into place (atomic on
 POSIX), so concurrent writers never leave a partial file; an entry that does not parse, or lacks a
