@@ -116,16 +116,18 @@ class _Asm(dict):
         return text
 
 
-def _code_inputs_beside_the_ir(function: Function) -> str:
+def _code_inputs_beside_the_ir(function: Function, arch: str) -> str:
     """What the generated code depends on that the printed IR does not show, as comment lines for the
     cache key: the source location of each device_assert (its file, line and function are compiled into
-    the assertion's message) and the libdevice the compiler links (FUSEDOPS_LIBDEVICE_PATH, with the
-    file's size and modification time)."""
+    the assertion's message), the libdevice the compiler links (FUSEDOPS_LIBDEVICE_PATH, with the file's
+    size and modification time) and, on sm_90a, the knobs that change the lowering (FUSEDOPS_DISABLE_WGMMA,
+    FUSEDOPS_TMA, FUSEDOPS_WS)."""
     from .runtime import knobs
 
+    settings = knobs.current()
     lines = [f"// assert at {op.loc.file}:{op.loc.line} in {op.loc.function}"
              for op in function.walk() if op.opcode == OpCode.ASSERT]
-    path = knobs.current().libdevice_path
+    path = settings.libdevice_path
     if path is not None:
         from .target.libdevice import LIBDEVICE_FILENAME
 
@@ -134,6 +136,12 @@ def _code_inputs_beside_the_ir(function: Function) -> str:
             lines.append(f"// FUSEDOPS_LIBDEVICE_PATH={path} {stat.st_size} {stat.st_mtime_ns}")
         except OSError:
             lines.append(f"// FUSEDOPS_LIBDEVICE_PATH={path}")
+    if arch == "sm_90a" and settings.disable_wgmma:
+        lines.append("// FUSEDOPS_DISABLE_WGMMA")
+    if arch == "sm_90a" and settings.tma:
+        lines.append("// FUSEDOPS_TMA")
+        if settings.ws:
+            lines.append(f"// FUSEDOPS_WS={settings.ws}")
     return "".join(line + "\n" for line in lines)
 
 
@@ -150,13 +158,7 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
     verify(function)
     parameter_types = tuple(a.type for a in function.args)
     parameter_names = tuple(function.arg_names)
-    ir_text = print_function(function) + _code_inputs_beside_the_ir(function)
-    if options.arch == "sm_90a" and knobs.current().disable_wgmma:
-        ir_text += "// FUSEDOPS_DISABLE_WGMMA\n"      # the knob changes the code, so it is part of the key
-    if options.arch == "sm_90a" and knobs.current().tma:
-        ir_text += "// FUSEDOPS_TMA\n"
-        if knobs.current().ws:
-            ir_text += f"// FUSEDOPS_WS={knobs.current().ws}\n"
+    ir_text = print_function(function) + _code_inputs_beside_the_ir(function, options.arch)
     key = cache.cache_key(ir_text, function.arg_hints, options)
     # FUSEDOPS_DUMP_IR asks for the passes' dumps: compile afresh (the entry is rewritten)
     entry = None if knobs.current().dump_ir else cache.load(key)

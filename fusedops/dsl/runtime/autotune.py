@@ -71,6 +71,18 @@ class Measurement:
     skipped: Optional[str] = None
 
 
+def _read_record(path: Path) -> dict:
+    """The {launch key: config index} entries of the autotune record at `path`; {} for a file that does not
+    parse or parses to something else than an object (written by another tool). Raises OSError."""
+    try:
+        record = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {key: index for key, index in record.items() if isinstance(index, int)}
+
+
 class Autotuner:
     """A kernel wrapped by `autotune`; launch it as `tuner[grid](*args, **kwargs)`.
 
@@ -141,13 +153,11 @@ class Autotuner:
         if path is None or not path.is_file():
             return
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return
-        if not isinstance(record, dict):        # written by something else: ignored, as an unparsable one
+            record = _read_record(path)
+        except OSError:
             return
         for key, index in record.items():
-            if isinstance(index, int) and 0 <= index < len(self.configs):
+            if 0 <= index < len(self.configs):
                 self.best.setdefault(key, self.configs[index])
 
     def _save_record(self) -> None:
@@ -158,12 +168,7 @@ class Autotuner:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.is_file():
-                try:
-                    old = json.loads(path.read_text())
-                    if isinstance(old, dict):
-                        record = {**{k: v for k, v in old.items() if isinstance(v, int)}, **record}
-                except ValueError:
-                    pass
+                record = {**_read_record(path), **record}
             handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
             with os.fdopen(handle, "w") as file:
                 json.dump(record, file, indent=1, sort_keys=True)

@@ -45,7 +45,7 @@ import struct
 from typing import Callable, Optional, Sequence
 
 from ..language import core
-from .signature import _constexpr_key as signature_constexpr_key
+from .signature import _constexpr_key as tuple_key
 
 _PREFIX = "_jit_"     # the generated code's own names; kernel parameters may not start with it
 
@@ -83,13 +83,9 @@ def _constexpr_key(wrapped: core.constexpr):
     cls = type(value)
     if cls is int:
         return value
+    # a tuple by its items' classes and keys ((0.0,) and (-0.0,), (1,) and (1.0,) compare equal but are
+    # different constants), as the full path specializes it
     return cls, float_bits(value) if cls is float else tuple_key(value) if cls is tuple else value
-
-
-def tuple_key(value: tuple):
-    """A tuple constexpr's key: its items' classes and keys ((0.0,) and (-0.0,), (1,) and (1.0,) compare
-    equal but are different constants; `signature._constexpr_key`)."""
-    return signature_constexpr_key(value)
 
 
 def _branches(name: str, a: str, k: str, j: str) -> dict:
