@@ -155,17 +155,12 @@ def _unmasked_key_end(pid_m, S, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, 
 
 
 @dsl.jit
-def _forward_step(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev,
-                  L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale,
-                  BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
-                  MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
-    """The online-softmax update of (acc, m_i, l_i) by the key block at start_n. MASKED = False (an
-    interior block, see `_unmasked_key_end`): no mask is computed; the key loads drop `rn < S`."""
-    rn = start_n + rn0
-    key_mask = (re[:, None] < E) & (rn[None, :] < S)
-    value_mask = (rn[:, None] < S) & (rev[None, :] < EV)
-    kt = dsl.load(k_base + rn.to(dsl.int64)[None, :] * stride_kn, mask=key_mask, other=0.0)
-    s = _base2_logits(dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)), qk_scale, k_base.dtype.element)
+def _online_softmax(s, m_i, l_i, rm, rn, L, S, mask_base, stride_mm, stride_mn, qk_scale,
+                    IN_DTYPE: dsl.constexpr, MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
+    """(P, alpha, m_new, l_new) of the key block whose q . k are `s` (the rows' running max m_i and sum l_i
+    before it): P = exp2(s2 - m_new) of the base-2 logits s2, alpha = exp2(m_i - m_new) the factor of the
+    earlier blocks. MASKED = False (an interior block, see `_unmasked_key_end`): no mask is computed."""
+    s = _base2_logits(s, qk_scale, IN_DTYPE)
     if MASKED:
         s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn,
                          MASK_KIND, CAUSAL, True)
@@ -176,10 +171,37 @@ def _forward_step(acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0,
         m_safe = dsl.where(m_new == -float("inf"), 0.0, m_new)
     p = dsl.exp2(s - m_safe[:, None])
     alpha = dsl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + dsl.sum(p, axis=1)
-    v = dsl.load(v_base + rn.to(dsl.int64)[:, None] * stride_vn, mask=value_mask, other=0.0)
-    acc = dsl.dot(p.to(v_base.dtype.element), v, acc * alpha[:, None])
-    return acc, m_new, l_i
+    return p, alpha, m_new, l_i * alpha + dsl.sum(p, axis=1)
+
+
+@dsl.jit
+def _forward_step(acc, p, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev,
+                  L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale,
+                  BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
+                  MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
+    """One key block of the online softmax, software-pipelined by one block: S = Q K^T of the block at
+    start_n is issued, then acc += P V of the previous block (P: its probabilities, 16-bit), and the
+    softmax of this block runs while both dots are in flight (on sm_90a: passes/wgmma_waits.py; the
+    FlashAttention-3 paper's intra-warpgroup overlap, arXiv:2407.08608, section 3.2). Returns
+    (acc rescaled to this block's row max, this block's P, m_new, l_new). MASKED = False: an interior
+    block, whose key loads drop `rn < S`."""
+    rn = start_n + rn0
+    kt = dsl.load(k_base + rn.to(dsl.int64)[None, :] * stride_kn, mask=(re[:, None] < E) & (rn[None, :] < S),
+                  other=0.0)
+    s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
+    acc = _accumulate_values(acc, p, v_base, start_n - BLOCK_N, rn0, rev, S, EV, stride_vn)
+    p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, rm, rn, L, S, mask_base, stride_mm, stride_mn, qk_scale,
+                                         k_base.dtype.element, MASK_KIND, CAUSAL, MASKED)
+    return acc * alpha[:, None], p.to(v_base.dtype.element), m_i, l_i
+
+
+@dsl.jit
+def _accumulate_values(acc, p, v_base, start_n, rn0, rev, S, EV, stride_vn):
+    """acc + P V over the key block at start_n (P: its 16-bit probabilities)."""
+    rn = start_n + rn0
+    v = dsl.load(v_base + rn.to(dsl.int64)[:, None] * stride_vn, mask=(rn[:, None] < S) & (rev[None, :] < EV),
+                 other=0.0)
+    return dsl.dot(p, v, acc)
 
 
 @dsl.jit
@@ -215,19 +237,26 @@ def attention_forward_kernel(
     end_n = S
     if CAUSAL:
         end_n = dsl.minimum(S, (pid_m + 1) * BLOCK_M)      # keys past the diagonal: skipped
-    acc, m_i, l_i = _forward_step(
-        dsl.zeros((BLOCK_M, BLOCK_EV), ACC), dsl.full((BLOCK_M,), -float("inf"), ACC), dsl.zeros((BLOCK_M,), ACC),
-        q, k_base, v_base, mask_base, 0, rm, rn0, re, rev, L, S, E, EV, stride_kn, stride_vn, stride_mm, stride_mn,
-        qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL, True)
+    kt = dsl.load(k_base + rn0.to(dsl.int64)[None, :] * stride_kn, mask=(re[:, None] < E) & (rn0[None, :] < S),
+                  other=0.0)
+    p, alpha, m_i, l_i = _online_softmax(
+        dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)), dsl.full((BLOCK_M,), -float("inf"), ACC),
+        dsl.zeros((BLOCK_M,), ACC), rm, rn0, L, S, mask_base, stride_mm, stride_mn, qk_scale, k_ptr.dtype.element,
+        MASK_KIND, CAUSAL, True)
+    p = p.to(v_ptr.dtype.element)
+    acc = dsl.zeros((BLOCK_M, BLOCK_EV), ACC)
     unmasked_end = _unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
     for start_n in range(BLOCK_N, unmasked_end, BLOCK_N):
-        acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV, stride_kn,
+        acc, p, m_i, l_i = _forward_step(
+            acc, p, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV, stride_kn,
             stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL, False)
     for start_n in range(dsl.maximum(BLOCK_N, unmasked_end), end_n, BLOCK_N):
-        acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV, stride_kn,
+        acc, p, m_i, l_i = _forward_step(
+            acc, p, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV, stride_kn,
             stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL, True)
+    # the last key block's P V (the loops add each block's one block later)
+    last_n = dsl.maximum(dsl.cdiv(end_n, BLOCK_N) - 1, 0) * BLOCK_N
+    acc = _accumulate_values(acc, p, v_base, last_n, rn0, rev, S, EV, stride_vn)
 
     empty = l_i == 0.0                                       # fully masked row (or S = 0)
     acc = acc / dsl.where(empty, 1.0, l_i)[:, None]
@@ -269,8 +298,10 @@ def attention_backward_preprocess_kernel(
 def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row, m0, rm0, rn, re,
                rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
                BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
-               MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, KV_RING: dsl.constexpr):
-    """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). KV_RING: k and v
+               MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, KV_RING: dsl.constexpr, EARLY_DP: dsl.constexpr):
+    """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). EARLY_DP: dP^T = V dO^T
+    is issued right after S^T (head dims <= 128, where sm_90a runs the dots on wgmma, without attn_mask: with
+    both logit tiles live at once the mma.sync tiles of E = 256 spill 44 bytes, the masked E = 64 tiles 4). KV_RING: k and v
     are the pointer blocks of the program's K and V tiles, loaded here, each use by its dot alone, so
     that on sm_90a they come through the cp.async ring (L2 hits after the first block) and the dots
     read them from shared memory (no register A fragments beside the dk and dv accumulators). Rows past L
@@ -289,7 +320,11 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
         v = dsl.load(v, mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
     qt = dsl.load(qt_base + rm.to(dsl.int64)[None, :] * stride_qm, mask=(re[:, None] < E) & rows_ok[None, :],
                   other=0.0)
-    st = _base2_logits(dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC)), qk_scale, qt_base.dtype.element)
+    st = dsl.dot(k, qt, dsl.zeros((BLOCK_N, BLOCK_M), ACC))
+    if EARLY_DP:
+        # dP^T issued right after S^T: on sm_90a both wgmmas run while P^T is computed (passes/wgmma_waits.py)
+        dpt = _transposed_dp(v, dot_base, rm, rows_ok, rev, EV, stride_dom, BLOCK_N, BLOCK_M, ACC)
+    st = _base2_logits(st, qk_scale, qt_base.dtype.element)
     if MASK_KIND != 0:
         st = _apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, False)
     elif CAUSAL:
@@ -303,14 +338,22 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
     do = dsl.load(do_base + rm.to(dsl.int64)[:, None] * stride_dom, mask=rows_ok[:, None] & (rev[None, :] < EV),
                   other=0.0)
     dv = dsl.dot(pt.to(do_base.dtype.element), do, dv)
-    dot = dsl.load(dot_base + rm.to(dsl.int64)[None, :] * stride_dom, mask=(rev[:, None] < EV) & rows_ok[None, :],
-                   other=0.0)
-    dpt = dsl.dot(v, dot, dsl.zeros((BLOCK_N, BLOCK_M), ACC))
+    if not EARLY_DP:
+        dpt = _transposed_dp(v, dot_base, rm, rows_ok, rev, EV, stride_dom, BLOCK_N, BLOCK_M, ACC)
     delta = dsl.load(delta_row + rm, mask=rows_ok, other=0.0)
     dst = pt * (dpt - delta[None, :])
     q = dsl.load(q_base + rm.to(dsl.int64)[:, None] * stride_qm, mask=rows_ok[:, None] & (re[None, :] < E), other=0.0)
     dk = dsl.dot(dst.to(qt_base.dtype.element), q, dk)
     return dk, dv
+
+
+@dsl.jit
+def _transposed_dp(v, dot_base, rm, rows_ok, rev, EV, stride_dom, BLOCK_N: dsl.constexpr, BLOCK_M: dsl.constexpr,
+                   ACC: dsl.constexpr):
+    """dP^T = V dO^T of the query rows rm (dot_base: dO^T's pointers at row 0)."""
+    dot = dsl.load(dot_base + rm.to(dsl.int64)[None, :] * stride_dom, mask=(rev[:, None] < EV) & rows_ok[None, :],
+                   other=0.0)
+    return dsl.dot(v, dot, dsl.zeros((BLOCK_N, BLOCK_M), ACC))
 
 
 @dsl.jit
@@ -366,7 +409,7 @@ def attention_backward_dkdv_kernel(
             dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * (2 * L),
                                 delta_ptr + bh * L, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm,
                                 stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
-                                KV_RING)
+                                KV_RING, MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn + re[None, :] * stride_dke,
               dk.to(dk_ptr.dtype.element), mask=(rn[:, None] < S) & (re[None, :] < E))
@@ -387,7 +430,11 @@ def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base,
     keys_ok = rn < S
     cols = rn.to(dsl.int64)[None, :]
     kt = dsl.load(kt_base + cols * stride_kn, mask=(re[:, None] < E) & keys_ok[None, :], other=0.0)
-    s = _base2_logits(dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC)), qk_scale, kt_base.dtype.element)
+    s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
+    # dP = dO V^T is issued right after S (both in flight while P is computed; see _dkdv_step)
+    vt = dsl.load(vt_base + cols * stride_vn, mask=(rev[:, None] < EV) & keys_ok[None, :], other=0.0)
+    dp = dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
+    s = _base2_logits(s, qk_scale, kt_base.dtype.element)
     if MASKED:
         s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, True)
     # lse and delta are loaded here, not once before the loops: a load used only by a broadcast is read
@@ -398,8 +445,6 @@ def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base,
         p = dsl.exp2((s - lse_hi[:, None]) - dsl.load(lse_row + L, mask=rm < L, other=0.0)[:, None])
     else:
         p = dsl.exp2(s - lse_hi[:, None])
-    vt = dsl.load(vt_base + cols * stride_vn, mask=(rev[:, None] < EV) & keys_ok[None, :], other=0.0)
-    dp = dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
     delta = dsl.load(delta_row, mask=rm < L, other=0.0)
     ds = p * (dp - delta[:, None])
     k = dsl.load(k_base + rn.to(dsl.int64)[:, None] * stride_kn, mask=keys_ok[:, None] & (re[None, :] < E), other=0.0)

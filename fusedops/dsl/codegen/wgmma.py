@@ -302,7 +302,7 @@ def _pack_words(ctx, registers: list, element) -> list:
 def lower_wgmma_dot(ctx, op) -> None:
     """`dot` with B (and A) in canonical wgmma tiles or A in registers, and the accumulator in the
     wgmma layout (see the module docstring). The dot's attr `pending` (default 0) is the wait_group
-    count after it."""
+    count after it; with attr `deferred` no wait follows it (a later `wgmma_wait` op retires it)."""
     a, b_operand, acc = op.operands
     if ctx.arch != "sm_90a":
         raise CompilationError(f"internal error: wgmma needs sm_90a, the target is {ctx.arch}", op.loc)
@@ -333,12 +333,16 @@ def lower_wgmma_dot(ctx, op) -> None:
                             registers[first:first + per_instruction], a_words)
         registers[first:first + per_instruction] = result
     _commit(ctx)
-    ctx.set(op.result, wgmma_wait(ctx, registers, op.attrs.get("pending", 0)))
+    if op.attrs.get("deferred"):       # passes/wgmma_waits.py: a later wgmma_wait retires it
+        ctx.set(op.result, registers)
+    else:
+        ctx.set(op.result, wgmma_wait(ctx, registers, op.attrs.get("pending", 0)))
 
 
 @lowering(OpCode.WGMMA_WAIT)
 def _wgmma_wait(ctx, op):
-    """`wgmma_wait {pending}` on the results of dots left in flight (a pipelined loop's accumulator)."""
+    """`wgmma_wait {pending}` on the results of dots left in flight (a pipelined loop's accumulator, the
+    deferred dots of passes/wgmma_waits.py)."""
     values = [list(ctx.get(v)) for v in op.operands]
     flat = wgmma_wait(ctx, [r for registers in values for r in registers], op.attrs["pending"])
     start = 0

@@ -14,6 +14,7 @@ from .layout_assignment import assign_layouts
 from .pipelining import pipeline_loops
 from .pointer_analysis import analyze_pointers
 from .sibling_reductions import group_sibling_reductions
+from .wgmma_waits import defer_wgmma_waits
 from .simplify import simplify
 
 
@@ -32,5 +33,6 @@ def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
         layouts,             # a distributed layout for every block value; convert_layout where needed
         pipelining,          # loads feeding tensor-core dots in loops -> cp.async ring, num_stages deep
         group_sibling_reductions,   # independent reductions of one layout and axis: one cross-warp exchange
+        defer_wgmma_waits,   # a wgmma's wait moves down to the first read of its result
         analyze_pointers,    # contiguity / divisibility / constancy, for vectorized memory access
     ]

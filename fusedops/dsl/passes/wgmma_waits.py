@@ -1,0 +1,127 @@
+"""Deferred wgmma waits: a warpgroup's `wgmma.mma_async` stays in flight until its result is first read.
+
+Code generation waits for every wgmma dot right after issuing it (`wgmma.wait_group 0`), so the next
+instruction that needs no tensor core still waits for the tensor cores. This pass moves each wait of a
+block down to the first op that reads the dot's result (`wgmma_wait {pending = n}` there, where n counts
+the wgmmas issued after it and still allowed in flight; PTX ISA 9.7.15.7.3: a warpgroup's wgmma groups
+complete in the order they were committed, `wgmma.wait_group n` leaves the n most recent in flight).
+So independent work between a dot and its first use runs while the tensor cores compute, and two
+independent dots issued back to back overlap:
+
+    %s  = dot %q, %kt, 0                     %s  = dot %q, %kt, 0 {deferred}
+    %dp = dot %do, %vt, 0          ->        %dp = dot %do, %vt, 0 {deferred}
+    %p  = exp2(%s - %lse)                    %s2, = wgmma_wait %s {pending = 1}       (dp still in flight)
+    %ds = %p * (%dp - %delta)                %p  = exp2(%s2 - %lse)
+                                             %dp2, = wgmma_wait %dp {pending = 0}
+                                             %ds = %p * (%dp2 - %delta)
+
+(The FlashAttention-3 paper, Shah et al. 2024, arXiv:2407.08608, section 3.2, overlaps softmax with the
+dots this way; here the compiler places the waits and the kernel orders its dots.)
+
+A dot is deferred when it runs on wgmma with its pending count not yet set (pipelining's in-flight
+accumulator keeps its own), and every operand it reads from shared memory is a ring slot (`local_load`):
+a tile staged into scratch shared memory could be overwritten by a later op while the wgmma reads it.
+Ring slots stay valid: every deferred dot of a loop body is retired before the body ends (the waits
+are flushed before the terminator), so no wgmma reads a slot when the next iteration's copies are
+issued. In-flight dots ride only over ops in `_PASSABLE` (register math, shape ops, global loads and
+stores, reductions, layout conversions, ring reads, other deferred dots); any other op (control flow,
+barriers, copies, mbarriers, deallocs, the terminator, a dot that is not deferred) retires all of them
+first (`pending = 0`). A wait returns every dot it retires (their results tied to the instruction, so
+no read of their registers is scheduled above it), and uses after it read those results.
+
+Runs after pipelining (which creates the ring slots and sets the in-flight accumulator's count).
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Block, Function, Operation, Value
+from ..ir.ops import ELEMENTWISE, OpCode
+from ..layouts.mma_shared import is_shared_layout
+
+# Ops a deferred wgmma may stay in flight across: they neither write the registers it reads or writes
+# (those are its own SSA values) nor the ring slots it reads, nor synchronize with anything that does.
+_PASSABLE = ELEMENTWISE | frozenset({
+    OpCode.CONSTANT, OpCode.PROGRAM_ID, OpCode.NUM_PROGRAMS, OpCode.ARANGE, OpCode.SPLAT, OpCode.BROADCAST,
+    OpCode.EXPAND_DIMS, OpCode.RESHAPE, OpCode.TRANS, OpCode.LOAD, OpCode.STORE, OpCode.REDUCE,
+    OpCode.ARGREDUCE, OpCode.SCAN, OpCode.CONVERT_LAYOUT, OpCode.LOCAL_LOAD,
+})
+
+
+def defer_wgmma_waits(function: Function) -> bool:
+    """Defer the waits of `function`'s wgmma dots (see the module docstring); whether anything changed."""
+    changed = False
+    blocks = [function.body] + [region for op in function.body.walk() for region in op.regions]
+    for block in blocks:
+        changed |= _defer_in_block(block)
+    return changed
+
+
+def _deferrable(op: Operation) -> bool:
+    """A wgmma dot without a pending count whose shared-memory operands are all ring slots."""
+    if op.opcode != OpCode.DOT or op.attrs.get("engine") != "wgmma" or "pending" in op.attrs:
+        return False
+    for operand in op.operands[:2]:
+        producer = operand.defining_op
+        in_ring = producer is not None and producer.opcode == OpCode.LOCAL_LOAD
+        if is_shared_layout(operand.layout) and not in_ring:
+            return False
+    return True
+
+
+def _reads(op: Operation, values: set) -> bool:
+    """Whether `op` or an op nested in it reads one of `values` (ids)."""
+    return any(id(v) in values for nested in op.walk() for v in nested.operands)
+
+
+def _defer_in_block(block: Block) -> bool:
+    in_flight: list = []          # deferred dots of this block not yet retired, in issue order
+    changed = False
+    index = 0
+    while index < len(block.ops):
+        op = block.ops[index]
+        retired = _retired_before(op, in_flight)
+        if retired:
+            pending = len(in_flight) - retired
+            if retired == 1 and pending == 0 and block.ops[index - 1] is in_flight[0]:
+                in_flight.clear()     # the wait lands right after its dot: the dot keeps its own
+            else:
+                _insert_wait(block, index, [dot.result for dot in in_flight[:retired]], pending)
+                for dot in in_flight[:retired]:
+                    dot.attrs["deferred"] = True
+                del in_flight[:retired]
+                changed = True
+                index += 1
+        if _deferrable(op):
+            in_flight.append(op)
+        index += 1
+    if in_flight:
+        _insert_wait(block, len(block.ops), [dot.result for dot in in_flight], 0)
+        for dot in in_flight:
+            dot.attrs["deferred"] = True
+        changed = True
+    return changed
+
+
+def _retired_before(op: Operation, in_flight: list) -> int:
+    """How many of the oldest in-flight dots must be retired before `op`: through the newest one it
+    reads, or all of them before an op they may not pass."""
+    if not in_flight:
+        return 0
+    if op.opcode not in _PASSABLE and not (op.opcode == OpCode.DOT and _deferrable(op)):
+        return len(in_flight)
+    read = [i for i, dot in enumerate(in_flight) if _reads(op, {id(dot.result)})]
+    return read[-1] + 1 if read else 0
+
+
+def _insert_wait(block: Block, index: int, results: list, pending: int) -> None:
+    """`wgmma_wait {pending}` of `results` at `block.ops[index]`; the ops after it read its results."""
+    wait = Operation(OpCode.WGMMA_WAIT, results, [r.type for r in results], {"pending": pending}, (),
+                     block.ops[min(index, len(block.ops) - 1)].loc)
+    for old, new in zip(results, wait.results):
+        new.layout = old.layout
+    wait.parent = block
+    block.ops.insert(index, wait)
+    replacement = {id(old): new for old, new in zip(results, wait.results)}
+    for op in block.ops[index + 1:]:
+        for nested in op.walk():
+            nested.operands = [replacement.get(id(v), v) for v in nested.operands]
