@@ -368,11 +368,13 @@ def attention_backward_dkdv_kernel(
         stride_mb, stride_mh, stride_mm, stride_mn,
         H_KV, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo, scale_hi, scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
-        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, KV_RING: dsl.constexpr = False):
+        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, KV_RING: dsl.constexpr = False,
+        EARLY_DP: dsl.constexpr = True):
     # dk_ptr, k_ptr: (B, H_KV, S, E); dv_ptr, v_ptr: (B, H_KV, S, EV); q_ptr: (B, H, L, E);
     # do_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L), delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
-    # KV_RING: K and V are loaded in every query block's step instead of once (_dkdv_step).
+    # KV_RING: K and V are loaded in every query block's step instead of once; EARLY_DP: dP^T issued right
+    # after S^T where that assembles without spills (_dkdv_step).
     # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loop
     # starts at the first block that reaches the diagonal and every block takes the mask (_dkdv_step).
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
@@ -409,7 +411,7 @@ def attention_backward_dkdv_kernel(
             dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * (2 * L),
                                 delta_ptr + bh * L, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm,
                                 stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
-                                KV_RING, MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128)
+                                KV_RING, EARLY_DP and MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn + re[None, :] * stride_dke,
               dk.to(dk_ptr.dtype.element), mask=(rn[:, None] < S) & (re[None, :] < E))
@@ -507,12 +509,14 @@ def attention_backward_dq_kernel(
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Tile sizes and launch parameters of one attention kernel; kv_ring: the dK/dV kernel's KV_RING."""
+    """Tile sizes and launch parameters of one attention kernel; kv_ring, early_dp: the dK/dV kernel's
+    KV_RING and EARLY_DP."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     kv_ring: bool = False
+    early_dp: bool = True
 
 
 # Interpreter: small tiles keep the per-program op count (and so CPU test time) low.
@@ -835,7 +839,7 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *mask_strides,
         heads_kv, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=kv_config.block_m, BLOCK_N=kv_config.block_n, num_warps=kv_config.num_warps,
-        num_stages=kv_config.num_stages, KV_RING=kv_config.kv_ring, **common)
+        num_stages=kv_config.num_stages, KV_RING=kv_config.kv_ring, EARLY_DP=kv_config.early_dp, **common)
     dq_kernel = attention_backward_dq_kernel.prepare(
         (batch * heads, blocks_m), dq, q, k, v, do, lse, delta, mask_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,
