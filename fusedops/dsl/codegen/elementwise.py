@@ -72,9 +72,14 @@ def _float_min_max(ctx, b, a, c, maximum: bool):
     if a.type in (T.f32, T.f16, T.bf16) and ctx.arch_at_least(80):
         fn = T.declare_intrinsic(ctx.module, f"{name}.{_suffix(a.type)}", a.type, [a.type, a.type])
         return b.call(fn, [a, c])
-    # No min.NaN instruction for this type: pick with compares, NaN from either side wins.
+    # No min.NaN instruction for this type: pick with compares, NaN from either side wins; equal operands
+    # (+0.0 / -0.0) combine their bits (AND for max, OR for min: -0.0 < +0.0, IEEE 754-2019 maximum/minimum).
     pick = b.fcmp_ordered(">" if maximum else "<", a, c)
     chosen = b.select(pick, a, c)
+    integer = ir.IntType({id(T.f64): 64, id(T.f32): 32}.get(id(a.type), 16))
+    bits = [b.bitcast(v, integer) for v in (a, c)]
+    tie = b.bitcast((b.and_ if maximum else b.or_)(*bits), a.type)
+    chosen = b.select(b.fcmp_ordered("==", a, c), tie, chosen)
     a_nan = b.fcmp_unordered("uno", a, a)
     chosen = b.select(a_nan, a, chosen)
     c_nan = b.fcmp_unordered("uno", c, c)

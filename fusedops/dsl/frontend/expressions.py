@@ -14,7 +14,8 @@ import operator
 import types
 
 from ..errors import CompilationError, UnsupportedError
-from ..ir import Value
+from ..ir import Block, OpCode, Value
+from ..ir.ops import SIDE_EFFECTS
 from ..language import core
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, shape_of
@@ -34,6 +35,8 @@ _COMPARE = {
     ast.Is: (None, operator.is_), ast.IsNot: (None, operator.is_not),
     ast.In: (None, lambda a, b: a in b), ast.NotIn: (None, lambda a, b: a not in b),
 }
+# Ops that make `a if c else b` branch (only the chosen arm runs): memory reads and every side effect.
+_OBSERVABLE = SIDE_EFFECTS | frozenset({OpCode.LOAD, OpCode.DESCRIPTOR_LOAD})
 _UNARY = {ast.USub: ("neg", operator.neg), ast.UAdd: ("pos", operator.pos), ast.Invert: ("invert", operator.invert),
           ast.Not: ("not", operator.not_)}
 
@@ -154,8 +157,26 @@ class ExpressionsMixin:
         if isinstance(condition.type, BlockType):
             raise CompilationError("the condition of `a if c else b` is a block; use dsl.where(c, a, b) for an "
                                    "elementwise choice")
-        body, orelse = self._operand(self.visit(node.body)), self._operand(self.visit(node.orelse))
-        return self.semantic.where(condition, body, orelse)
+        condition = self.semantic.to_condition(condition)
+        blocks, values = (Block(), Block()), []
+        for block, arm in zip(blocks, (node.body, node.orelse)):
+            with self.builder.insert_into(block):
+                values.append(self._operand(self.visit(arm)))
+        if not any(nested.opcode in _OBSERVABLE or nested.regions for block in blocks for nested in block.walk()):
+            for block in blocks:            # pure arms: both run, one is selected (no branch)
+                for op in block.ops:
+                    self.builder.block.append(op)
+            return self.semantic.where(condition, *values)
+        # an arm reads or writes memory (or has control flow): only the chosen one runs, as in Python
+        with self.builder.insert_into(Block()):     # the result's type, as `where` would give it
+            result_type = self.semantic.where(condition, *values).type
+        element = result_type.element if isinstance(result_type, BlockType) else result_type
+        for block, value in zip(blocks, values):
+            with self.builder.insert_into(block):
+                value = self.semantic.cast(self.semantic.to_value(value, element), element)
+                value = self.semantic.broadcast_to(value, shape_of(result_type))
+                self.builder.create(OpCode.YIELD, [value], [])
+        return self.builder.create(OpCode.IF, [condition], [result_type], regions=list(blocks)).result
 
     # -- subscripts and attributes -----------------------------------------------------------------
     def visit_Subscript(self, node: ast.Subscript):

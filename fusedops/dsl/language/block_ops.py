@@ -116,13 +116,16 @@ class BlockOps:
             raise CompilationError(f"{kind} needs a block, got a scalar of type {x.type}")
         original_rank = len(shape_of(x.type))
         x, axis_index = self._flatten_for_reduce(x, axis)
+        boolean = kind != "sum" and _element(x) == int1      # max / min of int1: any / all, reduced in int32
         if kind == "sum":
             x = self.cast(x, self._accumulation_type(_element(x)))
-        elif _element(x) == int1:
+        elif boolean:
             x = self.cast(x, int32)
         shape = shape_of(x.type)
         out_shape = shape[:axis_index] + shape[axis_index + 1:]
         result = self.builder.value(OpCode.REDUCE, [x], with_shape(_element(x), out_shape), kind=kind, axis=axis_index)
+        if boolean:
+            result = self.cast(result, int1)
         return self._keep_dims(result, axis, axis_index, original_rank, keep_dims)
 
     def _keep_dims(self, result, axis, axis_index, rank, keep_dims):

@@ -33,6 +33,9 @@ Floating-point rules:
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 
 from .dtypes import ALL_DTYPES, DType, PointerType, bfloat16, float16, float64, int1, int64, uint64
@@ -249,10 +252,25 @@ sub = _arith("sub", np.subtract, np.subtract,
              "a - b (SUB): wraps around for integers; fp16/bf16 computed in float32 and rounded.")
 mul = _arith("mul", np.multiply, np.multiply,
              "a * b (MUL): wraps around for integers; fp16/bf16 computed in float32 and rounded.")
-minimum = _arith("minimum", np.minimum, np.minimum,
-                 "Elementwise minimum (MINIMUM); NaN in either operand gives NaN (torch.minimum).")
-maximum = _arith("maximum", np.maximum, np.maximum,
-                 "Elementwise maximum (MAXIMUM); NaN in either operand gives NaN (torch.maximum).")
+def _ordered_zeros(function, maximum: bool):
+    """NumPy's minimum / maximum with -0.0 below +0.0 whichever operand holds it (IEEE 754-2019 minimum /
+    maximum, as the compiled code: llvm.minimum / llvm.maximum). Ties of zeros: max(a, b) = a + b
+    (+0.0 unless both are -0.0), min(a, b) = -(-a - b)."""
+    def ordered(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        result = function(a, b)
+        zeros = (a == 0) & (b == 0)
+        if np.any(zeros):
+            tie = a + b if maximum else -((-a) - b)
+            result = np.where(zeros, tie, result)
+        return result
+    return ordered
+
+
+minimum = _arith("minimum", _ordered_zeros(np.minimum, False), np.minimum,
+                 "Elementwise minimum (MINIMUM); NaN in either operand gives NaN (torch.minimum); -0.0 < +0.0.")
+maximum = _arith("maximum", _ordered_zeros(np.maximum, True), np.maximum,
+                 "Elementwise maximum (MAXIMUM); NaN in either operand gives NaN (torch.maximum); -0.0 < +0.0.")
 
 
 def true_divide(a, b, dtype: DType) -> np.ndarray:
@@ -382,11 +400,30 @@ def unary_math(name: str, x, dtype: DType) -> np.ndarray:
 def fma(a, b, c, dtype: DType) -> np.ndarray:
     """a * b + c (FMA). fp16/bf16/float32 compute in float64 (the product is exact) and round once to
     the type, which equals the fused result except in rare double-rounding cases for float32; float64
-    is computed unfused (NumPy has no fma)."""
+    rounds once too: finite operands exactly in rationals (`_fma_float64`), others as a * b + c (inf / NaN)."""
     if dtype == float64:
-        return np.add(np.multiply(a, b), c)
+        return _fma_float64(a, b, c)
     wide = [np.asarray(v).astype(np.float64) for v in (a, b, c)]
     return round_to_type(np.add(np.multiply(wide[0], wide[1]), wide[2]), dtype)
+
+
+def _fma_float64(a, b, c) -> np.ndarray:
+    """a * b + c rounded once (float64): exact rational arithmetic where all three are finite (Python's
+    float(Fraction) rounds to nearest even; past float64's range, +-inf)."""
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (a, b, c)))
+    result = np.add(np.multiply(a, b), c)
+    finite = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+    out = np.array(result, dtype=np.float64, copy=True)
+    for index in zip(*np.nonzero(finite)) if out.ndim else ([()] if finite else []):
+        exact = Fraction(float(a[index])) * Fraction(float(b[index])) + Fraction(float(c[index]))
+        try:
+            value = float(exact)
+        except OverflowError:
+            value = math.inf if exact > 0 else -math.inf
+        if value == 0.0:        # an exact zero takes the sign the rounding rules give a*b + c in float64
+            value = float(result[index]) if result[index] == 0.0 else 0.0
+        out[index] = value
+    return out
 
 
 def where(condition, a, b) -> np.ndarray:

@@ -209,7 +209,15 @@ class Semantics(ShapeOps, BlockOps):
         return self.cast(result, element) if element.is_floating else result
 
     def fma(self, a, b, c) -> Value:
-        """a * b + c with one rounding, in the promoted float type."""
+        """a * b + c with one rounding, in the promoted float type (a float literal takes the type of the
+        other operands, as in `a * b + 1.0`)."""
+        runtime = [v for v in (a, b, c) if not is_literal(v)]
+        if runtime:
+            like = [element_of(self.to_value(v)) for v in runtime]
+            common = like[0]
+            for other in like[1:]:
+                common = promotion.promote(common, other)
+            a, b, c = (self.to_value(v, common) if is_literal(v) else v for v in (a, b, c))
         a, b, c = self.to_value(a), self.to_value(b), self.to_value(c)
         dtype = promotion.promote(promotion.promote(element_of(a), element_of(b)), element_of(c))
         if not dtype.is_floating:

@@ -19,22 +19,27 @@ def _check_shape(shape, what: str) -> tuple:
     for dim in shape:
         if isinstance(dim, Value):
             raise CompilationError(f"{what} must be known at compile time (constexpr), got a runtime value")
-        if not isinstance(dim, int) or dim < 1 or dim & (dim - 1):
-            raise CompilationError(f"{what} must be powers of two, got {shape}")
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1 or dim & (dim - 1):
+            raise CompilationError(f"{what} must be powers of two (ints), got {shape}")
         numel *= dim
     if numel > _MAX_BLOCK_NUMEL:
         raise CompilationError(f"{what} {shape} has {numel} elements; blocks hold at most {_MAX_BLOCK_NUMEL}")
     return shape
 
 
+def _is_int(value) -> bool:
+    """A Python int that is not a bool (an axis, a dim, a hint value)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class ShapeOps:
     def program_id(self, axis) -> Value:
-        if axis not in (0, 1, 2):
+        if not _is_int(axis) or axis not in (0, 1, 2):
             raise CompilationError(f"program_id axis must be 0, 1 or 2, got {axis!r}")
         return self.builder.value(OpCode.PROGRAM_ID, [], int32, axis=axis)
 
     def num_programs(self, axis) -> Value:
-        if axis not in (0, 1, 2):
+        if not _is_int(axis) or axis not in (0, 1, 2):
             raise CompilationError(f"num_programs axis must be 0, 1 or 2, got {axis!r}")
         return self.builder.value(OpCode.NUM_PROGRAMS, [], int32, axis=axis)
 
@@ -82,6 +87,7 @@ class ShapeOps:
             return x
         if not shape:
             raise CompilationError(f"cannot broadcast a block of shape {current} to a scalar")
+        shape = _check_shape(shape, "broadcast_to: shape")
         if not current:
             if x.defining_op is not None and x.defining_op.opcode == OpCode.CONSTANT:
                 return self.constant(x.defining_op.attrs["value"], x.type, shape)
@@ -132,7 +138,7 @@ class ShapeOps:
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = tuple(dims[0])
         perm = tuple(dims) if dims else tuple(reversed(range(len(shape))))
-        if sorted(perm) != list(range(len(shape))):
+        if not all(_is_int(d) for d in perm) or sorted(perm) != list(range(len(shape))):
             raise CompilationError(f"trans dims {perm} are not a permutation of the {len(shape)} dims")
         if perm == tuple(range(len(shape))):
             return x
@@ -160,11 +166,11 @@ class ShapeOps:
 
     def _hint(self, code: OpCode, x, values) -> Value:
         x = self.to_value(x)
-        if isinstance(values, int):
+        if not isinstance(values, (tuple, list)):
             values = (values,)
         values = tuple(values)
         rank = max(1, len(shape_of(x.type)))
-        if len(values) != rank or not all(isinstance(v, int) and v >= 1 for v in values):
+        if len(values) != rank or not all(_is_int(v) and v >= 1 for v in values):
             raise CompilationError(f"{code.value} needs {rank} positive constexpr ints, got {values}")
         return self.builder.value(code, [x], x.type, values=values)
 
