@@ -19,9 +19,7 @@ correct behaviour and pass; the others document behaviour that held.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import re
 
 import numpy as np
 import pytest
@@ -29,6 +27,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
+from host_jit import run_on_host
 
 NAN, INF = float("nan"), float("inf")
 ARCHS = ("sm_80", "sm_90a")
@@ -46,44 +45,6 @@ def _assembles(kernel, *args, archs=ARCHS, **constexprs):
         compiled = kernel.compile(*args, target=arch, **constexprs)
         if ptxas_available():
             assemble(compiled.asm["ptx"], arch)
-
-
-_LLVM_READY = []
-_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
-
-
-def _run_on_host(kernel, *args, **constexprs):
-    """JIT the kernel's sm_90a LLVM IR for the host and run it once (one thread): scalar kernels only."""
-    import llvmlite.binding as llvm
-    if not _LLVM_READY:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        _LLVM_READY.append(True)
-    llir = kernel.compile(*args, target="sm_90a", **constexprs).asm["llir"]
-    text = re.sub(r"^target (datalayout|triple) = .*$", "", llir, flags=re.M)
-    text = text.replace("ptx_kernel ", "").replace("addrspace(1) ", "")
-    text = re.sub(r'"nvvm\.[a-z]+"="[^"]*"', "", text)
-    assert "llvm.nvvm" not in text and "asm sideeffect" not in text, "not a host-runnable scalar kernel"
-    assert " half" not in text and "bfloat" not in text, "16-bit floats need runtime calls on the host"
-    module = llvm.parse_assembly(text)
-    module.verify()
-    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
-    engine.finalize_object()
-    match = re.search(r"define [^@]*@(\w+)\((.*)\)[^()]*\{", llir)
-    name, params = match.group(1), match.group(2)
-    pieces = [p.strip() for p in re.split(r",\s*(?=(?:ptr|i\d+))", params)] if params.strip() else []
-    by_name = dict(zip([p if isinstance(p, str) else p.name for p in kernel.params], args))
-    types, values = [], []
-    for piece in pieces:
-        kind, param = piece.split()[0], re.search(r"%(\w+)$", piece).group(1)
-        value = by_name[param]
-        if kind == "ptr":
-            types.append(ctypes.c_void_p)
-            values.append(value.data_ptr())
-        else:
-            types.append(_CTYPES[kind])
-            values.append(value)
-    ctypes.CFUNCTYPE(None, *types)(engine.get_function_address(name))(*values)
 
 
 def _bits(t: torch.Tensor) -> list:
@@ -193,7 +154,7 @@ def _same_bits_or_both_nan(a, b):
 def test_compiled_float32_minimum_maximum_order_signed_zeros_and_propagate_nan():
     x, y = _signed_zero_operands(torch.float32)
     out = torch.zeros(8)
-    _run_on_host(_scalar_minmax_kernel, out, x, y, N=4)
+    run_on_host(_scalar_minmax_kernel, out, x, y, N=4)
     assert _same_bits_or_both_nan(out, _ieee_2019(torch.float32))
     _assembles(_scalar_minmax_kernel, out, x, y, N=4)
 
@@ -209,7 +170,7 @@ def test_interpreter_minimum_maximum_of_signed_zeros_match_the_compiled_rule(dty
 def test_compiled_float64_minimum_maximum_of_signed_zeros_match_float32():
     x, y = _signed_zero_operands(torch.float64)
     out = torch.zeros(8, dtype=torch.float64)
-    _run_on_host(_scalar_minmax_kernel, out, x, y, N=4)
+    run_on_host(_scalar_minmax_kernel, out, x, y, N=4)
     assert _same_bits_or_both_nan(out, _ieee_2019(torch.float64))
 
 
@@ -489,7 +450,7 @@ def test_integer_rules_interpreted_and_compiled_on_the_host(dtype, op, xs, ys, e
     else:
         assert interpreted.to(torch.int64).tolist() == expected
     compiled = torch.zeros(len(xs), dtype=out_dtype)
-    _run_on_host(_scalar_binary_kernel, compiled, x, y, N=len(xs), OP=op)
+    run_on_host(_scalar_binary_kernel, compiled, x, y, N=len(xs), OP=op)
     assert torch.equal(compiled, interpreted)
 
 
@@ -526,7 +487,7 @@ def test_float_to_int_truncates_saturates_and_maps_nan_to_zero(src, dst, dst_dsl
     _interpret(_scalar_cast_kernel, (1,), interpreted, x, N=len(_F2I), DT=dst_dsl)
     assert interpreted.tolist() == expected
     compiled = torch.zeros_like(interpreted)
-    _run_on_host(_scalar_cast_kernel, compiled, x, N=len(_F2I), DT=dst_dsl)
+    run_on_host(_scalar_cast_kernel, compiled, x, N=len(_F2I), DT=dst_dsl)
     assert torch.equal(compiled, interpreted)
 
 
@@ -553,7 +514,7 @@ def test_integer_to_narrow_float_rounds_once_to_nearest_even():
     _interpret(_scalar_cast_kernel, (1,), out32, x64, N=4, DT=dsl.float32)
     assert out32.double().tolist() == [2**62 + 2**39, -(2**62 + 2**39), 2**62, 2**24]
     host = torch.zeros(4)
-    _run_on_host(_scalar_cast_kernel, host, x64, N=4, DT=dsl.float32)
+    run_on_host(_scalar_cast_kernel, host, x64, N=4, DT=dsl.float32)
     assert torch.equal(host, out32)
     out16 = torch.zeros(4, dtype=torch.float16)
     _interpret(_scalar_cast_kernel, (1,), out16, torch.tensor([65519, 65520, 2049, -2051], dtype=torch.int32),
@@ -608,7 +569,7 @@ def test_unsigned_comparisons_and_mixed_sign_promotion(udt, sdt, case, us, ss, e
     _interpret(_promotion_kernel, (1,), out, u, s, N=len(us), CASE=case)
     assert out.tolist() == expected
     host = torch.zeros_like(out)
-    _run_on_host(_promotion_kernel, host, u, s, N=len(us), CASE=case)
+    run_on_host(_promotion_kernel, host, u, s, N=len(us), CASE=case)
     assert torch.equal(host, out)
 
 

@@ -20,7 +20,6 @@ host with llvmlite (single-thread kernels whose IR uses no NVVM intrinsics).
 
 from __future__ import annotations
 
-import ctypes
 import re
 from unittest import mock
 
@@ -32,6 +31,7 @@ from fusedops.kernels import matmul as mm
 from fusedops.kernels import matmul_stream_k as sk
 from fusedops.dsl.target import assemble, ptxas_available
 from helpers import poison
+from host_jit import run_on_host
 from test_matmul_stream_k import _config, _reference
 
 CPU = torch.device("cpu")
@@ -47,50 +47,9 @@ def _launch(c, a, b, bias, activation, config, programs, sk_tiles, flags=None):
     return args[5]
 
 
-_LLVM_READY = []
-
-
-def _host_function(llir: str, name: str, argtypes):
-    import llvmlite.binding as llvm
-    if not _LLVM_READY:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        _LLVM_READY.append(True)
-    text = re.sub(r"^target (datalayout|triple) = .*$", "", llir, flags=re.M)
-    text = text.replace("ptx_kernel ", "").replace("addrspace(1) ", "")
-    text = re.sub(r'"nvvm\.[a-z]+"="[^"]*"', "", text)
-    assert "llvm.nvvm" not in text, "the kernel uses NVVM intrinsics: not runnable on the host"
-    module = llvm.parse_assembly(text)
-    module.verify()
-    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
-    engine.finalize_object()
-    function = ctypes.CFUNCTYPE(None, *argtypes)(engine.get_function_address(name))
-    function.engine = engine
-    return function
-
-
-_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
-
-
 def _run_compiled_on_host(kernel, out, *args, **constexprs):
     """Compile `kernel` for sm_90a, JIT its LLVM IR for the host and run it once (one thread)."""
-    llir = kernel.compile(out, *args, target="sm_90a", **constexprs).asm["llir"]
-    match = re.search(r"define [^@]*@(\w+)\((.*)\)[^()]*\{", llir)
-    name, params = match.group(1), match.group(2)
-    pieces = [p.strip() for p in re.split(r",\s*(?=(?:ptr|i\d+))", params)] if params.strip() else []
-    values_by_name = dict(zip(list(kernel.params if isinstance(kernel.params[0], str) else
-                                   [p.name for p in kernel.params]), [out, *args]))
-    types, values = [], []
-    for piece in pieces:
-        kind, param = piece.split()[0], re.search(r"%(\w+)$", piece).group(1)
-        value = values_by_name[param]
-        if kind == "ptr":
-            types.append(ctypes.c_void_p)
-            values.append(value.data_ptr())
-        else:
-            types.append(_CTYPES[kind])
-            values.append(value)
-    _host_function(llir, name, types)(*values)
+    run_on_host(kernel, out, *args, **constexprs)
     return out
 
 

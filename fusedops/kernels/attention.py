@@ -542,6 +542,11 @@ def head_block(dim: int) -> int:
 # H200 (B*S = 16k tokens, H*E = 2048, fp16, TFLOP/s, S = 1k / 4k / 16k, not causal | causal): E = 64:
 # 128x32 w8 s3 229 / 277 / 289 | 146 / 269 / 304 against 128x64 w8 s3 204 / 265 / 287 | 138 / 225 / 274;
 # E = 128: 128x64 w8 s3 250 / 356 / 389 | 183 / 310 / 366 (the best or within 10% of it).
+# Session 17 (the key loop pipelined by one block, S and P V in flight during the softmax: 4-11% faster than
+# the loop without it in one process, every (E, S, causal) of E 64 / 128 x S 1k / 4k): the sweep (S = 1k / 4k,
+# not causal | causal, x flash) keeps these entries: E = 64 128x32 0.79 / 0.93 | 0.67 / 0.98 (the
+# alternatives within 3%, except 128x64 s3 causal at 4k: 0.86); E = 128 128x64 s3 0.88 / 1.07 | 0.41 / 1.16
+# (s2 within 1%).
 FORWARD_CONFIGS = {
     64: AttentionConfig(128, 32, 8, 3),
     128: AttentionConfig(128, 64, 8, 3),
