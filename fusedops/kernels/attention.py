@@ -433,9 +433,10 @@ def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base,
     cols = rn.to(dsl.int64)[None, :]
     kt = dsl.load(kt_base + cols * stride_kn, mask=(re[:, None] < E) & keys_ok[None, :], other=0.0)
     s = dsl.dot(q, kt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
-    # dP = dO V^T is issued right after S (both in flight while P is computed; see _dkdv_step)
-    vt = dsl.load(vt_base + cols * stride_vn, mask=(rev[:, None] < EV) & keys_ok[None, :], other=0.0)
-    dp = dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
+    if MASK_KIND == 0:
+        # dP = dO V^T issued right after S: both in flight while P is computed (see _dkdv_step; with an
+        # attn_mask the two logit tiles live at once spill 8-60 bytes more, tests/test_review_session4.py)
+        dp = _values_dp(do, vt_base, cols, rev, EV, keys_ok, stride_vn, BLOCK_M, BLOCK_N, ACC)
     s = _base2_logits(s, qk_scale, kt_base.dtype.element)
     if MASKED:
         s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, True)
@@ -447,10 +448,20 @@ def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base,
         p = dsl.exp2((s - lse_hi[:, None]) - dsl.load(lse_row + L, mask=rm < L, other=0.0)[:, None])
     else:
         p = dsl.exp2(s - lse_hi[:, None])
+    if MASK_KIND != 0:
+        dp = _values_dp(do, vt_base, cols, rev, EV, keys_ok, stride_vn, BLOCK_M, BLOCK_N, ACC)
     delta = dsl.load(delta_row, mask=rm < L, other=0.0)
     ds = p * (dp - delta[:, None])
     k = dsl.load(k_base + rn.to(dsl.int64)[:, None] * stride_kn, mask=keys_ok[:, None] & (re[None, :] < E), other=0.0)
     return dsl.dot(ds.to(kt_base.dtype.element), k, dq)
+
+
+@dsl.jit
+def _values_dp(do, vt_base, cols, rev, EV, keys_ok, stride_vn, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr,
+               ACC: dsl.constexpr):
+    """dP = dO V^T over the keys `cols` (vt_base: V^T's pointers at key 0)."""
+    vt = dsl.load(vt_base + cols * stride_vn, mask=(rev[:, None] < EV) & keys_ok[None, :], other=0.0)
+    return dsl.dot(do, vt, dsl.zeros((BLOCK_M, BLOCK_N), ACC))
 
 
 @dsl.jit
