@@ -38,6 +38,7 @@ class LoweringContext:
     tensor_maps: dict = dataclasses.field(default_factory=dict)      # id(tma_copy op) -> (LLVM param, TensorMapParam)
     cache_policies: dict = dataclasses.field(default_factory=dict)   # eviction policy -> i64 L2 policy (cache_hints.py)
     cluster_sum: Optional[tuple] = None   # (cluster size, bytes per rank slot, call counter): cluster_sum.prepare
+    wgmma_a_words: dict = dataclasses.field(default_factory=dict)    # id(deferred dot result) -> its A registers
 
     def arch_at_least(self, sm: int) -> bool:
         """Whether the target's compute capability (sm_90a -> 90) is at least `sm`."""

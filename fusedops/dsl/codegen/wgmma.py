@@ -238,10 +238,12 @@ def wgmma_fence(ctx, registers: list, words=()) -> tuple:
     return _tied_asm(ctx, "wgmma.fence.sync.aligned;", registers, words)
 
 
-def wgmma_wait(ctx, registers: list, pending: int) -> list:
+def wgmma_wait(ctx, registers: list, pending: int, words=()) -> list:
     """`wgmma.wait_group.sync.aligned pending`: at most `pending` groups of this warpgroup's wgmmas
-    stay in flight; reads of `registers` (the results) come after it."""
-    return _tied_asm(ctx, f"wgmma.wait_group.sync.aligned {int(pending)};", registers)[0]
+    stay in flight; reads of `registers` (the results) come after it, and `words` (the A fragment
+    registers of the wgmmas it retires) stay live until it, so that nothing is written into them while a
+    wgmma may still read them (PTX ISA 9.7.15.5.2: undefined; ptxas would serialize every wgmma, C7513)."""
+    return _tied_asm(ctx, f"wgmma.wait_group.sync.aligned {int(pending)};", registers, words)[0]
 
 
 def _commit(ctx) -> None:
@@ -316,8 +318,11 @@ def lower_wgmma_dot(ctx, op) -> None:
     except ValueError as error:
         raise CompilationError(f"internal error: {error}", op.loc) from None
     _stage(ctx, (b_value,) if register_a else (a_value, b_value), element)
-    words = _pack_words(ctx, list(a_value), element) if register_a else []
-    registers, words = wgmma_fence(ctx, list(ctx.get(acc)), words)
+    packed = _pack_words(ctx, list(a_value), element) if register_a else []
+    registers, words = wgmma_fence(ctx, list(ctx.get(acc)), packed)
+    # the wait that retires this dot keeps the A registers (before and after the fence, which ties them)
+    # live up to it: a register reused for the next value while the wgmma reads it serializes every wgmma
+    a_registers = packed + words
     desc_a = None if register_a else _descriptor(ctx, a_value.base, plan.a, plan.a_warp_offsets)
     desc_b = _descriptor(ctx, b_value.base, plan.b, plan.b_warp_offsets)
     b = ctx.builder
@@ -335,8 +340,9 @@ def lower_wgmma_dot(ctx, op) -> None:
     _commit(ctx)
     if op.attrs.get("deferred"):       # passes/wgmma_waits.py: a later wgmma_wait retires it
         ctx.set(op.result, registers)
+        ctx.wgmma_a_words[id(op.result)] = a_registers
     else:
-        ctx.set(op.result, wgmma_wait(ctx, registers, op.attrs.get("pending", 0)))
+        ctx.set(op.result, wgmma_wait(ctx, registers, op.attrs.get("pending", 0), a_registers))
 
 
 @lowering(OpCode.WGMMA_WAIT)
@@ -344,7 +350,8 @@ def _wgmma_wait(ctx, op):
     """`wgmma_wait {pending}` on the results of dots left in flight (a pipelined loop's accumulator, the
     deferred dots of passes/wgmma_waits.py)."""
     values = [list(ctx.get(v)) for v in op.operands]
-    flat = wgmma_wait(ctx, [r for registers in values for r in registers], op.attrs["pending"])
+    words = [w for v in op.operands for w in ctx.wgmma_a_words.pop(id(v), ())]
+    flat = wgmma_wait(ctx, [r for registers in values for r in registers], op.attrs["pending"], words)
     start = 0
     for result, registers in zip(op.results, values):
         ctx.set(result, flat[start:start + len(registers)])

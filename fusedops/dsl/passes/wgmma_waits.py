@@ -23,27 +23,37 @@ accumulator keeps its own), and every operand it reads from shared memory is a r
 a tile staged into scratch shared memory could be overwritten by a later op while the wgmma reads it.
 Ring slots stay valid: every deferred dot of a loop body is retired before the body ends (the waits
 are flushed before the terminator), so no wgmma reads a slot when the next iteration's copies are
-issued. In-flight dots ride only over ops in `_PASSABLE` (register math, shape ops, global loads and
-stores, reductions, layout conversions, ring reads, other deferred dots); any other op (control flow,
-barriers, copies, mbarriers, deallocs, the terminator, a dot that is not deferred) retires all of them
-first (`pending = 0`). A wait returns every dot it retires (their results tied to the instruction, so
-no read of their registers is scheduled above it), and uses after it read those results.
+issued. In-flight dots ride only over ops that touch neither their registers nor shared memory
+(`_passable`: register math, shape ops, global loads and stores, ring reads, layout conversions that
+relabel registers, reductions within warps, other deferred dots); any other op (control flow, barriers,
+copies, mbarriers, deallocs, a conversion or reduction through shared memory, the terminator, a dot
+that is not deferred) retires all of them first (`pending = 0`). ptxas serializes every wgmma of the
+kernel (C7513) where a st.shared runs while one is in flight. A wait returns every dot it retires (their results tied to the instruction, so
+no read of their registers is scheduled above it; codegen also keeps the A fragment registers of a
+register-A dot live until it, so nothing is written into them while the wgmma reads them), and uses after
+it read those results. The reductions of a sibling group (passes/sibling_reductions.py) are lowered
+together at the first one: a wait any of them needs goes before the first.
 
-Runs after pipelining (which creates the ring slots and sets the in-flight accumulator's count).
+Runs after pipelining (which creates the ring slots and sets the in-flight accumulator's count) and after
+the sibling-reduction grouping.
 """
 
 from __future__ import annotations
 
-from ..ir.core import Block, Function, Operation, Value
+from ..codegen import layout_access
+from ..errors import UnsupportedError
+from ..ir.core import Block, Function, Operation
 from ..ir.ops import ELEMENTWISE, OpCode
 from ..layouts.mma_shared import is_shared_layout
+from ..layouts.reduction import reduction_plan
 
 # Ops a deferred wgmma may stay in flight across: they neither write the registers it reads or writes
-# (those are its own SSA values) nor the ring slots it reads, nor synchronize with anything that does.
+# (those are its own SSA values) nor shared memory, nor synchronize with anything that does. (ptxas
+# serializes every wgmma of a kernel, C7513, where a st.shared runs while one is in flight: so a layout
+# conversion passes only as a register relabeling, a reduction only within warps.)
 _PASSABLE = ELEMENTWISE | frozenset({
     OpCode.CONSTANT, OpCode.PROGRAM_ID, OpCode.NUM_PROGRAMS, OpCode.ARANGE, OpCode.SPLAT, OpCode.BROADCAST,
-    OpCode.EXPAND_DIMS, OpCode.RESHAPE, OpCode.TRANS, OpCode.LOAD, OpCode.STORE, OpCode.REDUCE,
-    OpCode.ARGREDUCE, OpCode.SCAN, OpCode.CONVERT_LAYOUT, OpCode.LOCAL_LOAD,
+    OpCode.EXPAND_DIMS, OpCode.RESHAPE, OpCode.TRANS, OpCode.LOAD, OpCode.STORE, OpCode.LOCAL_LOAD,
 })
 
 
@@ -79,7 +89,10 @@ def _defer_in_block(block: Block) -> bool:
     index = 0
     while index < len(block.ops):
         op = block.ops[index]
-        retired = _retired_before(op, in_flight)
+        # the members of a sibling-reduction group (passes/sibling_reductions.py) follow their first one and
+        # are lowered with it: a wait for any of them goes before the first
+        group = block.ops[index:index + op.attrs.get("exchange_group", 1)]
+        retired = _retired_before(op, in_flight, group)
         if retired:
             pending = len(in_flight) - retired
             if retired == 1 and pending == 0 and block.ops[index - 1] is in_flight[0]:
@@ -102,14 +115,30 @@ def _defer_in_block(block: Block) -> bool:
     return changed
 
 
-def _retired_before(op: Operation, in_flight: list) -> int:
-    """How many of the oldest in-flight dots must be retired before `op`: through the newest one it
-    reads, or all of them before an op they may not pass."""
+def _passable(op: Operation) -> bool:
+    """Whether deferred wgmmas may stay in flight across `op` (`_PASSABLE`, a register-only conversion, a
+    reduction within warps, or another deferred dot)."""
+    if op.opcode in _PASSABLE:
+        return True
+    if op.opcode == OpCode.CONVERT_LAYOUT:
+        return layout_access.register_map(op.operands[0].layout, op.result.layout) is not None
+    if op.opcode == OpCode.REDUCE and "exchange_group" not in op.attrs:
+        try:
+            return not reduction_plan(op.operands[0].layout, op.attrs["axis"]).warp_bits
+        except UnsupportedError:
+            return False
+    return op.opcode == OpCode.DOT and _deferrable(op)
+
+
+def _retired_before(op: Operation, in_flight: list, group: list) -> int:
+    """How many of the oldest in-flight dots must be retired before `op`: through the newest one that
+    `group` (op, or the reductions of the exchange group op leads) reads, or all of them before an op
+    they may not pass."""
     if not in_flight:
         return 0
-    if op.opcode not in _PASSABLE and not (op.opcode == OpCode.DOT and _deferrable(op)):
+    if not _passable(op):
         return len(in_flight)
-    read = [i for i, dot in enumerate(in_flight) if _reads(op, {id(dot.result)})]
+    read = [i for i, dot in enumerate(in_flight) if any(_reads(member, {id(dot.result)}) for member in group)]
     return read[-1] + 1 if read else 0
 
 
