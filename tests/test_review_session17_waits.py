@@ -1190,3 +1190,17 @@ def test_tuple_and_none_arms_with_a_runtime_condition_are_compilation_errors(kin
     # (as in Triton, whose runtime ternary takes one value per arm: a clean error, not a crash)
     with pytest.raises(dsl.CompilationError, match="cannot be combined with a kernel value"):
         dsl.jit(_tuple_arms_kernel.fn).ir(torch.zeros(1), torch.zeros(2), 3, KIND=kind)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("store_p", [False, True])
+@pytest.mark.parametrize("order", [0, 1, 2])
+def test_gpu_register_a_kernel_against_float64(order, store_p):
+    # the software-pipelined P V loop compiled with the deferred waits, on the GPU (P rounded to fp16 as in
+    # the reference, so the tolerance is fp16's), poisoned output
+    o, ps, q, k, v, length_q, length = _pv_arguments()
+    o, ps, q, k, v = (t.cuda() for t in (o, ps, q, k, v))
+    _pv_kernel[(1,)](o, ps, q, k, v, length_q, length, num_warps=4, num_stages=3, ORDER=order, STORE_P=store_p,
+                     **PV)
+    torch.cuda.synchronize()
+    assert_close(o.cpu(), _pv_reference(q.cpu(), k.cpu(), v.cpu(), order), dtype=torch.float16)
