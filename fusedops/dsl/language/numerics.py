@@ -252,6 +252,8 @@ sub = _arith("sub", np.subtract, np.subtract,
              "a - b (SUB): wraps around for integers; fp16/bf16 computed in float32 and rounded.")
 mul = _arith("mul", np.multiply, np.multiply,
              "a * b (MUL): wraps around for integers; fp16/bf16 computed in float32 and rounded.")
+
+
 def _ordered_zeros(function, maximum: bool):
     """NumPy's minimum / maximum with -0.0 below +0.0 whichever operand holds it (IEEE 754-2019 minimum /
     maximum, as the compiled code: llvm.minimum / llvm.maximum). Ties of zeros: max(a, b) = a + b

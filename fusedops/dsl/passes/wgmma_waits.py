@@ -27,15 +27,15 @@ issued. In-flight dots ride only over ops that touch neither their registers nor
 (`_passable`: register math, shape ops, global loads and stores, ring reads, layout conversions that
 relabel registers, reductions within warps, other deferred dots); any other op (control flow, barriers,
 copies, mbarriers, deallocs, a conversion or reduction through shared memory, the terminator, a dot
-that is not deferred) retires all of them first (`pending = 0`). ptxas serializes every wgmma of the
-kernel (C7513) where a st.shared runs while one is in flight. A wait returns every dot it retires (their results tied to the instruction, so
-no read of their registers is scheduled above it; codegen also keeps the A fragment registers of a
-register-A dot live until it, so nothing is written into them while the wgmma reads them), and uses after
-it read those results. The reductions of a sibling group (passes/sibling_reductions.py) are lowered
-together at the first one: a wait any of them needs goes before the first.
+that is not deferred) retires all of them first (`pending = 0`); ptxas serializes every wgmma of the
+kernel (C7513) where a st.shared runs while one is in flight. A wait returns every dot it retires (their
+results tied to the instruction, so no read of their registers is scheduled above it; codegen also keeps
+the A fragment registers of a register-A dot live until it, so nothing is written into them while the
+wgmma reads them), and uses after it read those results.
 
 Runs after pipelining (which creates the ring slots and sets the in-flight accumulator's count) and after
-the sibling-reduction grouping.
+the sibling-reduction grouping, whose members are consecutive cross-warp reductions lowered together at the
+first: the first retires every in-flight dot, so no wait lands between members.
 """
 
 from __future__ import annotations
@@ -89,10 +89,7 @@ def _defer_in_block(block: Block) -> bool:
     index = 0
     while index < len(block.ops):
         op = block.ops[index]
-        # the members of a sibling-reduction group (passes/sibling_reductions.py) follow their first one and
-        # are lowered with it: a wait for any of them goes before the first
-        group = block.ops[index:index + op.attrs.get("exchange_group", 1)]
-        retired = _retired_before(op, in_flight, group)
+        retired = _retired_before(op, in_flight)
         if retired:
             pending = len(in_flight) - retired
             if retired == 1 and pending == 0 and block.ops[index - 1] is in_flight[0]:
@@ -122,7 +119,7 @@ def _passable(op: Operation) -> bool:
         return True
     if op.opcode == OpCode.CONVERT_LAYOUT:
         return layout_access.register_map(op.operands[0].layout, op.result.layout) is not None
-    if op.opcode == OpCode.REDUCE and "exchange_group" not in op.attrs:
+    if op.opcode == OpCode.REDUCE and not {"exchange_group", "exchange_follower"} & op.attrs.keys():
         try:
             return not reduction_plan(op.operands[0].layout, op.attrs["axis"]).warp_bits
         except UnsupportedError:
@@ -130,15 +127,14 @@ def _passable(op: Operation) -> bool:
     return op.opcode == OpCode.DOT and _deferrable(op)
 
 
-def _retired_before(op: Operation, in_flight: list, group: list) -> int:
-    """How many of the oldest in-flight dots must be retired before `op`: through the newest one that
-    `group` (op, or the reductions of the exchange group op leads) reads, or all of them before an op
-    they may not pass."""
+def _retired_before(op: Operation, in_flight: list) -> int:
+    """How many of the oldest in-flight dots must be retired before `op`: through the newest one it
+    reads, or all of them before an op they may not pass."""
     if not in_flight:
         return 0
     if not _passable(op):
         return len(in_flight)
-    read = [i for i, dot in enumerate(in_flight) if any(_reads(member, {id(dot.result)}) for member in group)]
+    read = [i for i, dot in enumerate(in_flight) if _reads(op, {id(dot.result)})]
     return read[-1] + 1 if read else 0
 
 
