@@ -301,9 +301,9 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
                MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, KV_RING: dsl.constexpr, EARLY_DP: dsl.constexpr):
     """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). EARLY_DP: dP^T = V dO^T
     is issued right after S^T (head dims <= 128, where sm_90a runs the dots on wgmma, without attn_mask: with
-    both logit tiles live at once the mma.sync tiles of E = 256 spill 44 bytes, the masked E = 64 tiles 4). KV_RING: k and v
-    are the pointer blocks of the program's K and V tiles, loaded here, each use by its dot alone, so
-    that on sm_90a they come through the cp.async ring (L2 hits after the first block) and the dots
+    both logit tiles live at once the mma.sync tiles of E = 256 spill 44 bytes, the masked E = 64 tiles 4).
+    KV_RING: k and v are the pointer blocks of the program's K and V tiles, loaded here, each use by its dot
+    alone, so that on sm_90a they come through the cp.async ring (L2 hits after the first block) and the dots
     read them from shared memory (no register A fragments beside the dk and dv accumulators). Rows past L
     need no mask on the logits: their lse loads as +inf (P = 0) and their dO as 0. Without attn_mask
     the causal mask is a `where` on every block (true past the diagonal), not a branch on whether the
