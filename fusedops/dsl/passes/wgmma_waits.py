@@ -78,11 +78,6 @@ def _deferrable(op: Operation) -> bool:
     return True
 
 
-def _reads(op: Operation, values: set) -> bool:
-    """Whether `op` or an op nested in it reads one of `values` (ids)."""
-    return any(id(v) in values for nested in op.walk() for v in nested.operands)
-
-
 def _defer_in_block(block: Block) -> bool:
     in_flight: list = []          # deferred dots of this block not yet retired, in issue order
     changed = False
@@ -95,9 +90,7 @@ def _defer_in_block(block: Block) -> bool:
             if retired == 1 and pending == 0 and block.ops[index - 1] is in_flight[0]:
                 in_flight.clear()     # the wait lands right after its dot: the dot keeps its own
             else:
-                _insert_wait(block, index, [dot.result for dot in in_flight[:retired]], pending)
-                for dot in in_flight[:retired]:
-                    dot.attrs["deferred"] = True
+                _retire(block, index, in_flight[:retired], pending)
                 del in_flight[:retired]
                 changed = True
                 index += 1
@@ -105,9 +98,7 @@ def _defer_in_block(block: Block) -> bool:
             in_flight.append(op)
         index += 1
     if in_flight:
-        _insert_wait(block, len(block.ops), [dot.result for dot in in_flight], 0)
-        for dot in in_flight:
-            dot.attrs["deferred"] = True
+        _retire(block, len(block.ops), in_flight, 0)
         changed = True
     return changed
 
@@ -134,12 +125,17 @@ def _retired_before(op: Operation, in_flight: list) -> int:
         return 0
     if not _passable(op):
         return len(in_flight)
-    read = [i for i, dot in enumerate(in_flight) if _reads(op, {id(dot.result)})]
+    operands = {id(v) for nested in op.walk() for v in nested.operands}
+    read = [i for i, dot in enumerate(in_flight) if id(dot.result) in operands]
     return read[-1] + 1 if read else 0
 
 
-def _insert_wait(block: Block, index: int, results: list, pending: int) -> None:
-    """`wgmma_wait {pending}` of `results` at `block.ops[index]`; the ops after it read its results."""
+def _retire(block: Block, index: int, dots: list, pending: int) -> None:
+    """`wgmma_wait {pending}` of the results of `dots` at `block.ops[index]` (the ops after it read its
+    results); the dots are marked `deferred` (codegen issues them without a wait)."""
+    results = [dot.result for dot in dots]
+    for dot in dots:
+        dot.attrs["deferred"] = True
     wait = Operation(OpCode.WGMMA_WAIT, results, [r.type for r in results], {"pending": pending}, (),
                      block.ops[min(index, len(block.ops) - 1)].loc)
     for old, new in zip(results, wait.results):
