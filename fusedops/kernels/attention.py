@@ -571,19 +571,20 @@ FORWARD_CONFIGS = {
 # the loops; P^T, dS^T, dS straight from the accumulators): E = 64 dK/dV 64x128 on 8 warps (was 12
 # barriers, 30 st.shared, 64 mma.sync per query block), dQ 64x64 on 4 warps and E = 128 dQ 128x64 on 8
 # warps (11 barriers -> 1). E = 128 dK/dV: K and V as register A fragments beside the dk and dv
-# accumulators spill, so they come through the ring with the query-side tiles (kv_ring: loaded every
-# query block, L2 hits) and the dots read them from shared memory: 128 keys on 8 warps, all four dots
-# on wgmma (H200, session 9, run 55, x torch's flash backward, S = 1k / 4k, not causal | causal:
-# 0.77 / 0.69 | 0.83 / 0.82, against 0.46 / 0.41 | 0.53 / 0.45 for the mma.sync 32x64 on 8 warps it
-# replaces; 16 x 128: 0.57 / 0.49 | 0.64 / 0.56). At 255 registers that one spills 8 bytes (not causal; 0
-# causal) and 40-64 with an attn_mask, so a masked backward keeps the mma.sync 32 x 64 (MASKED_DKDV_CONFIGS;
-# the spill-free kv_ring 16 x 128 is the alternative to time with a mask: it has not run on a GPU with one).
+# accumulators would take 192 of 255 registers before the per-block tiles, so the compiler reads them
+# from shared memory, copied there once before the loops (dot_layouts.REGISTER_A_BUDGET,
+# passes/invariant_operands.py): 32 x 128 on 8 warps, all four dots on wgmma, 0 spills. Session 18
+# (H200, one process, x torch's flash backward, S = 1k / 4k / 16k, not causal | causal): 1.23 / 1.08 /
+# 0.98 | 1.33 / 1.12 / 0.97, against 0.99 / 0.80 / 0.78 | 1.18 / 0.97 / 0.83 for the same tile with K
+# and V through the ring every query block (kv_ring, sessions 9-17: 64 KiB more from L2 per block);
+# 64 x 128 (1.27 / 1.10 / 1.01 | 1.31 / 1.06 / 0.99) spills 52-84 bytes. A masked backward keeps the
+# mma.sync 32 x 64 (MASKED_DKDV_CONFIGS: the wgmma tiles spill 40-64 bytes with an attn_mask).
 # E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
 # E = 64 dQ: 64 x 32 on 4 warps, 4-9% faster than 64 x 64 in three sweeps (sessions 5 and 9, runs 54 and 57:
 # S = 1k / 4k, causal or not).
 BACKWARD_CONFIGS = {
     64: (AttentionConfig(64, 128, 8, 2), AttentionConfig(64, 32, 4, 2)),
-    128: (AttentionConfig(32, 128, 8, 2, kv_ring=True), AttentionConfig(128, 64, 8, 2)),
+    128: (AttentionConfig(32, 128, 8, 2), AttentionConfig(128, 64, 8, 2)),
     256: (AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)),
 }
 # The dK/dV config of a backward with an attn_mask, where it differs from BACKWARD_CONFIGS'.
@@ -597,8 +598,8 @@ FORWARD_ALTERNATIVES = {
 DKDV_ALTERNATIVES = {
     64: (AttentionConfig(64, 64, 4, 2), AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2, kv_ring=True),
          AttentionConfig(64, 128, 8, 2, kv_ring=True), AttentionConfig(32, 128, 8, 2, kv_ring=True)),
-    128: (AttentionConfig(32, 64, 8, 2), AttentionConfig(32, 64, 4, 2, kv_ring=True),
-          AttentionConfig(16, 128, 8, 2, kv_ring=True)),
+    128: (AttentionConfig(32, 128, 8, 2, kv_ring=True), AttentionConfig(32, 128, 8, 3),
+          AttentionConfig(32, 64, 8, 2), AttentionConfig(16, 128, 8, 2)),
     256: (),
 }
 # 128x32 on 8 warps (128 class): spill-free under ptxas with an additive attn_mask and for head dims below

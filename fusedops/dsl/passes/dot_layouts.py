@@ -14,6 +14,14 @@
     warpgroups to tile M only (each holds the A rows it multiplies), and every dot of the block to
     qualify for wgmma: one dot left on mma.sync beside it would move its values between the wgmma
     and mma.sync layouts through shared memory every iteration.
+  - from shared memory written once, before the loop (`wgmma_staged_a`), when it is a loop-invariant
+    load (in a block enclosing the dot's loop) that register A does not take: its warpgroups tile
+    N, or the loop nest already holds more than REGISTER_A_BUDGET registers per thread in carried
+    accumulators and loop-invariant A fragments (attention's dK/dV kernel at E = 128: dK and dV
+    are 128 registers, K and V as fragments 64 more, and the per-block tiles spilled beside them).
+    The conversion to the wgmma tile is hoisted out of the loop (`hoisted`), and
+    passes/invariant_operands.py fills a shared buffer from global memory once (cp.async) that
+    every iteration's wgmma reads in place.
   An operand may also be a `trans` of such a load (the attention backward's dS^T Q, dS K): `trans`
   relabels the load's registers, so the converted tile is contiguous along the dim the *load*
   reads as vectors (K-major or M/N-major for the transposed view, both of which wgmma reads for
@@ -40,7 +48,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ir import Operation, OpCode
+from ..ir import Block, Operation, OpCode
 from ..language.dtypes import bfloat16, float16, float32, shape_of
 from ..layouts.mma import (MMA_K, MMA_M, MMA_N, WARPGROUP_WARPS, WGMMA_M, WGMMA_MAX_N, mma_accumulator,
                            mma_operand_a, mma_operand_b, wgmma_accumulator, wgmma_operand_a,
@@ -104,6 +112,57 @@ def _loaded_beside(value, dot: Operation) -> bool:
     return op is not None and op.opcode == OpCode.LOAD and op.parent is dot.parent
 
 
+def _loop_invariant_load(value, dot: Operation) -> Optional[Operation]:
+    """The outermost op of the block holding `value`'s `load` that holds `dot` when that load is in
+    an enclosing block, outside a `for` that holds the dot (a tile loaded once for the whole loop);
+    else None."""
+    load = value.defining_op
+    if load is None or load.opcode != OpCode.LOAD or load.parent is dot.parent:
+        return None
+    anchor, crossed_loop = dot, False
+    while anchor.parent is not None and anchor.parent is not load.parent:
+        anchor = anchor.parent.parent
+        if anchor is None:
+            return None
+        crossed_loop = crossed_loop or anchor.opcode == OpCode.FOR
+    return anchor if anchor.parent is load.parent and crossed_loop else None
+
+
+# Registers per thread that the accumulators carried by a loop nest and its loop-invariant register A
+# fragments may take together (of 255); beyond it the invariant A tiles are read from shared memory
+# (wgmma_staged_a), leaving room for the tiles each iteration computes.
+REGISTER_A_BUDGET = 160
+
+
+def _through_conversions(value):
+    while value.defining_op is not None and value.defining_op.opcode == OpCode.CONVERT_LAYOUT:
+        value = value.defining_op.operands[0]
+    return value
+
+
+def _loop_registers(loop: Operation, num_warps: int) -> int:
+    """Registers per thread of the accumulators that `loop`'s dots carry across iterations (a loop's
+    block argument) and of their loop-invariant A operands as register fragments."""
+    threads = num_warps * 32
+    total, counted = 0, set()
+    for nested in loop.walk():
+        if nested.opcode != OpCode.DOT:
+            continue
+        a, acc = (_through_conversions(v) for v in (nested.operands[0], nested.operands[2]))
+        if isinstance(acc.owner, Block) and id(acc) not in counted:
+            counted.add(id(acc))
+            total += _numel(acc) * acc.type.element.bits // 32 // threads
+        if _loop_invariant_load(a, nested) is not None and id(a) not in counted:
+            counted.add(id(a))
+            total += _numel(a) * a.type.element.bits // 32 // threads
+    return total
+
+
+def _numel(value) -> int:
+    m, n = shape_of(value.type)
+    return m * n
+
+
 def _fits_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
     """The shape, type and target conditions of wgmma, and B loaded in the dot's block."""
     a, b, acc = op.operands
@@ -127,6 +186,7 @@ def _wgmma_neighbour(op: Operation, arch: Optional[str], num_warps: int) -> bool
     if "engine" in op.attrs:
         return op.attrs["engine"] == "wgmma"
     return _fits_wgmma(op, arch, num_warps) and (_loaded_beside(op.operands[0], op)
+                                                 or _loop_invariant_load(op.operands[0], op) is not None
                                                  or _warpgroups_tile_m(op, num_warps))
 
 
@@ -134,14 +194,27 @@ def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int) -> bool
     """Whether `dot` op runs on wgmma with A from registers (see the module docstring)."""
     if _loaded_beside(op.operands[0], op) or not _register_a_candidate(op, arch, num_warps):
         return False
-    if _near_runtime_branch(op):
+    if _near_runtime_branch(op) or not _neighbours_on_wgmma(op, arch, num_warps):
         return False
+    anchor = _loop_invariant_load(op.operands[0], op)
+    return anchor is None or _loop_registers(anchor, num_warps) <= REGISTER_A_BUDGET
+
+
+def _neighbours_on_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether every other dot of `op`'s block runs on wgmma (see the module docstring)."""
     block = op.parent
     for other in (block.ops if block is not None else ()):
         for nested in other.walk():
             if nested.opcode == OpCode.DOT and nested is not op and not _wgmma_neighbour(nested, arch, num_warps):
                 return False
     return True
+
+
+def wgmma_staged_a(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether `dot` op runs on wgmma with A a loop-invariant load read from a shared tile written
+    once, before the loop (see the module docstring)."""
+    return (_loop_invariant_load(op.operands[0], op) is not None and _fits_wgmma(op, arch, num_warps)
+            and _neighbours_on_wgmma(op, arch, num_warps) and not wgmma_register_a(op, arch, num_warps))
 
 
 _BRANCHES = (OpCode.IF, OpCode.WHILE)
@@ -176,7 +249,8 @@ def uses_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
     """Whether `dot` op runs on wgmma for `arch` and `num_warps` (see the module docstring)."""
     if not _fits_wgmma(op, arch, num_warps):
         return False
-    return _loaded_beside(op.operands[0], op) or wgmma_register_a(op, arch, num_warps)
+    return (_loaded_beside(op.operands[0], op) or wgmma_register_a(op, arch, num_warps)
+            or wgmma_staged_a(op, arch, num_warps))
 
 
 def wgmma_operand_layout(shape, element_bits: int, operand: int, source_layout, instr_mn: int):

@@ -37,7 +37,9 @@ Rules, applied op by op in program order:
   "offset"): the canonical wgmma tiles the instruction reads through matrix descriptors; a wgmma
   dot with A from registers (`dot_layouts.wgmma_register_a`) asks for A in the wgmma A fragment
   layout instead, converted where A is defined when that is outside the dot's block (a
-  loop-invariant Q is converted once, before the loop, not every iteration). The FMA
+  loop-invariant Q is converted once, before the loop, not every iteration); a loop-invariant A
+  read from shared memory (`dot_layouts.wgmma_staged_a`) is converted before the loop too, the
+  conversion marked `hoisted` for passes/invariant_operands.py. The FMA
   path keeps the accumulator in the default layout and asks for A and B in layouts that give each
   thread the rows/columns of its accumulator elements, K in registers.
 - Loop-carried values keep their initial value's layout, except that a carried value used as a
@@ -66,7 +68,7 @@ from ..codegen import layout_access
 from .dce import eliminate_dead_code
 from .pointer_analysis import analyze_pointers
 from .dot_layouts import (accumulator_layout, mma_dot_layouts, uses_tensor_cores, uses_wgmma,
-                          wgmma_dot_layouts, wgmma_register_a)
+                          wgmma_dot_layouts, wgmma_register_a, wgmma_staged_a)
 
 _FLEXIBLE = frozenset({OpCode.CONSTANT, OpCode.SPLAT, OpCode.ARANGE})
 _MEMORY = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS})
@@ -464,13 +466,18 @@ def _assign_wgmma_dot(state: _State, op: Operation) -> None:
     contiguous along the dim their own layouts hold as vectors (a flexible operand is first fixed to
     the default layout); a register A converted to the A fragment layout (`_require_hoisted`)."""
     register_a = wgmma_register_a(op, state.arch, state.num_warps)
+    staged_a = wgmma_staged_a(op, state.arch, state.num_warps)
     _anchor(state, op, 0)
     _anchor(state, op, 1)
     tile_a, tile_b, accumulator = wgmma_dot_layouts(op, state.num_warps, register_a)
     _require(state, op, 2, accumulator)
     if register_a:
         _require_hoisted(state, op, 0, tile_a)
-    for index, tile in ((1, tile_b),) if register_a else ((0, tile_a), (1, tile_b)):
+    elif staged_a:
+        _require_hoisted(state, op, 0, tile_a)
+        converted = op.operands[0].defining_op
+        converted.attrs.update(dot_operand=0, hoisted=True)
+    for index, tile in ((1, tile_b),) if register_a or staged_a else ((0, tile_a), (1, tile_b)):
         op.operands[index] = _convert(op.operands[index], tile, op)
         op.operands[index].defining_op.attrs["dot_operand"] = index
     op.attrs["engine"] = "wgmma"

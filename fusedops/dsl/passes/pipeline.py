@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from .descriptors import expand_descriptor_loads
+from .invariant_operands import stage_invariant_operands
 from .layout_assignment import assign_layouts
 from .pipelining import pipeline_loops
 from .pointer_analysis import analyze_pointers
@@ -31,6 +32,7 @@ def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
         simplify,            # constant folding, CSE, DCE, to a fixed point
         descriptors,         # desc.load -> masked load (marked for TMA on sm_90a with FUSEDOPS_TMA=1)
         layouts,             # a distributed layout for every block value; convert_layout where needed
+        stage_invariant_operands,   # loop-invariant wgmma operands: copied to shared memory once
         pipelining,          # loads feeding tensor-core dots in loops -> cp.async ring, num_stages deep
         group_sibling_reductions,   # independent reductions of one layout and axis: one cross-warp exchange
         defer_wgmma_waits,   # a wgmma's wait moves down to the first read of its result

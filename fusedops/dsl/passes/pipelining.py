@@ -210,7 +210,7 @@ def _constant_int(value: Value) -> Optional[int]:
     return constant if isinstance(constant, int) and not isinstance(constant, bool) else None
 
 
-def _is_zero_constant(value: Value) -> bool:
+def is_zero_constant(value: Value) -> bool:
     op = value.defining_op
     return op is not None and op.opcode == OpCode.CONSTANT and op.attrs.get("value") == 0
 
@@ -243,7 +243,7 @@ def _address_slice(body: Block, roots: list) -> Optional[list]:
     return ops if all(visit(root) for root in roots) else None
 
 
-def _copy_width(analysis, load: Operation, tile) -> int:
+def copy_width(analysis, load: Operation, tile) -> int:
     """Elements per cp.async along the tile's contiguous dim that the layout, the tile and the
     proven facts allow."""
     pointer = load.operands[0]
@@ -283,7 +283,7 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
             if load is None or load.opcode != OpCode.LOAD or load.parent is not body \
                     or uses.get(id(load.result)) != 1:
                 continue
-            if load.attrs.get("has_other") and not _is_zero_constant(load.operands[-1]):
+            if load.attrs.get("has_other") and not is_zero_constant(load.operands[-1]):
                 continue
             roots = load.operands[:2] if load.attrs.get("masked") else load.operands[:1]
             address_ops = _address_slice(body, roots)
@@ -299,7 +299,7 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
                     continue
             else:
                 tile = mma_operand_shared(shape_of(load.result.type), element.bits, dim)
-            width = _copy_width(analysis, load, tile)
+            width = copy_width(analysis, load, tile)
             tma = load.attrs.get("tma")
             if swizzle is None or tma is None or tma.contiguous_dim != dim:
                 tma = None
@@ -386,7 +386,7 @@ def _overlappable_dot(loop: Operation, candidates: list, uses: dict, num_stages:
     return _Overlap(index, dot, branch) if in_then + 1 == uses.get(id(dot.result)) else None
 
 
-def _replace_uses(block: Block, start: int, old: Value, new: Value) -> None:
+def replace_uses(block: Block, start: int, old: Value, new: Value) -> None:
     """Make the ops of `block` from index `start` on (and their regions) use `new` for `old`."""
     for op in block.ops[start:]:
         for nested in op.walk():
@@ -395,7 +395,7 @@ def _replace_uses(block: Block, start: int, old: Value, new: Value) -> None:
 
 # -- rewriting -------------------------------------------------------------------------------------------
 
-class _Inserter:
+class Inserter:
     """Creates ops before a fixed anchor op (or at the end of a block's non-terminator ops)."""
 
     def __init__(self, block: Block, anchor: Operation):
@@ -417,7 +417,7 @@ class _Inserter:
         return self.value(OpCode.CONSTANT, [], type_, {"value": value})
 
 
-def _clone_address_ops(at: _Inserter, candidate: _Candidate, induction: Value, iteration: Value) -> dict:
+def _clone_address_ops(at: Inserter, candidate: _Candidate, induction: Value, iteration: Value) -> dict:
     """Clone `candidate`'s address computation for the iteration whose induction value is
     `iteration`; returns id(original value) -> its clone (the induction variable -> `iteration`)."""
     mapping = {id(induction): iteration}
@@ -430,7 +430,7 @@ def _clone_address_ops(at: _Inserter, candidate: _Candidate, induction: Value, i
     return mapping
 
 
-def _issue_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Value, induction: Value,
+def _issue_copy(at: Inserter, candidate: _Candidate, buffer: Value, index: Value, induction: Value,
                 iteration: Value, upper: Value) -> None:
     """async_copy of `candidate`'s tile for the iteration whose induction value is `iteration`."""
     mapping = _clone_address_ops(at, candidate, induction, iteration)
@@ -447,7 +447,7 @@ def _issue_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Valu
           load.loc)
 
 
-def _issue_tma_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: Value, barriers: Value,
+def _issue_tma_copy(at: Inserter, candidate: _Candidate, buffer: Value, index: Value, barriers: Value,
                     induction: Value, iteration: Value, upper: Value) -> None:
     """tma_copy of `candidate`'s tile for the iteration whose induction value is `iteration` (the
     coordinates recomputed for it; nothing is copied past the loop's end)."""
@@ -466,13 +466,13 @@ def _issue_tma_copy(at: _Inserter, candidate: _Candidate, buffer: Value, index: 
           candidate.load.loc)
 
 
-def _next_index(at: _Inserter, index: Value, num_stages: int) -> Value:
+def _next_index(at: Inserter, index: Value, num_stages: int) -> Value:
     incremented = at.value(OpCode.ADD, [index, at.constant(1)], int32)
     wrapped = at.value(OpCode.EQ, [incremented, at.constant(num_stages)], int1)
     return at.value(OpCode.WHERE, [wrapped, at.constant(0), incremented], int32)
 
 
-def _allocate_ring(before: _Inserter, candidates: list, num_stages: int) -> list:
+def _allocate_ring(before: Inserter, candidates: list, num_stages: int) -> list:
     """One `local_alloc` of `num_stages` tiles per candidate (its ring)."""
     buffers = []
     for candidate in candidates:
@@ -482,7 +482,7 @@ def _allocate_ring(before: _Inserter, candidates: list, num_stages: int) -> list
     return buffers
 
 
-def _full_barriers(before: _Inserter, candidates: list, num_stages: int) -> Value:
+def _full_barriers(before: Inserter, candidates: list, num_stages: int) -> Value:
     """One mbarrier per slot, on which every TMA copy into the slot arrives (with its bytes); with
     multicast copies, initialized before any CTA of the cluster copies (attr cluster_sync)."""
     attrs = {"mbarrier_arrivals": len(candidates)}
@@ -491,7 +491,7 @@ def _full_barriers(before: _Inserter, candidates: list, num_stages: int) -> Valu
     return before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64), attrs)
 
 
-def _prologue(before: _Inserter, issue, lower: Value, step_value: int, ahead_by: int) -> None:
+def _prologue(before: Inserter, issue, lower: Value, step_value: int, ahead_by: int) -> None:
     """Before the loop: `issue` the tiles of iterations 0 .. ahead_by - 1 into slots 0 .. ahead_by - 1."""
     for stage in range(ahead_by):
         iteration = lower if stage == 0 else before.value(
@@ -503,7 +503,7 @@ def _read_from_ring(body: Block, candidates: list, buffers: list, read: Value) -
     """Replace each candidate's load and dot-operand conversion by a `local_load` of slot `read`."""
     for candidate, buffer in zip(candidates, buffers):
         convert = candidate.convert
-        at = _Inserter(body, convert)
+        at = Inserter(body, convert)
         loaded = at.value(OpCode.LOCAL_LOAD, [buffer, read], convert.result.type, layout=convert.result.layout)
         for user in body.ops:
             user.operands = [loaded if v is convert.result else v for v in user.operands]
@@ -511,7 +511,7 @@ def _read_from_ring(body: Block, candidates: list, buffers: list, read: Value) -
         body.ops.remove(candidate.load)
 
 
-def _carry(loop: Operation, before: _Inserter, name: str, initial: int) -> Value:
+def _carry(loop: Operation, before: Inserter, name: str, initial: int) -> Value:
     """A new int32 value carried by `loop` (block argument `name`, starting at `initial`) and its
     loop result; returns the block argument."""
     argument = loop.regions[0].add_argument(int32, name)
@@ -520,7 +520,7 @@ def _carry(loop: Operation, before: _Inserter, name: str, initial: int) -> Value
     return argument
 
 
-def _flip_on_wrap(at: _Inserter, phase: Value, next_index: Value) -> Value:
+def _flip_on_wrap(at: Inserter, phase: Value, next_index: Value) -> Value:
     """`phase ^ 1` when the ring index `next_index` wrapped to 0, else `phase`."""
     wrapped = at.value(OpCode.EQ, [next_index, at.constant(0)], int1)
     flipped = at.value(OpCode.XOR, [phase, at.constant(1)], int32)
@@ -558,7 +558,7 @@ def _insert_wait(block: Block, index: int, result: Value, loc) -> None:
     wait.results[0].layout = result.layout
     wait.parent = block
     block.ops.insert(index, wait)
-    _replace_uses(block, index + 1, result, wait.results[0])
+    replace_uses(block, index + 1, result, wait.results[0])
 
 
 def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Optional[_Overlap]) -> None:
@@ -571,11 +571,11 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     step_value = _constant_int(step)
     # Copies run `ahead` iterations ahead; an in-flight wgmma still reads the previous slot.
     ahead_by = num_stages - 1 if overlapped is None else num_stages - 2
-    before = _Inserter(outer, loop)
+    before = Inserter(outer, loop)
     buffers = _allocate_ring(before, candidates, num_stages)
     barriers = _full_barriers(before, candidates, num_stages) if candidates[0].tma is not None else None
 
-    def issue(at: _Inserter, index: Value, iteration: Value) -> None:
+    def issue(at: Inserter, index: Value, iteration: Value) -> None:
         for candidate, buffer in zip(candidates, buffers):
             if barriers is not None:
                 _issue_tma_copy(at, candidate, buffer, index, barriers, induction, iteration, upper)
@@ -593,7 +593,7 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     phase = _carry(loop, before, "read_phase", 0) if barriers is not None else None
 
     multicast = any(c.multicast for c in candidates)
-    head = _Inserter(body, body.ops[0])
+    head = Inserter(body, body.ops[0])
     if barriers is not None:
         if multicast:       # the cluster barrier's arrival is the previous iteration's last op
             before.op(OpCode.CLUSTER_BARRIER, [], [], {"half": "arrive"})
@@ -607,7 +607,7 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     issue(head, write, ahead)
     _read_from_ring(body, candidates, buffers, read)
 
-    tail = _Inserter(body, body.terminator)
+    tail = Inserter(body, body.terminator)
     next_read = _next_index(tail, read, num_stages)
     body.terminator.operands.extend([next_read, _next_index(tail, write, num_stages)])
     if phase is not None:
@@ -629,13 +629,13 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     step_value = _constant_int(step)
     lag = 0 if overlapped is None else 1
     ahead_by = num_stages - lag
-    before = _Inserter(outer, loop)
+    before = Inserter(outer, loop)
     buffers = _allocate_ring(before, candidates, num_stages)
     full = _full_barriers(before, candidates, num_stages)
     empty = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
                          {"mbarrier_per_warp": True})
 
-    def issue(at: _Inserter, index: Value, iteration: Value) -> None:
+    def issue(at: Inserter, index: Value, iteration: Value) -> None:
         for candidate, buffer in zip(candidates, buffers):
             _issue_tma_copy(at, candidate, buffer, index, full, induction, iteration, upper)
 
@@ -646,11 +646,11 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     write = _carry(loop, before, "write_stage", ahead_by % num_stages)
     write_phase = _carry(loop, before, "write_phase", (ahead_by // num_stages) & 1)
 
-    head = _Inserter(body, body.ops[0])
+    head = Inserter(body, body.ops[0])
     head.op(OpCode.MBARRIER_WAIT, [full, read, read_phase], [], {"cta_barrier": False})
     _read_from_ring(body, candidates, buffers, read)
 
-    tail = _Inserter(body, body.terminator)
+    tail = Inserter(body, body.terminator)
     released = (tail.value(OpCode.NE, [induction, lower], int1) if lag
                 else tail.value(OpCode.CONSTANT, [], int1, {"value": True}))
     tail.op(OpCode.MBARRIER_ARRIVE, [empty, write, released], [])

@@ -1,0 +1,116 @@
+"""Loop-invariant wgmma operands in shared memory: a tile loaded once, before a loop, that the loop's
+wgmma dots read from shared memory (`dot_layouts.wgmma_staged_a`) is copied there once, not staged
+from registers every iteration.
+
+The layout pass converts such an operand to its wgmma tile before the loop (`convert_layout
+{dot_operand, hoisted}`). Where the load qualifies for cp.async (as a pipelined ring's loads do:
+`other` 0 or absent, copies of at least 4 bytes along the tile's contiguous dim), this pass turns
+
+    %k = load %p, %m, 0.0;  %k_t = convert_layout %k {dot_operand = 0, hoisted}
+    for ...: dot %k_t, ...
+
+into
+
+    %buf = local_alloc {swizzle_bytes} : !shared<1 x tile>
+    async_copy %buf[0], %p, %m;  async_commit
+    %k_t = local_load %buf[0]            (the wgmma reads the tile in place, codegen/async_copy.py)
+    async_wait {pending = 0, proxy_fence}    (one for the operands hoisted before the same op)
+    for ...: dot %k_t, ...
+    local_dealloc %buf                   (after the last op of the block that reads the tile)
+
+The wait's CTA barrier makes every thread's copies visible before any wgmma reads the tile; the
+proxy fence orders cp.async's generic-proxy writes before wgmma's async-proxy reads (as for the
+rings, passes/pipelining.py). A load that does not qualify gets its conversion back in front of each
+dot (staged through scratch shared memory with st.shared every iteration: right, but slower).
+Triton keeps such operands in shared memory the same way (a `local_alloc` of the loaded tile that
+the MMA reads, "memory descriptors"); this is our formulation of it.
+"""
+
+from __future__ import annotations
+
+from ..ir import Function, Operation, OpCode
+from ..ir.shared_buffer import SharedBufferType
+from ..language.dtypes import shape_of
+from ..layouts.mma_shared import shared_contiguous_dim, wgmma_operand_tile
+from ..layouts.swizzle import contiguous_dim
+from .dce import eliminate_dead_code
+from .pipelining import MIN_COPY_BYTES, Inserter, copy_width, is_zero_constant, replace_uses
+from .pointer_analysis import analyze_pointers
+
+
+def stage_invariant_operands(function: Function) -> bool:
+    """Rewrite every hoisted wgmma operand conversion (see the module docstring). Returns whether the
+    IR changed."""
+    converts = [op for op in function.walk()
+                if op.opcode == OpCode.CONVERT_LAYOUT and op.attrs.get("hoisted")]
+    if not converts:
+        return False
+    analysis = analyze_pointers(function)
+    for convert in converts:
+        width = _qualifying_width(analysis, convert)
+        if width:
+            _copy_once(convert, width)
+        else:
+            _stage_at_each_dot(function, convert)
+    eliminate_dead_code(function)
+    return True
+
+
+def _qualifying_width(analysis, convert: Operation) -> int:
+    """Elements per cp.async of the hoisted operand's load, or 0 when it does not qualify."""
+    load = convert.operands[0].defining_op
+    if load is None or load.opcode != OpCode.LOAD or load.parent is not convert.parent:
+        return 0
+    if load.attrs.get("has_other") and not is_zero_constant(load.operands[-1]):
+        return 0
+    element = load.result.type.element
+    if shared_contiguous_dim(convert.result.layout) != contiguous_dim(load.result.layout, element.bits):
+        return 0
+    width = copy_width(analysis, load, convert.result.layout)
+    return width if width * element.itemsize >= MIN_COPY_BYTES else 0
+
+
+def _copy_once(convert: Operation, width: int) -> None:
+    block = convert.parent
+    load = convert.operands[0].defining_op
+    tile = convert.result.layout
+    element = load.result.type.element
+    at = Inserter(block, convert)
+    attrs = {"contiguous_dim": shared_contiguous_dim(tile),
+             "swizzle_bytes": wgmma_operand_tile(tile, convert.attrs["dot_operand"], element.bits).swizzle_bytes}
+    buffer = at.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(1, shape_of(load.result.type), element), attrs)
+    zero = at.constant(0)
+    operands = [buffer, zero, load.operands[0]] + ([load.operands[1]] if load.attrs.get("masked") else [])
+    at.op(OpCode.ASYNC_COPY, operands, [], {"masked": bool(load.attrs.get("masked")), "width": width}, load.loc)
+    at.op(OpCode.ASYNC_COMMIT, [], [])
+    tile_value = at.value(OpCode.LOCAL_LOAD, [buffer, zero], convert.result.type, layout=tile)
+    replace_uses(block, 0, convert.result, tile_value)
+    block.ops.remove(convert)
+    readers = [i for i, op in enumerate(block.ops) if any(tile_value in nested.operands for nested in op.walk())]
+    _insert(block, readers[-1] + 1, Operation(OpCode.LOCAL_DEALLOC, [buffer], [], {}, (), convert.loc))
+    first = block.ops[readers[0]]
+    if not _waits_for_all(block.ops[readers[0] - 1]):    # (one wait serves operands hoisted to the same op)
+        _insert(block, readers[0], Operation(OpCode.ASYNC_WAIT, [], [], {"pending": 0, "proxy_fence": True}, (),
+                                             first.loc))
+
+
+def _waits_for_all(op: Operation) -> bool:
+    return op.opcode == OpCode.ASYNC_WAIT and op.attrs.get("pending") == 0 and op.attrs.get("proxy_fence")
+
+
+def _insert(block, index: int, op: Operation) -> None:
+    op.parent = block
+    block.ops.insert(index, op)
+
+
+def _stage_at_each_dot(function: Function, convert: Operation) -> None:
+    """The conversion again right before each dot that reads it (staged there, every iteration)."""
+    for dot in [op for op in function.walk() if convert.result in op.operands]:
+        for index, operand in enumerate(dot.operands):
+            if operand is convert.result:
+                at = Inserter(dot.parent, dot)
+                attrs = {k: v for k, v in convert.attrs.items() if k != "hoisted"}
+                dot.operands[index] = at.value(OpCode.CONVERT_LAYOUT, [convert.operands[0]], convert.result.type,
+                                               attrs, layout=convert.result.layout)
+    convert.parent.ops.remove(convert)
+
