@@ -557,7 +557,8 @@ def head_block(dim: int) -> int:
 # the loop without it in one process, every (E, S, causal) of E 64 / 128 x S 1k / 4k): the sweep (S = 1k / 4k,
 # not causal | causal, x flash) keeps these entries: E = 64 128x32 0.79 / 0.93 | 0.67 / 0.98 (the
 # alternatives within 3%, except 128x64 s3 causal at 4k: 0.86); E = 128 128x64 s3 0.88 / 1.07 | 0.41 / 1.16
-# (s2 within 1%).
+# (s2 within 1%). Until session 18 a forced config was prepared anew at every call, so those S = 1k
+# figures include the preparation (0.82-0.89 with prepared launches).
 FORWARD_CONFIGS = {
     64: AttentionConfig(128, 32, 8, 3),
     128: AttentionConfig(128, 64, 8, 3),
@@ -709,26 +710,27 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: O
     q . k. Returns o: (B, H, L, Ev) contiguous in q's dtype, and lse: (B, H, 2, L) float32 (float64 for
     float64 inputs), the base-2 log-sum-exp of each row's logits as the unevaluated sum lse[:, :, 0] +
     lse[:, :, 1] (+inf and 0 for fully masked rows; the module docstring's "Saved statistics").
-    With the default interpret and config the launch is prepared once per layouts (`attention_launches`);
-    `launches`: that AttentionLaunches (attention_launches(q, k, v, mask, causal, scale)) when the caller
-    has it, which saves finding it.
+    With the default interpret the launch is prepared once per layouts and config (`attention_launches`:
+    timing a forced config times the kernel, not its preparation); `launches`: that AttentionLaunches
+    (attention_launches(q, k, v, mask, causal, scale)) when the caller has it, which saves finding it.
     """
     if launches is not None:
         return launches.forward(q, k, v, mask)
-    if interpret is None and config is None:
-        return attention_launches(q, k, v, mask, causal, scale).forward(q, k, v, mask)
+    if interpret is None:
+        return attention_launches(q, k, v, mask, causal, scale, config=config).forward(q, k, v, mask)
     return _forward_launcher(q, k, v, mask, causal, scale, interpret, config)(q, k, v, mask)
 
 
 def attention_launches(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                       causal: bool, scale: float) -> "AttentionLaunches":
-    """The AttentionLaunches of tensors like these (arguments as for attention_forward), made once per
-    layout."""
-    key = (_layout_key(q), _layout_key(k), _layout_key(v), _layout_key(mask), causal, scale, _interpret_enabled())
+                       causal: bool, scale: float, *, config: Optional[AttentionConfig] = None) -> "AttentionLaunches":
+    """The AttentionLaunches of tensors like these (arguments as for attention_forward; `config`: the
+    forward's, None for the table's), made once per layout and config."""
+    key = (_layout_key(q), _layout_key(k), _layout_key(v), _layout_key(mask), causal, scale, _interpret_enabled(),
+           config)
     launches = _FORWARD_LAUNCHES.get(key)
     if launches is None:
         launches = _FORWARD_LAUNCHES.put(key, AttentionLaunches(
-            _forward_launcher(q, k, v, mask, causal, scale, None, None), causal, scale))
+            _forward_launcher(q, k, v, mask, causal, scale, None, config), causal, scale))
     return launches
 
 
@@ -804,16 +806,16 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     do: (B, H, L, Ev), any strides; q, k, v, mask, causal, scale as given to `attention_forward`;
     o and lse are its results. Deterministic (no atomics): dK/dV of a key/value head are summed over
     the query heads of its group inside one program. `configs`: (dK/dV config, dQ config) to force.
-    With the default interpret and configs the launches are prepared once per layouts; `launches`: the
+    With the default interpret the launches are prepared once per layouts and configs; `launches`: the
     AttentionLaunches of the forward that gave o and lse, whose backward launches are found by the
     tensors' strides alone (see there).
     """
     if launches is not None:
         return launches.backward(do, q, k, v, o, lse, mask)
-    cached = interpret is None and configs is None
+    cached = interpret is None
     if cached:
         key = (_layout_key(do), _layout_key(q), _layout_key(k), _layout_key(v), _layout_key(o), _layout_key(lse),
-               _layout_key(mask), causal, scale, _interpret_enabled())
+               _layout_key(mask), causal, scale, _interpret_enabled(), configs)
         launch = _BACKWARD_LAUNCHES.get(key)
         if launch is not None:
             return launch(do, q, k, v, o, lse, mask)
