@@ -131,7 +131,9 @@ def test_invariant_tiles_are_copied_once_before_the_loops(variant):
     assert len(copies) == tiles
     waits = [i for i, op in enumerate(top.ops) if op.opcode == OpCode.ASYNC_WAIT]
     loops = [i for i, op in enumerate(top.ops) if op.opcode == OpCode.FOR]
-    assert len(waits) == 1 and waits[0] + 1 == loops[0], "one wait, right before the first loop that reads them"
+    assert len(waits) == 1, "one wait for the tiles"
+    between = top.ops[waits[0] + 1:loops[0]]     # the tiles' local_loads, after the wait that lands them
+    assert [op.opcode for op in between] == [OpCode.LOCAL_LOAD] * tiles
     assert top.ops[waits[0]].attrs == {"pending": 0, "proxy_fence": True}
     deallocs = {id(op.operands[0]): i for i, op in enumerate(top.ops) if op.opcode == OpCode.LOCAL_DEALLOC
                 and op.operands[0].defining_op.result.type.num_buffers == 1}

@@ -190,14 +190,19 @@ def _wgmma_neighbour(op: Operation, arch: Optional[str], num_warps: int) -> bool
                                                  or _warpgroups_tile_m(op, num_warps))
 
 
-def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int) -> bool:
-    """Whether `dot` op runs on wgmma with A from registers (see the module docstring)."""
+def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int, copyable=None) -> bool:
+    """Whether `dot` op runs on wgmma with A from registers (see the module docstring). copyable: the
+    ids of the `load` ops whose tiles cp.async can copy (None: every load); a loop-invariant A that it
+    cannot copy keeps register A over the budget (staged from registers at every dot, it would cost
+    more registers and st.shared in the loop)."""
     if _loaded_beside(op.operands[0], op) or not _register_a_candidate(op, arch, num_warps):
         return False
     if _near_runtime_branch(op) or not _neighbours_on_wgmma(op, arch, num_warps):
         return False
     anchor = _loop_invariant_load(op.operands[0], op)
-    return anchor is None or _loop_registers(anchor, num_warps) <= REGISTER_A_BUDGET
+    if anchor is None or (copyable is not None and id(op.operands[0].defining_op) not in copyable):
+        return True
+    return _loop_registers(anchor, num_warps) <= REGISTER_A_BUDGET
 
 
 def _neighbours_on_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
@@ -210,11 +215,11 @@ def _neighbours_on_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> 
     return True
 
 
-def wgmma_staged_a(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+def wgmma_staged_a(op: Operation, arch: Optional[str], num_warps: int, copyable=None) -> bool:
     """Whether `dot` op runs on wgmma with A a loop-invariant load read from a shared tile written
-    once, before the loop (see the module docstring)."""
+    once, before the loop (see the module docstring; `copyable` as for wgmma_register_a)."""
     return (_loop_invariant_load(op.operands[0], op) is not None and _fits_wgmma(op, arch, num_warps)
-            and _neighbours_on_wgmma(op, arch, num_warps) and not wgmma_register_a(op, arch, num_warps))
+            and _neighbours_on_wgmma(op, arch, num_warps) and not wgmma_register_a(op, arch, num_warps, copyable))
 
 
 _BRANCHES = (OpCode.IF, OpCode.WHILE)

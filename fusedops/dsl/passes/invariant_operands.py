@@ -11,10 +11,12 @@ The layout pass converts such an operand to its wgmma tile before the loop (`con
 
 into
 
-    %buf = local_alloc {swizzle_bytes} : !shared<1 x tile>
-    async_copy %buf[0], %p, %m;  async_commit
+    %buf = local_alloc {swizzle_bytes} : !shared<1 x tile>      (where the load was: a later store
+    async_copy %buf[0], %p, %m;  async_commit                    to that memory is not seen)
+    ...
+    async_wait {pending = 0, proxy_fence}    (before the first reader or an earlier write to memory;
+                                              one for the tiles first read by the same op)
     %k_t = local_load %buf[0]            (the wgmma reads the tile in place, codegen/async_copy.py)
-    async_wait {pending = 0, proxy_fence}    (one for the operands hoisted before the same op)
     for ...: dot %k_t, ...
     local_dealloc %buf                   (after the last op of the block that reads the tile)
 
@@ -75,27 +77,41 @@ def _copy_once(convert: Operation, width: int) -> None:
     load = convert.operands[0].defining_op
     tile = convert.result.layout
     element = load.result.type.element
-    at = Inserter(block, convert)
+    readers = [op for op in block.ops if any(convert.result in nested.operands for nested in op.walk())]
+    at = Inserter(block, load)      # the copy reads the memory where the load did (a store may follow it)
     attrs = {"contiguous_dim": shared_contiguous_dim(tile),
              "swizzle_bytes": wgmma_operand_tile(tile, convert.attrs["dot_operand"], element.bits).swizzle_bytes}
     buffer = at.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(1, shape_of(load.result.type), element), attrs)
     zero = at.constant(0)
     operands = [buffer, zero, load.operands[0]] + ([load.operands[1]] if load.attrs.get("masked") else [])
     at.op(OpCode.ASYNC_COPY, operands, [], {"masked": bool(load.attrs.get("masked")), "width": width}, load.loc)
-    at.op(OpCode.ASYNC_COMMIT, [], [])
-    tile_value = at.value(OpCode.LOCAL_LOAD, [buffer, zero], convert.result.type, layout=tile)
+    commit = at.op(OpCode.ASYNC_COMMIT, [], [])
+    _insert(block, block.ops.index(readers[-1]) + 1, Operation(OpCode.LOCAL_DEALLOC, [buffer], [], {}, (), convert.loc))
+    # the wait: before the first reader, or before a write to memory in between (the copy's reads are
+    # ordered before later writes only by the wait); one wait serves the tiles first read by the same op
+    wait_at = next(i for i in range(block.ops.index(commit) + 1, len(block.ops))
+                   if block.ops[i] is readers[0] or _writes_memory(block.ops[i]))
+    before = wait_at - 1
+    while before >= 0 and block.ops[before].opcode == OpCode.LOCAL_LOAD:
+        before -= 1
+    if before < 0 or not _waits_for_all(block.ops[before]):
+        _insert(block, wait_at, Operation(OpCode.ASYNC_WAIT, [], [], {"pending": 0, "proxy_fence": True}, (),
+                                          readers[0].loc))
+    tile_value = Inserter(block, readers[0]).value(OpCode.LOCAL_LOAD, [buffer, zero], convert.result.type,
+                                                   layout=tile)
     replace_uses(block, 0, convert.result, tile_value)
     block.ops.remove(convert)
-    readers = [i for i, op in enumerate(block.ops) if any(tile_value in nested.operands for nested in op.walk())]
-    _insert(block, readers[-1] + 1, Operation(OpCode.LOCAL_DEALLOC, [buffer], [], {}, (), convert.loc))
-    first = block.ops[readers[0]]
-    if not _waits_for_all(block.ops[readers[0] - 1]):    # (one wait serves operands hoisted to the same op)
-        _insert(block, readers[0], Operation(OpCode.ASYNC_WAIT, [], [], {"pending": 0, "proxy_fence": True}, (),
-                                             first.loc))
+
+
+_WRITES = frozenset({OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.DESCRIPTOR_STORE, OpCode.TMA_STORE})
+
+
+def _writes_memory(op: Operation) -> bool:
+    return any(nested.opcode in _WRITES for nested in op.walk())
 
 
 def _waits_for_all(op: Operation) -> bool:
-    return op.opcode == OpCode.ASYNC_WAIT and op.attrs.get("pending") == 0 and op.attrs.get("proxy_fence")
+    return op.opcode == OpCode.ASYNC_WAIT and op.attrs.get("pending") == 0 and bool(op.attrs.get("proxy_fence"))
 
 
 def _insert(block, index: int, op: Operation) -> None:

@@ -67,6 +67,7 @@ from ..layouts.vectorize import vector_width
 from ..codegen import layout_access
 from .dce import eliminate_dead_code
 from .pointer_analysis import analyze_pointers
+from .pipelining import is_zero_constant
 from .dot_layouts import (accumulator_layout, mma_dot_layouts, uses_tensor_cores, uses_wgmma,
                           wgmma_dot_layouts, wgmma_register_a, wgmma_staged_a)
 
@@ -127,6 +128,7 @@ class _State:
     load_hints: dict = dataclasses.field(default_factory=dict)  # id(load op) -> layout of its pointer
     wgmma_accumulators: set = dataclasses.field(default_factory=set)  # layouts of wgmma dot results
     hoisted: dict = dataclasses.field(default_factory=dict)     # (id(value), layout) -> converted value
+    copyable_loads: frozenset = frozenset()                     # ids of loads cp.async can copy (_copyable_loads)
 
     def default(self, shape) -> LinearLayout:
         return default_blocked(tuple(shape), self.num_warps, self.bits_by_shape.get(tuple(shape), 32))
@@ -244,6 +246,30 @@ def _contiguous_dim(state: _State, pointer: Value) -> int:
         return rank - 1
     best = max(info.contiguity)
     return rank - 1 if best <= 1 or info.contiguity[-1] == best else info.contiguity.index(best)
+
+
+def _copyable_loads(state: _State, function: Function) -> frozenset:
+    """The ids of the 2-D `load` ops that cp.async could copy to shared memory: masked-off elements 0,
+    at least 4 bytes per copy along the dim the pointer analysis proved contiguous (as the rings and
+    passes/invariant_operands.py require, there with the final layouts)."""
+    found = set()
+    for op in function.walk():
+        if op.opcode != OpCode.LOAD or len(shape_of(op.result.type)) != 2:
+            continue
+        if op.attrs.get("has_other") and not is_zero_constant(op.operands[-1]):
+            continue
+        pointer = op.operands[0]
+        info = state.axis_info.get(pointer)
+        if info is None:
+            continue
+        dim, size = _contiguous_dim(state, pointer), op.result.type.element.itemsize
+        width = min(info.contiguity[dim], info.divisibility[dim] // size)
+        if op.attrs.get("masked"):
+            mask = state.axis_info.get(op.operands[1])
+            width = min(width, mask.constancy[dim] if mask is not None else 1)
+        if width * size >= 4:
+            found.add(id(op))
+    return frozenset(found)
 
 
 def _memory_layout(state: _State, pointer: Value):
@@ -465,8 +491,8 @@ def _assign_wgmma_dot(state: _State, op: Operation) -> None:
     registers) converted to shared tiles (`convert_layout {dot_operand}` to a shared layout)
     contiguous along the dim their own layouts hold as vectors (a flexible operand is first fixed to
     the default layout); a register A converted to the A fragment layout (`_require_hoisted`)."""
-    register_a = wgmma_register_a(op, state.arch, state.num_warps)
-    staged_a = wgmma_staged_a(op, state.arch, state.num_warps)
+    register_a = wgmma_register_a(op, state.arch, state.num_warps, state.copyable_loads)
+    staged_a = wgmma_staged_a(op, state.arch, state.num_warps, state.copyable_loads)
     _anchor(state, op, 0)
     _anchor(state, op, 1)
     tile_a, tile_b, accumulator = wgmma_dot_layouts(op, state.num_warps, register_a)
@@ -730,6 +756,7 @@ def assign_layouts(function: Function, num_warps: int, arch=None) -> bool:
     arch: the target ("sm_80", "sm_90a", ...); tensor-core dots need sm_80+, None means FMA dots.
     """
     state = _State(num_warps, _memory_bits(function), arch, analyze_pointers(function))
+    state.copyable_loads = _copyable_loads(state, function)
     _prefer_mma_accumulators(state, function)
     _prefer_tensor_core_carries(state, function)
     _hint_broadcast_loads(state, function)
