@@ -185,9 +185,9 @@ def _wgmma_neighbour(op: Operation, arch: Optional[str], num_warps: int) -> bool
     conversions hide its loads, or about to be)."""
     if "engine" in op.attrs:
         return op.attrs["engine"] == "wgmma"
-    return _fits_wgmma(op, arch, num_warps) and (_loaded_beside(op.operands[0], op)
-                                                 or _loop_invariant_load(op.operands[0], op) is not None
-                                                 or _warpgroups_tile_m(op, num_warps))
+    return _fits_wgmma(op, arch, num_warps) and (
+        _loaded_beside(op.operands[0], op) or _loop_invariant_load(op.operands[0], op) is not None
+        or (_warpgroups_tile_m(op, num_warps) and not _near_runtime_branch(op)))     # (register A's conditions)
 
 
 def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int, copyable=None) -> bool:
