@@ -512,15 +512,15 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
     """Every tile the backward loops read comes through the cp.async ring (each loaded in the
     orientation its dot wants): 1 barrier per block and no st.shared without attn_mask. E = 64 (both
     kernels) and E = 128 dQ: all dots of the loop on wgmma with A from registers (was mma.sync with
-    11-12 barriers and 26-34 st.shared per block); E = 128 dK/dV: all on wgmma too, K and V copied
-    into shared memory once, before the loops (their fragments would not fit beside dk and dv), P^T
+    11-12 barriers and 26-34 st.shared per block); E = 128 dK/dV: all on wgmma too, V copied into
+    shared memory once, before the loops (its fragment would not fit beside dk, dv and K's), K, P^T
     and dS^T from registers; E = 256 keeps mma.sync."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     compiled = compile_backward(kernel, dim, causal)
     ptx = compiled.asm["ptx"]
     assert not re.search(r"\b(atom|red)\.", ptx)                   # deterministic: no atomics
     on_wgmma = dim <= 128
-    staged_kv = kernel == "dkdv" and dim == 128
+    staged_v = kernel == "dkdv" and dim == 128
     assert not at.backward_configs(dim, dim)[0].kv_ring
     dots = (4 if kernel == "dkdv" else 3)
     bodies = _loop_bodies(ptx)
@@ -531,7 +531,7 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
             assert "mma.sync" not in body and "ldmatrix" not in body
             wgmmas = len(re.findall(r"wgmma\.mma_async", body))
             register_a = len(_REGISTER_A.findall(body))
-            if staged_kv:     # S^T = K Q^T and dP^T = V dO^T read K and V from shared memory
+            if staged_v:     # dP^T = V dO^T reads V from shared memory
                 assert wgmmas >= dots and 0 < register_a < wgmmas
             else:
                 assert wgmmas == register_a >= dots
@@ -539,10 +539,10 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
         else:
             assert "mma.sync.aligned.m16n8k16" in body
             assert len(re.findall(r"\bbar\.sync", body)) <= 9
-    if staged_kv:   # K and V (128 x 128 each: 8 16-byte copies per thread), once, before the loops (and one
-        # wait for both), then the ring's prologue: 4 tiles of 32 x 128 (2 copies each)
+    if staged_v:   # V (128 x 128: 8 16-byte copies per thread), once, before the loops, then the ring's
+        # prologue: 4 tiles of 32 x 128 (2 copies each)
         before_loops = ptx.split(bodies[0])[0]
-        assert before_loops.count("cp.async.cg.shared.global") == 2 * 8 + 4 * 2
+        assert before_loops.count("cp.async.cg.shared.global") == 8 + 4 * 2
         assert len(re.findall(r"cp\.async\.wait_group\s+0;", before_loops)) == 1
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes == 0, result.log

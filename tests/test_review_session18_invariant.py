@@ -43,7 +43,8 @@ DEFECTS found in b739a39 by this review, fixed in 0facec7 during it (the tests f
 
 Observations (passing tests, behaviour documented): dots near a run-time branch, which register A refuses,
 now take copied tiles (before: mma.sync) when every dot of their block can run on wgmma; the GQA E = 128
-dK/dV kernel spills 16 / 8 bytes (0 with one query head per K/V head; 68 / 88 for the kv_ring form); a
+dK/dV kernel spills 32 bytes (16 / 8 with K copied too; 0 with one query head per K/V head; 68 / 88 for
+the kv_ring form); a
 64 x 256 accumulator on 4 warps spills in either form; a `while` without a `for` keeps mma.sync.
 """
 
@@ -643,12 +644,13 @@ def _budget_reference(args, second):
 
 
 # (BLOCK_N, BLOCK_N2, BLOCK_K, BLOCK_K2, SECOND) -> registers per thread on 4 warps (acc 64 x N: N / 2,
-# A 64 x K: K / 4) and the expected form of A
+# A 64 x K: K / 4) of the carried accumulators and all invariant fragments, and the form of each dot's A
+# in program order (the tiles are kept in registers in program order while they fit the budget)
 BUDGET_CASES = {
-    "160_at_the_budget": ((256, 16, 128, 16, 0), 160, "registers"),
-    "164_second_a_same_acc": ((256, 16, 128, 16, 2), 164, "copied"),
-    "172_second_acc": ((256, 16, 128, 16, 1), 172, "copied"),
-    "104_two_products": ((128, 64, 64, 64, 1), 96 + 32, "registers"),
+    "160_at_the_budget": ((256, 16, 128, 16, 0), 160, ("registers",)),
+    "164_second_a_same_acc": ((256, 16, 128, 16, 2), 164, ("registers", "copied")),    # 128 + 32 + 4
+    "172_second_acc": ((256, 16, 128, 16, 1), 172, ("copied", "registers")),           # 128 + 8 + 32 + 4
+    "104_two_products": ((128, 64, 64, 64, 1), 96 + 32, ("registers", "registers")),
 }
 
 
@@ -665,12 +667,14 @@ def test_the_register_budget_boundary(case):
     _, registers, expected = BUDGET_CASES[case]
     function = dsl.jit(budget_kernel.fn).ir(*args, **constexprs)
     loop = next(op for op in function.body.ops if op.opcode == OpCode.FOR)
-    assert dot_layouts._loop_registers(loop, 4) == registers
-    assert (registers <= dot_layouts.REGISTER_A_BUDGET) == (expected == "registers")
+    assert (registers <= dot_layouts.REGISTER_A_BUDGET) == (set(expected) == {"registers"})
+    kept = dot_layouts._register_a_tiles(loop, 4)
+    dots = [op for op in loop.walk() if op.opcode == OpCode.DOT]
+    assert [("registers" if id(d.operands[0]) in kept else "copied") for d in dots] == list(expected)
     function = _pipelined(budget_kernel, args, constexprs, num_warps=4)
-    assert {kind for kind in _dot_kinds(function)} == {("wgmma", expected)}
+    assert _dot_kinds(function) == [("wgmma", form) for form in expected]
     assert _tile_violations(function) == []
-    if expected == "copied":
+    if "copied" in expected:
         _with_reads_after_waits(function)
     interpret_ir(budget_kernel, function, (2,), args, constexprs)
     reference = _budget_reference(args, constexprs["SECOND"])
@@ -693,7 +697,7 @@ def test_the_register_budget_boundary_assembles(case, tmp_path, monkeypatch):
         assert "serialized" not in result.log, result.log
         spills.append(result.spill_bytes)
     copied, registers = spills
-    if BUDGET_CASES[case][2] == "registers":
+    if set(BUDGET_CASES[case][2]) == {"registers"}:
         assert copied == registers
     else:
         assert copied < registers, spills
@@ -995,14 +999,15 @@ def _library_cases():
 @pytest.mark.parametrize("case", _library_cases(), ids=lambda c: f"{c[0]}-E{c[1]}-causal{int(c[2])}-mask{c[3]}-"
                          f"{c[4].block_m}x{c[4].block_n}w{c[4].num_warps}s{c[4].num_stages}{'-kv_ring' if c[4].kv_ring else ''}")
 def test_library_attention_decisions(case):
-    """Only the E = 128 dK/dV kernel without kv_ring copies tiles (K and V); every other shipped config and
-    alternative keeps its dots' forms (their PTX was compared with the commit before, 118 configurations
-    across sm_80 / sm_90a, E 64 / 128 / 256, causal, masks: identical except those dK/dV kernels)."""
+    """Only the E = 128 dK/dV kernel without kv_ring copies a tile (V; K stays in registers: the budget
+    keeps tiles in program order); every other shipped config and alternative keeps its dots' forms (their
+    PTX was compared with the commit before, 118 configurations across sm_80 / sm_90a, E 64 / 128 / 256,
+    causal, masks: identical except those dK/dV kernels)."""
     kernel, dim, causal, mask_kind, config = case
     function = _attention_function(kernel, dim, causal, mask_kind, config)
     tiles = _copied_tiles(function)
     copies = kernel == "dkdv" and dim == 128 and not config.kv_ring and config.block_n == 128
-    assert len(tiles) == (2 if copies else 0), _dot_kinds(function)
+    assert len(tiles) == (1 if copies else 0), _dot_kinds(function)
     assert _tile_violations(function) == []
     assert not any(op.attrs.get("hoisted") for op in function.walk())
 
@@ -1063,7 +1068,7 @@ def test_tile_shapes_on_the_gpu(name, dtype):
 
 def _over_budget_m_major(device="cpu"):
     """test_invariant_operands' over-budget kernel (two 128 x 128 products on 8 warps: warpgroups tile M)
-    with A and C M-contiguous: both copied, read M-major, each warpgroup its own 64 rows."""
+    with A and C M-contiguous: A in registers, C copied, read M-major, each warpgroup its own 64 rows."""
     from test_invariant_operands import invariant_a_kernel
     generator = torch.Generator().manual_seed(9)
     a, c = (torch.randn(40, 112, generator=generator).to(device=device, dtype=torch.float16).t() for _ in range(2))
@@ -1076,7 +1081,7 @@ def _over_budget_m_major(device="cpu"):
 def test_over_budget_m_major_tiles():
     kernel, args, constexprs = _over_budget_m_major()
     function = _pipelined(kernel, args, constexprs)
-    assert _dot_kinds(function) == [("wgmma", "copied")] * 2
+    assert _dot_kinds(function) == [("wgmma", "registers"), ("wgmma", "copied")]
     assert _tile_violations(function) == []
     _with_reads_after_waits(function)
     interpret_ir(kernel, function, (1,), args, constexprs)
@@ -1270,14 +1275,14 @@ def test_tma_ring_for_b_beside_the_copied_a_on_the_gpu(ws, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_dkdv_e128_with_grouped_query_heads(causal):
-    """GQA (2 query heads per K/V head, a run-time loop around the query-block loop): K and V copied once
-    before the head loop, freed after it. The shipped 32 x 128 spills here (16 / 8 bytes, not causal /
-    causal; 0 with one query head per K/V head), less than the kv_ring form it replaced (68 / 88)."""
+    """GQA (2 query heads per K/V head, a run-time loop around the query-block loop): V copied once before
+    the head loop (K in registers), freed after it. The shipped 32 x 128 spills less here than the kv_ring
+    form it replaced (68 / 88 bytes, not causal / causal)."""
     from fusedops.kernels import attention as at
     config = at.BACKWARD_CONFIGS[128][0]
     function = _attention_function("dkdv", 128, causal, at.NO_MASK, config, group=2)
     tiles = _copied_tiles(function)
-    assert len(tiles) == 2 and all(tile.parent is function.body for tile in tiles)
+    assert len(tiles) == 1 and all(tile.parent is function.body for tile in tiles)
     assert _tile_violations(function) == []
     head_loop = next(op for op in function.body.ops if op.opcode == OpCode.FOR)
     assert all(function.body.ops.index(tile) < function.body.ops.index(head_loop) for tile in tiles)
@@ -1288,7 +1293,7 @@ def test_dkdv_e128_with_grouped_query_heads(causal):
             result = assemble(_compile(jitted, args, constexprs, form.num_warps, form.num_stages).asm["ptx"], "sm_90a")
             assert "serialized" not in result.log, result.log
             spills.append(result.spill_bytes)
-        assert spills[0] <= 16 and spills[0] < spills[1], spills
+        assert spills[0] <= 32 and spills[0] < spills[1], spills
 
 
 # == a branch beside a register-A candidate: Q K^T and P V on one engine ================================

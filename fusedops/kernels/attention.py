@@ -572,14 +572,15 @@ FORWARD_CONFIGS = {
 # the loops; P^T, dS^T, dS straight from the accumulators): E = 64 dK/dV 64x128 on 8 warps (was 12
 # barriers, 30 st.shared, 64 mma.sync per query block), dQ 64x64 on 4 warps and E = 128 dQ 128x64 on 8
 # warps (11 barriers -> 1). E = 128 dK/dV: K and V as register A fragments beside the dk and dv
-# accumulators would take 192 of 255 registers before the per-block tiles, so the compiler reads them
-# from shared memory, copied there once before the loops (dot_layouts.REGISTER_A_BUDGET,
-# passes/invariant_operands.py): 32 x 128 on 8 warps, all four dots on wgmma, 0 spills. Session 18
-# (H200, one process, x torch's flash backward, S = 1k / 4k / 16k, not causal | causal): 1.23 / 1.08 /
-# 0.98 | 1.33 / 1.12 / 0.97, against 0.99 / 0.80 / 0.78 | 1.18 / 0.97 / 0.83 for the same tile with K
-# and V through the ring every query block (kv_ring, sessions 9-17: 64 KiB more from L2 per block);
-# 64 x 128 (1.27 / 1.10 / 1.01 | 1.31 / 1.06 / 0.99) spills 52-84 bytes. A masked backward keeps the
-# mma.sync 32 x 64 (MASKED_DKDV_CONFIGS: the wgmma tiles spill 40-64 bytes with an attn_mask).
+# accumulators would take 192 of 255 registers before the per-block tiles, so the compiler keeps K in
+# registers and reads V from shared memory, copied there once before the loops (dot_layouts.
+# REGISTER_A_BUDGET, passes/invariant_operands.py): 32 x 128 on 8 warps, all four dots on wgmma, 0
+# spills. Session 18 (H200, one process, x torch's flash backward, S = 1k / 4k / 16k, not causal |
+# causal): 1.17 / 1.07 / 1.02 | 1.20-1.27 / 1.08-1.10 / 1.00; with K copied too 1.11 / 1.05 / 0.98 |
+# 1.25 / 1.14 / 1.01; K and V through the ring every query block (kv_ring, sessions 9-17: 64 KiB more
+# from L2 per block) 0.99 / 0.80 / 0.78 | 1.18 / 0.97 / 0.83. 64 x 128 spills 52-84 bytes. A masked
+# backward keeps the mma.sync 32 x 64 (MASKED_DKDV_CONFIGS: the wgmma tiles spill 40-64 bytes with an
+# attn_mask).
 # E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
 # E = 64 dQ: 64 x 32 on 4 warps, 4-9% faster than 64 x 64 in three sweeps (sessions 5 and 9, runs 54 and 57:
 # S = 1k / 4k, causal or not).
