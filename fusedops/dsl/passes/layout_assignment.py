@@ -67,7 +67,7 @@ from ..layouts.vectorize import vector_width
 from ..codegen import layout_access
 from .dce import eliminate_dead_code
 from .pointer_analysis import analyze_pointers
-from .pipelining import is_zero_constant
+from .pipelining import MIN_COPY_BYTES, is_zero_constant, proven_copy_width
 from .dot_layouts import (accumulator_layout, mma_dot_layouts, uses_tensor_cores, uses_wgmma,
                           wgmma_dot_layouts, wgmma_register_a, wgmma_staged_a)
 
@@ -258,16 +258,8 @@ def _copyable_loads(state: _State, function: Function) -> frozenset:
             continue
         if op.attrs.get("has_other") and not is_zero_constant(op.operands[-1]):
             continue
-        pointer = op.operands[0]
-        info = state.axis_info.get(pointer)
-        if info is None:
-            continue
-        dim, size = _contiguous_dim(state, pointer), op.result.type.element.itemsize
-        width = min(info.contiguity[dim], info.divisibility[dim] // size)
-        if op.attrs.get("masked"):
-            mask = state.axis_info.get(op.operands[1])
-            width = min(width, mask.constancy[dim] if mask is not None else 1)
-        if width * size >= 4:
+        width = proven_copy_width(state.axis_info, op, _contiguous_dim(state, op.operands[0]))
+        if width * op.result.type.element.itemsize >= MIN_COPY_BYTES:
             found.add(id(op))
     return frozenset(found)
 
@@ -497,12 +489,10 @@ def _assign_wgmma_dot(state: _State, op: Operation) -> None:
     _anchor(state, op, 1)
     tile_a, tile_b, accumulator = wgmma_dot_layouts(op, state.num_warps, register_a)
     _require(state, op, 2, accumulator)
-    if register_a:
+    if register_a or staged_a:
         _require_hoisted(state, op, 0, tile_a)
-    elif staged_a:
-        _require_hoisted(state, op, 0, tile_a)
-        converted = op.operands[0].defining_op
-        converted.attrs.update(dot_operand=0, hoisted=True)
+    if staged_a:
+        op.operands[0].defining_op.attrs.update(dot_operand=0, hoisted=True)
     for index, tile in ((1, tile_b),) if register_a or staged_a else ((0, tile_a), (1, tile_b)):
         op.operands[index] = _convert(op.operands[index], tile, op)
         op.operands[index].defining_op.attrs["dot_operand"] = index

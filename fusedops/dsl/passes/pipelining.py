@@ -248,19 +248,24 @@ def copy_width(analysis, load: Operation, tile) -> int:
     proven facts allow."""
     pointer = load.operands[0]
     element = pointer.type.element.element
-    size = element.itemsize
     layout = pointer.layout
     dim = shared_contiguous_dim(tile)
     width = min(register_vector_width(layout, dim, element.bits),
                 register_vector_width(shared_offsets(layout, tile), 0, element.bits))
-    info = analysis.get(pointer)
+    return floor_pow2(max(1, min(width, proven_copy_width(analysis, load, dim))))
+
+
+def proven_copy_width(analysis, load: Operation, dim: int) -> int:
+    """Elements per copy along `dim` that the pointer analysis proves for `load` (contiguous, aligned,
+    and masked alike), whatever the layouts; 1 when nothing is known."""
+    info = analysis.get(load.operands[0])
     if info is None:
         return 1
-    width = min(width, info.contiguity[dim], info.divisibility[dim] // size)
+    width = min(info.contiguity[dim], info.divisibility[dim] // load.result.type.element.itemsize)
     if load.attrs.get("masked"):
         mask_info = analysis.get(load.operands[1])
         width = min(width, mask_info.constancy[dim] if mask_info is not None else 1)
-    return floor_pow2(max(1, width))
+    return width
 
 
 def _candidates(loop: Operation, analysis, uses: dict) -> list:
