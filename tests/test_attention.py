@@ -9,6 +9,8 @@ A from registers, one barrier per key block.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import re
 
@@ -273,6 +275,24 @@ def test_kv_ring_backward_with_gqa_and_ragged_lengths(causal, seed):
     q, k, v = _qkv((2, 6, 37, 12), (2, 2, 29, 12), (2, 2, 29, 12), torch.float32, seed)
     grad_out = random_tensor((2, 6, 37, 12), torch.float32, seed=seed + 5)
     config = at.AttentionConfig(16, 32, 4, 1, kv_ring=True)
+    out, lse = at.attention_forward(q, k, v, None, causal, 0.3, interpret=True, config=_SPLIT_CONFIGS[0])
+    grads = at.attention_backward(grad_out, q, k, v, out, lse, None, causal, 0.3, interpret=True,
+                                  configs=(config, _SPLIT_CONFIGS[0]))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = reference(q64, k64, v64, causal=causal, scale=0.3, enable_gqa=True)
+    for grad, want in zip(grads, torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())):
+        assert_close(grad, want, torch.float32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_major_dkdv_programs_with_gqa_and_ragged_lengths(causal, seed):
+    """The dK/dV kernel taking its programs head by head (head_major: program (x, y) -> the launch index
+    y * (B * H_KV) + x split as head, key block): 2 x 2 key/value heads of 3 key blocks, 3 query heads each,
+    ragged lengths, against float64; a mapping that skipped or repeated a (head, key block) leaves NaN or
+    a wrong block."""
+    q, k, v = _qkv((2, 6, 37, 12), (2, 2, 41, 12), (2, 2, 41, 12), torch.float32, seed)
+    grad_out = random_tensor((2, 6, 37, 12), torch.float32, seed=seed + 5)
+    config = at.AttentionConfig(16, 16, 4, 1, head_major=True)
     out, lse = at.attention_forward(q, k, v, None, causal, 0.3, interpret=True, config=_SPLIT_CONFIGS[0])
     grads = at.attention_backward(grad_out, q, k, v, out, lse, None, causal, 0.3, interpret=True,
                                   configs=(config, _SPLIT_CONFIGS[0]))
@@ -713,6 +733,25 @@ def test_gpu_batch_times_heads_over_65535(seed):
     assert all(torch.isfinite(g).all() for g in grads)
     for ours, theirs in zip(grads, torch_grads):
         assert _relative_error(ours, theirs.double()) < 2e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_head_major_dkdv_matches_launch_order_bit_for_bit(causal, seed):
+    """E = 64's table dK/dV config takes its programs head by head (head_major); each (head, key block)
+    computes the same sums either way, so dK and dV equal those of the launch-order mapping bit for bit
+    (GQA, ragged lengths)."""
+    q, k, v = _qkv((3, 8, 1000, 64), (3, 2, 777, 64), (3, 2, 777, 64), torch.float16, seed, "cuda")
+    grad_out = random_tensor((3, 8, 1000, 64), torch.float16, seed=seed + 5, device="cuda")
+    out, lse = at.attention_forward(q, k, v, None, causal, 0.125)
+    kv_config, q_config = at.backward_configs(64, 64)
+    assert kv_config.head_major
+    results = []
+    for config in (kv_config, dataclasses.replace(kv_config, head_major=False)):
+        grads = at.attention_backward(grad_out, q, k, v, out, lse, None, causal, 0.125, configs=(config, q_config))
+        assert all(torch.isfinite(g).all() for g in grads)
+        results.append(grads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
 @pytest.mark.cuda

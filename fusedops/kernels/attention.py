@@ -129,6 +129,16 @@ def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
 
 
 @dsl.jit
+def _head_major_program():
+    """(batch * heads index, block index) of a program on a grid (batch * heads, blocks), taking the
+    programs in launch order (axis 0 fastest) head by head: the programs running at once share their
+    head's Q / dO stream in L2, instead of each reading another head's (the dK/dV kernel's HEAD_MAJOR)."""
+    blocks = dsl.num_programs(1)
+    launched = dsl.program_id(1).to(dsl.int64) * dsl.num_programs(0) + dsl.program_id(0)
+    return (launched // blocks).to(dsl.int32), (launched % blocks).to(dsl.int32)
+
+
+@dsl.jit
 def _query_program(H, GROUP):
     """(batch * heads index, batch, head, kv head, query block) of a program on the grid
     (B * H, cdiv(L, BLOCK_M)); batch and heads as int64 offsets. The last query blocks have the most keys under a causal mask: they run first."""
@@ -369,17 +379,21 @@ def attention_backward_dkdv_kernel(
         H_KV, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo, scale_hi, scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
         CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, KV_RING: dsl.constexpr = False,
-        EARLY_DP: dsl.constexpr = True):
+        EARLY_DP: dsl.constexpr = True, HEAD_MAJOR: dsl.constexpr = False):
     # dk_ptr, k_ptr: (B, H_KV, S, E); dv_ptr, v_ptr: (B, H_KV, S, EV); q_ptr: (B, H, L, E);
     # do_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L), delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
     # KV_RING: K and V are loaded in every query block's step instead of once; EARLY_DP: dP^T issued right
-    # after S^T where that assembles without spills (_dkdv_step).
+    # after S^T where that assembles without spills (_dkdv_step); HEAD_MAJOR: programs taken head by head in
+    # launch order (_head_major_program).
     # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loop
     # starts at the first block that reaches the diagonal and every block takes the mask (_dkdv_step).
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
-    bhk = dsl.program_id(0)
-    pid_n = dsl.program_id(1)
+    if HEAD_MAJOR:
+        bhk, pid_n = _head_major_program()
+    else:
+        bhk = dsl.program_id(0)
+        pid_n = dsl.program_id(1)
     b = (bhk // H_KV).to(dsl.int64)
     kvh = bhk % H_KV
     rn = pid_n * BLOCK_N + dsl.arange(0, BLOCK_N)
@@ -520,14 +534,15 @@ def attention_backward_dq_kernel(
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Tile sizes and launch parameters of one attention kernel; kv_ring, early_dp: the dK/dV kernel's
-    KV_RING and EARLY_DP."""
+    """Tile sizes and launch parameters of one attention kernel; kv_ring, early_dp, head_major: the dK/dV
+    kernel's KV_RING, EARLY_DP and HEAD_MAJOR."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     kv_ring: bool = False
     early_dp: bool = True
+    head_major: bool = False
 
 
 # Interpreter: small tiles keep the per-program op count (and so CPU test time) low.
@@ -582,10 +597,18 @@ FORWARD_CONFIGS = {
 # backward keeps the mma.sync 32 x 64 (MASKED_DKDV_CONFIGS: the wgmma tiles spill 40-64 bytes with an
 # attn_mask).
 # E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
+# E = 64 dK/dV takes its programs head by head (head_major, _head_major_program): in launch order the
+# programs running at once were one key block of 132 different heads, each streaming its own head's Q and
+# dO (B * H * S * E * 4 bytes per key block column, past the 50 MB L2); head by head they share one head's
+# stream. Session 19 (H200, one process, dK/dV kernel ms, launch order -> head major, S = 4k / 16k): not
+# causal 3.78 -> 3.25 / 14.14 -> 12.34, causal 2.14 -> 2.02 / 7.70 -> 7.19 (whole backward x flash 0.86 ->
+# 0.95 / 0.83 -> 0.89 not causal). At E = 128 it was within -4 / +4% (mixed), and taken by the forward
+# and dQ kernels it lost 3-9% on causal masks (their last query blocks, with the most keys, no longer all
+# run first), so those keep the launch order.
 # E = 64 dQ: 64 x 32 on 4 warps, 4-9% faster than 64 x 64 in three sweeps (sessions 5 and 9, runs 54 and 57:
 # S = 1k / 4k, causal or not).
 BACKWARD_CONFIGS = {
-    64: (AttentionConfig(64, 128, 8, 2), AttentionConfig(64, 32, 4, 2)),
+    64: (AttentionConfig(64, 128, 8, 2, head_major=True), AttentionConfig(64, 32, 4, 2)),
     128: (AttentionConfig(32, 128, 8, 2), AttentionConfig(128, 64, 8, 2)),
     256: (AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)),
 }
@@ -598,9 +621,11 @@ FORWARD_ALTERNATIVES = {
     256: (),
 }
 DKDV_ALTERNATIVES = {
-    64: (AttentionConfig(64, 64, 4, 2), AttentionConfig(64, 64, 8, 2), AttentionConfig(64, 64, 4, 2, kv_ring=True),
+    64: (AttentionConfig(64, 128, 8, 2), AttentionConfig(64, 64, 4, 2, head_major=True), AttentionConfig(64, 64, 8, 2),
+         AttentionConfig(64, 64, 4, 2, kv_ring=True),
          AttentionConfig(64, 128, 8, 2, kv_ring=True), AttentionConfig(32, 128, 8, 2, kv_ring=True)),
-    128: (AttentionConfig(32, 128, 8, 2, kv_ring=True), AttentionConfig(32, 128, 8, 3),
+    128: (AttentionConfig(32, 128, 8, 2, head_major=True), AttentionConfig(32, 128, 8, 2, kv_ring=True),
+          AttentionConfig(32, 128, 8, 3),
           AttentionConfig(32, 64, 8, 2), AttentionConfig(16, 128, 8, 2)),
     256: (),
 }
@@ -859,7 +884,8 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *mask_strides,
         heads_kv, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=kv_config.block_m, BLOCK_N=kv_config.block_n, num_warps=kv_config.num_warps,
-        num_stages=kv_config.num_stages, KV_RING=kv_config.kv_ring, EARLY_DP=kv_config.early_dp, **common)
+        num_stages=kv_config.num_stages, KV_RING=kv_config.kv_ring, EARLY_DP=kv_config.early_dp,
+        HEAD_MAJOR=kv_config.head_major, **common)
     dq_kernel = attention_backward_dq_kernel.prepare(
         (batch * heads, blocks_m), dq, q, k, v, do, lse, delta, mask_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,
