@@ -268,31 +268,19 @@ def test_interior_and_tail_key_blocks(length_q, length_k, config, causal, seed):
         assert_close(grad, want, torch.float32)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_kv_ring_backward_with_gqa_and_ragged_lengths(causal, seed):
-    """The dK/dV kernel loading K and V per query block (kv_ring), summing 3 query heads per key/value
-    head, at ragged lengths and a head dim below its block, against float64."""
-    q, k, v = _qkv((2, 6, 37, 12), (2, 2, 29, 12), (2, 2, 29, 12), torch.float32, seed)
-    grad_out = random_tensor((2, 6, 37, 12), torch.float32, seed=seed + 5)
-    config = at.AttentionConfig(16, 32, 4, 1, kv_ring=True)
-    out, lse = at.attention_forward(q, k, v, None, causal, 0.3, interpret=True, config=_SPLIT_CONFIGS[0])
-    grads = at.attention_backward(grad_out, q, k, v, out, lse, None, causal, 0.3, interpret=True,
-                                  configs=(config, _SPLIT_CONFIGS[0]))
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected = reference(q64, k64, v64, causal=causal, scale=0.3, enable_gqa=True)
-    for grad, want in zip(grads, torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())):
-        assert_close(grad, want, torch.float32)
+_DKDV_VARIANTS = [at.AttentionConfig(16, 32, 4, 1, kv_ring=True), at.AttentionConfig(16, 16, 4, 1, head_major=True)]
 
 
+@pytest.mark.parametrize("config", _DKDV_VARIANTS, ids=["kv_ring", "head_major"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_major_dkdv_programs_with_gqa_and_ragged_lengths(causal, seed):
-    """The dK/dV kernel taking its programs head by head (head_major: program (x, y) -> the launch index
-    y * (B * H_KV) + x split as head, key block): 2 x 2 key/value heads of 3 key blocks, 3 query heads each,
-    ragged lengths, against float64; a mapping that skipped or repeated a (head, key block) leaves NaN or
-    a wrong block."""
+def test_dkdv_variants_with_gqa_and_ragged_lengths(causal, config, seed):
+    """The dK/dV kernel loading K and V per query block (kv_ring), or taking its programs head by head
+    (head_major: program (x, y) -> the launch index y * (B * H_KV) + x split as head, key block; a mapping
+    that skipped or repeated a (head, key block) leaves NaN or a wrong block), summing 3 query heads per
+    key/value head over 2 x 2 key/value heads, at ragged lengths and a head dim below its block, against
+    float64."""
     q, k, v = _qkv((2, 6, 37, 12), (2, 2, 41, 12), (2, 2, 41, 12), torch.float32, seed)
     grad_out = random_tensor((2, 6, 37, 12), torch.float32, seed=seed + 5)
-    config = at.AttentionConfig(16, 16, 4, 1, head_major=True)
     out, lse = at.attention_forward(q, k, v, None, causal, 0.3, interpret=True, config=_SPLIT_CONFIGS[0])
     grads = at.attention_backward(grad_out, q, k, v, out, lse, None, causal, 0.3, interpret=True,
                                   configs=(config, _SPLIT_CONFIGS[0]))
