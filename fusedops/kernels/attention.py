@@ -58,7 +58,9 @@ Backward. Three kernels, no atomics, deterministic:
   (dK and dQ are multiplied by `scale` at the end; ds is the gradient of the natural-log logits.)
 
 Grids put batch * heads on axis 0 (up to 2**31 - 1 programs) and the query (or key) blocks on axis
-1 (at most 65535, i.e. sequences up to 65535 * BLOCK_M).
+1 (at most 65535, i.e. sequences up to 65535 * BLOCK_M). The E = 64 dK/dV kernel maps its programs head by
+head in launch order instead (`_head_major_program`), so that the programs running at once share one
+head's Q / dO in L2.
 """
 
 from __future__ import annotations
@@ -599,7 +601,7 @@ FORWARD_CONFIGS = {
 # E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
 # E = 64 dK/dV takes its programs head by head (head_major, _head_major_program): in launch order the
 # programs running at once were one key block of 132 different heads, each streaming its own head's Q and
-# dO (B * H * S * E * 4 bytes per key block column, past the 50 MB L2); head by head they share one head's
+# dO (B * H * L * E * 4 bytes for one key block of every head, past the 50 MB L2); head by head they share one head's
 # stream. Session 19 (H200, one process, dK/dV kernel ms, launch order -> head major, S = 4k / 16k): not
 # causal 3.78 -> 3.25 / 14.14 -> 12.34, causal 2.14 -> 2.02 / 7.70 -> 7.19 (whole backward x flash 0.86 ->
 # 0.95 / 0.83 -> 0.89 not causal). At E = 128 it was within -4 / +4% (mixed), and taken by the forward
