@@ -458,7 +458,8 @@ def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torc
     if kernel == "dkdv":
         return dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
             x, x, x, x, x, x, stats, stats, mask, *_strides(dim) * 6, *mask_strides,
-            16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, KV_RING=config.kv_ring, **options)
+            16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, KV_RING=config.kv_ring, EARLY_DP=config.early_dp,
+            HEAD_MAJOR=config.head_major, **options)
     return dsl.jit(at.attention_backward_dq_kernel.fn).compile(
         x, x, x, x, x, stats, stats, mask, *_strides(dim) * 5, *mask_strides,
         16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, **options)
