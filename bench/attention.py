@@ -155,7 +155,8 @@ def plot(rows, path):
 # -- --sweep: the kernels' launch configs -----------------------------------------------------------------
 
 def _config_name(config) -> str:
-    return f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}" + ("kvring" if config.kv_ring else "") + ("hm" if config.head_major else "")
+    name = f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
+    return name + ("kvring" if config.kv_ring else "") + ("hm" if config.head_major else "")
 
 
 def _sweep_timings(run, reference, repeats):
