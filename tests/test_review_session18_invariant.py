@@ -82,6 +82,14 @@ MODE_NAMES = ("plain", "early_return", "store_before", "second_loop_in_if", "loo
 
 
 @dsl.jit
+def _sum_products(acc, a, b_tile, b_mask, J, K, N):
+    # acc + sum over j < J of a @ (the K x N tile at b_tile + j * K * N)
+    for j in range(0, J):
+        acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+    return acc
+
+
+@dsl.jit
 def structure_kernel(o_ptr, s_ptr, a_ptr, b_ptr, M, N, K, J, flag, stride_am, stride_ak,
                      BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_K: dsl.constexpr,
                      MODE: dsl.constexpr, OTHER: dsl.constexpr):
@@ -108,29 +116,23 @@ def structure_kernel(o_ptr, s_ptr, a_ptr, b_ptr, M, N, K, J, flag, stride_am, st
         acc = dsl.dot(a, dsl.load(b_tile, mask=b_mask, other=0.0), acc)
     if MODE == PLAIN or MODE == EARLY_RETURN or MODE == STORE_BEFORE or MODE == DOT_AFTER_LOOP \
             or MODE == DOT_BEFORE_LOOP or MODE == SECOND_LOOP_IN_IF:
-        for j in range(0, J):
-            acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+        acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
     if MODE == SECOND_LOOP_IN_IF:
         if flag > 0:
-            for j in range(0, J):
-                acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+            acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
     if MODE == LOOP_IN_IF:
         if flag > 0:
-            for j in range(0, J):
-                acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+            acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
     if MODE == IF_ELSE_LOOPS:
         if flag > 0:
-            for j in range(0, J):
-                acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+            acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
         else:
-            for j in range(0, J):
-                acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+            acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
             acc = acc * 2.0
     if MODE == WHILE_FOR:
         i = 0
         while i < flag:
-            for j in range(0, J):
-                acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+            acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
             i += 1
     if MODE == WHILE_ONLY:
         j = 0
@@ -142,8 +144,7 @@ def structure_kernel(o_ptr, s_ptr, a_ptr, b_ptr, M, N, K, J, flag, stride_am, st
             if j < flag:
                 acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
     if MODE == DOT_IN_IF_THEN_PLAIN:     # on 4 warps: this loop's dot takes register A, the one above a copy
-        for j in range(0, J):
-            acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+        acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
     if MODE == USED_ELSEWHERE:
         for j in range(0, J):
             acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
@@ -153,13 +154,11 @@ def structure_kernel(o_ptr, s_ptr, a_ptr, b_ptr, M, N, K, J, flag, stride_am, st
     if MODE == LOAD_IN_OUTER_LOOP:
         for g in range(0, flag):
             a2 = dsl.load(a_tile, mask=a_mask, other=OTHER)
-            for j in range(0, J):
-                acc = dsl.dot(a2, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+            acc = _sum_products(acc, a2, b_tile, b_mask, J, K, N)
     if MODE == LOAD_AND_LOOP_IN_IF:
         if flag > 0:
             a3 = dsl.load(a_tile, mask=a_mask, other=OTHER)
-            for j in range(0, J):
-                acc = dsl.dot(a3, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+            acc = _sum_products(acc, a3, b_tile, b_mask, J, K, N)
     dsl.store(o_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
@@ -452,11 +451,17 @@ def test_every_loop_placement_assembles(mode, num_stages, dtype):
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 @pytest.mark.parametrize("mode, flag", CASES, ids=[f"{MODE_NAMES[m]}-flag{f}" for m, f in CASES])
 def test_every_loop_placement_on_the_gpu(mode, flag, num_stages, dtype):
-    for shape in [(1, 1, 8, 1), (112, 56, 40, 3), (1000, 64, 64, 7), (300, 33, 24, 0)]:
+    _structure_on_the_gpu(mode, flag, dtype, [(1, 1, 8, 1), (112, 56, 40, 3), (1000, 64, 64, 7), (300, 33, 24, 0)],
+                          num_warps=8, num_stages=num_stages)
+
+
+def _structure_on_the_gpu(mode, flag, dtype, shapes, num_warps, num_stages):
+    """structure_kernel compiled and run on the GPU at each of `shapes`, against float64 (poisoned output)."""
+    for shape in shapes:
         args = _structure_args(mode, *shape, flag=flag, dtype=dtype, device="cuda")
         a, b = args[2].clone(), args[3].clone()
-        structure_kernel[(dsl.cdiv(shape[0], 64),)](*args, num_warps=8, num_stages=num_stages, **TILE, MODE=mode,
-                                                    OTHER=0.0)
+        structure_kernel[(dsl.cdiv(shape[0], 64),)](*args, num_warps=num_warps, num_stages=num_stages, **TILE,
+                                                    MODE=mode, OTHER=0.0)
         torch.cuda.synchronize()
         reference = _structure_reference(mode, a.cpu(), b.cpu(), flag, shape[3])
         if reference is None:
@@ -504,19 +509,15 @@ def pair_kernel(o_ptr, p_ptr, a_ptr, c_ptr, b_ptr, d_ptr, M, N, N2, K, J,
             acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
             acc2 = dsl.dot(a, dsl.load(d_tile + j * K * N2, mask=d_mask, other=0.0), acc2)
     if MODE == TWO_LOOPS_TWO_WIDTHS:      # o = A sum B, p = A sum D
-        for j in range(0, J):
-            acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
-        for j in range(0, J):
-            acc2 = dsl.dot(a, dsl.load(d_tile + j * K * N2, mask=d_mask, other=0.0), acc2)
+        acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
+        acc2 = _sum_products(acc2, a, d_tile, d_mask, J, K, N2)
     if MODE == LAST_READERS_DIFFER:       # A freed after loop 1, C after loop 2: o = A sum B, p = 2 C sum D
         for j in range(0, J):
             acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
             acc2 = dsl.dot(c, dsl.load(d_tile + j * K * N2, mask=d_mask, other=0.0), acc2)
-        for j in range(0, J):
-            acc2 = dsl.dot(c, dsl.load(d_tile + j * K * N2, mask=d_mask, other=0.0), acc2)
+        acc2 = _sum_products(acc2, c, d_tile, d_mask, J, K, N2)
     if MODE == FIRST_READERS_DIFFER:      # C copied before loop 2 only: o = 2 A sum B, p = C sum D
-        for j in range(0, J):
-            acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
+        acc = _sum_products(acc, a, b_tile, b_mask, J, K, N)
         for j in range(0, J):
             acc = dsl.dot(a, dsl.load(b_tile + j * K * N, mask=b_mask, other=0.0), acc)
             acc2 = dsl.dot(c, dsl.load(d_tile + j * K * N2, mask=d_mask, other=0.0), acc2)
@@ -1143,16 +1144,7 @@ def test_four_warps_assemble(mode):
 def test_four_warps_on_the_gpu(mode, flag, dtype):
     if mode == STORE_BEFORE:
         pytest.skip("register A: the load's registers are converted, the store is not seen (checked on the CPU)")
-    for shape in [(1, 1, 8, 1), SHAPE, (1000, 64, 64, 7)]:
-        args = _structure_args(mode, *shape, flag=flag, dtype=dtype, device="cuda")
-        a, b = args[2].clone(), args[3].clone()
-        structure_kernel[(dsl.cdiv(shape[0], 64),)](*args, num_warps=4, num_stages=2, **TILE, MODE=mode, OTHER=0.0)
-        torch.cuda.synchronize()
-        reference = _structure_reference(mode, a.cpu(), b.cpu(), flag, shape[3])
-        if reference is None:
-            assert torch.isnan(args[0]).all()
-        else:
-            assert_close(args[0], reference, dtype=torch.float32)
+    _structure_on_the_gpu(mode, flag, dtype, [(1, 1, 8, 1), SHAPE, (1000, 64, 64, 7)], num_warps=4, num_stages=2)
 
 
 # == masks and unmasked loads ============================================================================
