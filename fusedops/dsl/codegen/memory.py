@@ -29,28 +29,33 @@ from .registry import lowering
 _TRUE = ir.Constant(T.i1, 1)
 
 
-def _contiguous_registers(layout) -> int:
-    """How many leading registers hold consecutive elements along the last dim (a power of two)."""
+def _contiguous_registers(layout) -> tuple:
+    """(dim, count): the leading registers of a thread hold `count` consecutive elements along `dim` (a
+    power of two; the last dim, count 1, where register 0's neighbour is not one step along a dim). A
+    block read through a transposed view (`x.T`, K^T from a row-major K) steps along its first dim."""
     bases = layout_access.register_bases(layout)
     rank = len(layout_access.shape(layout))
-    count = 1
+    steps = [d for d, c in enumerate(bases[0]) if c] if bases else []
+    if len(steps) != 1 or bases[0][steps[0]] != 1:
+        return rank - 1, 1
+    dim, count = steps[0], 1
     for i, basis in enumerate(bases):
-        expected = tuple(0 if d < rank - 1 else 1 << i for d in range(rank))
-        if basis != expected:
+        if basis != tuple(1 << i if d == dim else 0 for d in range(rank)):
             break
         count *= 2
-    return count
+    return dim, count
 
 
 def _widths(ctx, pointer, mask, element_bytes: int) -> tuple:
-    """(vector width the pointer allows, width over which the mask is also constant)."""
+    """(vector width the pointer allows, width over which the mask is also constant), along the dim
+    the layout's leading registers step in."""
     if not isinstance(pointer.type, BlockType):
         return 1, 1
-    registers = _contiguous_registers(pointer.layout)
-    width = max(1, min(vector_width(ctx.axis_info, pointer, None, element_bytes), registers))
+    dim, registers = _contiguous_registers(pointer.layout)
+    width = max(1, min(vector_width(ctx.axis_info, pointer, None, element_bytes, dim=dim), registers))
     if mask is None:
         return width, width
-    return width, max(1, min(vector_width(ctx.axis_info, pointer, mask, element_bytes), width))
+    return width, max(1, min(vector_width(ctx.axis_info, pointer, mask, element_bytes, dim=dim), width))
 
 
 def _all(b, predicates):

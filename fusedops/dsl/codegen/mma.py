@@ -101,11 +101,12 @@ def tile_store_groups(layout, shared, element_bits: int, width=None) -> tuple:
     return width, groups, lanes, warps
 
 
-def store_tile(ctx, registers, layout, shared, element, base) -> None:
-    """Store a thread's `registers` (block in `layout`) into the tile `shared` at `base`."""
+def store_tile(ctx, registers, layout, shared, element, base, here: bool = False) -> None:
+    """Store a thread's `registers` (block in `layout`) into the tile `shared` at `base` (`here`: the
+    thread's offset computed at the builder's position, see `thread_offset`)."""
     bits = element.bits
     width, groups, lanes, warps = tile_store_groups(layout, shared, bits)
-    thread = thread_offset(ctx, lanes, warps)
+    thread = thread_offset(ctx, lanes, warps, here=here)
     b = ctx.builder
     memory_type = T.llvm_memory_type(element)
     vector_type = ir.VectorType(memory_type, width)

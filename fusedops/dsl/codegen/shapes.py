@@ -147,7 +147,9 @@ def _convert_layout(ctx, op):
         mma.convert_to_dot_operand(ctx, op)
         return
     element = op.result.type.element
-    if op.attrs.get("swizzled") and swizzled_exchange.can_exchange(element):
-        ctx.set(op.result, swizzled_exchange.exchange_through_swizzled_shared(ctx, registers, source, target, element))
+    marked = bool(op.attrs.get("swizzled"))
+    if swizzled_exchange.can_exchange(element) and (marked or swizzled_exchange.exchanges_tiles(source, target)):
+        ctx.set(op.result, swizzled_exchange.exchange_through_swizzled_shared(ctx, registers, source, target, element,
+                                                                              here=not marked))
         return
     ctx.set(op.result, exchange_through_shared(ctx, registers, source, target, element))

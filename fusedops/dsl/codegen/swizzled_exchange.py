@@ -4,7 +4,10 @@ spread over lanes) becomes a blocked layout whose threads store 16-byte vectors 
 
 `convert_layout {swizzled}` (set by the layout pass, `layout_assignment._mark_swizzled_store`)
 lowers here instead of `shared.exchange_through_shared` (one scalar st.shared / ld.shared per
-element, row-major, no swizzle). The tile layout is `layouts.swizzle.choose_swizzle(source,
+element, row-major, no swizzle), and so does every other conversion of a 2-D tile of 16- or 32-bit
+elements (`exchanges_tiles`: e.g. attention's Q, loaded in 16-byte rows, into the wgmma A fragment:
+64 2-byte st.shared and 34 ld.shared per thread with 4-way bank conflicts before, 8 16-byte stores and
+32 4-byte loads without conflicts after). The tile layout is `layouts.swizzle.choose_swizzle(source,
 target)`: the XOR swizzle with the fewest shared-memory wavefronts for both accesses, which for the
 wgmma accumulator and a blocked layout is conflict-free on both sides (4-byte stores of fp16 pairs,
 16-byte loads). The tile lives in scratch (`ctx.scratch_offset`): after a pipelined K loop's
@@ -56,11 +59,12 @@ def tile_load_groups(layout, shared, element_bits: int) -> tuple:
     return width, groups, lanes, warps
 
 
-def load_tile(ctx, layout, shared, element, base) -> list:
+def load_tile(ctx, layout, shared, element, base, here: bool = False) -> list:
     """A thread's registers of a block in distributed `layout`, read from the shared tile `shared` at
-    `base` (`ptr addrspace(3)`) with the widest vector loads the two layouts allow."""
+    `base` (`ptr addrspace(3)`) with the widest vector loads the two layouts allow (`here`: as
+    `mma.store_tile`'s)."""
     width, groups, lanes, warps = tile_load_groups(layout, shared, element.bits)
-    thread = thread_offset(ctx, lanes, warps)
+    thread = thread_offset(ctx, lanes, warps, here=here)
     b = ctx.builder
     vector_type = ir.VectorType(T.llvm_memory_type(element), width)
     registers = []
@@ -71,13 +75,22 @@ def load_tile(ctx, layout, shared, element, base) -> list:
     return registers
 
 
-def exchange_through_swizzled_shared(ctx, registers, source, target, element) -> list:
+def exchange_through_swizzled_shared(ctx, registers, source, target, element, here: bool = False) -> list:
     """Move a block (a thread's `registers` in layout `source`) to layout `target` through a swizzled
-    scratch tile; returns the thread's registers in `target`. `element` must pass `can_exchange`."""
+    scratch tile; returns the thread's registers in `target`. `element` must pass `can_exchange`.
+    `here`: the threads' tile offsets computed at the conversion (not in the prologue, where they would
+    stay live through every loop before it)."""
     shared = exchange_tile(source, target, element.bits)
     reserve(ctx, source.numel * element.bits // 8)
     base = scratch_base(ctx)
     barrier(ctx)
-    store_tile(ctx, list(registers), source, shared, element, base)
+    store_tile(ctx, list(registers), source, shared, element, base, here=here)
     barrier(ctx)
-    return load_tile(ctx, target, shared, element, base)
+    return load_tile(ctx, target, shared, element, base, here=here)
+
+
+def exchanges_tiles(source, target) -> bool:
+    """Whether a conversion between these layouts moves a 2-D tile (both dims above 1, the same shape
+    on both sides: no broadcast), which this path does instead of one scalar access per element."""
+    shape = tuple(source.shape)
+    return shape == tuple(target.shape) and len(shape) == 2 and min(shape) > 1

@@ -5,7 +5,7 @@ For each value and each dimension of its block the analysis proves (definitions 
 - divisibility: the largest power of two dividing the first element of each run (pointers: bytes);
 - constancy: runs of equal values (`offs < n` with n a multiple of 16 -> runs of 16).
 Code generation turns these into vector widths: `vector_width` says how many consecutive elements
-along the last dim one load or store may move at once.
+along a dim (the one a layout's leading registers step in) one load or store may move at once.
 
 It is a forward dataflow analysis over the structured IR, one transfer rule per op
 (`_axis_rules.py`); loop-carried values are iterated to a fixed point of the join (the facts that
@@ -81,8 +81,8 @@ def analyze_pointers(function: Function) -> AnalysisResult:
 
 
 def vector_width(result: AnalysisResult, pointer_value: Value, mask_value: Optional[Value],
-                 element_bytes: int, max_bytes: int = 16) -> int:
-    """How many consecutive elements along the last dim one vector access may move.
+                 element_bytes: int, max_bytes: int = 16, dim: int = -1) -> int:
+    """How many consecutive elements along `dim` (default: the last) one vector access may move.
 
     min(contiguity of the pointer, its divisibility / element_bytes, the mask's constancy,
     max_bytes / element_bytes), rounded down to a power of two, at least 1. Groups start at indices
@@ -94,13 +94,14 @@ def vector_width(result: AnalysisResult, pointer_value: Value, mask_value: Optio
         mask_value: the access's mask (same shape), or None when unmasked.
         element_bytes: bytes per element moved (the pointee's itemsize).
         max_bytes: the widest access in bytes (16 for `ld.global.v4.b32`).
+        dim: the dim the access steps along (a transposed view's is its first).
     """
     if not shape_of(pointer_value.type):
         return 1
     info = result[pointer_value]
-    width = min(info.contiguity[-1], info.divisibility[-1] // element_bytes, max_bytes // element_bytes)
+    width = min(info.contiguity[dim], info.divisibility[dim] // element_bytes, max_bytes // element_bytes)
     if mask_value is not None and shape_of(mask_value.type):
-        width = min(width, result[mask_value].constancy[-1])
+        width = min(width, result[mask_value].constancy[dim])
     return floor_pow2(max(1, width))
 
 
