@@ -576,6 +576,14 @@ def head_block(dim: int) -> int:
 # alternatives within 3%, except 128x64 s3 causal at 4k: 0.86); E = 128 128x64 s3 0.88 / 1.07 | 0.41 / 1.16
 # (s2 within 1%). Until session 18 a forced config was prepared anew at every call, so those S = 1k
 # figures include the preparation (0.82-0.89 with prepared launches).
+# Session 20: what a program costs besides its key blocks (L = 1024, B * H as at S = 1k, one key block:
+# Q's load and conversion, the peeled block, the epilogue) was 1.6-2.3x flash's: E = 64 107 us, E = 128 162
+# us against 109 / 69 us. The first K^T block took one 2-byte load per element and Q went into the wgmma A
+# fragment through 2-byte st.shared / ld.shared with bank conflicts; with 16-byte accesses along a transposed
+# view's contiguous dim (codegen/memory.py) and tile conversions through a swizzled tile (codegen/
+# swizzled_exchange.py): 88 / 139 us. x flash, S = 1k / 2k, not causal | causal (interleaved, one process):
+# E = 64 0.87 / 1.01 | 0.94 / 0.96, E = 128 0.93 / 1.08 | 0.89 / 1.07 (before: 0.89 / 1.02 | 0.89 / 0.93,
+# 0.88 / 1.01 | 0.83 / 1.01). The 1-warpgroup tiles (2-3 CTAs per SM) stayed 4-20% slower at S = 1k.
 FORWARD_CONFIGS = {
     64: AttentionConfig(128, 32, 8, 3),
     128: AttentionConfig(128, 64, 8, 3),
