@@ -577,8 +577,8 @@ def head_block(dim: int) -> int:
 # (s2 within 1%). Until session 18 a forced config was prepared anew at every call, so those S = 1k
 # figures include the preparation (0.82-0.89 with prepared launches).
 # Session 20: what a program costs besides its key blocks (L = 1024, B * H as at S = 1k, one key block:
-# Q's load and conversion, the peeled block, the epilogue) was 1.6-2.3x flash's: E = 64 107 us, E = 128 162
-# us against 109 / 69 us. The first K^T block took one 2-byte load per element and Q went into the wgmma A
+# Q's load and conversion, the peeled block, the epilogue): E = 64 107 us, E = 128 162 us against flash's
+# 109 / 69 us (2.3x at E = 128). The first K^T block took one 2-byte load per element and Q went into the wgmma A
 # fragment through 2-byte st.shared / ld.shared with bank conflicts; with 16-byte accesses along a transposed
 # view's contiguous dim (codegen/memory.py) and tile conversions through a swizzled tile (codegen/
 # swizzled_exchange.py): 88 / 139 us. x flash, S = 1k / 2k, not causal | causal (interleaved, one process):
