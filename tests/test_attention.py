@@ -10,7 +10,6 @@ A from registers, one barrier per key block.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import re
 
