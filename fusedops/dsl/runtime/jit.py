@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import threading
 import types
 from typing import Callable, Optional
 
@@ -108,6 +109,9 @@ class JITFunction:
         self._index = {p.name: i for i, p in enumerate(self.params)}
         self._source = None
         self._cache: dict = {}      # SpecializationKey -> _Entry
+        # Held while an entry is made or compiled: the passes rewrite the entry's IR in place, so two
+        # threads launching a new specialization at once must not both compile it.
+        self._compile_lock = threading.RLock()
         self._plans: dict = {}      # launch key (fast_path.make_binder) -> fast_path.make_plan's launch
         self._is_constexpr = tuple(p.is_constexpr for p in self.params)
         self._constexpr_names = frozenset(p.name for p in self.params if p.is_constexpr)
@@ -338,10 +342,7 @@ class JITFunction:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
         key = SpecializationKey(specs, num_warps, num_stages, knobs.current().default_arch or device_arch(device))
-        entry = self._entry(key)
-        if entry.compiled is None:
-            entry.compiled = self._compile_ir(entry.kernel.function, key, missing_ok=False)
-        return entry, runtime, device.index
+        return self._compiled_entry(key, missing_ok=False), runtime, device.index
 
     # -- ahead-of-time compilation and IR ----------------------------------------------------------
     def compile(self, *args, target: str = "sm_90a", num_warps: int = 4, num_stages: int = 3, **kwargs):
@@ -353,9 +354,7 @@ class JITFunction:
             check_num_warps(num_warps, num_stages, self.__name__)
             specs = specialize(self.__name__, self.params, self._bind(args, kwargs), allow_types=True)
             key = SpecializationKey(specs, num_warps, num_stages, target)
-            entry = self._entry(key)
-            if entry.compiled is None:
-                entry.compiled = self._compile_ir(entry.kernel.function, key, missing_ok=True)
+            entry = self._compiled_entry(key, missing_ok=True)
             asm = getattr(entry.compiled, "asm", None)
             if isinstance(asm, dict) and "ir" not in asm:
                 asm["ir"] = print_function(entry.kernel.function)
@@ -396,8 +395,21 @@ class JITFunction:
     def _entry(self, key: SpecializationKey) -> _Entry:
         entry = self._cache.get(key)
         if entry is None or not entry.kernel.globals_unchanged():
-            from ..frontend import generate
-            entry = self._cache[key] = _Entry(generate(self, key.args))
+            with self._compile_lock:
+                entry = self._cache.get(key)
+                if entry is None or not entry.kernel.globals_unchanged():
+                    from ..frontend import generate
+                    entry = self._cache[key] = _Entry(generate(self, key.args))
+        return entry
+
+    def _compiled_entry(self, key: SpecializationKey, missing_ok: bool) -> _Entry:
+        """The entry of GPU key `key`, compiled once however many threads ask at the same time."""
+        entry = self._entry(key)
+        if entry.compiled is None:
+            with self._compile_lock:
+                entry = self._entry(key)
+                if entry.compiled is None:
+                    entry.compiled = self._compile_ir(entry.kernel.function, key, missing_ok=missing_ok)
         return entry
 
     def _compile_ir(self, function: Function, key: SpecializationKey, missing_ok: bool):
