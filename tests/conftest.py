@@ -1,7 +1,8 @@
 """Test-suite configuration: the GPU tier, deterministic seeds, Hypothesis settings.
 
 - Tests marked `cuda` are skipped when torch sees no CUDA GPU, so `python -m pytest -q tests`
-  runs the CPU tier anywhere; `python -m pytest -q -m cuda tests` runs only the GPU tier.
+  runs the CPU tier anywhere (CI adds `-n auto --maxprocesses 8`, see README); `python -m pytest -q -m cuda tests`
+  runs only the GPU tier.
 - The `seed` fixture gives each test case its own fixed seed (derived from its node id): fresh
   data per parametrized case, the same data on every run. The global torch/NumPy RNGs are seeded
   with it too, so a test that draws from them is reproducible as well.
