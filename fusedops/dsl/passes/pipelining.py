@@ -29,7 +29,10 @@ Masked-off elements are zero-filled (cp.async with src-size 0), so a load qualif
 only on the induction variable and values defined outside the loop (they are recomputed for the
 later iteration), the step is a positive constant, and the pointer analysis proves copies of at
 least 4 bytes (16 for `cp.async.cg`): contiguity and alignment of the pointer and constancy of the
-mask along the tile's contiguous dim. Loops with nothing that qualifies are left alone (the dot
+mask along the tile's contiguous dim. It must also read memory the loop does not write: its pointer's
+kernel arguments (passes/pointer_roots.py) are not those of any store or atomic in the loop, and a loop
+writing through a pointer of unknown origin is not pipelined (a later trip's copy would be issued before
+this trip's store to the same memory). Loops with nothing that qualifies are left alone (the dot
 then stages its operands through scratch shared memory synchronously).
 
 wgmma dots (sm_90a, `dot_layouts.uses_wgmma`): the dot-operand conversion asks for a *shared*
@@ -139,6 +142,7 @@ from ._axis_info import floor_pow2
 from .dce import eliminate_dead_code
 from .descriptors import TmaSource
 from .pointer_analysis import analyze_pointers
+from .pointer_roots import pointer_roots, written_roots
 
 # Ops an address computation may consist of to be recomputed for a later iteration (pure, cheap).
 _ADDRESS_OPS = ELEMENTWISE | frozenset({
@@ -275,6 +279,9 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
     step_value = _constant_int(step)
     if step_value is None or step_value <= 0 or not (lower.type == upper.type == induction.type == int32):
         return []
+    written = written_roots(body)       # a load from memory the loop writes must not be fetched early
+    if written is None:
+        return []
     out = []
     for dot in body.ops:
         if dot.opcode != OpCode.DOT or dot.attrs.get("engine") not in ("mma", "wgmma"):
@@ -289,6 +296,9 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
                     or uses.get(id(load.result)) != 1:
                 continue
             if load.attrs.get("has_other") and not is_zero_constant(load.operands[-1]):
+                continue
+            read = pointer_roots(load.operands[0])
+            if read is None or read & written:
                 continue
             roots = load.operands[:2] if load.attrs.get("masked") else load.operands[:1]
             address_ops = _address_slice(body, roots)
