@@ -255,7 +255,7 @@ def _not_pipelinable(a_ptr, b_ptr, c_ptr, K, BLOCK: dsl.constexpr):
         a = dsl.load(a_ptr + offset + r[:, None] * BLOCK + r[None, :])       # address from a carried value
         b = dsl.load(b_ptr + k0 + r[:, None] * BLOCK + r[None, :], mask=r[None, :] < K, other=1.0)
         acc = dsl.dot(a, b, acc)
-        offset += BLOCK
+        offset ^= BLOCK     # not a fixed step (passes/induction_variables.py would recompute that from k0)
     dsl.store(c_ptr + r[:, None] * BLOCK + r[None, :], acc)
 
 

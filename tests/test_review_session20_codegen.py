@@ -21,10 +21,10 @@ against ground truth:
   on the scalar path.
 GPU tier: transposed views and conversions against torch with poisoned outputs.
 
-Findings (xfail, strict): a transposed view read through a loop-carried pointer block (`ptrs += step`, the usual
-K-loop idiom) still takes one 2-byte load per element: the carried block keeps its initial value's row-major
-layout (layout_assignment), so codegen's new dim-0 path never sees it although the pointer analysis proves 64
-contiguous, 16-byte aligned elements along dim 0.
+Finding (was a strict xfail): a transposed view read through a loop-carried pointer block (`ptrs += step`, the
+usual K-loop idiom) took one 2-byte load per element: the carried block kept its initial value's row-major
+layout. Fixed by passes/induction_variables.py (the block is recomputed from the induction variable, an index
+computation the layout pass places in the load's column-major memory layout).
 """
 
 from __future__ import annotations
@@ -562,10 +562,6 @@ def test_tiny_and_replicated_tile_conversions_assemble(block, num_warps):
 # -- finding: a loop-carried transposed pointer block ----------------------------------------------------
 
 @needs_ptxas
-@pytest.mark.xfail(strict=True, reason="layout_assignment gives a loop-carried pointer block its initial value's "
-                                       "row-major layout, so a transposed view advanced with `ptrs += step` still "
-                                       "takes one 2-byte ld.global per element (32 per thread) although the pointer "
-                                       "analysis proves 64 contiguous 16-byte aligned elements along dim 0")
 def test_loop_carried_transposed_view_moves_16_byte_vectors():
     x = torch.empty(16, dtype=torch.float16)
     compiled = carried_transposed_kernel.compile(x, x, 4096, 4096, target="sm_90a", num_warps=4, BM=64, BN=64)
