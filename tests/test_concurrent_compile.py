@@ -15,14 +15,9 @@ import pytest
 import fusedops.dsl as dsl
 from fusedops.dsl import compiler
 from helpers import run_in_threads
+from test_native_launch import _scale_kernel   # the same small test kernel
 
 pytest.importorskip("llvmlite")
-
-
-def _scale(x_ptr, y_ptr, n, factor, BLOCK: dsl.constexpr):
-    offsets = dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK)
-    mask = offsets < n
-    dsl.store(y_ptr + offsets, dsl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
 
 
 @pytest.fixture
@@ -44,7 +39,7 @@ def slow_compiles(monkeypatch, tmp_path):
 
 
 def test_threads_compiling_one_new_specialization_compile_it_once(slow_compiles):
-    kernel = dsl.jit(_scale)
+    kernel = dsl.jit(_scale_kernel.fn)
     f32 = dsl.pointer_type(dsl.float32)
     results = [None] * 8
 
@@ -59,7 +54,7 @@ def test_threads_compiling_one_new_specialization_compile_it_once(slow_compiles)
 
 
 def test_threads_compiling_different_specializations_each_get_their_own(slow_compiles):
-    kernel = dsl.jit(_scale)
+    kernel = dsl.jit(_scale_kernel.fn)
     f32, f16 = dsl.pointer_type(dsl.float32), dsl.pointer_type(dsl.float16)
     signatures = [(f32, 4096, 128), (f16, 4096, 128), (f32, 4095, 128), (f32, 4096, 256)] * 2
     results = [None] * len(signatures)
