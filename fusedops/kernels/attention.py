@@ -584,6 +584,12 @@ def head_block(dim: int) -> int:
 # swizzled_exchange.py): 88 / 139 us. x flash, S = 1k / 2k, not causal | causal (interleaved, one process):
 # E = 64 0.87 / 1.01 | 0.94 / 0.96, E = 128 0.93 / 1.08 | 0.89 / 1.07 (before: 0.89 / 1.02 | 0.89 / 0.93,
 # 0.88 / 1.01 | 0.83 / 1.01). The 1-warpgroup tiles (2-3 CTAs per SM) stayed 4-20% slower at S = 1k.
+# Session 21 (x flash, interleaved, S = 1k / 2k / 4k / 8k / 16k, not causal | causal), whether a config by S
+# would pay: E = 64 128x32 s3 0.92 / 1.02 / 1.05 / 0.99 / 0.98 | 0.93 / 0.97 / 1.05 / 1.06 / 1.04, 64x64 w4 s3
+# 0.89 / 1.02 / 0.99 / 0.90 / 0.90 | 0.89 / 0.98 / 1.09 / 1.09 / 1.02; E = 128 128x64 s3 0.92 / 1.08 / 1.16 /
+# 1.18 / 1.14 | 0.89 / 1.07 / 1.26 / 1.38 / 1.41, s2 0.96 / 1.10 / 1.10 / 1.10 / 1.14 | 0.88 / 1.09 / 1.24 /
+# 1.25 / 1.26, 64x64 w4 s2 0.76 / 1.06 / 1.13 / 1.06 / 1.02 | 0.80 / 1.12 / 1.27 / 1.36 / 1.28: no other
+# config wins by more than 3% anywhere but at E = 64 causal 4k-8k (64x64 w4, +3%), so the table stays.
 FORWARD_CONFIGS = {
     64: AttentionConfig(128, 32, 8, 3),
     128: AttentionConfig(128, 64, 8, 3),
