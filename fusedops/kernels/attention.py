@@ -589,7 +589,8 @@ def head_block(dim: int) -> int:
 # 0.89 / 1.02 / 0.99 / 0.90 / 0.90 | 0.89 / 0.98 / 1.09 / 1.09 / 1.02; E = 128 128x64 s3 0.92 / 1.08 / 1.16 /
 # 1.18 / 1.14 | 0.89 / 1.07 / 1.26 / 1.38 / 1.41, s2 0.96 / 1.10 / 1.10 / 1.10 / 1.14 | 0.88 / 1.09 / 1.24 /
 # 1.25 / 1.26, 64x64 w4 s2 0.76 / 1.06 / 1.13 / 1.06 / 1.02 | 0.80 / 1.12 / 1.27 / 1.36 / 1.28: no other
-# config wins by more than 3% anywhere but at E = 64 causal 4k-8k (64x64 w4, +3%), so the table stays.
+# config wins anywhere by more than 4% (E = 128: s2 at 1k, 64x64 w4 causal at 2k; E = 64: 64x64 w4 causal at
+# 4k-8k, 2-3%), about the spread between runs, so the table stays.
 FORWARD_CONFIGS = {
     64: AttentionConfig(128, 32, 8, 3),
     128: AttentionConfig(128, 64, 8, 3),
