@@ -193,15 +193,19 @@ def fma(x, y, z, *, _semantic=None):
 
 @builtin(host=True)
 def cdiv(x, div, *, _semantic=None):
-    """Ceiling division (x + div - 1) // div for non-negative x and positive div.
+    """Ceiling division ceil(x / div) for positive div (and non-negative x for floats).
 
-    Evaluated in Python when both are ints: constexprs in a kernel (the result is then a constexpr),
-    or on the host, where `dsl.cdiv(n, BLOCK)` computes a grid size."""
+    In a kernel it is `x // div`, plus 1 where the remainder is positive: exact up to the type's maximum
+    (the textbook `(x + div - 1) // div` wraps for x near it). Evaluated in Python when both are ints:
+    constexprs in a kernel (the result is then a constexpr), or on the host, where `dsl.cdiv(n, BLOCK)`
+    computes a grid size."""
     if _semantic is None or (isinstance(x, int) and isinstance(div, int)):
         if div == 0:
             raise CompilationError("cdiv by zero")
         return -(-x // div)
-    return _semantic.binary("floordiv", _semantic.binary("sub", _semantic.binary("add", x, div), 1), div)
+    quotient = _semantic.binary("floordiv", x, div)
+    remainder = _semantic.binary("mod", x, div)
+    return _semantic.where(_semantic.binary("gt", remainder, 0), _semantic.binary("add", quotient, 1), quotient)
 
 
 @builtin
