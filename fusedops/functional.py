@@ -213,7 +213,7 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Ten
     float32 first and the result is float32, as torch's autocast does for layer_norm.
     """
     if _transforms_active() or needs_torch(input, weight, bias):
-        return torch.nn.functional.layer_norm(input, normalized_shape, weight, bias, eps)
+        return torch.nn.functional.layer_norm(input, _norms.normalized_shape_tuple(normalized_shape), weight, bias, eps)
     # CUDA autocast runs layer_norm in float32 (it is on torch's "autocast to float32" list).
     autocast = _autocast_dtype("layer_norm", input) if isinstance(input, torch.Tensor) else None
     if autocast is not None:
@@ -239,7 +239,8 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     Args:
         input: as for layer_norm.
         normalized_shape: an int or a sequence of ints.
-        weight: a tensor shaped normalized_shape of any floating dtype, or None.
+        weight: a tensor shaped normalized_shape of any floating dtype, or None. An integer or bool weight,
+            which torch also takes, is converted to float32 (float64 for a float64 input) first.
         eps: None means what torch uses: the machine epsilon of the accumulation dtype (float32's for
             float16/bfloat16/float32 input, float64's for float64 input).
     Returns:
@@ -250,7 +251,9 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     Dispatch as for layer_norm (a float64 weight on CUDA also runs torch's op).
     """
     if _transforms_active() or needs_torch(input, weight):
-        return torch.nn.functional.rms_norm(input, normalized_shape, weight, eps)
+        return torch.nn.functional.rms_norm(input, _norms.normalized_shape_tuple(normalized_shape), weight, eps)
+    if isinstance(weight, torch.Tensor) and not (weight.dtype.is_floating_point or weight.dtype.is_complex):
+        weight = weight.to(torch.float64 if getattr(input, "dtype", None) == torch.float64 else torch.float32)
     # float32 under CUDA autocast, as torch
     autocast = _autocast_dtype("rms_norm", input) if isinstance(input, torch.Tensor) else None
     if autocast is not None:
@@ -363,9 +366,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     from fusedops.autograd import attention as _attention
 
     if _transforms_active() or needs_torch(query, key, value, attn_mask):
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa)
+        return _attention.torch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     autocast = _autocast_dtype("scaled_dot_product_attention", query) if isinstance(query, torch.Tensor) else None
     if autocast is not None:
         query, key, value, attn_mask = (_library.autocast_cast(t, autocast) for t in (query, key, value, attn_mask))

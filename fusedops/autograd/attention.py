@@ -240,6 +240,24 @@ def dropout_not_implemented(dropout_p: float) -> NotImplementedError:
         "scaled_dot_product_attention for attention dropout")
 
 
+def torch_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False):
+    """torch's scaled_dot_product_attention with fusedops' semantics: an attn_mask and is_causal together
+    both apply (torch refuses the pair), the causal mask folded into attn_mask (top-left aligned, as
+    torch's is_causal). Fully masked rows keep torch's result there."""
+    if attn_mask is not None and is_causal is True and isinstance(attn_mask, torch.Tensor):
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+        if attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & keep
+        else:
+            attn_mask = torch.where(keep, attn_mask, torch.full((), -math.inf, dtype=attn_mask.dtype,
+                                                                device=attn_mask.device))
+        is_causal = False
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """See `fusedops.functional.scaled_dot_product_attention`."""
@@ -255,9 +273,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
               or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled())
               or gqa_heads_differ(query, key, value, enable_gqa))
     if native:
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa)
+        return torch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p > 0.0:
         raise dropout_not_implemented(dropout_p)
     shapes = (query.shape, key.shape, value.shape, None if attn_mask is None else attn_mask.shape, enable_gqa)

@@ -151,7 +151,10 @@ def _operands(a, b):
     return _as_3d(a2, batch_shape), _as_3d(b2, batch_shape), batch_shape, a2.shape[-2], b2.shape[-1]
 
 
-def _output_shape(a, b, batch_shape, m, n) -> tuple:
+def _output_shape(a, b, batch_shape, m, n, bias) -> tuple:
+    """torch.matmul(a, b) + bias's shape: a dot product of two 1-D operands is 0-d, and (1,) with its bias."""
+    if a.dim() == 1 and b.dim() == 1:
+        return () if bias is None else (1,)
     return (*batch_shape, *(() if a.dim() == 1 else (m,)), *(() if b.dim() == 1 else (n,)))
 
 
@@ -159,7 +162,7 @@ def _forward_general(a, b, bias, activation, out_dtype) -> torch.Tensor:
     # c in its final shape, the kernel writing a (batch, M, N) view of it: the Function's output is then no
     # view, so that in-place ops on it (y += residual, an in-place ReLU after a Linear) stay allowed
     a3, b3, batch_shape, m, n = _operands(a, b)
-    c = torch.empty(_output_shape(a, b, batch_shape, m, n), dtype=out_dtype or a.dtype, device=a.device)
+    c = torch.empty(_output_shape(a, b, batch_shape, m, n, bias), dtype=out_dtype or a.dtype, device=a.device)
     kernels.matmul_into(c.view(kernels.product_batch(a3, b3), m, n), a3, b3, bias, activation)
     return c
 
@@ -174,7 +177,7 @@ def _prepared_product(a, b, bias, activation, out_dtype) -> Optional[tuple]:
     a3, b3, batch_shape, m, n = _operands(a, b)
     if a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr():     # copies, not views
         return None
-    shape = _output_shape(a, b, batch_shape, m, n)
+    shape = _output_shape(a, b, batch_shape, m, n, bias)
     dtype = out_dtype or a.dtype
     c = torch.empty(shape, dtype=dtype, device=a.device)
     prepared = kernels.prepare_matmul(c.view(kernels.product_batch(a3, b3), m, n), a3, b3, bias, activation)
