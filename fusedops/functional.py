@@ -246,7 +246,7 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     Returns:
         A contiguous tensor shaped and typed like input (whatever weight's dtype).
     Raises:
-        TypeError: input or weight not floating. ValueError: as for layer_norm.
+        TypeError: input not floating, or a complex weight. ValueError: as for layer_norm.
 
     Dispatch as for layer_norm (a float64 weight on CUDA also runs torch's op).
     """

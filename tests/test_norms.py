@@ -608,8 +608,10 @@ def test_arguments_laid_out_like_known_ones_are_still_checked(interpret, monkeyp
     assert_close(fusedops.layer_norm(x, (40,), w, b, 0.5), _reference(LAYER_NORM, x, (40,), w, b, 0.5, x)[0],
                  torch.float32)
     fusedops.rms_norm(x, (40,), w)
-    with pytest.raises(TypeError, match="torch.int32"):
-        fusedops.rms_norm(x, (40,), w.int())
+    with pytest.raises(TypeError, match="torch.complex64"):
+        fusedops.rms_norm(x, (40,), w.to(torch.complex64))
+    assert_close(fusedops.rms_norm(x, (40,), w.int()), F.rms_norm(x.double(), (40,), w.int().double()),
+                 torch.float32)                              # an integer weight, as torch takes it
     monkeypatch.delenv("FUSEDOPS_INTERPRET")                # CPU tensors: torch's op again
     monkeypatch.setattr(norms, "norm_launches", None)
     assert torch.equal(fusedops.layer_norm(x, (40,), w, b), F.layer_norm(x, (40,), w, b))
@@ -689,8 +691,8 @@ def test_argument_errors():
     x = torch.zeros(2, 3)
     with pytest.raises(TypeError, match="torch.int32"):
         fusedops.layer_norm(x.int(), (3,))
-    with pytest.raises(TypeError, match="torch.int64"):
-        fusedops.rms_norm(x, (3,), torch.ones(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="torch.complex64"):
+        fusedops.rms_norm(x, (3,), torch.ones(3, dtype=torch.complex64))
     with pytest.raises(ValueError, match=r"expected input with shape \[\*, 4\]"):
         fusedops.layer_norm(x, (4,))
     with pytest.raises(ValueError, match="at least 1-dimensional"):

@@ -528,7 +528,7 @@ def test_norm_layouts_shapes_dtypes_and_gradients(interpret):
     (lambda x: fusedops.layer_norm(x, (8.0,)), "normalized_shape"),
     (lambda x: fusedops.layer_norm(x, (8,), eps=None), "eps"),
     (lambda x: fusedops.layer_norm(x.long(), (8,)), "dtype"),
-    (lambda x: fusedops.rms_norm(x, (8,), torch.randn(8).long()), "weight"),
+    (lambda x: fusedops.rms_norm(x, (8,), torch.randn(8).to(torch.complex64)), "weight"),
 ])
 def test_norm_argument_errors_name_the_argument(interpret, call, error):
     with pytest.raises((TypeError, ValueError, RuntimeError), match=error):

@@ -96,7 +96,7 @@ def _check_parameter(name: str, role: str, p: Optional[torch.Tensor], x: torch.T
                         f"of them")
     if not same_dtype and p.dtype not in _FLOATING:
         raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype}; it must be a floating dtype (input: "
-                        f"{x.dtype})")
+                        f"{x.dtype}; fusedops.rms_norm converts an integer or bool weight first)")
 
 
 def check_layer_norm_arguments(x, normalized_shape, weight, bias) -> Tuple[int, ...]:
