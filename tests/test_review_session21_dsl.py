@@ -80,10 +80,7 @@ _OPS = ["div", "mod", "shl", "shr", "lt", "mul", "max", "and", "xor"]
 
 
 @dsl.jit
-def _binary_kernel(o_ptr, a_ptr, b_ptr, N: dsl.constexpr, OP: dsl.constexpr):
-    i = dsl.arange(0, N)
-    a = dsl.load(a_ptr + i)
-    b = dsl.load(b_ptr + i)
+def _binary(a, b, OP: dsl.constexpr):
     if OP == "div":
         r = a // b
     elif OP == "mod":
@@ -102,29 +99,19 @@ def _binary_kernel(o_ptr, a_ptr, b_ptr, N: dsl.constexpr, OP: dsl.constexpr):
         r = a & b
     else:
         r = a ^ b
-    dsl.store(o_ptr + i, r)
+    return r
+
+
+@dsl.jit
+def _binary_kernel(o_ptr, a_ptr, b_ptr, N: dsl.constexpr, OP: dsl.constexpr):
+    i = dsl.arange(0, N)
+    dsl.store(o_ptr + i, _binary(dsl.load(a_ptr + i), dsl.load(b_ptr + i), OP))
 
 
 @dsl.jit
 def _scalar_binary_kernel(o_ptr, a_ptr, b_ptr, N: dsl.constexpr, OP: dsl.constexpr):
     for j in dsl.static_range(N):
-        a = dsl.load(a_ptr + j)
-        b = dsl.load(b_ptr + j)
-        if OP == "div":
-            r = a // b
-        elif OP == "mod":
-            r = a % b
-        elif OP == "shl":
-            r = a << b
-        elif OP == "shr":
-            r = a >> b
-        elif OP == "lt":
-            r = a < b
-        elif OP == "max":
-            r = dsl.maximum(a, b)
-        else:
-            r = a * b
-        dsl.store(o_ptr + j, r)
+        dsl.store(o_ptr + j, _binary(dsl.load(a_ptr + j), dsl.load(b_ptr + j), OP))
 
 
 def _promote(a, b):
