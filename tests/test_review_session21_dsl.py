@@ -621,3 +621,18 @@ def test_program_id_and_num_programs_on_axes_1_and_2():
     assert out.item() == 3
     _grid_kernel[(1, 0, 3)](out.zero_(), interpret=True)     # an empty grid runs nothing
     assert out.item() == 0
+
+
+@dsl.jit
+def _bounded_iota(o_ptr, n, BLOCK: dsl.constexpr):
+    i = dsl.arange(0, BLOCK)
+    dsl.store(o_ptr + i, i, mask=i < n)
+
+
+def test_a_0d_tensor_where_a_scalar_is_meant_gets_a_hint():
+    # a torch.Tensor argument is a pointer, a 0-d one too (as in Triton): the error says so
+    out = torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(dsl.CompilationError, match=r"`lt` is not defined for int32 and ptr<int64>.*0-d one included"):
+        _bounded_iota[(1,)](out, torch.tensor(5), BLOCK=8, interpret=True)
+    _bounded_iota[(1,)](out, 5, BLOCK=8, interpret=True)
+    assert out.tolist() == [0, 1, 2, 3, 4, 0, 0, 0]

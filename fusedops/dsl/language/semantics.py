@@ -158,8 +158,12 @@ class Semantics(ShapeOps, BlockOps):
         if op in ("eq", "ne", "lt", "le", "gt", "ge") and ea == eb:
             a, b = self.broadcast_pair(a, b)
             return self.builder.value(_BINARY[op], [a, b], with_element(a.type, int1))
+        hint = ""
+        if isinstance(ea, PointerType) != isinstance(eb, PointerType):
+            hint = (" (a torch.Tensor argument, a 0-d one included, is a pointer to its data: pass a Python "
+                    "number where the kernel means a scalar)")
         raise CompilationError(f"`{op}` is not defined for {ea} and {eb}; pointers support + and - "
-                               "with integer offsets, and comparisons")
+                               f"with integer offsets, and comparisons{hint}")
 
     def add_pointer(self, ptr: Value, offset) -> Value:
         offset = self.to_value(offset, int32)
