@@ -39,6 +39,7 @@ from ..ir import Block, Function, Operation, OpCode, Value
 from ..ir.rewrite import replace_all_uses
 from ..language.dtypes import BlockType, DType, PointerType, int1, int64, shape_of, uint32, uint64, with_shape
 from .dce import eliminate_dead_code
+from .pipelining import Inserter, constant_int, replace_uses
 
 _UNSIGNED = {32: uint32, 64: uint64}
 
@@ -75,21 +76,21 @@ def _rewrite_loop(function: Function, loop: Operation, read: set) -> bool:
             steps.append((index, arg, step))
     if not steps:
         return False
-    before_loop = _Inserter(loop.parent, loop)
+    before_loop = Inserter(loop.parent, loop)
     for position, (index, arg, (scalar, negate)) in enumerate(steps):
         _hoist(scalar, loop)
         if negate:
             steps[position] = (index, arg, (before_loop.value(OpCode.NEG, [scalar], scalar.type), False))
-    at = _Inserter(body, body.ops[0])
+    at = Inserter(body, body.ops[0])
     trip = _trips(at, loop, induction, count=False)
     after, count = None, None
     for index, arg, (scalar, _) in steps:
         initial = loop.operands[3 + index]
-        _replace_in(body, arg, _value_on_trip(at, loop, initial, scalar, trip))
+        replace_uses(body, 0, arg, _value_on_trip(at, loop, initial, scalar, trip))
         if id(loop.results[index]) in read:      # read after the loop: p0 advanced by the trip count
             if after is None:
                 block = loop.parent
-                after = _Inserter(block, block.ops[block.ops.index(loop) + 1])
+                after = Inserter(block, block.ops[block.ops.index(loop) + 1])
                 count = _trips(after, loop, loop.operands[1], count=True)
             replace_all_uses(function, loop.results[index], _value_on_trip(after, loop, initial, scalar, count))
     return True
@@ -122,7 +123,7 @@ def _scalar_step(arg: Value, yielded: Value, loop: Operation, invariant: dict) -
     if source is not None and source.opcode == OpCode.SPLAT:
         offset = source.operands[0]
     elif source is not None and source.opcode == OpCode.CONSTANT:     # a splat folded to a constant
-        offset = _Inserter(loop.parent, loop).value(OpCode.CONSTANT, [], scalar_type, dict(source.attrs))
+        offset = Inserter(loop.parent, loop).value(OpCode.CONSTANT, [], scalar_type, dict(source.attrs))
     elif source is not None or isinstance(offset.type, BlockType):
         return None
     return (offset, negate) if _invariant(offset, loop, invariant) else None
@@ -169,23 +170,11 @@ def _hoist(value: Value, loop: Operation) -> None:
     op.parent = block
 
 
-class _Inserter:
-    """Inserts new ops into `block` in front of `anchor`, in the order they are made."""
-
-    def __init__(self, block: Block, anchor: Operation):
-        self.block, self.anchor = block, anchor
-
-    def value(self, opcode: OpCode, operands, result_type, attrs=None) -> Value:
-        op = Operation(opcode, operands, [result_type], attrs or {}, (), self.anchor.loc)
-        self.block.ops.insert(self.block.ops.index(self.anchor), op)
-        op.parent = self.block
-        return op.result
-
-    def cast(self, value: Value, type_) -> Value:
-        return value if value.type == type_ else self.value(OpCode.CAST, [value], type_)
+def _cast(at: Inserter, value: Value, type_) -> Value:
+    return value if value.type == type_ else at.value(OpCode.CAST, [value], type_)
 
 
-def _trips(at: _Inserter, loop: Operation, end: Value, count: bool) -> Value:
+def _trips(at: Inserter, loop: Operation, end: Value, count: bool) -> Value:
     """How many trips start before `end`: with `end` the induction variable (count False), the trips
     before this one, `(k - lb) / step`; with `end` the upper bound (count True), the loop's trip count
     (0 when the range is empty).
@@ -194,19 +183,19 @@ def _trips(at: _Inserter, loop: Operation, end: Value, count: bool) -> Value:
     induction = loop.regions[0].args[0]
     signed = induction.type
     unsigned = _UNSIGNED[signed.bits]
-    lower, end, step = (at.cast(v, signed) for v in (loop.operands[0], end, loop.operands[2]))
-    lower_u, end_u, step_u = (at.cast(v, unsigned) for v in (lower, end, step))
-    one = at.value(OpCode.CONSTANT, [], unsigned, {"value": 1})
-    known = _constant(step)
+    lower, end, step = (_cast(at, v, signed) for v in (loop.operands[0], end, loop.operands[2]))
+    lower_u, end_u, step_u = (_cast(at, v, unsigned) for v in (lower, end, step))
+    one = at.constant(1, unsigned)
+    known = constant_int(loop.operands[2])
     if known is not None and known > 0:
         runs = at.value(OpCode.GT, [end, lower], int1)
         distance, magnitude = at.value(OpCode.SUB, [end_u, lower_u], unsigned), step_u
     elif known is not None and known < 0:
         runs = at.value(OpCode.LT, [end, lower], int1)
         distance = at.value(OpCode.SUB, [lower_u, end_u], unsigned)
-        magnitude = at.value(OpCode.CONSTANT, [], unsigned, {"value": -known})
+        magnitude = at.constant(-known, unsigned)
     else:
-        zero = at.value(OpCode.CONSTANT, [], signed, {"value": 0})
+        zero = at.constant(0, signed)
         upward = at.value(OpCode.GT, [step, zero], int1)
         downward = at.value(OpCode.LT, [step, zero], int1)
         runs = at.value(OpCode.OR, [at.value(OpCode.AND, [upward, at.value(OpCode.GT, [end, lower], int1)], int1),
@@ -220,36 +209,19 @@ def _trips(at: _Inserter, loop: Operation, end: Value, count: bool) -> Value:
     safe = at.value(OpCode.WHERE, [runs, magnitude, one], unsigned)           # no division by a zero step
     trips = at.value(OpCode.ADD, [at.value(OpCode.IDIV, [at.value(OpCode.SUB, [distance, one], unsigned), safe],
                                            unsigned), one], unsigned)
-    zero_u = at.value(OpCode.CONSTANT, [], unsigned, {"value": 0})
+    zero_u = at.constant(0, unsigned)
     return at.value(OpCode.WHERE, [runs, trips, zero_u], unsigned)
 
 
-def _constant(value: Value) -> Optional[int]:
-    op = value.defining_op
-    while op is not None and op.opcode == OpCode.CAST:
-        op = op.operands[0].defining_op
-    if op is None or op.opcode != OpCode.CONSTANT or isinstance(op.attrs.get("value"), bool):
-        return None
-    return op.attrs["value"] if isinstance(op.attrs.get("value"), int) else None
-
-
-def _value_on_trip(at: _Inserter, loop: Operation, initial: Value, scalar: Value, trip: Value) -> Value:
+def _value_on_trip(at: Inserter, loop: Operation, initial: Value, scalar: Value, trip: Value) -> Value:
     """`initial` advanced `trip` times by `scalar`: addptr / add of `trip * scalar`."""
     element = initial.type.element if isinstance(initial.type, BlockType) else initial.type
     pointer = isinstance(element, PointerType)
     product_type = int64 if pointer else element
-    before_loop = _Inserter(loop.parent, loop)
-    step = before_loop.cast(scalar, product_type)
-    product = at.value(OpCode.MUL, [at.cast(trip, product_type), step], product_type)
+    before_loop = Inserter(loop.parent, loop)
+    step = _cast(before_loop, scalar, product_type)
+    product = at.value(OpCode.MUL, [_cast(at, trip, product_type), step], product_type)
     shape = shape_of(initial.type)
     if shape:
         product = at.value(OpCode.SPLAT, [product], with_shape(product_type, shape))
     return at.value(OpCode.ADDPTR if pointer else OpCode.ADD, [initial, product], initial.type)
-
-
-def _replace_in(body: Block, old: Value, new: Value) -> None:
-    """Every read of `old` in `body` (nested regions included) reads `new`."""
-    for op in body.walk():
-        for index, operand in enumerate(op.operands):
-            if operand is old:
-                op.operands[index] = new

@@ -206,7 +206,7 @@ def _use_counts(function: Function) -> dict:
     return counts
 
 
-def _constant_int(value: Value) -> Optional[int]:
+def constant_int(value: Value) -> Optional[int]:
     op = value.defining_op
     if op is None or op.opcode != OpCode.CONSTANT or isinstance(value.type, BlockType):
         return None
@@ -276,7 +276,7 @@ def _candidates(loop: Operation, analysis, uses: dict) -> list:
     body = loop.regions[0]
     lower, upper, step = loop.operands[:3]
     induction = body.args[0]
-    step_value = _constant_int(step)
+    step_value = constant_int(step)
     if step_value is None or step_value <= 0 or not (lower.type == upper.type == induction.type == int32):
         return []
     written = written_roots(body)       # a load from memory the loop writes must not be fetched early
@@ -471,7 +471,7 @@ def _issue_tma_copy(at: Inserter, candidate: _Candidate, buffer: Value, index: V
     coordinates = [mapping.get(id(c), c) for c in source.coordinates]
     # Constant sizes and strides (ints specialized as 1) are made again here: the load that used
     # them is gone, and dead-code elimination may have removed their ops since.
-    tensor = [at.constant(_constant_int(v), v.type) if _constant_int(v) is not None else v
+    tensor = [at.constant(constant_int(v), v.type) if constant_int(v) is not None else v
               for v in (*source.shape, *source.strides)]
     in_range = at.value(OpCode.LT, [iteration, upper], int1)
     attrs = {"multicast": candidate.multicast} if candidate.multicast else {}
@@ -583,7 +583,7 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     body = loop.regions[0]
     lower, upper, step = loop.operands[:3]
     induction = body.args[0]
-    step_value = _constant_int(step)
+    step_value = constant_int(step)
     # Copies run `ahead` iterations ahead; an in-flight wgmma still reads the previous slot.
     ahead_by = num_stages - 1 if overlapped is None else num_stages - 2
     before = Inserter(outer, loop)
@@ -641,7 +641,7 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     body = loop.regions[0]
     lower, upper, step = loop.operands[:3]
     induction = body.args[0]
-    step_value = _constant_int(step)
+    step_value = constant_int(step)
     lag = 0 if overlapped is None else 1
     ahead_by = num_stages - lag
     before = Inserter(outer, loop)
