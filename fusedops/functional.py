@@ -252,8 +252,6 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     """
     if _transforms_active() or needs_torch(input, weight):
         return torch.nn.functional.rms_norm(input, _norms.normalized_shape_tuple(normalized_shape), weight, eps)
-    if isinstance(weight, torch.Tensor) and not (weight.dtype.is_floating_point or weight.dtype.is_complex):
-        weight = weight.to(torch.float64 if getattr(input, "dtype", None) == torch.float64 else torch.float32)
     # float32 under CUDA autocast, as torch
     autocast = _autocast_dtype("rms_norm", input) if isinstance(input, torch.Tensor) else None
     if autocast is not None:
@@ -261,7 +259,9 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     # Arguments laid out like ones that took the kernel path before need neither checks nor routing.
     known = None if torch.compiler.is_compiling() else _norms.known_launches(
         "rms_norm", input, normalized_shape, weight, None, eps)
-    if known is None:
+    if known is None:       # (an integer weight is never remembered: it is converted here, each call)
+        if isinstance(weight, torch.Tensor) and not (weight.dtype.is_floating_point or weight.dtype.is_complex):
+            weight = weight.to(torch.float64 if getattr(input, "dtype", None) == torch.float64 else torch.float32)
         shape = _norms.check_rms_norm_arguments(input, normalized_shape, weight)
         dtypes = (input.dtype,) if weight is None else (input.dtype, weight.dtype)
         if not _runs_kernels(input, *dtypes):
