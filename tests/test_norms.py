@@ -116,19 +116,20 @@ def test_matches_float64_every_affine_combination(interpret, op, weight, bias, s
 @pytest.mark.parametrize("n_cols", [1000, 1032, 1544])
 def test_forward_reads_16_byte_vectors_when_row_strides_allow(n_cols, subtract_mean, tmp_path, monkeypatch):
     # Row strides divisible by 8 fp16 elements (not 16, so not specialized): ALIGN keeps vectors, with the
-    # shipped whole-row config's options (LayerNorm: the shifted sums up to 4096 columns; rows past 4096
-    # columns take the row sweeps, tests/test_norm_row_sweeps.py).
+    # shipped whole-row config's options (LayerNorm: the shifted sums up to 4096 columns; both ops: the cache
+    # hints up to 2048; rows past 4096 columns take the row sweeps, tests/test_norm_row_sweeps.py).
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     x = torch.empty(8, n_cols, dtype=torch.float16)
     config = norms.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
-    assert config.shifted_sums == subtract_mean and not config.reload and not config.cache_hints
+    assert config.shifted_sums == subtract_mean and not config.reload and config.cache_hints
     align = norms._stride_alignment(x.stride(0), x.stride(0), x.element_size())
     assert align == 8
     stats = torch.empty(8)
     compiled = K.forward_kernel.compile(x, stats if subtract_mean else None, stats, x, x[0], x[0], 8, n_cols, n_cols,
                                         1, n_cols, 1e-5, target="sm_90a", num_warps=config.num_warps,
                                         SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows,
-                                        BLOCK_N=config.block_n, ALIGN=align, SHIFTED_SUMS=config.shifted_sums)
+                                        BLOCK_N=config.block_n, ALIGN=align, SHIFTED_SUMS=config.shifted_sums,
+                                        CACHE_HINTS=config.cache_hints)
     ptx = compiled.asm["ptx"]
     assert re.search(r"ld\.global[.\w:]*\.v4", ptx) and re.search(r"st\.global[.\w:]*\.v4", ptx)
     # the shifted sums: one exchange of the statistics (one barrier pair) where the two reductions took two
@@ -382,14 +383,15 @@ def test_persistent_half_backward(interpret, monkeypatch, op, weight, bias, shap
 
 
 # 16-bit LayerNorm's default forward options by padded row size (forward_config), run at a few rows: the
-# cache hints (1000 columns: 2-row tiles, the last partial; 4000: 2 rows of a row shorter than the block),
+# cache hints (1000 and 4000 columns: one row per program with the shifted sums, rows shorter than the
+# block; RMSNorm's 1000: 2-row tiles with the hints, the last partial),
 # the row sweeps (16000 and 4104: aligned rows of the 16384 and 8192 blocks), the row sweeps through the
 # aligned window (20001: unaligned rows), and an RMSNorm row of the same size, which keeps the plain tiles
 # but where the row sweeps run (8192 block, odd rows). (Odd rows of up to 4097 columns take the split window:
 # test_split_window_norms.py.)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("n_cols, rows, hints, sweeps, window", [
-    (1000, 1, False, False, False), (4000, 1, False, False, False), (16000, 1, True, True, False),
+    (1000, 1, True, False, False), (4000, 1, True, False, False), (16000, 1, True, True, False),
     (4104, 1, True, True, False), (20001, 1, True, True, True)])
 def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, sweeps, window, seed):
     config = norms.forward_config(n_cols, dtype, subtract_mean=True)
@@ -397,7 +399,8 @@ def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, swe
                                                                                                 window)
     assert not config.reload and config.shifted_sums == (not sweeps or norms.ROW_SWEEP_SHIFTED_SUMS)
     plain = norms.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
-    assert not plain.reload and plain.cache_hints == plain.row_sweeps == (n_cols in (4104, 20001))
+    assert not plain.reload and plain.row_sweeps == (n_cols in (4104, 20001))
+    assert plain.cache_hints == (n_cols in (1000, 4104, 20001))
     assert plain.aligned_window == window
     for op in (LAYER_NORM, RMS_NORM):
         subtract_mean = op == LAYER_NORM
@@ -802,18 +805,24 @@ LARGE_SIZES = (1024, 4096, 8192, 16384, 32768, 65536)
 # with ALIGN applies to launches of that ALIGN only (and comes first).
 KNOWN_SPILLS = {
     # N=8192 LayerNorm, the persistent backward with the next row prefetched (H200, fp16: 0.140 ms, against
-    # 0.162 without the prefetch (12 bytes) and the fused 0.189, spills included; TWO_PASS: no spill, 0.229);
-    # and N=16384 in clusters of two such halves (56 bytes: 1.76x torch's, 1.67x for 4096-column parts
-    # without a spill)
-    (torch.float16, "backward_persistent_kernel", 8192, True): 56,
-    (torch.bfloat16, "backward_persistent_kernel", 8192, True): 56,
+    # 0.162 without the prefetch (12 bytes) and the fused 0.189, spills included; TWO_PASS: no spill, 0.229;
+    # session 22's dx from x and dy, norm_kernels._input_gradient: 0.126 ms, 16-24 bytes)
+    (torch.float16, "backward_persistent_kernel", 8192, True): 24,
+    (torch.bfloat16, "backward_persistent_kernel", 8192, True): 24,
+    # N=16384 and 32768 LayerNorm in clusters of 2048- and 4096-column parts with the next row prefetched
+    # (session 22, H200, fp16, x torch's backward: 16384 1.78x against 1.60x for 8192-column halves and 1.73x
+    # for 4096-column parts; 32768 1.71x against 1.64x without the prefetch, no spill)
+    (torch.float16, "backward_persistent_kernel", 2048, True, 8): 20,
+    (torch.bfloat16, "backward_persistent_kernel", 2048, True, 8): 20,
+    (torch.float16, "backward_persistent_kernel", 4096, True, 8): 20,
+    (torch.bfloat16, "backward_persistent_kernel", 4096, True, 8): 20,
     # 8193..32761 columns, not a multiple of 8: the backward in clusters through the aligned window with the
     # next row prefetched (H200, fp16, 12289: LayerNorm 1.17x torch's against 0.87x without the prefetch,
     # no spill, and the split backward's 0.76x; RMSNorm 1.41x)
     (torch.float16, "backward_persistent_kernel", 4096, True, 1): 148,
     (torch.bfloat16, "backward_persistent_kernel", 4096, True, 1): 148,
-    (torch.float16, "backward_persistent_kernel", 4096, False, 1): 48,
-    (torch.bfloat16, "backward_persistent_kernel", 4096, False, 1): 48,
+    (torch.float16, "backward_persistent_kernel", 4096, False, 1): 52,
+    (torch.bfloat16, "backward_persistent_kernel", 4096, False, 1): 52,
     # 4097..8191 columns, not a multiple of 8 (unvectorized rows): the fused backward (0.66x torch's at 4097)
     (torch.float16, "backward_fused_kernel", 8192, True): 192,
     (torch.bfloat16, "backward_fused_kernel", 8192, False): 80,

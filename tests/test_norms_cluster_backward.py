@@ -34,11 +34,11 @@ def _backward(op, x, w, b, dy, allocate=_poisoned_empty):
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 @pytest.mark.parametrize("n_cols", [16384, 16392, 12289])
 def test_default_half_backward_in_clusters(interpret, op, n_cols, seed):
-    # LayerNorm's 16384-column rows in 8192-column halves; else 4096-column parts (16392: 5 parts, the last
-    # of 8 columns; 12289: 4 parts of the aligned window)
+    # 16384-column rows in 8 parts of 2048 columns; else 4096-column parts (16392: 5 parts, the last of 8
+    # columns; 12289: 4 parts of the aligned window)
     config = norms.backward_config(n_cols, torch.float16, subtract_mean=op == LAYER_NORM)
-    halves = op == LAYER_NORM and n_cols == 16384
-    assert config.cluster and config.persistent and config.block_n == (8192 if halves else 4096)
+    assert config.cluster and config.persistent and config.block_n == (2048 if n_cols == 16384 else 4096)
+    assert config.prefetch
     assert config.aligned_window == (n_cols % 8 != 0)
     _check(op, (3, n_cols), (n_cols,), torch.float16, seed)
 
@@ -58,7 +58,7 @@ def test_devices_without_clusters_take_the_split_backward(monkeypatch):
 
 # -- GPU tier -------------------------------------------------------------------------------------------
 
-# (rows, columns): clusters of 2 (LayerNorm) or 4 (RMSNorm) at 16384, 5 at 16392 (a last part of 8 columns),
+# (rows, columns): clusters of 8 at 16384, 5 at 16392 (a last part of 8 columns),
 # 6 at 24576, 8 at 32768; fewer rows than resident clusters, and many more
 GPU_SHAPES = [(1, 16384), (257, 16392), (1000, 16384), (61, 24576), (130, 32768), (2, 32768),
               # rows off 16-byte boundaries, through the aligned window: 4 parts (12289), 5, 8 (32761)

@@ -166,11 +166,16 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 # dependent exchanges) they replace: 2048 0.863 -> 0.914 (2 warps), 4096 0.897 -> 0.960 (4 warps), 1024
 # 0.902 -> 0.878 (2 warps; bench/layernorm.py, its copy timed apart: 0.97 at 1024, 0.87 at 2048, 0.92 at
 # 4096); 2-row tiles with the shifted sums 4-20% slower (their per-row loads move between layouts).
+# Session 22 (.scratch/probe_c.py, interleaved with a copy of the same bytes): these with cache_hints (x loaded
+# evict_first, weight and bias evict_last): 1024 0.79 -> 0.85, 2048 0.86 -> 0.92, 4096 0.91 -> 0.92.
 _HALF_LAYER_NORM_FORWARD = {
-    1024: dict(block_rows=1, num_warps=2, shifted_sums=True),
-    2048: dict(block_rows=1, num_warps=2, shifted_sums=True),
-    4096: dict(block_rows=1, num_warps=4, shifted_sums=True),
+    1024: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
+    2048: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
+    4096: dict(block_rows=1, num_warps=4, shifted_sums=True, cache_hints=True),
 }
+# 16-bit RMSNorm forward options by padded row size over the whole-row tiles (session 22, as above: cache_hints
+# 1024 0.93 -> 0.99, 2048 0.955 -> 0.97 of a copy; 4096 equal, and slower past it, session 13).
+_HALF_RMS_NORM_FORWARD = {1024: dict(cache_hints=True), 2048: dict(cache_hints=True)}
 # (8192: hints, 0.826 -> 0.836, and 32768: reload in 8 output chunks, 0.608 -> 0.740, were dropped in session
 # 6: 16-bit rows there take the row sweeps, aligned or through the window.)
 
@@ -298,8 +303,9 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
         num_warps = min(32, max(4, block_n // 2048))
         config = ForwardConfig(looped=False, block_rows=max(1, 2048 // block_n), block_n=block_n,
                                num_warps=num_warps)
-        if subtract_mean and dtype.itemsize == 2 and block_n in _HALF_LAYER_NORM_FORWARD:
-            config = dataclasses.replace(config, **_HALF_LAYER_NORM_FORWARD[block_n])
+        if dtype.itemsize == 2:
+            options = (_HALF_LAYER_NORM_FORWARD if subtract_mean else _HALF_RMS_NORM_FORWARD).get(block_n, {})
+            config = dataclasses.replace(config, **options)
         return config
     acc_bytes = accumulation_dtype(dtype).itemsize
     return ForwardConfig(looped=True, block_rows=1, block_n=16384 // acc_bytes, num_warps=8)
@@ -371,11 +377,11 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
         return BackwardConfig(split=False, block_rows=1, block_n=4096, num_warps=8, programs_per_sm=2,
                               persistent=True, prefetch=True, cluster=True, min_blocks_per_sm=2, aligned_window=True)
     if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 == 0:
-        if subtract_mean and block_n == 16384:
-            return BackwardConfig(split=False, block_rows=1, block_n=8192, num_warps=16, programs_per_sm=1,
-                                  persistent=True, prefetch=True, cluster=True)
+        if block_n == 16384:
+            return BackwardConfig(split=False, block_rows=1, block_n=2048, num_warps=4, programs_per_sm=4,
+                                  persistent=True, prefetch=True, cluster=True, min_blocks_per_sm=4)
         return BackwardConfig(split=False, block_rows=1, block_n=4096, num_warps=8, programs_per_sm=2,
-                              persistent=True, prefetch=not subtract_mean, cluster=True, min_blocks_per_sm=2)
+                              persistent=True, prefetch=True, cluster=True, min_blocks_per_sm=2)
     if dtype.itemsize == 2 and block_n == 8192 and n_cols % 8 == 0:
         return BackwardConfig(split=False, block_rows=1, block_n=block_n, num_warps=16, programs_per_sm=1,
                               persistent=True, prefetch=True)
