@@ -31,6 +31,7 @@ _KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
 # torch._C._is_any_autocast_enabled (private; torch >= 2.4): autocast on for CPU, CUDA or another of
 # torch's usual devices. Without it, the answer that sends _autocast_dtype to its full check.
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+_STRIDED = torch.strided
 
 
 # torch.func transforms (vmap, grad, jacrev, ...) pass wrapped tensors without storage, which the kernels
@@ -46,7 +47,7 @@ _is_jit_tracing = torch._C._is_tracing
 def needs_torch(*tensors) -> bool:
     """Whether tensors among `tensors` (None and non-tensors are skipped) hold what the kernels, which read
     plain strided memory, would get wrong, so that torch's op runs instead: a tensor subclass (FakeTensor
-    of a FakeTensorMode, ...; nn.Parameter is plain), a nested tensor, the negative bit (a view whose
+    of a FakeTensorMode, ...; nn.Parameter is plain), a sparse or nested tensor, the negative bit (a view whose
     memory reads negated, e.g. `z.conj().imag`), or a dual tensor of forward-mode AD (its tangent). Also
     while torch.jit.trace runs: a trace records torch's ops only (a kernel launch would be left out of it,
     and sizes are 0-d tensors then). Not while torch.compile traces: the custom ops there take fake tensors."""
@@ -58,7 +59,8 @@ def needs_torch(*tensors) -> bool:
     for t in tensors:
         cls = type(t)
         if cls is torch.Tensor or cls is torch.nn.Parameter:
-            if t.is_nested or t.is_neg() or (dual and _forward_ad.unpack_dual(t).tangent is not None):
+            if (t.layout is not _STRIDED or t.is_nested or t.is_neg()
+                    or (dual and _forward_ad.unpack_dual(t).tangent is not None)):
                 return True
         elif t is not None and isinstance(t, torch.Tensor):
             return True

@@ -28,7 +28,8 @@ from fusedops import functional
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+        # out of place: under torch.vmap a per-sample mask cannot be written into an unbatched tensor
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
     return mask.to(dtype)
 
 
@@ -210,6 +211,8 @@ def transformers_attention_forward(module: torch.nn.Module, query: torch.Tensor,
         # torch's is_causal is aligned to the top-left corner.
         key, value = key[:, :, :length_q], value[:, :, :length_q]
         position_bias = None if position_bias is None else position_bias[..., :length_q]
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = attention_mask[:, :, :, :key.shape[2]]      # as "sdpa": a mask built for a longer cache
     if position_bias is not None:
         from transformers.integrations.sdpa_attention import create_position_bias_mask
 
