@@ -6,6 +6,7 @@ from ..errors import CompilationError
 from ..ir import OpCode, Value
 from .dtypes import (BlockType, DType, PointerType, float32, float64, int1, int8, int32, shape_of,
                      uint8, uint32, with_shape)
+from .shape_ops import check_block_size
 
 # PTX cache operators (PTX ISA, "Cache Operators"), by access.
 _LOAD_CACHE_MODIFIERS = ("", ".ca", ".cg", ".cs", ".lu", ".cv")
@@ -188,6 +189,7 @@ class BlockOps:
         if precision == "tf32" and ea != float32:
             precision = "ieee"
         shape = (sa[0], sb[1])
+        check_block_size(shape, "dot result")
         if out_dtype is not None and out_dtype != default_out:
             raise CompilationError(f"dot out_dtype must be {default_out} for {ea} inputs (the accumulation "
                                    f"dtype), got {out_dtype!r}")

@@ -29,6 +29,7 @@ from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from .core import builtin, constexpr
 from .dtypes import BlockType, DType, PointerType, float32, int32, int64, uint32
+from .shape_ops import check_block_size
 
 
 class TensorDescriptor:
@@ -91,6 +92,7 @@ def make_tensor_descriptor(base, shape, strides, block_shape, *, _semantic=None)
     block_shape = _pair(block_shape, "block_shape")
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1) for b in block_shape):
         raise CompilationError(f"make_tensor_descriptor: block_shape must be constexpr powers of two, got {block_shape}")
+    check_block_size(block_shape, "make_tensor_descriptor: block_shape")
     return TensorDescriptor(base, shape, strides, tuple(block_shape))
 
 

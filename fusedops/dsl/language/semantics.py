@@ -158,6 +158,9 @@ class Semantics(ShapeOps, BlockOps):
         if op in ("eq", "ne", "lt", "le", "gt", "ge") and ea == eb:
             a, b = self.broadcast_pair(a, b)
             return self.builder.value(_BINARY[op], [a, b], with_element(a.type, int1))
+        offset = eb if isinstance(ea, PointerType) else ea if op == "add" and isinstance(eb, PointerType) else None
+        if op in ("add", "sub") and isinstance(offset, DType):      # a pointer and a float (or bool) offset
+            raise CompilationError(f"pointer offsets must be integers, got {offset}")
         hint = ""
         if isinstance(ea, PointerType) != isinstance(eb, PointerType):
             hint = (" (a torch.Tensor argument, a 0-d one included, is a pointer to its data: pass a Python "

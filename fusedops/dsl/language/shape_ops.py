@@ -9,21 +9,28 @@ from .dtypes import BlockType, DType, int32, shape_of, with_shape
 _MAX_BLOCK_NUMEL = 1 << 20
 
 
+def check_block_size(shape: tuple, what: str) -> None:
+    """Raise CompilationError for a block `shape` of more than _MAX_BLOCK_NUMEL elements (every op that
+    makes a block of a new size checks it where the user wrote it)."""
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if numel > _MAX_BLOCK_NUMEL:
+        raise CompilationError(f"{what} {tuple(shape)} has {numel} elements; blocks hold at most {_MAX_BLOCK_NUMEL}")
+
+
 def _check_shape(shape, what: str) -> tuple:
     if isinstance(shape, int):
         shape = (shape,)
     if not isinstance(shape, (tuple, list)):
         raise CompilationError(f"{what} must be a tuple of constexpr ints, got {shape!r}")
     shape = tuple(shape)
-    numel = 1
     for dim in shape:
         if isinstance(dim, Value):
             raise CompilationError(f"{what} must be known at compile time (constexpr), got a runtime value")
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1 or dim & (dim - 1):
             raise CompilationError(f"{what} must be powers of two (ints), got {shape}")
-        numel *= dim
-    if numel > _MAX_BLOCK_NUMEL:
-        raise CompilationError(f"{what} {shape} has {numel} elements; blocks hold at most {_MAX_BLOCK_NUMEL}")
+    check_block_size(shape, what)
     return shape
 
 
@@ -52,6 +59,7 @@ class ShapeOps:
             raise CompilationError(f"arange(start, end) needs end - start to be a power of two, got {size}")
         if not (-2**31 <= start and end <= 2**31):
             raise CompilationError("arange bounds must fit in int32")
+        check_block_size((size,), "arange block")
         return self.builder.value(OpCode.ARANGE, [], BlockType((size,), int32), start=start, end=end)
 
     def full(self, shape, value, dtype) -> Value:
