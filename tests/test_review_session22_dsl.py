@@ -306,3 +306,21 @@ def test_aliased_views_in_the_interpreter():
     y = torch.arange(12.0).reshape(3, 4)
     _double[(1,)](y[1:, 1], y[0, :], 3, B=4, interpret=True)     # a strided view's storage, pointer arithmetic
     assert y[1, 1].item() == 0.0 and y[1, 2].item() == 2.0 and y[1, 3].item() == 4.0
+
+
+# ================================================================================================
+# Fixed (noticed by the review): a bad Config is refused where it is made; interpret given as text
+# ================================================================================================
+@pytest.mark.parametrize("num_warps, num_stages", [(3, 2), (0, 2), (64, 2), (True, 2), (4.0, 2), (4, 0), (4, 1.5)])
+def test_config_refuses_bad_warps_and_stages_where_it_is_made(num_warps, num_stages):
+    with pytest.raises(ValueError, match="num_warps" if num_stages == 2 else "num_stages"):
+        dsl.Config({"BLOCK": 16}, num_warps=num_warps, num_stages=num_stages)
+
+
+def test_interpret_given_as_text_is_refused():
+    kernel = _kernel("def k(o_ptr):\n    dsl.store(o_ptr, 1.0)\n", "interpret_text")
+    out = torch.zeros(1)
+    with pytest.raises(dsl.LaunchError, match="interpret"):
+        kernel[(1,)](out, interpret="no")
+    kernel[(1,)](out, interpret=True)
+    assert out.item() == 1.0

@@ -41,7 +41,8 @@ from ..ir.ops import cluster_size
 from ..language import core
 from . import knobs
 from .fast_path import MISSING, make_binder, make_entry, make_plan, make_prepared
-from .launcher import check_arch, check_cluster_grid, check_num_warps, cuda_device, device_arch, normalize_grid
+from .launcher import (check_arch, check_cluster_grid, check_interpret, check_num_warps, cuda_device, device_arch,
+                       normalize_grid)
 from .signature import NO_DEFAULT, Parameter, SpecializationKey, specialize
 
 _RESERVED = ("num_warps", "num_stages", "interpret", "target", "grid")
@@ -211,6 +212,7 @@ class JITFunction:
         """
         if interpret is None:
             interpret = _interpret_enabled()
+        check_interpret(interpret, self.__name__)
         values = self._bind(args, kwargs)
         tensor_type = self._tensor_type
         if tensor_type is None:
@@ -288,6 +290,7 @@ class JITFunction:
         name = self.__name__
         values = self._bind(args, kwargs)
         check_num_warps(num_warps, num_stages, name)
+        check_interpret(interpret, name)
         if callable(grid):
             grid = grid(self._meta(args, kwargs, num_warps, num_stages))
         grid = normalize_grid(grid, name)

@@ -63,6 +63,13 @@ def check_num_warps(num_warps, num_stages, kernel: str) -> None:
         raise LaunchError(f"num_stages of `{kernel}` must be a positive int, got {num_stages!r}")
 
 
+def check_interpret(interpret, kernel: str) -> None:
+    """Raises LaunchError for an `interpret` given as text (True, False or None, FUSEDOPS_INTERPRET then
+    deciding, are meant): a string such as "no" would otherwise read as true."""
+    if isinstance(interpret, (str, bytes)):
+        raise LaunchError(f"interpret of `{kernel}` must be True, False or None, got {interpret!r}")
+
+
 def check_arch(arch: str) -> str:
     if not isinstance(arch, str) or not _ARCH.fullmatch(arch):
         raise ValueError(f"target must name a GPU architecture like sm_80, sm_90 or sm_90a, got {arch!r}")
