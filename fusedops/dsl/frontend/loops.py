@@ -156,6 +156,10 @@ class LoopsMixin:
                 end = scope.names.get(name, _MISSING)
                 if end is not inits[name] and not (not is_runtime(end) and _same_constant(end, inits[name])) \
                         and end is not _MISSING:
+                    if isinstance(inits[name], (tuple, list)):
+                        raise CompilationError(f"`{name}` is a {type(inits[name]).__name__} before the loop and is "
+                                               "reassigned in the loop body; tuples cannot be loop-carried: carry "
+                                               f"their items as separate variables (e.g. `a, b = {name}`)")
                     raise CompilationError(f"`{name}` is the compile-time value {inits[name]!r} before the loop but "
                                            "is reassigned in the loop body; only numbers and kernel values can be "
                                            "loop-carried")

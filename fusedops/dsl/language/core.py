@@ -258,7 +258,9 @@ def dot(a, b, acc=None, input_precision=None, out_dtype=None, *, _semantic=None)
     """Matrix product a (M x K) @ b (K x N) + acc (M x N); M, N, K powers of two.
 
     a and b share a dtype: float16/bfloat16/float32 accumulate in float32, float64 in float64, int8
-    in int32. input_precision: "ieee" (default) or "tf32" (float32 inputs on tensor cores).
+    in int32. input_precision: "ieee" (default) or "tf32" (float32 inputs rounded to tf32, 10 mantissa
+    bits, as tensor cores read them; the multiply-adds of float32 dots run on the CUDA cores, tf32 ones
+    too: tensor-core tf32 is not implemented yet, tests/test_review_session22_compiler.py).
     """
     return _semantic.dot(a, b, acc, input_precision, out_dtype)
 
