@@ -21,7 +21,8 @@ Rules (tests in tests/test_control_flow.py):
   a literal initial value (`acc = 0`) adopts the type the body gives it; a body value whose type
   changed only because a literal won the promotion (`x = x + 1.5` with x an int32) is converted
   back, as C's `x += 1.5` would; any other change is a CompilationError naming the variable.
-  Names first assigned inside a loop are not defined after it.
+  A tuple of kernel values and numbers is carried item by item (`name[i]` in errors); its length
+  must not change. Names first assigned inside a loop are not defined after it.
 - `while cond:` builds a WHILE op whose before-region evaluates `cond` on the carried values; a
   compile-time false condition removes the loop, a compile-time true one is an error.
 - A block-valued condition (`if`, `while`, `a if c else b`) is a CompilationError that says to use

@@ -127,6 +127,8 @@ class LoopsMixin:
         names = [n for n in _assigned_names(node.body) if n != target and self.scope.defines(n)
                  and self.read_at_or_after(n, start)]
         inits = {n: self.scope.names[n] for n in names}
+        # A tuple of kernel values and numbers is carried item by item, as slots named `name[i]`.
+        tuples = _TupleSlots(names, inits)
         # Compile-time values other than numbers cannot be carried: they must not change in the loop.
         fixed = {n for n in names if not is_runtime(inits[n]) and not _is_number(inits[n])}
         retype, cast_back, dropped = {}, set(), set()
@@ -136,12 +138,12 @@ class LoopsMixin:
             carried = [n for n in names if n not in fixed and n not in dropped]
             init_values = [self._loop_init(inits[n], retype.get(n)) for n in carried]
             types = [v.type for v in init_values]
-            attempt = self._loop_attempt(node, header, target, carried, types)
+            attempt = self._loop_attempt(node, header, target, carried, types, tuples)
             if attempt is None:      # a while whose condition is a compile-time False
                 del outer.ops[mark:]
                 return
             regions, body_args, scope = attempt
-            ends = [scope.names.get(n, _MISSING) for n in carried]
+            ends = [tuples.end(scope, n) for n in carried]
             retry = False
             for name, arg, end, init in zip(carried, body_args, ends, init_values):
                 if end is _MISSING:
@@ -153,7 +155,7 @@ class LoopsMixin:
                 elif not self._carried_type_ok(node, name, arg, end, inits[name], retype, cast_back, scope):
                     retry = True
             for name in (n for n in names if n not in carried and n not in dropped):
-                end = scope.names.get(name, _MISSING)
+                end = tuples.end(scope, name)
                 if end is not inits[name] and not (not is_runtime(end) and _same_constant(end, inits[name])) \
                         and end is not _MISSING:
                     if isinstance(inits[name], (tuple, list)):
@@ -166,7 +168,7 @@ class LoopsMixin:
             if retry:
                 del outer.ops[mark:]
                 continue
-            self._finish_loop(node, header, regions, carried, init_values, ends, cast_back, scope)
+            self._finish_loop(node, header, regions, carried, init_values, ends, cast_back, scope, tuples)
             return
         raise CompilationError("the types of the loop-carried variables do not settle")
 
@@ -200,15 +202,16 @@ class LoopsMixin:
         raise CompilationError(f"loop-carried variable `{name}` has type {arg.type} before the loop but becomes "
                                f"{end!r} in the loop body", scope.locations.get(name))
 
-    def _loop_attempt(self, node, header, target, carried, types):
-        """Compile the loop's regions with the carried names typed `types`; None when a `while`
-        condition is a compile-time False."""
+    def _loop_attempt(self, node, header, target, carried, types, tuples):
+        """Compile the loop's regions with the carried names typed `types` (`tuples`: the carried tuples'
+        slots); None when a `while` condition is a compile-time False."""
         regions = []
         if header is None:
             before = Block(types, carried)
             scope = self.scope.copy()
             for name, arg in zip(carried, before.args):
                 scope.assign(name, arg)
+            tuples.bind(scope)
             saved = self.scope
             self.scope = scope
             try:
@@ -234,11 +237,12 @@ class LoopsMixin:
             scope.assign(target, body.args[0])
         for name, arg in zip(carried, body_args):
             scope.assign(name, arg)
+        tuples.bind(scope)
         self.compile_region(body, scope, node.body)
         regions.append(body)
         return regions, body_args, scope
 
-    def _finish_loop(self, node, header, regions, carried, init_values, ends, cast_back, scope) -> None:
+    def _finish_loop(self, node, header, regions, carried, init_values, ends, cast_back, scope, tuples) -> None:
         body = regions[-1]
         with self.builder.insert_into(body):
             operands = []
@@ -252,6 +256,9 @@ class LoopsMixin:
         op = self.builder.create(opcode, operands, [v.type for v in init_values], regions=regions)
         for name, result in zip(carried, op.results):
             self.scope.assign(name, result)
+        tuples.bind(self.scope)
+        tuples.forget(self.scope)
+        tuples.forget(scope)
         line = self.source.location(node).line
         if isinstance(node, ast.For):
             self.scope.hide(node.target.id, f"`{node.target.id}` is the variable of the loop at line {line} and is "
@@ -263,6 +270,58 @@ class LoopsMixin:
         for name, reason in scope.hidden.items():
             if name not in carried and name not in self.scope.hidden:
                 self.scope.hide(name, reason)
+
+
+class _TupleSlots:
+    """The loop-carried tuples of a loop: a name whose value before the loop is a tuple of kernel values and
+    numbers is replaced in `names` by one slot per item, `name[i]` (not an identifier: no clash), whose
+    initial value is the item (in `inits`). `bind` sets the tuple names of a scope from its slots (a slot
+    that is not carried keeps its initial value), `end` reads a slot's value from the tuple at the end of
+    the body, `forget` removes the slots from a scope once the loop is built."""
+
+    def __init__(self, names: list, inits: dict):
+        self.slots = {}         # tuple name -> its slot names
+        self.parent = {}        # slot name -> (tuple name, item index)
+        for name in [n for n in names if isinstance(inits[n], tuple) and inits[n]
+                     and all(is_runtime(item) or _is_number(item) for item in inits[n])]:
+            slots = [f"{name}[{index}]" for index in range(len(inits[name]))]
+            self.slots[name] = slots
+            at = names.index(name)
+            names[at:at + 1] = slots
+            for index, (slot, item) in enumerate(zip(slots, inits.pop(name))):
+                inits[slot] = item
+                self.parent[slot] = (name, index)
+        self.inits = inits
+
+    def bind(self, scope) -> None:
+        for name, slots in self.slots.items():
+            scope.assign(name, tuple(scope.names.get(slot, self.inits[slot]) for slot in slots))
+
+    def end(self, scope, name):
+        if name not in self.parent:
+            return scope.names.get(name, _MISSING)
+        parent, index = self.parent[name]
+        value = scope.names.get(parent, _MISSING)
+        if value is _MISSING:
+            return _MISSING
+        count = len(self.slots[parent])
+        if not isinstance(value, tuple) or len(value) != count:
+            raise CompilationError(f"`{parent}` is a tuple of {count} items before the loop but "
+                                   f"{_describe(value)} at the end of the loop body; a loop-carried tuple must keep "
+                                   "its length", scope.locations.get(parent))
+        return value[index]
+
+    def forget(self, scope) -> None:
+        for slot in self.parent:
+            scope.names.pop(slot, None)
+
+
+def _describe(value) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} items"
+    if is_runtime(value):
+        return f"a {value.type}"
+    return f"{value!r}"
 
 
 def _may_be_negative(value) -> bool:
