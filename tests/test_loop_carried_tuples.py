@@ -5,22 +5,17 @@ for scalar kernels, and compiled for sm_90a (a carried pointer pair feeding a pi
 
 from __future__ import annotations
 
-import linecache
-
 import pytest
 import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from host_jit import run_on_host
+from kernel_source import jit_from_source
 
 
 def _kernel(source: str, tag: str):
-    filename = f"<loop tuples {tag}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = {"dsl": dsl}
-    exec(compile(source, filename, "exec"), namespace)
-    return dsl.jit(namespace["k"])
+    return jit_from_source(source, f"<loop tuples {tag}>")
 
 
 _pointer_pair = _kernel('''

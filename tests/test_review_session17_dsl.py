@@ -28,6 +28,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from host_jit import run_on_host
+from kernel_source import jit_from_source
 
 NAN, INF = float("nan"), float("inf")
 ARCHS = ("sm_80", "sm_90a")
@@ -1108,14 +1109,9 @@ _BAD_BODIES = {
 
 
 def _bad_kernel(body: str):
-    namespace = {"dsl": dsl}
     source = f"def bad(o_ptr, x_ptr, n):\n    x = dsl.load(x_ptr + dsl.arange(0, 8))\n    {body}\n" \
              "    dsl.store(o_ptr + dsl.arange(0, 8), y)\n"
-    import linecache
-    filename = f"<review17 {len(linecache.cache)}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), namespace)
-    return dsl.jit(namespace["bad"])
+    return jit_from_source(source, f"<review17 {body!r}>", name="bad")
 
 
 @pytest.mark.parametrize("name", list(_BAD_BODIES))

@@ -14,7 +14,6 @@ pin behaviour that held.
 from __future__ import annotations
 
 import itertools
-import linecache
 import random
 import re
 
@@ -26,6 +25,7 @@ import fusedops.dsl as dsl
 from codegen_helpers import interpret_ir, pipelined_ir
 from fusedops.dsl.target import assemble, ptxas_available
 from host_jit import run_on_host
+from kernel_source import jit_from_source
 
 ARCHS = ("sm_80", "sm_90a")
 
@@ -429,11 +429,7 @@ _UNSUPPORTED = {   # body -> a fragment of the message
 def _kernel_from_body(body: str, tag: str):
     source = ("def k(o_ptr, x_ptr, n, m):\n    i = dsl.arange(0, 8)\n    x = dsl.load(x_ptr + i)\n"
               f"    {body}\n    dsl.store(o_ptr + i, y)\n")
-    filename = f"<review21 {tag}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = {"dsl": dsl, "torch": torch}
-    exec(compile(source, filename, "exec"), namespace)
-    return dsl.jit(namespace["k"])
+    return jit_from_source(source, f"<review21 {tag}>", namespace={"torch": torch})
 
 
 @pytest.mark.parametrize("name", list(_SUPPORTED))

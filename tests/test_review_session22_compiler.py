@@ -21,14 +21,12 @@ Defects (strict xfails):
 - Fixed (session 22): a tuple of kernel values reassigned in a loop (`p = (p[0] + BK, p[1] + BK * N)`,
   which Triton carries) was refused with "`p` is the compile-time value (Value(?: <64x16xptr<float16>>),
   ...) before the loop", calling kernel values compile-time and printing internal IR reprs
-  (frontend/loops.py `_compile_loop`); it is still refused, with a message that says to carry the items
-  as separate variables.
+  (frontend/loops.py `_compile_loop`); tuples are now carried item by item (tests/test_loop_carried_tuples.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import linecache
 import re
 
 import pytest
@@ -38,17 +36,14 @@ import fusedops.dsl as dsl
 from codegen_helpers import interpret_ir, pipelined_ir
 from fusedops.dsl.target import assemble, ptxas_available
 from host_jit import run_on_host
+from kernel_source import jit_from_source
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 P16, P32 = dsl.pointer_type(dsl.float16), dsl.pointer_type(dsl.float32)
 
 
 def _kernel(source: str, tag: str):
-    filename = f"<review22c {tag}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    ns = {"dsl": dsl}
-    exec(compile(source, filename, "exec"), ns)
-    return dsl.jit(ns["k"])
+    return jit_from_source(source, f"<review22c {tag}>")
 
 
 def _ptxas_warnings(log: str) -> list:
@@ -116,32 +111,6 @@ def test_tf32_and_ieee_dots_in_the_interpreter_are_exact_float32():
         out = torch.zeros(256)
         _fma_dot[(1,)](out, a, b, M=16, N=16, KK=16, PREC=prec, interpret=True)
         torch.testing.assert_close(out.view(16, 16), (a.double() @ b.double()).float(), rtol=1e-5, atol=1e-5)
-
-
-# ================================================================================================
-# Defect: a loop-carried tuple of kernel values is refused with an error that calls it compile-time
-# ================================================================================================
-_tuple_carry = _kernel('''
-def k(o_ptr, x_ptr, n, B: dsl.constexpr):
-    i = dsl.arange(0, B)
-    p = (x_ptr + i, o_ptr + i)
-    acc = dsl.zeros((B,), dsl.float32)
-    for t in range(n):
-        acc += dsl.load(p[0])
-        p = (p[0] + B, p[1])
-    dsl.store(p[1], acc)
-''', "tuple_carry")
-
-
-def test_loop_carried_tuple_is_carried_or_refused_without_internal_reprs():
-    x, out = torch.arange(32, dtype=torch.float32), torch.zeros(8)
-    try:
-        _tuple_carry[(1,)](out, x, 3, B=8, interpret=True)
-    except dsl.CompilationError as error:
-        message = str(error)
-        assert "Value(" not in message and "compile-time value" not in message, message
-    else:
-        torch.testing.assert_close(out, x[:8] + x[8:16] + x[16:24])
 
 
 # ================================================================================================

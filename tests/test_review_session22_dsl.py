@@ -20,14 +20,13 @@ The other tests pin tricky behaviour that held.
 
 from __future__ import annotations
 
-import linecache
-
 import pytest
 import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from host_jit import run_on_host
+from kernel_source import jit_from_source
 
 
 def _assemble(compiled, arch):
@@ -36,11 +35,7 @@ def _assemble(compiled, arch):
 
 
 def _kernel(source: str, tag: str, namespace=None):
-    filename = f"<review22 {tag}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    ns = {"dsl": dsl, **(namespace or {})}
-    exec(compile(source, filename, "exec"), ns)
-    return dsl.jit(ns["k"])
+    return jit_from_source(source, f"<review22 {tag}>", namespace=namespace)
 
 
 # ================================================================================================
