@@ -178,3 +178,18 @@ def test_a_carried_pointer_pair_pipelines_like_separate_pointers():
     assert "wgmma.mma_async" in ptx and "cp.async" in ptx
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes == 0 and "C7514" not in result.log
+
+
+_nested_tuple = _kernel('''
+def k(o_ptr, n):
+    pair = ((0, 1), 2)
+    for t in range(n):
+        pair = (pair[0], pair[1] + 1)
+    dsl.store(o_ptr, pair[1])
+''', "nested_tuple")
+
+
+def test_a_tuple_holding_a_tuple_is_refused_with_what_can_be_carried():
+    with pytest.raises(dsl.CompilationError, match=r"`pair` is a tuple before the loop .* only tuples of kernel "
+                                                   r"values and numbers can be loop-carried"):
+        _nested_tuple[(1,)](torch.zeros(1, dtype=torch.int32), 3, interpret=True)

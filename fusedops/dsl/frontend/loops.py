@@ -160,8 +160,9 @@ class LoopsMixin:
                         and end is not _MISSING:
                     if isinstance(inits[name], (tuple, list)):
                         raise CompilationError(f"`{name}` is a {type(inits[name]).__name__} before the loop and is "
-                                               "reassigned in the loop body; tuples cannot be loop-carried: carry "
-                                               f"their items as separate variables (e.g. `a, b = {name}`)")
+                                               "reassigned in the loop body; only tuples of kernel values and "
+                                               "numbers can be loop-carried: carry its items as separate variables "
+                                               f"(e.g. `a, b = {name}`)")
                     raise CompilationError(f"`{name}` is the compile-time value {inits[name]!r} before the loop but "
                                            "is reassigned in the loop body; only numbers and kernel values can be "
                                            "loop-carried")
