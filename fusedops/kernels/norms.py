@@ -363,7 +363,12 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     row prefetched: 12289 LayerNorm 0.76x -> 1.17x, RMSNorm 0.78x -> 1.41x (8192-column halves 0.92x /
     1.18x; before the loop-carried 16-bit pairs of codegen/control.py they were 0.43-0.55x). Not taken:
     2048-column parts (4 CTAs per SM), 2-row tiles, a weight reloaded per row, and clusters for rows of
-    up to 8192 columns (1024..8192: 0.7-0.95 of the shipped kernels' speed)."""
+    up to 8192 columns (1024..8192: 0.7-0.95 of the shipped kernels' speed).
+    Session 22 (.scratch/probe_c.py, interleaved CUDA events, x torch's backward kernels), with dx computed
+    from x and dy (norm_kernels._input_gradient): 16-bit rows of 16384 columns, both ops, take 2048-column
+    parts (8 per cluster, 4 warps, 4 CTAs per SM, prefetch): LayerNorm 1.60x (8192-column halves) / 1.73x
+    (4096-column parts) -> 1.78x, RMSNorm 2.11x -> 2.19x; LayerNorm's 32768 prefetches too (1.64x -> 1.71x,
+    20 bytes spilled). dx re-read from L1/L2 after the row sums instead of kept (no spill) was 5-15% slower."""
     if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
         choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(_next_power_of_2(n_cols - 1))
         if choice is not None:
