@@ -806,20 +806,22 @@ def _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
 @dsl.jit
 def _input_gradient(x, dy, weight, mean, rstd, c1, c2, SUBTRACT_MEAN: dsl.constexpr):
     # dx = rstd * (g - xhat * c1 - c2) of an (R, C) tile from x and dy in their own dtype (as loaded) and
-    # the rows' c1, c2 ((R,), RMSNorm: c2 unused), as dy * rstd * weight + (x - mean) * a - rstd * c2 with
-    # a = -rstd^2 c1 per row: xhat and g need not stay live across the row reductions (one-pass persistent
-    # tiles: LayerNorm 8192 columns 1.93x -> 2.08x torch's backward on the H200, session 22; the fused
-    # kernel's row loop was slower with it and keeps the xhat/g form). Masked-off elements are not 0: store
-    # them under the mask.
+    # the rows' c1, c2 ((R,), RMSNorm: c2 unused), as dy * rstd * weight - xhat * (rstd c1) - rstd c2 with
+    # xhat = (x - mean) * rstd again: g need not stay live across the row reductions (one-pass persistent
+    # tiles: LayerNorm 8192 columns 1.93x -> 2.08x torch's backward on the H200, session 22, with the
+    # per-row factor -rstd^2 c1, which overflowed float32 where rstd c1 and xhat did not; the fused kernel's
+    # row loop was slower with it and keeps the xhat/g form). Masked-off elements are not 0: store them
+    # under the mask.
     acc_dtype = rstd.dtype
-    scale = -rstd * rstd * c1
+    x = x.to(acc_dtype)
+    if SUBTRACT_MEAN:
+        x = x - mean[:, None]
     dx = dy.to(acc_dtype) * rstd[:, None]
     if weight is not None:
         dx = dx * weight.to(acc_dtype)
+    dx = dx - (x * rstd[:, None]) * (rstd * c1)[:, None]
     if SUBTRACT_MEAN:
-        dx = dx + (x.to(acc_dtype) - mean[:, None]) * scale[:, None] - (rstd * c2)[:, None]
-    else:
-        dx = dx + x.to(acc_dtype) * scale[:, None]
+        dx = dx - (rstd * c2)[:, None]
     return dx
 
 

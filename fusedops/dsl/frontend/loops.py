@@ -212,7 +212,7 @@ class LoopsMixin:
             scope = self.scope.copy()
             for name, arg in zip(carried, before.args):
                 scope.assign(name, arg)
-            tuples.bind(scope)
+            tuples.bind(scope, dict(zip(carried, before.args)))
             saved = self.scope
             self.scope = scope
             try:
@@ -238,7 +238,7 @@ class LoopsMixin:
             scope.assign(target, body.args[0])
         for name, arg in zip(carried, body_args):
             scope.assign(name, arg)
-        tuples.bind(scope)
+        tuples.bind(scope, dict(zip(carried, body_args)))
         self.compile_region(body, scope, node.body)
         regions.append(body)
         return regions, body_args, scope
@@ -257,7 +257,7 @@ class LoopsMixin:
         op = self.builder.create(opcode, operands, [v.type for v in init_values], regions=regions)
         for name, result in zip(carried, op.results):
             self.scope.assign(name, result)
-        tuples.bind(self.scope)
+        tuples.bind(self.scope, dict(zip(carried, op.results)))
         tuples.forget(self.scope)
         tuples.forget(scope)
         line = self.source.location(node).line
@@ -276,9 +276,10 @@ class LoopsMixin:
 class _TupleSlots:
     """The loop-carried tuples of a loop: a name whose value before the loop is a tuple of kernel values and
     numbers is replaced in `names` by one slot per item, `name[i]` (not an identifier: no clash), whose
-    initial value is the item (in `inits`). `bind` sets the tuple names of a scope from its slots (a slot
-    that is not carried keeps its initial value), `end` reads a slot's value from the tuple at the end of
-    the body, `forget` removes the slots from a scope once the loop is built."""
+    initial value is the item (in `inits`). `bind` sets the tuple names of a scope from the carried slots'
+    values (a slot that is not carried keeps its initial value; an enclosing loop's slots of the same name
+    are not this loop's), `end` reads a slot's value from the tuple at the end of the body (its location
+    the tuple's), `forget` removes the slots from a scope once the loop is built."""
 
     def __init__(self, names: list, inits: dict):
         self.slots = {}         # tuple name -> its slot names
@@ -294,9 +295,9 @@ class _TupleSlots:
                 self.parent[slot] = (name, index)
         self.inits = inits
 
-    def bind(self, scope) -> None:
+    def bind(self, scope, values: dict) -> None:
         for name, slots in self.slots.items():
-            scope.assign(name, tuple(scope.names.get(slot, self.inits[slot]) for slot in slots))
+            scope.assign(name, tuple(values.get(slot, self.inits[slot]) for slot in slots))
 
     def end(self, scope, name):
         if name not in self.parent:
@@ -310,11 +311,14 @@ class _TupleSlots:
             raise CompilationError(f"`{parent}` is a tuple of {count} items before the loop but "
                                    f"{_describe(value)} at the end of the loop body; a loop-carried tuple must keep "
                                    "its length", scope.locations.get(parent))
+        if parent in scope.locations:       # errors about the item point at the tuple's last assignment
+            scope.locations[name] = scope.locations[parent]
         return value[index]
 
     def forget(self, scope) -> None:
         for slot in self.parent:
             scope.names.pop(slot, None)
+            scope.locations.pop(slot, None)
 
 
 def _describe(value) -> str:
