@@ -804,22 +804,17 @@ def _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
 
 
 @dsl.jit
-def _input_gradient(x, dy, weight, mean, rstd, c1, c2, SUBTRACT_MEAN: dsl.constexpr):
-    # dx = rstd * (g - xhat * c1 - c2) of an (R, C) tile from x and dy in their own dtype (as loaded) and
-    # the rows' c1, c2 ((R,), RMSNorm: c2 unused), as dy * rstd * weight - xhat * (rstd c1) - rstd c2 with
-    # xhat = (x - mean) * rstd again: g need not stay live across the row reductions (one-pass persistent
-    # tiles: LayerNorm 8192 columns 1.93x -> 2.08x torch's backward on the H200, session 22, with the
-    # per-row factor -rstd^2 c1, which overflowed float32 where rstd c1 and xhat did not; the fused kernel's
-    # row loop was slower with it and keeps the xhat/g form). Masked-off elements are not 0: store them
-    # under the mask.
-    acc_dtype = rstd.dtype
-    x = x.to(acc_dtype)
-    if SUBTRACT_MEAN:
-        x = x - mean[:, None]
-    dx = dy.to(acc_dtype) * rstd[:, None]
+def _input_gradient(xhat, dy, weight, rstd, c1, c2, SUBTRACT_MEAN: dsl.constexpr):
+    # dx = rstd * (g - xhat * c1 - c2) of an (R, C) tile (xhat, dy: _normalize's) and the rows' c1, c2 ((R,),
+    # RMSNorm: c2 unused), as dy * rstd * weight - xhat * (rstd c1) - rstd c2: g (dy * weight) need not stay
+    # live across the row reductions (one-pass persistent tiles: LayerNorm 8192 columns 1.93x -> 2.08x
+    # torch's backward on the H200, session 22, with the per-row factor -rstd^2 c1 on x - mean, which
+    # overflowed float32 where rstd c1 and xhat did not; the fused kernel's row loop was slower with it and
+    # keeps the xhat/g form).
+    dx = dy * rstd[:, None]
     if weight is not None:
-        dx = dx * weight.to(acc_dtype)
-    dx = dx - (x * rstd[:, None]) * (rstd * c1)[:, None]
+        dx = dx * weight.to(rstd.dtype)
+    dx = dx - xhat * (rstd * c1)[:, None]
     if SUBTRACT_MEAN:
         dx = dx - (rstd * c2)[:, None]
     return dx
@@ -1065,22 +1060,19 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
         dweight_sum += dy_acc * xhat
         dbias_sum += dy_acc
         if dx_ptr is not None:
-            if not TWO_PASS:
-                c1 = dsl.sum(xhat * g, axis=1)
-                c2 = dsl.sum(g, axis=1)
-                if CLUSTER > 1 and SUBTRACT_MEAN:
-                    c1, c2 = dsl.cluster_sum(c1, c2)
-                elif CLUSTER > 1:
-                    c1 = dsl.cluster_sum(c1)
-                c1 = c1 / n_cols
-                c2 = c2 / n_cols
             if TWO_PASS:
                 dx = g - xhat * c1[:, None]
                 if SUBTRACT_MEAN:
                     dx = dx - c2[:, None]
                 dx = dx * rstd[:, None]
             else:
-                dx = _input_gradient(x, dy, weight, mean, rstd, c1, c2, SUBTRACT_MEAN)
+                c1 = dsl.sum(xhat * g, axis=1)
+                c2 = dsl.sum(g, axis=1)
+                if CLUSTER > 1 and SUBTRACT_MEAN:
+                    c1, c2 = dsl.cluster_sum(c1, c2)
+                elif CLUSTER > 1:
+                    c1 = dsl.cluster_sum(c1)
+                dx = _input_gradient(xhat, dy_acc, weight, rstd, c1 / n_cols, c2 / n_cols, SUBTRACT_MEAN)
             dx_offsets, _, _ = _row_window(rows, cols, n_cols, dx_row_stride, 1, ALIGN, SHIFT)
             dsl.store(dx_ptr + dx_offsets, dx, mask=mask)
         if PREFETCH:
