@@ -34,6 +34,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from ..errors import CompilationError, LaunchError, UnsupportedError
 from . import knobs
+from .launcher import warps_and_stages_problem
 
 TUNING_WARMUP = 2
 TUNING_REPS = 8
@@ -51,10 +52,9 @@ class Config:
     def __post_init__(self):
         """Raises ValueError for num_warps other than a power of two from 1 to 32 or num_stages below 1
         (found here, not when autotuning skips the config)."""
-        if type(self.num_warps) is not int or self.num_warps not in (1, 2, 4, 8, 16, 32):
-            raise ValueError(f"Config: num_warps must be a power of two from 1 to 32, got {self.num_warps!r}")
-        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"Config: num_stages must be a positive int, got {self.num_stages!r}")
+        problem = warps_and_stages_problem(self.num_warps, self.num_stages)
+        if problem is not None:
+            raise ValueError(f"Config: {problem[0]} {problem[1]}")
         object.__setattr__(self, "kwargs", tuple(sorted(dict(self.kwargs).items())))
 
     @property

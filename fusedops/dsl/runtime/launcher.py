@@ -55,12 +55,21 @@ def normalize_grid(grid, kernel: str) -> tuple:
     return tuple(sizes) + (1,) * (3 - len(sizes))
 
 
+def warps_and_stages_problem(num_warps, num_stages) -> tuple:
+    """(argument, what it must be) for a bad num_warps / num_stages, or None: num_warps must be a power of two
+    in 1..32 and num_stages an int >= 1 (launches and dsl.Config check the same)."""
+    if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps not in (1, 2, 4, 8, 16, 32):
+        return "num_warps", f"must be a power of two from 1 to 32, got {num_warps!r}"
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        return "num_stages", f"must be a positive int, got {num_stages!r}"
+    return None
+
+
 def check_num_warps(num_warps, num_stages, kernel: str) -> None:
     """Raises LaunchError unless num_warps is a power of two in 1..32 and num_stages an int >= 1."""
-    if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps not in (1, 2, 4, 8, 16, 32):
-        raise LaunchError(f"num_warps of `{kernel}` must be a power of two from 1 to 32, got {num_warps!r}")
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise LaunchError(f"num_stages of `{kernel}` must be a positive int, got {num_stages!r}")
+    problem = warps_and_stages_problem(num_warps, num_stages)
+    if problem is not None:
+        raise LaunchError(f"{problem[0]} of `{kernel}` {problem[1]}")
 
 
 def check_interpret(interpret, kernel: str) -> None:
