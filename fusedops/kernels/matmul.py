@@ -40,7 +40,8 @@ Prepared launches (`prepare_matmul`) are made for the setting in force when they
 
 Configs are autotuned per (M, N, K, dtypes, device) among `CONFIGS` (fusedops.dsl.autotune) for
 problems of at least AUTOTUNE_MIN_WORK multiply-adds; smaller ones use SMALL_CONFIG and the
-interpreter INTERPRETER_CONFIG.
+interpreter INTERPRETER_CONFIG. On the TMA path each config is timed as it will run (persistent,
+stream-K or one program per tile: `_tuned_tma_config`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from typing import Callable, Optional
 import torch
 
 import fusedops.dsl as dsl
+from fusedops.dsl.runtime.autotune import TUNING_WARMUP, time_launches
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
@@ -339,6 +341,48 @@ def _launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[to
     return args, {"HAS_BIAS": has_bias, "ACTIVATION": activation, "ACC": acc}, (m, n, k)
 
 
+def _tma_path(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+              activation: Optional[str], config: dsl.Config, interpret: bool) -> Callable[[], None]:
+    """`launch()`: c = activation(a @ b + bias) over batch-1 c, a, b (`_uses_tma`) with `config`, by the
+    kernel its plan takes: persistent (`_persistent_plan`), stream-K (`_stream_k_plan`) or one program
+    per tile (matmul_tma_kernel)."""
+    args, constexprs, (m, n, k) = _tma_launch(c, a, b, bias, activation)
+    programs = _persistent_plan(c, k, config)
+    if programs is not None:
+        return lambda: matmul_persistent.launch(c[0], a[0], b[0], bias, activation, config, programs,
+                                                interpret=interpret)
+    stream_k = _stream_k_plan(m, n, k, config, c.device)
+    if stream_k is not None:
+        return lambda: matmul_stream_k.launch(c[0], a[0], b[0], bias, activation, config, *stream_k,
+                                              interpret=interpret)
+    grid = (_programs(m, n, config.constexprs),)
+    return lambda: matmul_tma_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages,
+                                           interpret=interpret, **constexprs, **config.constexprs)
+
+
+def _tuned_tma_config(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+                      activation: Optional[str]) -> dsl.Config:
+    """The fastest of TMA_CONFIGS for this product (GPU), recorded by tuned_matmul_tma_kernel (its key and
+    on-disk record). Each config is timed as `_tma_path` launches it: the persistent or stream-K kernel
+    where its plan takes one. (Timing matmul_tma_kernel for every config instead picked configs whose
+    persistent launch was slower: fp16 4096^3 on the H200, session 23, 0.964x cuBLAS against 1.000x for
+    128 x 256 x 64 persistent in the same run.) Tuning writes c."""
+    args, constexprs, _ = _tma_launch(c, a, b, bias, activation)
+    key = tuned_matmul_tma_kernel.key_of(args, constexprs)
+    chosen = tuned_matmul_tma_kernel.best.get(key)
+    if chosen is not None:
+        return chosen
+    warmed = set()
+
+    def measure(config: dsl.Config) -> tuple:
+        launch = _tma_path(c, a, b, bias, activation, config, False)
+        launch()        # compiles and checks the launch
+        warmup = 0 if config in warmed else TUNING_WARMUP
+        warmed.add(config)
+        return time_launches(launch, warmup=warmup), False
+    return tuned_matmul_tma_kernel.select(key, measure)
+
+
 def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 activation: Optional[str] = None, *, interpret: Optional[bool] = None,
                 config: Optional[dsl.Config] = None) -> torch.Tensor:
@@ -356,23 +400,8 @@ def matmul_into(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optiona
         interpret = _interpret_enabled()
     if _uses_tma(c, a, b):
         args, constexprs, (m, n, k) = _tma_launch(c, a, b, bias, activation)
-        chosen = _chosen_config(m, n, k, interpret, config)
-        if chosen is None:
-            chosen = tuned_matmul_tma_kernel.best.get(tuned_matmul_tma_kernel.key_of(args, constexprs))
-        if chosen is None:      # tunes (the data-parallel kernel), then launches the best
-            tuned_matmul_tma_kernel[_grid((m, n), 1)](*args, interpret=False, **constexprs)
-            return c
-        programs = _persistent_plan(c, k, chosen)
-        if programs is not None:
-            matmul_persistent.launch(c[0], a[0], b[0], bias, activation, chosen, programs, interpret=interpret)
-            return c
-        stream_k = _stream_k_plan(m, n, k, chosen, c.device)
-        if stream_k is not None:
-            matmul_stream_k.launch(c[0], a[0], b[0], bias, activation, chosen, *stream_k, interpret=interpret)
-            return c
-        grid = (_programs(m, n, chosen.constexprs),)
-        matmul_tma_kernel[grid](*args, num_warps=chosen.num_warps, num_stages=chosen.num_stages,
-                                interpret=interpret, **constexprs, **chosen.constexprs)
+        chosen = _chosen_config(m, n, k, interpret, config) or _tuned_tma_config(c, a, b, bias, activation)
+        _tma_path(c, a, b, bias, activation, chosen, interpret)()
         return c
     for start in range(0, batch, MAX_GRID_Y):
         stop = min(batch, start + MAX_GRID_Y)
@@ -407,6 +436,8 @@ def prepare_matmul(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opti
         kernel, tuned, (args, constexprs, (m, n, k)) = (matmul_kernel, tuned_matmul_kernel,
                                                         _launch(c, a, b, bias, activation))
     chosen = _chosen_config(m, n, k, False, None)
+    if chosen is None and kernel is matmul_tma_kernel:
+        chosen = _tuned_tma_config(c, a, b, bias, activation)
     if chosen is None:
         tuned[_grid((m, n), c.shape[0])](*args, interpret=False, **constexprs)
         chosen = tuned.best.get(tuned.key_of(args, constexprs))

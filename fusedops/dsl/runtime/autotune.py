@@ -9,15 +9,21 @@
 
 On the first launch with a new key (the values of the `key` arguments, the dtypes of the tensor
 arguments and the device), every config is launched with the real arguments and timed with CUDA
-events; the fastest is used from then on and recorded, through an atomic write, in a JSON file in
-the cache directory ($FUSEDOPS_CACHE_DIR/autotune/), so later processes skip the search. A config
+events, in TUNING_ROUNDS rounds that each time every config in turn (a clock or power change
+during the search falls on all of them alike), each launch timed alone; a config's time is the
+median of its launches. The fastest is used from then on and recorded, through an atomic write, in
+a JSON file in the cache directory ($FUSEDOPS_CACHE_DIR/autotune/), so later processes skip the
+search. A config
 whose compilation or launch fails (e.g. it needs more shared memory than the device has) is
 skipped, not fatal, and one whose kernel spills registers to local memory is chosen only when
 every config spills.
 In the interpreter the first config that fits is used without timing (times mean nothing there).
 
-Tuning launches the kernel several times on the caller's arguments: use it for kernels whose
-outputs do not depend on their previous contents (no accumulation into an output).
+Tuning launches the kernel several times on the caller's arguments. A kernel that accumulates into
+an argument (atomic adds, `out += ...`) names it: `reset_to_zero=["out"]` zeroes those tensors before
+every tuning launch and after the search (the real launch then starts from zeros, as a first launch
+from a zeroed buffer does); `restore_value=["x"]` saves those tensors before the search and copies
+them back before every tuning launch and after it (the real launch sees the caller's values).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import statistics
 import tempfile
 import threading
 from pathlib import Path
@@ -36,8 +43,10 @@ from ..errors import CompilationError, LaunchError, UnsupportedError
 from . import knobs
 from .launcher import warps_and_stages_problem
 
-TUNING_WARMUP = 2
-TUNING_REPS = 8
+TUNING_WARMUP = 2       # untimed launches of a config before its first round
+TUNING_ROUNDS = 4       # rounds over the configs (see the module docstring)
+TUNING_REPS = 5         # timed launches of a config per round
+HOST_LEAD_CYCLES = 200_000  # GPU clock cycles of sleep queued per timed launch (~0.1 ms, `time_launches`)
 _SKIPPED = (CompilationError, LaunchError, UnsupportedError)
 
 
@@ -95,7 +104,8 @@ class Autotuner:
     `best` maps a key to the chosen Config; `measurements` to what tuning measured (this process).
     """
 
-    def __init__(self, fn, configs: Sequence[Config], key: Sequence[str]):
+    def __init__(self, fn, configs: Sequence[Config], key: Sequence[str], reset_to_zero: Sequence[str] = (),
+                 restore_value: Sequence[str] = ()):
         from .jit import JITFunction
         if not isinstance(fn, JITFunction):
             raise TypeError(f"dsl.autotune decorates a @dsl.jit kernel, got {fn!r}")
@@ -115,6 +125,8 @@ class Autotuner:
         if unknown:
             raise TypeError(f"autotune key names {unknown}, which are not parameters of `{fn.__name__}`")
         self._names = names
+        self.reset_to_zero = _argument_names("reset_to_zero", reset_to_zero, fn, names)
+        self.restore_value = _argument_names("restore_value", restore_value, fn, names)
         self.best: dict = {}
         self.measurements: dict = {}
         self._lock = threading.Lock()
@@ -184,23 +196,32 @@ class Autotuner:
 
     # -- choosing ------------------------------------------------------------------------------------
     def select(self, key: str, measure: Callable[[Config], tuple]) -> Config:
-        """The config for `key`: recorded, or the fastest by `measure(config) -> (ms, spills)`,
-        preferring configs that do not spill registers; a config whose measure raises a
-        compilation/launch error is skipped. Records the choice."""
+        """The config for `key`: recorded, or the fastest by the median of `measure(config) -> (ms, spills)`
+        over TUNING_ROUNDS rounds (each measuring every config in turn), preferring configs that do not
+        spill registers; a config whose measure raises a compilation/launch error is skipped from then
+        on. Records the choice."""
         with self._lock:
             if not self._loaded:
                 self._load_record()
             found = self.best.get(key)
             if found is not None:
                 return found
-            results = []
-            for config in self.configs:
-                try:
-                    ms, spills = measure(config)
-                    results.append(Measurement(config, float(ms), bool(spills)))
-                except _SKIPPED as error:
-                    reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-                    results.append(Measurement(config, None, skipped=reason))
+            times = {config: [] for config in self.configs}
+            spilled, skipped = {}, {}
+            for _ in range(TUNING_ROUNDS):
+                for config in self.configs:
+                    if config in skipped:
+                        continue
+                    try:
+                        ms, spills = measure(config)
+                    except _SKIPPED as error:
+                        skipped[config] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+                        continue
+                    times[config].append(float(ms))
+                    spilled[config] = bool(spills)
+            results = [Measurement(config, None, skipped=skipped[config]) if config in skipped
+                       else Measurement(config, statistics.median(times[config]), spilled[config])
+                       for config in self.configs]
             self.measurements[key] = results
             timed = [m for m in results if m.ms is not None]
             if not timed:
@@ -223,31 +244,87 @@ class Autotuner:
             config = self.configs[0]
         else:
             key = self.key_of(args, kwargs)
-            config = self.best.get(key) or self.select(key, lambda c: self._measure(grid, args, kwargs, c))
+            config = self.best.get(key) or self._tune(key, grid, args, kwargs)
         self.fn.run(grid, *args, num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret,
                     **kwargs, **config.constexprs)
 
-    def _measure(self, grid, args, kwargs, config: Config) -> tuple:
-        """(ms per launch of `config` by CUDA events, whether its kernel spills to local memory)."""
-        import torch
+    def _tune(self, key: str, grid, args, kwargs) -> Config:
+        """`select` for `key` by timing launches of each config on these arguments; the tensors named by
+        reset_to_zero / restore_value are zeroed / restored before each launch and after the search."""
+        values = dict(zip(self._names, args))
+        values.update(kwargs)
+        zeroed = [values[name] for name in self.reset_to_zero if _is_tensor(values.get(name))]
+        saved = [(values[name], values[name].clone()) for name in self.restore_value if _is_tensor(values.get(name))]
 
+        def reset():
+            for tensor in zeroed:
+                tensor.zero_()
+            for tensor, copy in saved:
+                tensor.copy_(copy)
+
+        launched = set()
+
+        def measure(config):
+            first = config not in launched
+            launched.add(config)
+            return self._measure(grid, args, kwargs, config, reset, first)
+
+        try:
+            return self.select(key, measure)
+        finally:
+            reset()
+
+    def _measure(self, grid, args, kwargs, config: Config, reset: Callable[[], None], first: bool) -> tuple:
+        """(median ms of a round of launches of `config`, whether its kernel spills to local memory); the
+        `first` round of a config compiles it and adds TUNING_WARMUP untimed launches."""
         def launch():
             self.fn.run(grid, *args, num_warps=config.num_warps, num_stages=config.num_stages, interpret=False,
                         **kwargs, **config.constexprs)
 
-        launch()          # compiles, loads and checks the launch
+        reset()
+        launch()          # compiles, loads and checks the launch (the first time)
         values = self.fn._bind(args, {**kwargs, **config.constexprs})
         entry, _, device_index = self.fn._lookup(values, config.num_warps, config.num_stages, "cuda")
         spills = entry.compiled.launcher(device_index).kernel.local_bytes > 0
-        for _ in range(TUNING_WARMUP):
-            launch()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return time_launches(launch, reset, warmup=TUNING_WARMUP if first else 0), spills
+
+
+def time_launches(launch: Callable[[], object], before: Callable[[], None] = lambda: None, *,
+                  warmup: int = TUNING_WARMUP, reps: int = TUNING_REPS) -> float:
+    """Median GPU time in ms of `reps` calls of `launch()`, each timed alone by CUDA events after
+    `before()` (which is not timed), following `warmup` untimed calls. A GPU sleep queued first keeps
+    the stream busy while the host queues the timed calls, so a short kernel's time is the GPU's, not
+    the host's launch latency."""
+    import torch
+
+    for _ in range(warmup):
+        before()
+        launch()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(HOST_LEAD_CYCLES * reps)
+    for start, end in events:
+        before()
         start.record()
-        for _ in range(TUNING_REPS):
-            launch()
+        launch()
         end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / TUNING_REPS, spills
+    events[-1][1].synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def _is_tensor(value) -> bool:
+    return hasattr(value, "zero_") and hasattr(value, "data_ptr")
+
+
+def _argument_names(option: str, names: Sequence[str], fn, parameters: Sequence[str]) -> tuple:
+    """`names` as a tuple, checked to be parameter names of `fn`. Raises TypeError."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"autotune {option} must be a list of the kernel's parameter names, got {names!r}")
+    unknown = [n for n in names if n not in parameters]
+    if unknown:
+        raise TypeError(f"autotune {option} names {unknown}, which are not parameters of `{fn.__name__}`")
+    return tuple(names)
 
 
 @functools.lru_cache(maxsize=None)
@@ -257,9 +334,11 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device))
 
 
-def autotune(configs: Sequence[Config], key: Sequence[str]):
+def autotune(configs: Sequence[Config], key: Sequence[str], *, reset_to_zero: Sequence[str] = (),
+             restore_value: Sequence[str] = ()):
     """Decorate a `@dsl.jit` kernel to pick the fastest of `configs` per value of the `key`
-    arguments (see the module docstring). Raises TypeError for key names that are not parameters."""
+    arguments; `reset_to_zero` / `restore_value` name tensor arguments the kernel accumulates into (see
+    the module docstring). Raises TypeError for names that are not parameters."""
     def decorator(fn):
-        return Autotuner(fn, configs, key)
+        return Autotuner(fn, configs, key, reset_to_zero, restore_value)
     return decorator
