@@ -6,7 +6,7 @@ from ..errors import CompilationError
 from ..ir import OpCode, Value
 from .dtypes import (BlockType, DType, PointerType, float32, float64, int1, int8, int32, shape_of,
                      uint8, uint32, with_shape)
-from .shape_ops import check_block_size
+from .shape_ops import check_block_size, shown
 
 # PTX cache operators (PTX ISA, "Cache Operators"), by access.
 _LOAD_CACHE_MODIFIERS = ("", ".ca", ".cg", ".cs", ".lu", ".cv")
@@ -90,7 +90,9 @@ class BlockOps:
         rank = len(shape_of(x.type))
         if rank == 0:
             raise CompilationError(f"{what} needs a block, got a scalar")
-        if not isinstance(axis, int) or not -rank <= axis < rank:
+        if not isinstance(axis, int):
+            raise CompilationError(f"{what} axis must be a constexpr int, got {shown(axis)}")
+        if not -rank <= axis < rank:
             raise CompilationError(f"{what} axis {axis!r} is out of range for a block of shape {shape_of(x.type)}")
         return axis % rank
 

@@ -29,7 +29,7 @@ from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from .core import builtin, constexpr
 from .dtypes import BlockType, DType, PointerType, float32, int32, int64, uint32
-from .shape_ops import check_block_size
+from .shape_ops import check_block_size, shown
 
 
 class TensorDescriptor:
@@ -72,7 +72,7 @@ def _argument_or_constant(semantic, value, what: str) -> Value:
 
 def _pair(value, what: str, where: str = "make_tensor_descriptor") -> tuple:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise CompilationError(f"{where}: {what} must be a tuple of 2 entries (2-D descriptors only), got {value!r}")
+        raise CompilationError(f"{where}: {what} must be a tuple of 2 entries (2-D descriptors only), got {shown(value)}")
     return tuple(value)
 
 
@@ -130,7 +130,7 @@ def descriptor_load(descriptor, offsets, multicast=False, *, _semantic=None):
     if isinstance(multicast, constexpr):
         multicast = multicast.value
     if not isinstance(multicast, bool):
-        raise CompilationError(f"descriptor load: multicast must be a constexpr bool, got {multicast!r}")
+        raise CompilationError(f"descriptor load: multicast must be a constexpr bool, got {shown(multicast)}")
     operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates]
     result = BlockType(descriptor.block_shape, descriptor.element)
     attrs = dict(block_shape=descriptor.block_shape)

@@ -444,7 +444,7 @@ def reduce(x, kind: str, axis, dtype: DType) -> np.ndarray:
     """Reduce along `axis` (None: every axis) with kind sum/max/min (REDUCE).
 
     sum: integers wrap around (int1 sums are parities); fp16/bf16 accumulate in float32 and round once;
-    the summation order is unspecified (NumPy: pairwise). max/min propagate NaN.
+    the summation order is unspecified (NumPy: pairwise). max/min propagate NaN and order -0.0 < +0.0.
     """
     dtype = _scalar_type(dtype)
     x = np.asarray(x)
@@ -455,11 +455,23 @@ def reduce(x, kind: str, axis, dtype: DType) -> np.ndarray:
             return round_to_type(total, dtype) if accumulate is not None else np.asarray(total)
         view = _int_view(x, dtype)
         return _int_result(np.sum(view, axis=axis, dtype=view.dtype), dtype)
-    if kind == "max":
-        return np.asarray(np.max(x, axis=axis))
-    if kind == "min":
-        return np.asarray(np.min(x, axis=axis))
+    if kind in ("max", "min"):
+        extreme = np.asarray((np.max if kind == "max" else np.min)(x, axis=axis))
+        return _order_zeros(extreme, x, kind, lambda found: np.any(found, axis=axis))
     raise NotImplementedError(f"reduce kind {kind!r}")
+
+
+def _order_zeros(extreme: np.ndarray, x: np.ndarray, kind: str, gather) -> np.ndarray:
+    """`extreme` (a max or min of x's floats) with its zeros signed as IEEE 754-2019 maximum / minimum
+    order them, -0.0 below +0.0 (the compiled llvm.maximum / llvm.minimum; NumPy keeps whichever zero it
+    met first): a max is +0.0 where the elements `gather` covers hold a +0.0, a min -0.0 where they hold
+    a -0.0. `gather(found)` reduces a boolean array of x's shape as extreme was reduced."""
+    if x.dtype.kind != "f" or not np.any(extreme == 0):
+        return extreme
+    sign = np.signbit(x)
+    found = gather((x == 0) & (~sign if kind == "max" else sign))
+    signed = np.where(found, 0.0, -0.0) if kind == "max" else np.where(found, -0.0, 0.0)
+    return np.where(extreme == 0, signed.astype(extreme.dtype), extreme)
 
 
 def argreduce(x, kind: str, axis) -> np.ndarray:
@@ -480,7 +492,7 @@ def scan(x, kind: str, axis: int, reverse: bool, dtype: DType) -> np.ndarray:
     """Inclusive prefix scan along `axis` (SCAN), from the end when `reverse`.
 
     sum: sequential order; integers wrap around; fp16/bf16 accumulate in float32 and each output is
-    rounded once. max/min: running extreme, NaN propagates.
+    rounded once. max/min: running extreme, NaN propagates, -0.0 < +0.0.
     """
     dtype = _scalar_type(dtype)
     x = np.asarray(x)
@@ -498,6 +510,7 @@ def scan(x, kind: str, axis: int, reverse: bool, dtype: DType) -> np.ndarray:
             result = _int_result(np.cumsum(view, axis=axis, dtype=view.dtype), dtype)
     elif kind in ("max", "min"):
         result = (np.maximum if kind == "max" else np.minimum).accumulate(x, axis=axis)
+        result = _order_zeros(result, x, kind, lambda found: np.logical_or.accumulate(found, axis=axis))
     else:
         raise NotImplementedError(f"scan kind {kind!r}")
     return np.flip(result, axis) if reverse else result

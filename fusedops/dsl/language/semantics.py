@@ -137,11 +137,30 @@ class Semantics(ShapeOps, BlockOps):
         if op in ("and", "or", "xor", "lshift", "rshift") and not dtype.is_integer:
             raise CompilationError(f"bitwise `{op}` needs integer operands, got {ea} and {eb}")
         if op == "floordiv" and dtype.is_floating:
-            return self.unary("floor", self.binary("truediv", a, b))
+            return self._float_floor_divide(a, b, dtype)
         a, b = self.broadcast_pair(self.cast(a, dtype), self.cast(b, dtype))
         code = _BINARY[op]
         result_type = with_element(a.type, int1) if op in ("eq", "ne", "lt", "le", "gt", "ge") else a.type
         return self.builder.value(code, [a, b], result_type)
+
+    def _float_floor_divide(self, a: Value, b: Value, dtype: DType) -> Value:
+        """a // b for floats as Python and torch.floor_divide compute it: the floor of the exact quotient,
+        which floor(a / b) misses where a / b rounds up to an integer (1.0 // 0.1 is 9.0, a / b 10.0).
+        The exact quotient's floor from the remainder (CPython's float floor division; torch's
+        div_floor_floating): div = (a - fmod(a, b)) / b, less 1 where the remainder's sign is not b's,
+        rounded to the nearest integer; a zero result takes the sign of a / b; b == 0 gives a / b (inf or
+        NaN). 16-bit floats are computed in float32 and rounded once."""
+        compute = float32 if dtype.bits == 16 else dtype
+        a, b = self.broadcast_pair(self.cast(a, compute), self.cast(b, compute))
+        mod = self.binary("mod", a, b)
+        div = self.binary("truediv", self.binary("sub", a, mod), b)
+        other_sign = self.binary("xor", self.binary("lt", b, 0.0), self.binary("lt", mod, 0.0))
+        div = self.where(self.binary("and", self.binary("ne", mod, 0.0), other_sign), self.binary("sub", div, 1.0), div)
+        floor = self.unary("floor", div)
+        floor = self.where(self.binary("gt", self.binary("sub", div, floor), 0.5), self.binary("add", floor, 1.0), floor)
+        quotient = self.binary("truediv", a, b)
+        result = self.where(self.binary("eq", div, 0.0), self.binary("mul", quotient, 0.0), floor)
+        return self.cast(self.where(self.binary("eq", b, 0.0), quotient, result), dtype)
 
     def _pointer_binary(self, op, a, b):
         ea, eb = element_of(a), element_of(b)

@@ -19,11 +19,23 @@ def check_block_size(shape: tuple, what: str) -> None:
         raise CompilationError(f"{what} {tuple(shape)} has {numel} elements; blocks hold at most {_MAX_BLOCK_NUMEL}")
 
 
+def shown(value) -> str:
+    """`value` as an error message shows it: a Python value's repr; an IR value, which stands where a
+    compile-time value is needed, as a runtime value of its type and how to make it a compile-time one
+    (its repr is the compiler's internal `Value(...)`)."""
+    if isinstance(value, Value):
+        return (f"a runtime {value.type} value (it must be known at compile time: a dsl.constexpr parameter "
+                "or a Python constant)")
+    if isinstance(value, (tuple, list)) and any(isinstance(item, Value) for item in value):
+        return "(" + ", ".join(shown(item) for item in value) + ")"
+    return repr(value)
+
+
 def _check_shape(shape, what: str) -> tuple:
     if isinstance(shape, int):
         shape = (shape,)
     if not isinstance(shape, (tuple, list)):
-        raise CompilationError(f"{what} must be a tuple of constexpr ints, got {shape!r}")
+        raise CompilationError(f"{what} must be a tuple of constexpr ints, got {shown(shape)}")
     shape = tuple(shape)
     for dim in shape:
         if isinstance(dim, Value):
@@ -42,18 +54,18 @@ def _is_int(value) -> bool:
 class ShapeOps:
     def program_id(self, axis) -> Value:
         if not _is_int(axis) or axis not in (0, 1, 2):
-            raise CompilationError(f"program_id axis must be 0, 1 or 2, got {axis!r}")
+            raise CompilationError(f"program_id axis must be 0, 1 or 2, got {shown(axis)}")
         return self.builder.value(OpCode.PROGRAM_ID, [], int32, axis=axis)
 
     def num_programs(self, axis) -> Value:
         if not _is_int(axis) or axis not in (0, 1, 2):
-            raise CompilationError(f"num_programs axis must be 0, 1 or 2, got {axis!r}")
+            raise CompilationError(f"num_programs axis must be 0, 1 or 2, got {shown(axis)}")
         return self.builder.value(OpCode.NUM_PROGRAMS, [], int32, axis=axis)
 
     def arange(self, start, end) -> Value:
         """int32 block [start, start + 1, ..., end - 1]; end - start a power of two, both constexpr."""
         if not isinstance(start, int) or not isinstance(end, int) or isinstance(start, bool):
-            raise CompilationError(f"arange bounds must be constexpr ints, got {start!r}, {end!r}")
+            raise CompilationError(f"arange bounds must be constexpr ints, got {shown(start)}, {shown(end)}")
         size = end - start
         if size < 1 or size & (size - 1):
             raise CompilationError(f"arange(start, end) needs end - start to be a power of two, got {size}")
@@ -88,7 +100,7 @@ class ShapeOps:
         if isinstance(shape, int) and not isinstance(shape, bool):
             shape = (shape,)
         if not isinstance(shape, (tuple, list)):
-            raise CompilationError(f"broadcast_to: shape must be a tuple of constexpr ints, got {shape!r}")
+            raise CompilationError(f"broadcast_to: shape must be a tuple of constexpr ints, got {shown(shape)}")
         shape = tuple(shape)
         current = shape_of(x.type)
         if current == shape:
@@ -114,7 +126,7 @@ class ShapeOps:
         x = self.to_value(x)
         shape = shape_of(x.type)
         if not isinstance(axis, int) or not -len(shape) - 1 <= axis <= len(shape):
-            raise CompilationError(f"expand_dims axis {axis!r} is out of range for shape {shape}")
+            raise CompilationError(f"expand_dims axis must be a constexpr int in range for shape {shape}, got {shown(axis)}")
         if axis < 0:
             axis += len(shape) + 1
         new_shape = shape[:axis] + (1,) + shape[axis:]

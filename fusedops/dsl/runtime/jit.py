@@ -39,6 +39,7 @@ from ..errors import CompilationError, InterpreterError, UnsupportedError
 from ..ir import Function, print_function
 from ..ir.ops import cluster_size
 from ..language import core
+from ..language.dtypes import ALL_DTYPES, DType
 from . import knobs
 from .fast_path import MISSING, make_binder, make_entry, make_plan, make_prepared
 from .launcher import (check_arch, check_cluster_grid, check_interpret, check_num_warps, cuda_device, device_arch,
@@ -56,6 +57,20 @@ def _is_constexpr_annotation(annotation) -> bool:
     return isinstance(annotation, str) and (annotation == "constexpr" or annotation.endswith(".constexpr"))
 
 
+def _scalar_annotation(annotation) -> Optional[DType]:
+    """The dsl dtype a parameter's annotation names (`n: dsl.int64`, or the string "dsl.int64" / "tl.int64"
+    under `from __future__ import annotations`), or None: other annotations (`int`, `torch.Tensor`) are
+    Python type hints the compiler does not read."""
+    if isinstance(annotation, DType):
+        return annotation
+    if isinstance(annotation, str):
+        return _DTYPES_BY_NAME.get(annotation.rsplit(".", 1)[-1]) if "." in annotation else None
+    return None
+
+
+_DTYPES_BY_NAME = {dtype.name: dtype for dtype in ALL_DTYPES}
+
+
 def _parameters(fn, do_not_specialize) -> tuple:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
@@ -70,7 +85,8 @@ def _parameters(fn, do_not_specialize) -> tuple:
         if p.name in _RESERVED:
             raise TypeError(f"`{fn.__name__}`: the parameter name `{p.name}` is reserved for launch options")
         default = p.default if p.default is not p.empty else NO_DEFAULT
-        params.append(Parameter(p.name, _is_constexpr_annotation(p.annotation), default, p.name in skip))
+        params.append(Parameter(p.name, _is_constexpr_annotation(p.annotation), default, p.name in skip,
+                                _scalar_annotation(p.annotation)))
     return tuple(params)
 
 

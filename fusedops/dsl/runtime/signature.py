@@ -33,6 +33,7 @@ class Parameter:
     is_constexpr: bool = False
     default: Any = NO_DEFAULT
     do_not_specialize: bool = False     # no equal-to-1 / divisible-by-16 specialization
+    annotation: Optional[DType] = None  # `n: dsl.int64`: a scalar argument of that type (`_annotated_scalar`)
 
     @property
     def has_default(self) -> bool:
@@ -112,6 +113,36 @@ def _constexpr_key(value):
     return value
 
 
+def _annotated_scalar(kernel: str, param: Parameter, value) -> ArgSpec:
+    """The ArgSpec of a scalar argument whose parameter is annotated with a dsl dtype (`n: dsl.int64`): that
+    type, whatever the value's own (an int annotated int64 stays int64 below 2**31; a float annotated float64
+    keeps its 53 bits). Integer types take Python ints (and bools) within their range, float types ints and
+    floats, int1 bools (or 0 / 1). Ints keep the equal-to-1 / divisibility specializations.
+
+    Raises:
+        TypeError: naming the argument, for a tensor or another value the annotated type does not hold.
+    """
+    dtype = param.annotation
+    where = f"argument `{param.name}` of kernel `{kernel}` is annotated {dtype.name}"
+    if isinstance(value, np.generic) and not isinstance(value, np.ndarray):
+        value = value.item()
+    if not isinstance(value, (bool, int, float)):
+        raise TypeError(f"{where} (a scalar); pass a Python number, got {type(value).__module__}."
+                        f"{type(value).__qualname__}")
+    if dtype.is_floating:
+        return ArgSpec(param.name, dtype)
+    if isinstance(value, float) or (dtype.is_bool and value not in (0, 1)):
+        raise TypeError(f"{where}; got {value!r}, which is not {'a bool' if dtype.is_bool else 'an int'}")
+    if dtype.is_bool:
+        return ArgSpec(param.name, dtype)
+    low, high = (-(1 << (dtype.bits - 1)), 1 << (dtype.bits - 1)) if dtype.is_signed else (0, 1 << dtype.bits)
+    if not low <= value < high:
+        raise TypeError(f"{where}; got {value}, outside its range [{low}, {high - 1}]")
+    special = not param.do_not_specialize
+    return ArgSpec(param.name, dtype, equal_to_one=special and value == 1, divisible_by_16=special and value % 16 == 0,
+                   divisible_by_8=special and value % 16 == 8)
+
+
 def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = False) -> tuple:
     """One `ArgSpec` per parameter for the bound argument `values`.
 
@@ -126,7 +157,10 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
 
     specs = []
     for param, value in zip(params, values):
-        if isinstance(value, core.constexpr):
+        if param.annotation is not None and not param.is_constexpr and value is not None \
+                and not isinstance(value, core.constexpr) and not (allow_types and isinstance(value, (DType, PointerType))):
+            specs.append(_annotated_scalar(kernel, param, value))
+        elif isinstance(value, core.constexpr):
             specs.append(_constexpr_spec(kernel, param, value.value))
         elif param.is_constexpr:
             specs.append(_constexpr_spec(kernel, param, value))
