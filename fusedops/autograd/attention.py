@@ -213,7 +213,9 @@ def _argument_key(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
                value.shape, value.stride(), value.dtype, value.get_device(),
                None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype,
                                                attn_mask.get_device()),
-               dropout_p, is_causal, scale, enable_gqa, knobs.interpret_enabled())
+               dropout_p, is_causal, scale, enable_gqa, knobs.interpret_enabled(),
+               # the scalars' types too: 1 == True, but check_arguments refuses is_causal=1 (as torch does)
+               type(dropout_p), type(is_causal), type(scale), type(enable_gqa))
     if device < 0:      # get_device() is -1 on every non-CUDA device: name them (the interpreter's CPU tensors)
         layouts += (query.device, key.device, value.device, None if attn_mask is None else attn_mask.device)
     return layouts

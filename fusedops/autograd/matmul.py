@@ -95,10 +95,15 @@ def activation_grad(z: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
 
 
 def reference(a, b, bias=None, activation=None, out_dtype=None) -> torch.Tensor:
-    """The same op with torch ops (CPU tensors, unsupported dtypes)."""
-    z = torch.matmul(a, b)
+    """The same op with torch ops (CPU tensors, unsupported dtypes, torch transforms), with the kernel's
+    numerics: 16-bit operands multiplied and summed in float32 (float64 where one is float64), the bias
+    added and the activation applied there, then one rounding to out_dtype (default a's dtype), as
+    torch.nn.Linear's addmm does. (A 16-bit torch.matmul rounds A @ B first: 100 x 200 summed over 4
+    is inf in float16 before a bias of -40000 could bring it back to 40000.)"""
+    acc = torch.promote_types(_wide(a.dtype), _wide(b.dtype))
+    z = torch.matmul(a.to(acc), b.to(acc))
     if bias is not None:
-        z = z + bias.to(z.dtype)
+        z = z + bias.to(acc)
     return apply_activation(z, activation).to(out_dtype or a.dtype)
 
 
@@ -292,11 +297,13 @@ class MatmulFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dc):
         a, b, z = ctx.saved_tensors
+        needs, product = ctx.needs_input_grad, ctx.product
+        if dc.dtype != a.dtype:     # out_dtype other than a's: dZ kept wide (exact_input_gradients)
+            return (*exact_input_gradients(dc, a, b, z, ctx.activation, needs, ctx.bias_dtype), None, None, None)
         if ctx.activation is None:
-            dz = dc if dc.dtype == a.dtype else dc.to(a.dtype)
+            dz = dc
         else:
             dz = (dc.to(z.dtype) * activation_grad(z, ctx.activation)).to(a.dtype)
-        needs, product = ctx.needs_input_grad, ctx.product
         if vmapped(dc):     # a dz the kernels cannot read: the same gradients by torch.matmul
             da, db, dbias = input_gradients(dz, a, b, needs, ctx.bias_dtype, reference)
         elif product is None or (ctx.bias_dtype is not None and needs[2]):
@@ -304,6 +311,16 @@ class MatmulFunction(torch.autograd.Function):
         else:   # the usual case: launches prepared for these layouts (_Product)
             (da, db), dbias = product.gradients(dz, a, b, needs[0], needs[1]), None
         return da, db, dbias, None, None, None
+
+
+def exact_input_gradients(dc, a, b, z, activation, needs_input_grad, bias_dtype) -> tuple:
+    """(dA, dB, dbias) where dC's dtype is not a's (an out_dtype, e.g. float32 of float16 operands): dZ is
+    kept in float32 (float64) and the gradient products computed by `reference`, since dZ in a's dtype
+    can overflow where dA and dB fit (a scaled loss: dC = 1e5 times B = 1e-3 over K = 4 gives dA = 400,
+    but 1e5 is inf in float16). z: the saved pre-activation (None without an activation)."""
+    wide = torch.promote_types(_wide(a.dtype), dc.dtype)
+    dz = dc.to(wide) if activation is None else dc.to(wide) * activation_grad(z.to(wide), activation)
+    return input_gradients(dz, a, b, needs_input_grad, bias_dtype, reference)
 
 
 def input_gradients(dz, a, b, needs_input_grad, bias_dtype, matmul):

@@ -163,9 +163,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask, dropout_p: float,
     mask_grad = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
     if not attention_runs_kernels(query, value) or mask_grad or _attention.gqa_heads_differ(query, key, value,
                                                                                              enable_gqa):
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa)
+        return _attention.torch_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     if dropout_p > 0.0:
         raise _attention.dropout_not_implemented(dropout_p)
     scale = None if scale is None else float(scale)

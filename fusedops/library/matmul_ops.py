@@ -55,8 +55,13 @@ def _matmul_backward(ctx, dc):
     dbias = the column sums of dZ (fusedops.autograd.matmul.input_gradients, with the custom op)."""
     a, b, bias = ctx.saved_tensors
     mm = torch.ops.fusedops.matmul
+    if dc.dtype != a.dtype:     # an out_dtype other than a's: dZ kept wide (exact_input_gradients)
+        z = None if ctx.activation is None else mm(a, b, bias, None, accumulation_dtype(a.dtype))
+        da, db, dbias = _matmul.exact_input_gradients(dc, a, b, z, ctx.activation, ctx.needs_input_grad,
+                                                      ctx.bias_dtype)
+        return da, db, dbias, None, None
     if ctx.activation is None:
-        dz = dc.to(a.dtype)
+        dz = dc
     else:
         z = mm(a, b, bias, None, accumulation_dtype(a.dtype))
         dz = (dc.to(z.dtype) * _matmul.activation_grad(z, ctx.activation)).to(a.dtype)
