@@ -250,7 +250,8 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     Raises:
         TypeError: input not floating, or a complex weight. ValueError: as for layer_norm.
 
-    Dispatch as for layer_norm (a float64 weight on CUDA also runs torch's op).
+    Dispatch as for layer_norm (a float64 weight of a float16/bfloat16/float32 input runs torch's op on
+    every device, the interpreter's included: its weight gradient is summed in float64).
     """
     if _transforms_active() or needs_torch(input, weight):
         return torch.nn.functional.rms_norm(input, _norms.normalized_shape_tuple(normalized_shape), weight, eps)
@@ -266,7 +267,10 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
             weight = weight.to(torch.float64 if getattr(input, "dtype", None) == torch.float64 else torch.float32)
         shape = _norms.check_rms_norm_arguments(input, normalized_shape, weight)
         dtypes = (input.dtype,) if weight is None else (input.dtype, weight.dtype)
-        if not _runs_kernels(input, *dtypes):
+        # a float64 weight of a narrower input: torch's op on every device (its dweight is a float64 sum of
+        # float64 products; the kernels' partial sums are in the statistics' float32)
+        wide_weight = weight is not None and weight.dtype == torch.float64 and input.dtype != torch.float64
+        if wide_weight or not _runs_kernels(input, *dtypes):
             return torch.nn.functional.rms_norm(input, shape, weight, eps)
         if torch.compiler.is_compiling():
             eps = _norms.default_rms_norm_eps(input.dtype) if eps is None else _norms.eps_number("rms_norm", eps)

@@ -370,7 +370,9 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
             count += dsl.where(mask, 1.0, 0.0)
             delta = x - lane_mean
             # one division per chunk, not per element (the loop is otherwise ALU-bound on divisions)
-            lane_mean += dsl.where(mask, delta * (1.0 / (chunk + 1.0)), 0.0)
+            # (chunk + 1 in acc_dtype: `chunk + 1.0` is a float32, whose 1 / 3, 1 / 5... cost float64 rows
+            # their precision)
+            lane_mean += dsl.where(mask, delta * (1.0 / (chunk + 1).to(acc_dtype)), 0.0)
             lane_m2 += dsl.where(mask, delta * (x - lane_mean), 0.0)
         else:
             lane_m2 += x * x
