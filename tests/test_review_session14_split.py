@@ -255,7 +255,8 @@ def test_rms_norm_weight_of_another_dtype(interpret, split_runs, x_dtype, weight
     x = random_tensor((5, n), x_dtype, "cpu", seed).requires_grad_()
     w = (random_tensor((n,), weight_dtype, "cpu", seed + 1, scale=0.5) + 1).requires_grad_()
     _api_vs_float64(x, (n,), w, None, RMS_NORM, random_tensor((5, n), x_dtype, "cpu", seed + 3))
-    assert split_runs.get("backward_split_kernel") == 1
+    # a float64 weight of a 16-bit input runs torch's op (session 23: its dweight is a float64 sum)
+    assert split_runs.get("backward_split_kernel") == (None if weight_dtype == torch.float64 else 1)
 
 
 @pytest.mark.parametrize("weight, bias", [(True, True), (True, False), (False, True)])
