@@ -51,7 +51,7 @@ from fusedops.dsl.layouts import shape_ops
 from fusedops.dsl.layouts.banks import shared_access_cost
 from fusedops.dsl.layouts.shared import swizzled_shared
 from fusedops.dsl.layouts.swizzle import choose_swizzle
-from fusedops.dsl.passes.layout_assignment import fma_operand_layout
+from fusedops.dsl.layouts.linear import LinearLayout
 from fusedops.dsl.target import assemble, ptxas_available
 from codegen_helpers import interpret_ir, pipelined_ir, xor_bits
 from helpers import poison
@@ -453,16 +453,28 @@ def _conversion_pairs():
     # Q (16-byte rows) into the wgmma A fragment, as attention's forward converts it
     pairs.append(("blocked->wgmma A", default_blocked((128, 128), 8, 16), mma_layouts.wgmma_operand_a((128, 128), 8, 64, 64),
                   16, 8))
-    # FMA dot operands: registers and lanes replicated
+    # the FMA dot's operand layouts before session 23: registers and lanes replicated
     accumulator = default_blocked((32, 32), 4, 32)
-    pairs.append(("T->FMA A", _blocked_t((32, 16), 4, 32), fma_operand_layout(accumulator, 16, 0), 32, 4))
-    pairs.append(("blocked->FMA B", default_blocked((16, 32), 4, 32), fma_operand_layout(accumulator, 16, 1), 32, 4))
+    pairs.append(("T->FMA A", _blocked_t((32, 16), 4, 32), _replicated_operand(accumulator, 16, 0), 32, 4))
+    pairs.append(("blocked->FMA B", default_blocked((16, 32), 4, 32), _replicated_operand(accumulator, 16, 1), 32, 4))
     # a broadcast (lanes that held copies now hold columns) to and from blocked layouts
     base = default_blocked((16, 128), 8, 32)
     broadcast = shape_ops.broadcast(shape_ops.expand_dims(shape_ops.slice_layout(base, 1), 1), 1, 128)
     pairs.append(("broadcast->blocked", broadcast, base, 16, 8))
     pairs.append(("T->broadcast", _blocked_t((16, 128), 8, 16), broadcast, 16, 8))
     return pairs
+
+
+def _replicated_operand(acc, k: int, operand: int):
+    # A (operand 0, M x K) or B (1, K x N) as a thread needs it to compute its accumulator elements alone:
+    # for each accumulator register, row m of A / column n of B, all of K in registers (copies across the
+    # registers and lanes that share a row or column)
+    keep = 0 if operand == 0 else 1
+    bases = {name: [(v[keep], 0) if operand == 0 else (0, v[keep]) for v in acc.bases_of(name)]
+             for name in acc.in_dims}
+    k_bases = [(0, 1 << i) if operand == 0 else (1 << i, 0) for i in range(k.bit_length() - 1)]
+    bases["register"] = k_bases + list(bases.get("register", []))
+    return LinearLayout(bases, (acc.shape[0], k) if operand == 0 else (k, acc.shape[1]))
 
 
 PAIRS = _conversion_pairs()

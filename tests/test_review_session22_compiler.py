@@ -14,6 +14,7 @@ Defects (strict xfails):
   acc_regs * K values of each operand: a float32 64x64x32 dot with 4 warps needs 2048 operand registers
   per thread and ptxas spills (sm_90a: 255 registers + 180 bytes; 64x64x64: 7.7 KB; float64 64x64x16:
   8.6 KB; int8 64x64x64: 1.6 KB). Triton's FMA dot shares a row of A across the thread's columns.
+  Fixed in session 23 (tests/test_fma_dot.py).
 - `dsl.dot(..., input_precision="tf32")` was documented as "float32 inputs on tensor cores"
   (language/core.py `dot`), but it lowers through the same FMA path, rounding the inputs to tf32 with
   integer ops (codegen/dot.py `_round_to_tf32`): no mma.sync / wgmma .tf32 instruction in the PTX. The
@@ -71,8 +72,7 @@ def _compile_fma_dot(dtype, prec, m, n, k, arch="sm_90a", num_warps=4):
 
 
 @needs_ptxas
-@pytest.mark.xfail(strict=True, reason="FMA dot operand layout holds acc_regs*K copies of A and B per thread "
-                                       "(codegen/dot.py, layout_assignment.fma_operand_layout): spills")
+# Fixed in session 23: codegen/dot.py stages A and B in shared memory and reads one k at a time.
 @pytest.mark.parametrize("dtype,prec,shape", [
     (torch.float32, None, (64, 64, 32)),
     (torch.float32, "tf32", (64, 64, 32)),

@@ -41,7 +41,7 @@
 - Tensor cores (`mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, sm_80+): float16/bfloat16 inputs,
   float32 accumulator, M >= 16, N >= 8, K >= 16. The accumulator takes the mma accumulator layout
   and A/B the mma operand layouts of `layouts.mma`, with the CTA's warps tiling (M, N).
-- Otherwise the FMA path (`layout_assignment.fma_operand_layout`): exact float32/float64, int8,
+- Otherwise the FMA path (codegen/dot.py; A and B keep their layouts): exact float32/float64, int8,
   small blocks, and targets before sm_80.
 """
 

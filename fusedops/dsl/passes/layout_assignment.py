@@ -40,8 +40,8 @@ Rules, applied op by op in program order:
   loop-invariant Q is converted once, before the loop, not every iteration); a loop-invariant A
   read from shared memory (`dot_layouts.wgmma_staged_a`) is converted before the loop too, the
   conversion marked `hoisted` for passes/invariant_operands.py. The FMA
-  path keeps the accumulator in the default layout and asks for A and B in layouts that give each
-  thread the rows/columns of its accumulator elements, K in registers.
+  path keeps the accumulator in the default layout and A and B in the layouts they have (codegen/
+  dot.py writes them to shared memory and reads one k at a time).
 - Loop-carried values keep their initial value's layout, except that a carried value used as a
   tensor-core `dot` accumulator in the loop is carried in the mma/wgmma accumulator layout (so the
   loop does not convert it every trip), and so is a carried value that starts as a constant block
@@ -99,22 +99,6 @@ def project_broadcast(layout: LinearLayout, operand_shape: tuple) -> LinearLayou
 def broadcast_projection(operand_shape: tuple, result_shape: tuple):
     dims = {d for d, (o, s) in enumerate(zip(operand_shape, result_shape)) if o == 1 and s != 1}
     return lambda coords: tuple(0 if d in dims else c for d, c in enumerate(coords))
-
-
-def fma_operand_layout(acc: LinearLayout, k: int, operand: int) -> LinearLayout:
-    """The layout of dot operand A (operand=0, M x K) or B (operand=1, K x N) for the FMA path:
-    each thread holds, for every accumulator element (m, n) it owns, row m of A / column n of B,
-    all of K in registers."""
-    keep = 0 if operand == 0 else 1
-    k_bits = k.bit_length() - 1
-    bases = {}
-    for name in acc.in_dims:
-        projected = [(v[keep], 0) if operand == 0 else (0, v[keep]) for v in acc.bases_of(name)]
-        bases[name] = projected
-    k_bases = [(0, 1 << i) if operand == 0 else (1 << i, 0) for i in range(k_bits)]
-    bases["register"] = k_bases + list(bases.get("register", []))
-    shape = (acc.shape[0], k) if operand == 0 else (k, acc.shape[1])
-    return LinearLayout(bases, shape)
 
 
 @dataclasses.dataclass
@@ -450,12 +434,11 @@ def _assign_op(state: _State, op: Operation) -> None:
         op.attrs["engine"] = "mma"
         op.result.layout = layouts[2]
         return
-    if code == OpCode.DOT:
+    if code == OpCode.DOT:      # the FMA path: A and B keep their layouts (codegen/dot.py stages them)
         acc_layout = state.default(shape_of(op.operands[2].type))
         _require(state, op, 2, acc_layout)
-        k = shape_of(op.operands[0].type)[1]
-        _require(state, op, 0, fma_operand_layout(acc_layout, k, 0))
-        _require(state, op, 1, fma_operand_layout(acc_layout, k, 1))
+        _anchor(state, op, 0)
+        _anchor(state, op, 1)
         op.result.layout = acc_layout
         return
     if code in (OpCode.PRINT, OpCode.ASSERT, OpCode.CONVERT_LAYOUT, OpCode.TMA_STORE):
