@@ -132,6 +132,8 @@ class BlockOps:
         return self._keep_dims(result, axis, axis_index, original_rank, keep_dims)
 
     def _keep_dims(self, result, axis, axis_index, rank, keep_dims):
+        if isinstance(keep_dims, Value):
+            raise CompilationError(f"keep_dims must be a constexpr bool, got {shown(keep_dims)}")
         if not keep_dims:
             return result
         if axis is None:
@@ -160,6 +162,8 @@ class BlockOps:
         if isinstance(_element(x), PointerType):
             raise CompilationError("cannot cumsum pointers")
         axis = self._axis(x, axis, "cumsum")
+        if isinstance(reverse, Value):
+            raise CompilationError(f"cumsum reverse must be a constexpr bool, got {shown(reverse)}")
         x = self.cast(x, self._accumulation_type(_element(x)))
         return self.builder.value(OpCode.SCAN, [x], x.type, kind="sum", axis=axis, reverse=bool(reverse))
 

@@ -158,6 +158,8 @@ def _python_source_dtype(value):
 def from_python(value, dtype) -> np.ndarray:
     """A Python/NumPy scalar as a 0-d array of `dtype`, converted with `cast` (bool -> int1,
     int -> int64 (uint64 above 2**63-1), float -> float64 first). Raises TypeError for non-scalars."""
+    if _scalar_type(dtype).is_floating and type(value) is int and not -2**63 <= value < 2**64:
+        value = float(value)    # (a float parameter given an int wider than 64 bits: as the GPU's packer)
     source = _python_source_dtype(value)
     with np.errstate(all="ignore"):     # a float too large for the type becomes inf: the rule, not an error
         return np.asarray(cast(np.asarray(value, dtype=source.numpy_dtype), source, dtype))

@@ -151,7 +151,9 @@ class Semantics(ShapeOps, BlockOps):
         rounded to the nearest integer; a zero result takes the sign of a / b; b == 0 gives a / b (inf or
         NaN). 16-bit floats are computed in float32 and rounded once."""
         compute = float32 if dtype.bits == 16 else dtype
-        a, b = self.broadcast_pair(self.cast(a, compute), self.cast(b, compute))
+        # to the promoted type first (an int block divided by a float16 one is rounded to float16), then wider
+        a, b = (self.cast(self.cast(v, dtype), compute) for v in (a, b))
+        a, b = self.broadcast_pair(a, b)
         mod = self.binary("mod", a, b)
         div = self.binary("truediv", self.binary("sub", a, mod), b)
         other_sign = self.binary("xor", self.binary("lt", b, 0.0), self.binary("lt", mod, 0.0))

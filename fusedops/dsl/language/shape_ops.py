@@ -159,7 +159,8 @@ class ShapeOps:
             dims = tuple(dims[0])
         perm = tuple(dims) if dims else tuple(reversed(range(len(shape))))
         if not all(_is_int(d) for d in perm) or sorted(perm) != list(range(len(shape))):
-            raise CompilationError(f"trans dims {perm} are not a permutation of the {len(shape)} dims")
+            raise CompilationError(f"trans dims {shown(perm)} are not a permutation of the {len(shape)} dims "
+                                   "(constexpr ints)")
         if perm == tuple(range(len(shape))):
             return x
         new_shape = tuple(shape[p] for p in perm)
@@ -191,7 +192,7 @@ class ShapeOps:
         values = tuple(values)
         rank = max(1, len(shape_of(x.type)))
         if len(values) != rank or not all(_is_int(v) and v >= 1 for v in values):
-            raise CompilationError(f"{code.value} needs {rank} positive constexpr ints, got {values}")
+            raise CompilationError(f"{code.value} needs {rank} positive constexpr ints, got {shown(values)}")
         return self.builder.value(code, [x], x.type, values=values)
 
     def multiple_of(self, x, values) -> Value:

@@ -206,22 +206,23 @@ class Autotuner:
             found = self.best.get(key)
             if found is not None:
                 return found
-            times = {config: [] for config in self.configs}
+            # by position: a config's constexpr values may be unhashable (lists)
+            times = [[] for _ in self.configs]
             spilled, skipped = {}, {}
             for _ in range(TUNING_ROUNDS):
-                for config in self.configs:
-                    if config in skipped:
+                for index, config in enumerate(self.configs):
+                    if index in skipped:
                         continue
                     try:
                         ms, spills = measure(config)
                     except _SKIPPED as error:
-                        skipped[config] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+                        skipped[index] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
                         continue
-                    times[config].append(float(ms))
-                    spilled[config] = bool(spills)
-            results = [Measurement(config, None, skipped=skipped[config]) if config in skipped
-                       else Measurement(config, statistics.median(times[config]), spilled[config])
-                       for config in self.configs]
+                    times[index].append(float(ms))
+                    spilled[index] = bool(spills)
+            results = [Measurement(config, None, skipped=skipped[index]) if index in skipped
+                       else Measurement(config, statistics.median(times[index]), spilled[index])
+                       for index, config in enumerate(self.configs)]
             self.measurements[key] = results
             timed = [m for m in results if m.ms is not None]
             if not timed:
@@ -256,17 +257,17 @@ class Autotuner:
         zeroed = [values[name] for name in self.reset_to_zero if _is_tensor(values.get(name))]
         saved = [(values[name], values[name].clone()) for name in self.restore_value if _is_tensor(values.get(name))]
 
-        def reset():
-            for tensor in zeroed:
-                tensor.zero_()
+        def reset():        # (a tensor named by both is zeroed: the restore comes first)
             for tensor, copy in saved:
                 tensor.copy_(copy)
+            for tensor in zeroed:
+                tensor.zero_()
 
-        launched = set()
+        launched = []       # ids: a config's constexpr values may be unhashable
 
         def measure(config):
-            first = config not in launched
-            launched.add(config)
+            first = id(config) not in launched
+            launched.append(id(config))
             return self._measure(grid, args, kwargs, config, reset, first)
 
         try:

@@ -61,9 +61,17 @@ def bfloat16_bits(value: float) -> int:
     if math.isnan(value):
         return 0x7FC0
     try:
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        nearest = struct.unpack("<f", struct.pack("<f", value))[0]
     except OverflowError:
         return 0xFF80 if value < 0 else 0x7F80
+    bits = struct.unpack("<I", struct.pack("<f", nearest))[0]
+    if nearest != value and not math.isinf(nearest):
+        # float32 rounded to odd (truncated toward zero, last bit set where inexact): rounding that to
+        # bfloat16 gives the double's nearest bfloat16 (rounding to nearest twice does not: 1 + 2**-8 +
+        # 2**-30 became 1.0)
+        if abs(nearest) > abs(value):
+            bits -= 1
+        bits |= 1
     rounding_bias = 0x7FFF + ((bits >> 16) & 1)
     return ((bits + rounding_bias) >> 16) & 0xFFFF
 
