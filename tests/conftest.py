@@ -71,3 +71,14 @@ def interpret(monkeypatch):
 def fallback(monkeypatch):
     """The library's ops on CPU tensors take their torch fallback (FUSEDOPS_INTERPRET unset)."""
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
+
+
+@pytest.fixture(params=["interpret", "fallback"])
+def route(request, monkeypatch):
+    """Both CPU routes of the public ops: the kernels in the interpreter (FUSEDOPS_INTERPRET=1, what CUDA
+    tensors take) and torch's op (what a CPU user gets by default); the parameter's name."""
+    if request.param == "interpret":
+        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
+    return request.param

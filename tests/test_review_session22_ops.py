@@ -27,16 +27,6 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.0 if a.numel() == 0 else (a.double() - b.double()).abs().max().item()
 
 
-@pytest.fixture(params=["interpret", "fallback"])
-def route(request, monkeypatch):
-    """Both CPU routes: the kernels in the interpreter, and torch's op."""
-    if request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
-
-
 def _mha_pair(**kwargs):
     ref = torch.nn.MultiheadAttention(8, 2, dtype=D, **kwargs)
     ours = fnn.MultiheadAttention(8, 2, dtype=D, **kwargs)

@@ -50,26 +50,6 @@ D = torch.float64
 sdpa = fusedops.scaled_dot_product_attention
 
 
-@pytest.fixture(params=["interpret", "fallback"])
-def route(request, monkeypatch):
-    """Both CPU routes: the kernels in the interpreter, and torch's op."""
-    if request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-
-
-@pytest.fixture
-def fallback(monkeypatch):
-    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-
-
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)
     assert a.dtype == b.dtype, (a.dtype, b.dtype)

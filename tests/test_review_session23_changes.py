@@ -51,15 +51,6 @@ from fusedops.dsl.target import assemble, ptxas_available
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
 
-@pytest.fixture(params=["interpret", "fallback"])
-def route(request, monkeypatch):
-    if request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
-
-
 # =====================================================================================================
 # float // (bb845fd, semantics._float_floor_divide)
 # =====================================================================================================

@@ -34,16 +34,6 @@ D = torch.float64
 NINF, INF, NAN = float("-inf"), float("inf"), float("nan")
 
 
-@pytest.fixture(params=["interpret", "fallback"])
-def route(request, monkeypatch):
-    """Both CPU routes: the kernels in the interpreter, and torch's op."""
-    if request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
-
-
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)
     assert a.dtype == b.dtype, (a.dtype, b.dtype)
