@@ -114,16 +114,11 @@ class Autotuner:
         wrong = [c for c in configs if not isinstance(c, Config)]
         if wrong:
             raise TypeError(f"autotune configs must be dsl.Config objects, got {wrong[0]!r}")
-        if isinstance(key, str) or not isinstance(key, (list, tuple)) or not all(isinstance(k, str) for k in key):
-            raise TypeError(f"autotune key must be a list of the kernel's parameter names, got {key!r}")
+        names = [p.name for p in fn.params]
         self.fn = fn
         self.configs = tuple(configs)
-        self.key = tuple(key)
+        self.key = _argument_names("key", key, fn, names)
         self._tuned = frozenset({"num_warps", "num_stages"}.union(*(c.constexprs for c in self.configs)))
-        names = [p.name for p in fn.params]
-        unknown = [k for k in self.key if k not in names]
-        if unknown:
-            raise TypeError(f"autotune key names {unknown}, which are not parameters of `{fn.__name__}`")
         self._names = names
         self.reset_to_zero = _argument_names("reset_to_zero", reset_to_zero, fn, names)
         self.restore_value = _argument_names("restore_value", restore_value, fn, names)
