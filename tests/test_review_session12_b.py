@@ -544,7 +544,8 @@ def test_saved_input_version_counter_errors_like_torch(interpret):
         return torch.autograd.grad(y.sum(), x)
 
     for fn in (lambda t: fusedops.layer_norm(t, (8,)), lambda t: fusedops.rms_norm(t, (8,)),
-               lambda t: fusedops.matmul(t, torch.randn(8, 2, dtype=D)),
+               # b needs a gradient, which reads a: a is saved (with a constant b it is not, as in torch)
+               lambda t: fusedops.matmul(t, torch.randn(8, 2, dtype=D, requires_grad=True)),
                lambda t: fusedops.scaled_dot_product_attention(t[None], t[None], t[None])):
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             modify_after(fn)

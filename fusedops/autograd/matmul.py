@@ -289,7 +289,12 @@ class MatmulFunction(torch.autograd.Function):
             product = product or _product(a, b, bias, None, wide)
             z = _forward_general(a, b, bias, None, wide) if product is None else product.forward(a, b, bias)
             c = apply_activation(z, activation).to(out_dtype)
-        ctx.save_for_backward(a, b, z)
+        # As torch.matmul: an operand is kept only where the other's gradient reads it (dA = dZ @ B^T, dB =
+        # A^T @ dZ), so an operand changed in place after the call, whose partner needs no gradient (a frozen
+        # weight), does not fail the backward; the other is kept as a meta tensor (its shape, strides, dtype).
+        needs = ctx.needs_input_grad
+        ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None, z)
+        ctx.stand_ins = (None if needs[1] else _stand_in(a), None if needs[0] else _stand_in(b))
         ctx.activation, ctx.bias_dtype, ctx.product = activation, None if bias is None else bias.dtype, product
         return c
 
@@ -297,6 +302,7 @@ class MatmulFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dc):
         a, b, z = ctx.saved_tensors
+        a, b = (saved if saved is not None else stand_in for saved, stand_in in zip((a, b), ctx.stand_ins))
         needs, product = ctx.needs_input_grad, ctx.product
         if dc.dtype != a.dtype:     # out_dtype other than a's: dZ kept wide (exact_input_gradients)
             return (*exact_input_gradients(dc, a, b, z, ctx.activation, needs, ctx.bias_dtype), None, None, None)
@@ -311,6 +317,12 @@ class MatmulFunction(torch.autograd.Function):
         else:   # the usual case: launches prepared for these layouts (_Product)
             (da, db), dbias = product.gradients(dz, a, b, needs[0], needs[1]), None
         return da, db, dbias, None, None, None
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with `t`'s shape, strides and dtype (what the backward reads of an operand it does not
+    multiply by). Kept on ctx, not saved: saved-tensor hooks (save_on_cpu) cannot copy a meta tensor."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
 def exact_input_gradients(dc, a, b, z, activation, needs_input_grad, bias_dtype) -> tuple:

@@ -30,17 +30,19 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = 
     return _matmul.reference(a, b, bias, activation, out).contiguous()
 
 
-def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> List:
-    # torch.matmul: broadcast batch dims, then M unless a is 1-D, then N unless b is 1-D.
+def _matmul_shape(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> List:
+    # torch.matmul: broadcast batch dims, then M unless a is 1-D, then N unless b is 1-D; then broadcast
+    # with the bias (a dot product plus a (1,) bias is (1,), as torch.matmul(a, b) + bias).
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m = list(a.shape[-2:-1])
     n = list(b.shape[-1:]) if b.dim() > 1 else []
-    return [*batch, *m, *n]
+    shape = [*batch, *m, *n]
+    return shape if bias is None else list(torch.broadcast_shapes(shape, bias.shape))
 
 
 @_matmul_op.register_fake
 def _(a, b, bias=None, activation=None, out_dtype=None):
-    return a.new_empty(_matmul_shape(a, b), dtype=out_dtype or a.dtype)
+    return a.new_empty(_matmul_shape(a, b, bias), dtype=out_dtype or a.dtype)
 
 
 def _setup_matmul(ctx, inputs, output):

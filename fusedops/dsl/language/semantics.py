@@ -40,6 +40,30 @@ def element_of(x: Value):
     return x.type.element if isinstance(x.type, BlockType) else x.type
 
 
+# Significand bits (with the implicit one) of the float dtypes: an int literal is rounded to these once.
+_SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+def _is_plain_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_rounded(value: int, bits: int) -> int:
+    """`value` rounded to `bits` significant bits, to nearest, ties to even: exactly representable as a
+    Python float, so that float() of it and the later narrowing to the dtype round once in all (float() of
+    an int above 2**53 would round it to 53 bits first: 2**53 + 2**29 + 1 became 2**53 in float32, not
+    2**53 + 2**30)."""
+    magnitude = abs(value)
+    extra = magnitude.bit_length() - bits
+    if extra <= 0:
+        return value
+    quotient, remainder = divmod(magnitude, 1 << extra)
+    half = 1 << (extra - 1)
+    if remainder > half or (remainder == half and quotient & 1):
+        quotient += 1
+    return (quotient << extra) * (1 if value >= 0 else -1)
+
+
 class Semantics(ShapeOps, BlockOps):
     """Builds typed IR through `builder`. Every public method takes IR values or Python literals."""
 
@@ -49,6 +73,7 @@ class Semantics(ShapeOps, BlockOps):
     # -- values ------------------------------------------------------------------------------------
     def constant(self, value, dtype: DType, shape: tuple = ()) -> Value:
         if dtype.is_floating:
+            value = _int_rounded(value, _SIGNIFICAND_BITS[dtype.name]) if _is_plain_int(value) else value
             value = float(value)
         elif dtype.is_bool:
             value = bool(value)

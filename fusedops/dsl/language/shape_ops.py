@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import CompilationError
 from ..ir import OpCode, Value
-from .dtypes import BlockType, DType, int32, shape_of, with_shape
+from .dtypes import BlockType, DType, PointerType, int32, shape_of, with_shape
 
 _MAX_BLOCK_NUMEL = 1 << 20
 
@@ -147,6 +147,11 @@ class ShapeOps:
             raise CompilationError(f"cannot reshape a block of shape {old} into {shape}")
         if not old:
             return self.broadcast_to(x, shape)
+        if not shape:       # a one-element block to a scalar: its only element (a max over one is exact)
+            if isinstance(x.type.element, PointerType):
+                raise CompilationError(f"cannot reshape a block of pointers of shape {old} into a scalar: "
+                                       "compute the scalar pointer from scalar offsets instead")
+            return self.reduce(x, None, "max")
         if shape == old:
             return x
         return self.builder.value(OpCode.RESHAPE, [x], BlockType(shape, x.type.element))
