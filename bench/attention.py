@@ -248,9 +248,9 @@ def format_sweep(rows) -> str:
 
 
 def run_sweep(args, repeats):
-    seqlens = scripts.int_list(args.seqlens) if args.seqlens else SWEEP_SEQLENS
+    seqlens = args.seqlens or SWEEP_SEQLENS
     rows = []
-    for dim in scripts.int_list(args.head_dims):
+    for dim in args.head_dims:
         for length in seqlens:
             for causal in (False, True):
                 rows.extend(sweep_point(length, dim, causal, repeats))
@@ -261,8 +261,9 @@ def run_sweep(args, repeats):
 
 def main(argv=None):
     parser = scripts.argument_parser(__doc__, quick=f"S in {QUICK_SEQLENS}")
-    parser.add_argument("--seqlens", default=None, help="comma-separated sequence lengths (default: the issue's)")
-    parser.add_argument("--head-dims", default="64,128", help="comma-separated head dims")
+    parser.add_argument("--seqlens", default=None, type=scripts.int_list,
+                        help="comma-separated sequence lengths (default: the issue's)")
+    parser.add_argument("--head-dims", default="64,128", type=scripts.int_list, help="comma-separated head dims")
     parser.add_argument("--compile", action="store_true", help="add torch.compile of the math attention")
     parser.add_argument("--sweep", action="store_true", help="time the kernels' launch configs instead (fp16)")
     args = parser.parse_args(argv)
@@ -271,8 +272,8 @@ def main(argv=None):
     if args.sweep:
         return run_sweep(args, scripts.run_repeats(args))
     dtypes = scripts.run_dtypes(args)
-    seqlens = scripts.int_list(args.seqlens) if args.seqlens else (QUICK_SEQLENS if args.quick else SEQLENS)
-    head_dims = scripts.int_list(args.head_dims)
+    seqlens = args.seqlens if args.seqlens else (QUICK_SEQLENS if args.quick else SEQLENS)
+    head_dims = args.head_dims
     table = providers(args.compile)
     repeats = scripts.run_repeats(args)
     rows = []

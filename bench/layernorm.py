@@ -248,15 +248,17 @@ def main(argv=None):
     parser = scripts.argument_parser(__doc__)
     parser.add_argument("--name", default="layernorm", help="file name stem of the outputs (default: layernorm)")
     parser.add_argument("--quick", action="store_true", help=f"N in {QUICK_COLUMNS}, fp16 only")
-    parser.add_argument("--ops", default="layer_norm,rms_norm", help="comma-separated: layer_norm, rms_norm")
-    parser.add_argument("--dtypes", default=None, help="comma-separated: fp16, bf16 (default both; --quick: fp16)")
+    parser.add_argument("--ops", default="layer_norm,rms_norm", type=scripts.choice_list(list(OPS)),
+                        help="comma-separated: layer_norm, rms_norm")
+    parser.add_argument("--dtypes", default=None, type=scripts.choice_list(list(DTYPES)),
+                        help="comma-separated: fp16, bf16 (default both; --quick: fp16)")
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     parser.add_argument("--sweep", action="store_true", help="also time other fusedops kernel configurations")
     args = parser.parse_args(argv)
     if not scripts.gpu_available():
         return 0
-    ops = [OPS[name] for name in args.ops.split(",")]
-    dtypes = args.dtypes.split(",") if args.dtypes else (["fp16"] if args.quick else list(DTYPES))
+    ops = [OPS[name] for name in args.ops]
+    dtypes = args.dtypes if args.dtypes else (["fp16"] if args.quick else list(DTYPES))
     columns = QUICK_COLUMNS if args.quick else COLUMNS
     rows = []
     for op in ops:

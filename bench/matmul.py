@@ -115,7 +115,8 @@ def plot(rows, path):
 
 def main(argv=None):
     parser = scripts.argument_parser(__doc__, quick=f"shapes {QUICK_SHAPES}")
-    parser.add_argument("--shapes", default=None, help="comma-separated MxNxK (default: the issue's list)")
+    parser.add_argument("--shapes", default=None, type=scripts.shape_list,
+                        help="comma-separated MxNxK (default: the issue's list)")
     parser.add_argument("--epilogue", action="store_true", help="also time bias + gelu fused vs torch")
     parser.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
     args = parser.parse_args(argv)
@@ -123,7 +124,7 @@ def main(argv=None):
         sys.exit("bench/matmul.py needs a CUDA GPU")
     dtypes = scripts.run_dtypes(args)
     if args.shapes:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        shapes = args.shapes
     else:
         shapes = QUICK_SHAPES if args.quick else SHAPES
     triton = None if args.no_triton else _triton()

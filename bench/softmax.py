@@ -236,7 +236,8 @@ def plot(rows, path):
 
 def main(argv=None):
     parser = scripts.argument_parser(__doc__, quick=f"N in {QUICK_NS}")
-    parser.add_argument("--ns", default=None, help="comma-separated N values (default: the issue's list)")
+    parser.add_argument("--ns", default=None, type=scripts.int_list,
+                        help="comma-separated N values (default: the issue's list)")
     parser.add_argument("--log", action="store_true", help="benchmark log_softmax instead of softmax")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles per shape)")
     parser.add_argument("--sweep", action="store_true", help="also time alternative fusedops configs")
@@ -245,7 +246,7 @@ def main(argv=None):
     if not scripts.gpu_available():
         return 0
     dtypes = scripts.run_dtypes(args)
-    ns = scripts.int_list(args.ns) if args.ns else (QUICK_NS if args.quick else NS)
+    ns = args.ns if args.ns else (QUICK_NS if args.quick else NS)
     repeats = scripts.run_repeats(args)
     name = "log_softmax" if args.log else "softmax"
     print(f"{name}: M={M}, N={ns}, {dtypes}, on {torch.cuda.get_device_name()}", flush=True)

@@ -22,6 +22,9 @@ _LAZY_EXPORTS: dict[str, str] = {
     "scaled_dot_product_attention": "fusedops.functional:scaled_dot_product_attention",
 }
 
+# `from fusedops import *`: the public ops (imported on first access through __getattr__).
+__all__ = sorted(_LAZY_EXPORTS)
+
 
 def __getattr__(name: str):
     """Import a lazily re-exported public op on first access (PEP 562)."""

@@ -5,6 +5,8 @@ lines, printed tables, CSV columns and plots on made-up rows. The runs themselve
 
 from __future__ import annotations
 
+import argparse
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -76,12 +78,19 @@ def test_tensor_core_scripts_without_a_gpu_exit(name, monkeypatch):
 def test_argument_parser_and_run_size():
     parser = scripts.argument_parser("doc", quick="N in [1]")
     args = parser.parse_args([])
-    assert (args.out, args.quick, args.dtypes) == ("bench-results", False, "fp16,bf16")
+    assert (args.out, args.quick, args.dtypes) == ("bench-results", False, ["fp16", "bf16"])
     assert scripts.run_dtypes(args) == ["fp16", "bf16"] and scripts.run_repeats(args) == 30
     quick = parser.parse_args(["--quick", "--dtypes", "bf16", "--out", "x"])
     assert scripts.run_dtypes(quick) == ["fp16"] and scripts.run_repeats(quick) == 10 and quick.out == "x"
     assert not hasattr(scripts.argument_parser("doc").parse_args([]), "quick")
-    assert scripts.int_list("1024,50257") == [1024, 50257]
+    assert scripts.int_list("1024,50257") == [1024, 50257] and scripts.int_list(" 7") == [7]
+    assert scripts.shape_list("1x2x3, 4x5x6") == [(1, 2, 3), (4, 5, 6)]
+    for bad in ("0", "-5", "abc", "1,,2", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive integers"):
+            scripts.int_list(bad)
+    for bad in ("4096x4096", "1x2x0", "axbxc"):
+        with pytest.raises(argparse.ArgumentTypeError, match="MxNxK"):
+            scripts.shape_list(bad)
 
 
 # -- shared helpers -----------------------------------------------------------------------------------

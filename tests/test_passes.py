@@ -370,17 +370,18 @@ def test_simplify_reaches_a_fixed_point_and_preserves_results():
 def test_pipeline_report_dumps_and_analysis(tmp_path, capsys):
     function = _cse_kernel()
     report = run_pipeline(function, default_pipeline(num_warps=4), dump_dir=str(tmp_path), dump=True)
-    names = ["substitute_induction_variables", "simplify", "expand_descriptor_loads", "assign_layouts",
-             "stage_invariant_operands", "pipeline_loops", "group_sibling_reductions", "defer_wgmma_waits",
+    names = ["combine_dot_accumulation", "substitute_induction_variables", "simplify", "expand_descriptor_loads",
+             "assign_layouts", "stage_invariant_operands", "pipeline_loops", "group_sibling_reductions", "defer_wgmma_waits",
              "analyze_pointers"]
     assert [r.name for r in report.records] == names
-    assert not report.records[0].changed and report.records[1].changed and not report.records[2].changed
-    assert not any(record.changed for record in report.records[4:])
+    assert not report.records[0].changed and not report.records[1].changed and report.records[2].changed
+    assert not report.records[3].changed and not any(record.changed for record in report.records[5:])
     assert all(r.seconds >= 0 for r in report.records) and "simplify" in str(report)
     assert isinstance(report.analyses["analyze_pointers"], AnalysisResult)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+    assert [p.name for p in tmp_path.iterdir()] == ["cse"]       # a folder per kernel
+    assert sorted(p.name for p in (tmp_path / "cse").iterdir()) == sorted(
         f"{i:02d}_{name}.{when}.ir" for i, name in enumerate(names) for when in ("before", "after"))
-    assert (tmp_path / "08_analyze_pointers.after.ir").read_text() == print_function(function)
+    assert (tmp_path / "cse" / "09_analyze_pointers.after.ir").read_text() == print_function(function)
     run_pipeline(_cse_kernel(), [simplify], dump={"simplify"})
     assert "IR before pass 00 simplify" in capsys.readouterr().err
 

@@ -13,6 +13,7 @@ executes the library's kernels through the interpreter and compiles them to PTX.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -65,6 +66,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.dtype is not None:
         names = _comma_list(parser, "--dtype", args.dtype, list(DTYPE_NAMES), "dtypes")
         args.dtypes = tuple(DTYPE_NAMES[name] for name in names)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"argument --out: {args.out!r} exists and is not a directory")
     return args
 
 

@@ -46,6 +46,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def no_dtype_line(case, dtypes) -> str:
+    """The line saying that `case` (a BenchCase) has none of `dtypes`, so a run leaves it out."""
+    return (f"skipped {case.name}: no {', '.join(dtype_name(d) for d in dtypes)} case "
+            f"(its dtypes: {', '.join(dtype_name(d) for d in case.dtypes)})")
+
+
 def _no_options(shape: Shape) -> dict:
     return {}
 

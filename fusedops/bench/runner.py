@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 
 from . import providers, report, timing
-from .cases import BenchCase, Shape, dtype_name
+from .cases import BenchCase, Shape, dtype_name, no_dtype_line
 from .workload import Workload
 
 Timer = Callable[[Callable[[], object]], List[float]]   # fn -> times of several runs, in ms
@@ -78,8 +78,7 @@ def plan(settings: Settings) -> Tuple[List[Point], List[str]]:
     for case in kept:
         case_points = points_of(case, settings)
         if not case_points:
-            skipped.append(f"skipped {case.name}: no {', '.join(dtype_name(d) for d in settings.dtypes)} case "
-                           f"(its dtypes: {', '.join(dtype_name(d) for d in case.dtypes)})")
+            skipped.append(no_dtype_line(case, settings.dtypes))
         points += case_points
     return points, skipped
 

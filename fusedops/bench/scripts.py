@@ -8,7 +8,8 @@ text that reports a provider's failure.
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional, Sequence, Union
+import os
+from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
@@ -21,20 +22,21 @@ OUT_DEFAULT = "bench-results"
 
 def argument_parser(doc: str, outputs: str = "CSV/JSON/PNG", quick: Optional[str] = None) -> argparse.ArgumentParser:
     """A script's parser: `doc` (its module docstring) as the description, printed as written, and
-    `--out DIR` (default bench-results), the folder of the result files named by `outputs`. With
-    `quick` (what --quick runs, e.g. "N in [1024, 4096]"), also --quick and --dtypes fp16,bf16, which
-    run_dtypes() and run_repeats() read."""
+    `--out DIR` (default bench-results; an existing file there is a usage error), the folder of the result
+    files named by `outputs`. With `quick` (what --quick runs, e.g. "N in [1024, 4096]"), also --quick and
+    --dtypes fp16,bf16 (a list of names, checked), which run_dtypes() and run_repeats() read."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=OUT_DEFAULT, help=f"directory for {outputs} results")
+    parser.add_argument("--out", default=OUT_DEFAULT, type=output_dir, help=f"directory for {outputs} results")
     if quick is not None:
         parser.add_argument("--quick", action="store_true", help=f"fp16 only, {quick}, fewer repeats")
-        parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated: fp16, bf16")
+        parser.add_argument("--dtypes", default="fp16,bf16", type=choice_list(HALF_DTYPES),
+                            help="comma-separated: fp16, bf16")
     return parser
 
 
 def run_dtypes(args: argparse.Namespace) -> List[str]:
     """The dtype names to run: fp16 alone under --quick (whatever --dtypes says), else --dtypes."""
-    return ["fp16"] if args.quick else args.dtypes.split(",")
+    return ["fp16"] if args.quick else list(args.dtypes)
 
 
 def run_repeats(args: argparse.Namespace) -> int:
@@ -51,8 +53,44 @@ def gpu_available() -> bool:
 
 
 def int_list(text: str) -> List[int]:
-    """A comma-separated list of integers ("1024,2048") as a list."""
-    return [int(item) for item in text.split(",")]
+    """A comma-separated list of positive integers ("1024,2048") as a list; an argparse `type=`: anything
+    else raises argparse.ArgumentTypeError (a usage error, exit 2)."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(item.isdigit() and int(item) > 0 for item in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return [int(item) for item in items]
+
+
+def shape_list(text: str) -> List[tuple]:
+    """Comma-separated MxNxK shapes ("4096x4096x4096,8192x4096x4096") as (M, N, K) tuples of positive ints;
+    an argparse `type=` (ArgumentTypeError otherwise)."""
+    shapes = []
+    for item in text.split(","):
+        dims = item.strip().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK shapes of positive integers, got "
+                                             f"{item.strip()!r}")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
+def choice_list(valid: Sequence[str]) -> Callable[[str], List[str]]:
+    """An argparse `type=` for a comma-separated list of names among `valid` (ArgumentTypeError otherwise)."""
+    def parse(text: str) -> List[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        unknown = [item for item in items if item not in valid]
+        if not items or unknown:
+            raise argparse.ArgumentTypeError(f"expected comma-separated names among {', '.join(valid)}, got "
+                                             f"{text!r}")
+        return items
+    return parse
+
+
+def output_dir(text: str) -> str:
+    """An argparse `type=` for --out: a directory, existing or not (ArgumentTypeError for an existing file)."""
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return text
 
 
 def copy_ms(nbytes: int, device: str = "cuda") -> float:

@@ -33,7 +33,7 @@ import torch
 import fusedops.dsl as dsl
 
 from . import checks, providers
-from .cases import BenchCase, dtype_name, select
+from .cases import BenchCase, dtype_name, no_dtype_line, select
 from .workload import Workload
 
 TARGET = "sm_90a"
@@ -241,7 +241,10 @@ def check_cases(cases: Sequence[BenchCase], dtypes: Optional[Sequence[torch.dtyp
                 launched_before = sum(len(_interpreter_specializations(k)) for k in kernels)
                 op_outcomes = []
                 for case in (case for case in available if case.op == op):
-                    case_outcomes = _case_checks(case, [d for d in case.dtypes if d in wanted])
+                    case_dtypes = [d for d in case.dtypes if d in wanted]
+                    if not case_dtypes:
+                        print(no_dtype_line(case, wanted))
+                    case_outcomes = _case_checks(case, case_dtypes)
                     _print(case_outcomes)
                     op_outcomes += case_outcomes
                 launched = sum(len(_interpreter_specializations(k)) for k in kernels) - launched_before

@@ -4,7 +4,7 @@ Importing it loads neither LLVM nor CUDA nor torch: those are imported when a ke
 compiled or launched.
 """
 
-from .errors import CompilationError, InterpreterError, LaunchError, UnsupportedError
+from .errors import BackendError, CompilationError, FusedOpsError, InterpreterError, LaunchError, UnsupportedError
 from .language.core import (abs, arange, argmax, argmin, atomic_add, atomic_and, atomic_cas, atomic_max,
                             atomic_min, atomic_or, atomic_xchg, atomic_xor, barrier, broadcast_to, cast, cdiv, ceil,
                             cluster_dims, cluster_sum,
@@ -20,7 +20,7 @@ from .runtime.jit import JITFunction, jit
 
 __all__ = [
     "jit", "JITFunction", "constexpr", "static_range", "autotune", "Autotuner", "Config",
-    "CompilationError", "UnsupportedError", "LaunchError", "InterpreterError",
+    "FusedOpsError", "CompilationError", "UnsupportedError", "LaunchError", "InterpreterError", "BackendError",
     "DType", "PointerType", "BlockType", "pointer_type",
     "int1", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float64",

@@ -9,7 +9,9 @@ A pass is a callable taking an `ir.Function` and returning one of:
   in `PipelineReport.analyses` under the pass's name; an analysis does not change the IR.
 
 Dumps (numba-cuda's pass manager does the same): `dump=True` prints the IR before and after every
-pass to stderr, or writes `NN_<pass>.before.ir` / `NN_<pass>.after.ir` files into `dump_dir`;
+pass to stderr, or writes `<kernel>/NN_<pass>.before.ir` / `.after.ir` files into `dump_dir` (one folder per
+kernel name: another kernel's dumps do not overwrite these; a kernel compiled again, e.g. for another
+specialization, does);
 `dump` may also be a collection of pass names, to dump only those.
 """
 
@@ -100,8 +102,8 @@ class PassManager:
             function, changed = self._interpret(result, function, name, report, before_text)
             report.records.append(PassRecord(name, seconds, changed))
             if dumping:
-                self._write_dump(index, name, "before", before_text)
-                self._write_dump(index, name, "after", print_function(function))
+                self._write_dump(function.name, index, name, "before", before_text)
+                self._write_dump(function.name, index, name, "after", print_function(function))
             if self.verify:
                 self._verify(function, f"pass {name!r}")
         report.function = function
@@ -124,14 +126,19 @@ class PassManager:
             return self.dump
         return name in self.dump
 
-    def _write_dump(self, index: int, name: str, when: str, text: str) -> None:
+    def _write_dump(self, kernel: str, index: int, name: str, when: str, text: str) -> None:
+        """Raises OSError naming dump_dir (FUSEDOPS_DUMP_DIR) where the dump cannot be written."""
         if self.dump_dir is None:
-            sys.stderr.write(f"// ----- IR {when} pass {index:02d} {name} -----\n{text}")
+            sys.stderr.write(f"// ----- IR {when} pass {index:02d} {name} ({kernel}) -----\n{text}")
             return
-        os.makedirs(self.dump_dir, exist_ok=True)
-        path = os.path.join(self.dump_dir, f"{index:02d}_{name}.{when}.ir")
-        with open(path, "w", encoding="utf-8") as file:
-            file.write(text)
+        folder = os.path.join(self.dump_dir, kernel)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{index:02d}_{name}.{when}.ir"), "w", encoding="utf-8") as file:
+                file.write(text)
+        except OSError as error:
+            raise OSError(f"cannot write IR dumps into dump_dir {self.dump_dir!r} (FUSEDOPS_DUMP_DIR): "
+                          f"{error}") from error
 
     @staticmethod
     def _verify(function: Function, after: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from .descriptors import expand_descriptor_loads
+from .dot_accumulation import combine_dot_accumulation
 from .induction_variables import substitute_induction_variables
 from .invariant_operands import stage_invariant_operands
 from .layout_assignment import assign_layouts
@@ -30,6 +31,7 @@ def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
     descriptors = functools.partial(expand_descriptor_loads, arch=arch)
     descriptors.__name__ = "expand_descriptor_loads"
     return [
+        combine_dot_accumulation,   # c + dot(a, b) -> dot(a, b, c) (`acc += dsl.dot(a, b)`: one accumulator)
         substitute_induction_variables,  # `p += step` carries -> p0 + trip * step (pipelinable addresses)
         simplify,            # constant folding, CSE, DCE, to a fixed point
         descriptors,         # desc.load -> masked load (marked for TMA on sm_90a with FUSEDOPS_TMA=1)

@@ -70,7 +70,8 @@ def check(result: tuple, what: str = "CUDA driver call"):
     return result[1] if len(result) == 2 else result[1:]
 
 
-def _require_gpu(device_index: Optional[int]) -> int:
+def require_gpu(device_index: Optional[int]) -> int:
+    """`device_index` (None: the current device) checked to be a CUDA device here. Raises LaunchError."""
     try:
         import torch
     except ImportError as error:
@@ -174,7 +175,7 @@ def device_context(device_index: Optional[int] = None) -> DeviceContext:
     Raises:
         LaunchError: no CUDA GPU, no such device, or a driver call failed.
     """
-    return _device_context(_require_gpu(device_index))
+    return _device_context(require_gpu(device_index))
 
 
 @functools.cache

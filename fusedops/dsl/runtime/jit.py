@@ -358,8 +358,9 @@ class JITFunction:
         import torch
 
         device = cuda_device(self.__name__, self.params, values)
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        if device is None:      # no tensor arguments: the current CUDA device (a LaunchError without one)
+            from .driver import require_gpu
+            device = torch.device("cuda", require_gpu(None))
         key = SpecializationKey(specs, num_warps, num_stages, knobs.current().default_arch or device_arch(device))
         return self._compiled_entry(key, missing_ok=False), runtime, device.index
 
