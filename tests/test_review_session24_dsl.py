@@ -283,3 +283,13 @@ def test_launch_argument_errors_name_the_problem():
         kernel[(-1,)](out, 1, interpret=True)
     kernel[(0,)](out, 1, interpret=True)      # an empty grid runs nothing
     assert out.item() == 0.0
+
+
+def test_pointer_element_type_by_tritons_name():
+    """`o_ptr.dtype.element_ty` (Triton's spelling) is `o_ptr.dtype.element`, interpreted and compiled."""
+    kernel = _kernel("def k(o_ptr, x_ptr):\n    r = dsl.arange(0, 8)\n    x = dsl.load(x_ptr + r).to(dsl.float32)\n"
+                     "    dsl.store(o_ptr + r, (x * 2.0).to(o_ptr.dtype.element_ty))\n", "element_ty")
+    x, out = torch.arange(8, dtype=torch.float16), torch.zeros(8, dtype=torch.float16)
+    kernel[(1,)](out, x, interpret=True)
+    assert out.tolist() == [2.0 * v for v in range(8)]
+    _compile(kernel, out, x)

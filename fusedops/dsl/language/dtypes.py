@@ -85,6 +85,11 @@ class PointerType:
         return self
 
     @property
+    def element_ty(self) -> DType:
+        """`element`, by the name Triton kernels use (`x_ptr.dtype.element_ty`)."""
+        return self.element
+
+    @property
     def itemsize(self) -> int:
         return 8
 
