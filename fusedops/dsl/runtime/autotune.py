@@ -7,17 +7,18 @@
 
     kernel[grid](...)          # grid may be a function of the meta-parameters, as for @dsl.jit
 
-On the first launch with a new key (the values of the `key` arguments, the dtypes of the tensor
-arguments and the device), every config is launched with the real arguments and timed with CUDA
-events, in TUNING_ROUNDS rounds that each time every config in turn (a clock or power change
-during the search falls on all of them alike), each launch timed alone; a config's time is the
-median of its launches. The fastest is used from then on and recorded, through an atomic write, in
-a JSON file in the cache directory ($FUSEDOPS_CACHE_DIR/autotune/), so later processes skip the
-search. A config
+On the first launch with a new key (the values of the `key` arguments, defaults included, a tensor's
+shape and dtype; the dtypes of the tensor arguments; the device), every config is launched with the
+real arguments and timed with CUDA events, in TUNING_ROUNDS rounds that each time every config in
+turn (a clock or power change during the search falls on all of them alike), each launch timed
+alone; a config's time is the median of its launches. The fastest is used from then on and recorded, through an atomic write, in
+a JSON file in the cache directory ($FUSEDOPS_CACHE_DIR/autotune/; merged under a file lock, so
+processes tuning at once keep each other's entries), so later processes skip the search. A config
 whose compilation or launch fails (e.g. it needs more shared memory than the device has) is
 skipped, not fatal, and one whose kernel spills registers to local memory is chosen only when
 every config spills.
-In the interpreter the first config that fits is used without timing (times mean nothing there).
+In the interpreter the first config whose kernel compiles is used without timing (times mean nothing
+there). A key may not name a constexpr the configs set (TypeError).
 
 Tuning launches the kernel several times on the caller's arguments. A kernel that accumulates into
 an argument (atomic adds, `out += ...`) names it: `reset_to_zero=["out"]` zeroes those tensors before
@@ -46,6 +47,7 @@ from .launcher import warps_and_stages_problem
 TUNING_WARMUP = 2       # untimed launches of a config before its first round
 TUNING_ROUNDS = 4       # rounds over the configs (see the module docstring)
 TUNING_REPS = 5         # timed launches of a config per round
+RECORD_LOCK_SECONDS = 10   # how long a process waits for another's write of the record before giving up on its own
 HOST_LEAD_CYCLES = 200_000  # GPU clock cycles of sleep queued per timed launch (~0.1 ms, `time_launches`)
 _SKIPPED = (CompilationError, LaunchError, UnsupportedError)
 
@@ -91,11 +93,11 @@ def _read_record(path: Path) -> dict:
     parse or parses to something else than an object (written by another tool). Raises OSError."""
     try:
         record = json.loads(path.read_text())
-    except ValueError:
+    except (ValueError, RecursionError):     # RecursionError: JSON nested past the parser's depth
         return {}
     if not isinstance(record, dict):
         return {}
-    return {key: index for key, index in record.items() if isinstance(index, int)}
+    return {key: index for key, index in record.items() if type(index) is int}     # not bools
 
 
 class Autotuner:
@@ -119,6 +121,11 @@ class Autotuner:
         self.configs = tuple(configs)
         self.key = _argument_names("key", key, fn, names)
         self._tuned = frozenset({"num_warps", "num_stages"}.union(*(c.constexprs for c in self.configs)))
+        tuned_keys = [name for name in self.key if name in self._tuned]
+        if tuned_keys:
+            raise TypeError(f"autotune key names {tuned_keys}, which the configs set (a launch does not pass them): "
+                            "key on the problem's arguments instead")
+        self._defaults = {p.name: p.default for p in fn.params if p.has_default}
         self._names = names
         self.reset_to_zero = _argument_names("reset_to_zero", reset_to_zero, fn, names)
         self.restore_value = _argument_names("restore_value", restore_value, fn, names)
@@ -136,9 +143,10 @@ class Autotuner:
     # -- keys and the on-disk record ----------------------------------------------------------------
     def key_of(self, args: Sequence, kwargs: Mapping) -> str:
         """The tuning key of a launch: key argument values, tensor dtypes, device."""
-        values = dict(zip(self._names, args))
+        values = dict(self._defaults)
+        values.update(zip(self._names, args))
         values.update(kwargs)
-        parts = [f"{name}={values.get(name)!r}" for name in self.key]
+        parts = [f"{name}={_key_part(values.get(name))}" for name in self.key]
         device = "cpu"
         for name in self._names:
             value = values.get(name)
@@ -177,17 +185,25 @@ class Autotuner:
         path = self._record_path()
         if path is None:
             return
+        import filelock
+
         record = {key: self.configs.index(config) for key, config in self.best.items()}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            if path.is_file():
-                record = {**_read_record(path), **record}
-            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
-            with os.fdopen(handle, "w") as file:
-                json.dump(record, file, indent=1, sort_keys=True)
-            os.replace(temporary, path)
-        except OSError:
-            pass      # an unwritable cache only costs a re-tune in the next process
+            # read-merge-replace under a lock: two processes tuning at once keep both their entries
+            with filelock.FileLock(str(path) + ".lock", timeout=RECORD_LOCK_SECONDS):
+                if path.is_file():
+                    record = {**_read_record(path), **record}
+                handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
+                try:
+                    with os.fdopen(handle, "w") as file:
+                        json.dump(record, file, indent=1, sort_keys=True)
+                    os.replace(temporary, path)
+                except BaseException:
+                    os.unlink(temporary)
+                    raise
+        except (OSError, filelock.Timeout):
+            pass      # an unwritable (or long-locked) cache only costs a re-tune in the next process
 
     # -- choosing ------------------------------------------------------------------------------------
     def select(self, key: str, measure: Callable[[Config], tuple]) -> Config:
@@ -237,12 +253,26 @@ class Autotuner:
         if interpret is None:
             interpret = knobs.current().interpret
         if interpret:
-            config = self.configs[0]
+            config = self._interpreter_config(args, kwargs)
         else:
             key = self.key_of(args, kwargs)
             config = self.best.get(key) or self._tune(key, grid, args, kwargs)
         self.fn.run(grid, *args, num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret,
                     **kwargs, **config.constexprs)
+
+    def _interpreter_config(self, args, kwargs) -> Config:
+        """The first config whose kernel compiles for these arguments (the interpreter times nothing); raises
+        the first config's error when none does."""
+        errors = []
+        for config in self.configs:
+            try:
+                self.fn.ir(*args, num_warps=config.num_warps, num_stages=config.num_stages, **kwargs,
+                           **config.constexprs)
+            except _SKIPPED as error:
+                errors.append(error)
+                continue
+            return config
+        raise errors[0]
 
     def _tune(self, key: str, grid, args, kwargs) -> Config:
         """`select` for `key` by timing launches of each config on these arguments; the tensors named by
@@ -307,6 +337,14 @@ def time_launches(launch: Callable[[], object], before: Callable[[], None] = lam
         end.record()
     events[-1][1].synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def _key_part(value) -> str:
+    """A key argument's part of a tuning key: repr of a scalar; a tensor's shape and dtype (not its contents:
+    repr would print them, and copy a CUDA tensor to the host)."""
+    if _is_tensor(value) and hasattr(value, "shape"):
+        return f"<tensor shape={tuple(value.shape)} {value.dtype}>"
+    return repr(value)
 
 
 def _is_tensor(value) -> bool:

@@ -13,7 +13,7 @@ class BoundedCache(dict):
 
     def put(self, key, value):
         """Store `value` under `key` (evicting the oldest entry when full) and return `value`."""
-        if len(self) >= self.maxsize:
+        if key not in self and len(self) >= self.maxsize:     # a replaced entry makes no room to free
             try:
                 del self[next(iter(self))]
             except (KeyError, StopIteration, RuntimeError):   # another thread changed it meanwhile

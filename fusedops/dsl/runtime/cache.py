@@ -67,21 +67,31 @@ def load(key: str) -> Optional[dict]:
             entry = json.load(f)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):     # RecursionError: JSON nested past the parser's depth
         return None
     return entry if _well_formed(entry) else None
 
 
 def _well_formed(entry) -> bool:
     """An entry as `compiler.compile_function` stores it: the strings, integers and lists it reads back (an
-    entry edited by hand or by another tool is treated as missing, not trusted)."""
-    def integer(value):
-        return type(value) is int and value >= 0
+    entry edited by hand or by another tool is treated as missing, not trusted): non-empty PTX, a cluster
+    of at least one CTA, tensor map params that `TensorMapParam.from_json` reads back."""
+    from .tensor_map import TensorMapParam
+
+    def integer(value, least=0):
+        return type(value) is int and value >= least
+
+    def tensor_map(item):
+        try:
+            TensorMapParam.from_json(item)
+        except ValueError:
+            return False
+        return True
     return (isinstance(entry, dict) and entry.get("format") == _FORMAT
             and all(isinstance(entry.get(field), str) for field in ("name", "ir", "llir", "ptx"))
-            and integer(entry.get("shared_bytes")) and integer(entry.get("cluster_size", 1))
+            and bool(entry["ptx"]) and integer(entry.get("shared_bytes")) and integer(entry.get("cluster_size", 1), 1)
             and isinstance(entry.get("tensor_maps", []), list)
-            and all(isinstance(m, dict) for m in entry.get("tensor_maps", [])))
+            and all(tensor_map(m) for m in entry.get("tensor_maps", [])))
 
 
 def store(key: str, entry: dict) -> None:

@@ -216,9 +216,29 @@ class TensorMapParam:
 
     @classmethod
     def from_json(cls, item) -> "TensorMapParam":
+        """The param `to_json` wrote. Raises ValueError for anything else (a cache entry edited or corrupted)."""
+        if not cls._json_well_formed(item):
+            raise ValueError(f"not a tensor map param: {item!r:.200}")
         element, base, shape, strides, contiguous, box, swizzle = item
         return cls(element, base, tuple(tuple(s) for s in shape), tuple(tuple(s) for s in strides), contiguous,
                    tuple(box), swizzle)
+
+    @staticmethod
+    def _json_well_formed(item) -> bool:
+        def index(value):
+            return type(value) is int and value >= 0
+
+        def sources(value):
+            return isinstance(value, list) and len(value) == 2 and all(
+                isinstance(s, list) and len(s) == 2 and s[0] in ("arg", "const") and type(s[1]) is int
+                and (s[0] == "const" or s[1] >= 0) for s in value)
+        if not isinstance(item, list) or len(item) != 7:
+            return False
+        element, base, shape, strides, contiguous, box, swizzle = item
+        return (element in {dtype.name for dtype in dtypes.ALL_DTYPES} and index(base) and sources(shape) and sources(strides)
+                and index(contiguous) and contiguous < 2
+                and isinstance(box, list) and len(box) == len(shape) and all(index(b) and b > 0 for b in box)
+                and swizzle in (32, 64, 128))
 
     def spec(self, values: Sequence) -> TensorMapSpec:
         """The `TensorMapSpec` for a launch with runtime `values`: the contiguous dim innermost."""
