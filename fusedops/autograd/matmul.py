@@ -292,8 +292,12 @@ class MatmulFunction(torch.autograd.Function):
         # As torch.matmul: an operand is kept only where the other's gradient reads it (dA = dZ @ B^T, dB =
         # A^T @ dZ), so an operand changed in place after the call, whose partner needs no gradient (a frozen
         # weight), does not fail the backward; the other is kept as a meta tensor (its shape, strides, dtype).
+        # An input that needs a gradient but is not saved gets an anchor saved instead (`_error_anchor`), so that
+        # differentiating its gradient again raises (once_differentiable) instead of finding it unused.
         needs = ctx.needs_input_grad
-        ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None, z)
+        unsaved = [t for t, need, saved in ((a, needs[0], needs[1]), (b, needs[1], needs[0]), (bias, needs[2], False))
+                   if need and not saved]
+        ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None, z, *map(_error_anchor, unsaved))
         ctx.stand_ins = (None if needs[1] else _stand_in(a), None if needs[0] else _stand_in(b))
         ctx.activation, ctx.bias_dtype, ctx.product = activation, None if bias is None else bias.dtype, product
         return c
@@ -301,7 +305,7 @@ class MatmulFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dc):
-        a, b, z = ctx.saved_tensors
+        a, b, z = ctx.saved_tensors[:3]
         a, b = (saved if saved is not None else stand_in for saved, stand_in in zip((a, b), ctx.stand_ins))
         needs, product = ctx.needs_input_grad, ctx.product
         if dc.dtype != a.dtype:     # out_dtype other than a's: dZ kept wide (exact_input_gradients)
@@ -323,6 +327,15 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor with `t`'s shape, strides and dtype (what the backward reads of an operand it does not
     multiply by). Kept on ctx, not saved: saved-tensor hooks (save_on_cpu) cannot copy a meta tensor."""
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _error_anchor(t: torch.Tensor) -> torch.Tensor:
+    """An empty tensor whose autograd history leads to `t` (built with grad recording on, inside a forward) and
+    that has its own storage and version counter: saved for backward, it connects once_differentiable's error
+    node to `t` without keeping `t`'s values or failing when `t` is changed in place. No kernel runs (0
+    elements)."""
+    with torch.enable_grad():
+        return (t.narrow(-1, 0, 0) if t.dim() else t.reshape(1).narrow(0, 0, 0)).clone()
 
 
 def exact_input_gradients(dc, a, b, z, activation, needs_input_grad, bias_dtype) -> tuple:

@@ -13,7 +13,6 @@ executes the library's kernels through the interpreter and compiles them to PTX.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -57,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The parsed command line, with `ops` and `dtypes` validated (usage error, exit 2, otherwise)."""
     from .cases import CASES_BY_NAME, DTYPE_NAMES   # imports torch: after --help has had its chance
+    from .scripts import output_dir
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -66,8 +66,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.dtype is not None:
         names = _comma_list(parser, "--dtype", args.dtype, list(DTYPE_NAMES), "dtypes")
         args.dtypes = tuple(DTYPE_NAMES[name] for name in names)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f"argument --out: {args.out!r} exists and is not a directory")
+    try:
+        output_dir(args.out)
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"argument --out: {error}")
     return args
 
 

@@ -87,9 +87,15 @@ def choice_list(valid: Sequence[str]) -> Callable[[str], List[str]]:
 
 
 def output_dir(text: str) -> str:
-    """An argparse `type=` for --out: a directory, existing or not (ArgumentTypeError for an existing file)."""
-    if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    """An argparse `type=` for --out: a directory, existing or not (ArgumentTypeError for an empty name, or
+    where the path or its nearest existing parent is not a directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory name, got ''")
+    existing = os.path.abspath(text)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"{text!r}: {existing!r} exists and is not a directory")
     return text
 
 

@@ -11,6 +11,8 @@ The class is split by concern: elementwise ops here, shapes in `shape_ops.py`, m
 
 from __future__ import annotations
 
+import math
+
 from ..errors import CompilationError
 from ..ir import Builder, OpCode, Value
 from . import promotion
@@ -48,6 +50,15 @@ def _is_plain_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _int_to_float(value: int, bits: int) -> float:
+    """`_int_rounded(value, bits)` as a Python float: +-inf past float64's range (every float dtype
+    overflows there too), where float() of the int would raise OverflowError."""
+    rounded = _int_rounded(value, bits)
+    if abs(rounded).bit_length() > 1024:
+        return math.inf if rounded > 0 else -math.inf
+    return float(rounded)
+
+
 def _int_rounded(value: int, bits: int) -> int:
     """`value` rounded to `bits` significant bits, to nearest, ties to even: exactly representable as a
     Python float, so that float() of it and the later narrowing to the dtype round once in all (float() of
@@ -73,8 +84,7 @@ class Semantics(ShapeOps, BlockOps):
     # -- values ------------------------------------------------------------------------------------
     def constant(self, value, dtype: DType, shape: tuple = ()) -> Value:
         if dtype.is_floating:
-            value = _int_rounded(value, _SIGNIFICAND_BITS[dtype.name]) if _is_plain_int(value) else value
-            value = float(value)
+            value = _int_to_float(value, _SIGNIFICAND_BITS[dtype.name]) if _is_plain_int(value) else float(value)
         elif dtype.is_bool:
             value = bool(value)
         else:

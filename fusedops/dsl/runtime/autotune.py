@@ -191,7 +191,9 @@ class Autotuner:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # read-merge-replace under a lock: two processes tuning at once keep both their entries
-            with filelock.FileLock(str(path) + ".lock", timeout=RECORD_LOCK_SECONDS):
+            locks = path.parent.with_name(path.parent.name + ".locks")     # beside the records, not among them
+            locks.mkdir(exist_ok=True)
+            with filelock.FileLock(str(locks / (path.name + ".lock")), timeout=RECORD_LOCK_SECONDS):
                 if path.is_file():
                     record = {**_read_record(path), **record}
                 handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
