@@ -18,7 +18,7 @@ from ..ir import Block, OpCode, Value
 from ..ir.ops import SIDE_EFFECTS
 from ..language import core
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
-from ..language.dtypes import BlockType, shape_of
+from ..language.dtypes import BlockType, int1, shape_of
 from .scope import check_global, is_runtime
 
 _BINARY = {
@@ -130,6 +130,12 @@ class ExpressionsMixin:
 
     def _compare(self, op: ast.cmpop, left, right):
         name, function = _COMPARE[type(op)]
+        if not isinstance(op, (ast.Is, ast.IsNot)) and (_holds_runtime(left) or _holds_runtime(right)):
+            # Python would compare the IR values inside by identity (a compile-time answer to a runtime question)
+            if isinstance(op, (ast.In, ast.NotIn)):
+                raise CompilationError("`in` / `not in` need compile-time operands")
+            raise CompilationError(f"`{_SYMBOLS[type(op)]}` of tuples holding runtime values is not supported; "
+                                   "compare the items one by one")
         if not is_runtime(left) and not is_runtime(right):
             return python_evaluate(type(op).__name__, function, left, right)
         if name is None:
@@ -147,8 +153,30 @@ class ExpressionsMixin:
                     return result
                 result = self.visit(operand)
             else:
-                result = self.semantic.logical("and" if is_and else "or", result, self._operand(self.visit(operand)))
+                result = self._runtime_bool_op(is_and, result, operand)
         return result
+
+    def _runtime_bool_op(self, is_and: bool, left: Value, node: ast.expr):
+        """`left and <node>` / `left or <node>` for a runtime `left`. Blocks, and a right side that reads or
+        writes no memory, are evaluated elementwise on both sides (int1); a scalar `left` whose right side loads
+        or stores short-circuits as in Python (an `if`: `i < n and dsl.load(p + i) > 0` loads only where
+        i < n), as the ternary does."""
+        arm = Block()
+        with self.builder.insert_into(arm):
+            right = self._operand(self.visit(node))
+        scalar = not isinstance(left.type, BlockType) and not isinstance(getattr(right, "type", None), BlockType)
+        if not scalar or not any(op.opcode in _OBSERVABLE or op.regions for op in arm.walk()):
+            for op in arm.ops:
+                self.builder.block.append(op)
+            return self.semantic.logical("and" if is_and else "or", left, right)
+        condition = self.semantic.to_condition(left)
+        with self.builder.insert_into(arm):
+            self.builder.create(OpCode.YIELD, [self.semantic.to_condition(right)], [])
+        skipped = Block()           # `False and ...` is False, `True or ...` is True
+        with self.builder.insert_into(skipped):
+            self.builder.create(OpCode.YIELD, [self.semantic.constant(not is_and, int1)], [])
+        regions = [arm, skipped] if is_and else [skipped, arm]
+        return self.builder.create(OpCode.IF, [condition], [int1], regions=regions).result
 
     def visit_IfExp(self, node: ast.IfExp):
         condition = self.visit(node.test)
@@ -228,3 +256,11 @@ class ExpressionsMixin:
             return BoundMethod(core.VALUE_METHODS[name], value)
         methods = ", ".join(f".{m}()" for m in core.VALUE_METHODS)
         raise CompilationError(f"kernel values have no attribute `{name}`; they have .shape, .dtype and {methods}")
+
+
+def _holds_runtime(value) -> bool:
+    """Whether `value` is a compile-time tuple or list with a runtime value among its items (at any depth)."""
+    return isinstance(value, (tuple, list)) and any(is_runtime(item) or _holds_runtime(item) for item in value)
+
+
+_SYMBOLS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}

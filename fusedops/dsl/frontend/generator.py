@@ -22,6 +22,7 @@ from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, Builder, Function, Value, verify
 from ..language.dtypes import int32
 from ..language.semantics import Semantics
+from ..runtime.signature import bind_parameters
 from .calls import CallsMixin
 from .control_flow import ControlFlowMixin
 from .errors import SourceInfo, with_location
@@ -189,23 +190,7 @@ _MISSING = object()
 
 def bind_arguments(callee, args: list, kwargs: dict) -> list:
     """One value per parameter of `callee` from a call's arguments (Python's binding rules)."""
-    params = callee.params
-    if len(args) > len(params):
-        raise CompilationError(f"`{callee.__name__}` takes {len(params)} arguments but {len(args)} were given")
-    values = list(args) + [_MISSING] * (len(params) - len(args))
-    index = {p.name: i for i, p in enumerate(params)}
-    for key, value in kwargs.items():
-        if key not in index:
-            raise CompilationError(f"`{callee.__name__}` got an unexpected keyword argument `{key}`")
-        if values[index[key]] is not _MISSING:
-            raise CompilationError(f"`{callee.__name__}` got multiple values for argument `{key}`")
-        values[index[key]] = value
-    for i, param in enumerate(params):
-        if values[i] is _MISSING:
-            if not param.has_default:
-                raise CompilationError(f"`{callee.__name__}` is missing argument `{param.name}`")
-            values[i] = param.default
-    return values
+    return bind_parameters(callee.params, args, kwargs, f"`{callee.__name__}`", CompilationError)
 
 
 @dataclasses.dataclass(frozen=True)

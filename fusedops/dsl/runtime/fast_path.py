@@ -176,7 +176,12 @@ def make_binder(params: Sequence, tensor_type) -> Optional[Callable]:
     if namespace is None:
         return None
     signature = [f"{_PREFIX}num_warps", f"{_PREFIX}num_stages"]
-    signature += [f"{p.name}={_PREFIX}default{i}" if p.has_default else p.name for i, p in enumerate(params)]
+    for i, p in enumerate(params):      # with the kernel's `/` and `*`: Python's binding rules, as the full path
+        if p.kind == "keyword_only" and (i == 0 or params[i - 1].kind != "keyword_only"):
+            signature.append("*")
+        signature.append(f"{p.name}={_PREFIX}default{i}" if p.has_default else p.name)
+        if p.kind == "positional_only" and (i + 1 == len(params) or params[i + 1].kind != "positional_only"):
+            signature.append("/")
     body, key, values = _argument_code(params)
     source = "\n".join([
         f"def {_PREFIX}bind({', '.join(signature)}):",

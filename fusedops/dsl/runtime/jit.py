@@ -44,14 +44,29 @@ from . import knobs
 from .fast_path import MISSING, make_binder, make_entry, make_plan, make_prepared
 from .launcher import (check_arch, check_cluster_grid, check_interpret, check_num_warps, cuda_device, device_arch,
                        normalize_grid)
-from .signature import NO_DEFAULT, Parameter, SpecializationKey, specialize
+from .signature import NO_DEFAULT, Parameter, SpecializationKey, bind_parameters, specialize
 
 _RESERVED = ("num_warps", "num_stages", "interpret", "target", "grid")
-_MISSING = object()
 _interpret_enabled = knobs.interpret_enabled
 
 
+_KINDS = {inspect.Parameter.POSITIONAL_ONLY: "positional_only", inspect.Parameter.POSITIONAL_OR_KEYWORD:
+          "positional_or_keyword", inspect.Parameter.KEYWORD_ONLY: "keyword_only"}
+
+
+def _annotation_text(annotation):
+    """A string annotation without the quotes a quoted one keeps under `from __future__ import annotations`
+    (`B: "dsl.constexpr"` arrives as "'dsl.constexpr'"); any other annotation unchanged."""
+    if isinstance(annotation, str):
+        text = annotation.strip()
+        while len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            text = text[1:-1].strip()
+        return text
+    return annotation
+
+
 def _is_constexpr_annotation(annotation) -> bool:
+    annotation = _annotation_text(annotation)
     if annotation is core.constexpr:
         return True
     return isinstance(annotation, str) and (annotation == "constexpr" or annotation.endswith(".constexpr"))
@@ -61,6 +76,7 @@ def _scalar_annotation(annotation) -> Optional[DType]:
     """The dsl dtype a parameter's annotation names (`n: dsl.int64`, or the string "dsl.int64" / "tl.int64"
     under `from __future__ import annotations`), or None: other annotations (`int`, `torch.Tensor`) are
     Python type hints the compiler does not read."""
+    annotation = _annotation_text(annotation)
     if isinstance(annotation, DType):
         return annotation
     if isinstance(annotation, str):
@@ -86,7 +102,7 @@ def _parameters(fn, do_not_specialize) -> tuple:
             raise TypeError(f"`{fn.__name__}`: the parameter name `{p.name}` is reserved for launch options")
         default = p.default if p.default is not p.empty else NO_DEFAULT
         params.append(Parameter(p.name, _is_constexpr_annotation(p.annotation), default, p.name in skip,
-                                _scalar_annotation(p.annotation)))
+                                _scalar_annotation(p.annotation), _KINDS[p.kind]))
     return tuple(params)
 
 
@@ -392,25 +408,7 @@ class JITFunction:
 
     # -- internals ---------------------------------------------------------------------------------
     def _bind(self, args: tuple, kwargs: dict) -> list:
-        params, name = self.params, self.__name__
-        if len(args) > len(params):
-            raise TypeError(f"kernel `{name}` takes {len(params)} arguments ({', '.join(p.name for p in params)}) "
-                            f"but {len(args)} were given")
-        values = list(args) + [_MISSING] * (len(params) - len(args))
-        for key, value in kwargs.items():
-            index = self._index.get(key)
-            if index is None:
-                raise TypeError(f"kernel `{name}` got an unexpected keyword argument `{key}`; its parameters are "
-                                f"{', '.join(p.name for p in params)}")
-            if values[index] is not _MISSING:
-                raise TypeError(f"kernel `{name}` got multiple values for argument `{key}`")
-            values[index] = value
-        for index, param in enumerate(params):
-            if values[index] is _MISSING:
-                if not param.has_default:
-                    raise TypeError(f"kernel `{name}` is missing argument `{param.name}`")
-                values[index] = param.default
-        return values
+        return bind_parameters(self.params, args, kwargs, f"kernel `{self.__name__}`", TypeError, listing=True)
 
     def _entry(self, key: SpecializationKey) -> _Entry:
         entry = self._cache.get(key)

@@ -34,10 +34,43 @@ class Parameter:
     default: Any = NO_DEFAULT
     do_not_specialize: bool = False     # no equal-to-1 / divisible-by-16 specialization
     annotation: Optional[DType] = None  # `n: dsl.int64`: a scalar argument of that type (`_annotated_scalar`)
+    kind: str = "positional_or_keyword"     # or "positional_only" (before `/`), "keyword_only" (after `*`)
 
     @property
     def has_default(self) -> bool:
         return self.default is not NO_DEFAULT
+
+
+def bind_parameters(params, args, kwargs, subject: str, error, listing: bool = False) -> list:
+    """One value per parameter of `params` from a call's `args` and `kwargs`, by Python's rules (keyword-only
+    parameters take no positional argument, positional-only ones no keyword); defaults fill the rest. Raises
+    `error` (TypeError for a launch, CompilationError for a call inside a kernel) whose message starts with
+    `subject`; `listing` adds the parameter names to an unknown keyword's message."""
+    positional = [p for p in params if p.kind != "keyword_only"]
+    if len(args) > len(positional):
+        names = f" ({', '.join(p.name for p in positional)})" if listing else ""
+        what = "positional arguments" if len(positional) < len(params) else "arguments"
+        raise error(f"{subject} takes {len(positional)} {what}{names} but {len(args)} were given")
+    values = list(args) + [_UNBOUND] * (len(params) - len(args))
+    index = {p.name: i for i, p in enumerate(params)}
+    for key, value in kwargs.items():
+        if key not in index:
+            names = f"; its parameters are {', '.join(p.name for p in params)}" if listing else ""
+            raise error(f"{subject} got an unexpected keyword argument `{key}`{names}")
+        if params[index[key]].kind == "positional_only":
+            raise error(f"{subject} got the positional-only argument `{key}` as a keyword")
+        if values[index[key]] is not _UNBOUND:
+            raise error(f"{subject} got multiple values for argument `{key}`")
+        values[index[key]] = value
+    for i, param in enumerate(params):
+        if values[i] is _UNBOUND:
+            if not param.has_default:
+                raise error(f"{subject} is missing argument `{param.name}`")
+            values[i] = param.default
+    return values
+
+
+_UNBOUND = object()
 
 
 @dataclasses.dataclass(frozen=True)
