@@ -271,3 +271,17 @@ def launch_promptly(launch, timeout: float = 20.0) -> None:
     assert threading.active_count() == before, "the launch left threads running"
     if outcome:
         raise outcome[0]
+
+
+def import_module_from_text(tmp_path, monkeypatch, name: str, text: str):
+    """Write `text` (dedented) as the module `name` in tmp_path and import it afresh (kernels whose source
+    must live in a real file: linecache, inspect)."""
+    import importlib
+    import sys
+    import textwrap
+
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return importlib.import_module(name)

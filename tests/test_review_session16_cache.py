@@ -12,11 +12,8 @@ through the disk cache in tmp_path.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
-import sys
-import textwrap
 
 import llvmlite.binding as llvm
 import pytest
@@ -24,6 +21,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.runtime.autotune import Autotuner, Config
+from helpers import import_module_from_text
 
 
 def _ptx_strings(ptx: str) -> list:
@@ -32,14 +30,6 @@ def _ptx_strings(ptx: str) -> list:
     for match in re.finditer(r"\.b8 \w+\[\d+\] = \{([0-9, ]+)\}", ptx):
         out.append(bytes(int(v) for v in match.group(1).split(",")).rstrip(b"\0").decode())
     return out
-
-
-def _import_module(tmp_path, monkeypatch, name: str, text: str):
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    monkeypatch.delitem(sys.modules, name, raising=False)
-    return importlib.import_module(name)
 
 
 @dsl.jit
@@ -63,7 +53,7 @@ def test_constexpr_tuples_that_compare_equal_are_separate_specializations(tmp_pa
 
 def test_libdevice_path_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
-    module = _import_module(tmp_path, monkeypatch, "_rv16_log_kernel", """
+    module = import_module_from_text(tmp_path, monkeypatch, "_rv16_log_kernel", """
         import fusedops.dsl as dsl
 
         @dsl.jit
@@ -95,8 +85,8 @@ _ASSERT_KERNEL = """
 
 def test_device_assert_location_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
-    first = _import_module(tmp_path, monkeypatch, "_rv16_assert_a", _ASSERT_KERNEL.format(padding=""))
-    second = _import_module(tmp_path, monkeypatch, "_rv16_assert_b", _ASSERT_KERNEL.format(padding="\n" * 20))
+    first = import_module_from_text(tmp_path, monkeypatch, "_rv16_assert_a", _ASSERT_KERNEL.format(padding=""))
+    second = import_module_from_text(tmp_path, monkeypatch, "_rv16_assert_b", _ASSERT_KERNEL.format(padding="\n" * 20))
     x = torch.empty(64)
     first.checked.compile(x, 100, BLOCK=64)
     strings = _ptx_strings(second.checked.compile(x, 100, BLOCK=64).asm["ptx"])
@@ -105,8 +95,8 @@ def test_device_assert_location_is_part_of_the_disk_cache_key(tmp_path, monkeypa
 
 def test_rebinding_a_module_attribute_the_kernel_reads_recompiles(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
-    config = _import_module(tmp_path, monkeypatch, "_rv16_cfg", "SCALE = 3.0\n")
-    module = _import_module(tmp_path, monkeypatch, "_rv16_uses_cfg", """
+    config = import_module_from_text(tmp_path, monkeypatch, "_rv16_cfg", "SCALE = 3.0\n")
+    module = import_module_from_text(tmp_path, monkeypatch, "_rv16_uses_cfg", """
         import fusedops.dsl as dsl
         import _rv16_cfg
 

@@ -18,11 +18,8 @@ evicting another. The other tests pin behaviour that works and is easy to break.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import sys
-import textwrap
 import threading
 
 import pytest
@@ -30,9 +27,10 @@ import torch
 
 import fusedops.dsl as dsl
 import fusedops.dsl.compiler as compiler
-from fusedops.dsl.runtime import autotune as at
 from fusedops.dsl.runtime import cache
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
+from helpers import import_module_from_text
+from test_tma_store import _box_store_kernel
 
 
 # -- kernels ---------------------------------------------------------------------------------------------------
@@ -41,15 +39,6 @@ from fusedops.dsl.runtime.bounded_cache import BoundedCache
 def _double_kernel(out_ptr, x_ptr, BLOCK: dsl.constexpr):
     offsets = dsl.arange(0, BLOCK)
     dsl.store(out_ptr + offsets, dsl.load(x_ptr + offsets) * 2.0)
-
-
-@dsl.jit
-def _box_store_kernel(y_ptr, x_ptr, rows, cols, stride_r, stride_c, offset_r, offset_c,
-                      BLOCK_R: dsl.constexpr, BLOCK_C: dsl.constexpr):
-    # a descriptor store: on sm_90a with FUSEDOPS_TMA=1 the compiled kernel has one tensor map
-    tile = dsl.load(x_ptr + dsl.arange(0, BLOCK_R)[:, None] * BLOCK_C + dsl.arange(0, BLOCK_C)[None, :])
-    y = dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, stride_c), (BLOCK_R, BLOCK_C))
-    y.store((offset_r, offset_c), tile)
 
 
 @dsl.jit
@@ -190,17 +179,9 @@ def test_the_cache_key_covers_the_llvmlite_version_and_the_options(monkeypatch):
     assert cache.cache_key("ir", [{"divisible_by_16": True}], options) != base
 
 
-def _import_module(tmp_path, monkeypatch, name: str, text: str):
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    monkeypatch.delitem(sys.modules, name, raising=False)
-    return importlib.import_module(name)
-
-
 def test_rebinding_a_helper_or_a_global_the_helper_reads_recompiles(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
-    module = _import_module(tmp_path, monkeypatch, "_rv24_helper_kernel", """
+    module = import_module_from_text(tmp_path, monkeypatch, "_rv24_helper_kernel", """
         import fusedops.dsl as dsl
 
         FACTOR = 3.0
