@@ -14,9 +14,9 @@ turn (a clock or power change during the search falls on all of them alike), eac
 alone; a config's time is the median of its launches. The fastest is used from then on and
 recorded, through an atomic write, in a JSON file in the cache directory
 ($FUSEDOPS_CACHE_DIR/autotune/; merged under a file lock, so processes tuning at once keep each
-other's entries), so later processes skip the search. A config whose compilation or launch fails (e.g. it needs more shared memory than the device has) is
-skipped, not fatal, and one whose kernel spills registers to local memory is chosen only when
-every config spills.
+other's entries), so later processes skip the search. A config whose compilation or launch fails
+(e.g. it needs more shared memory than the device has) is skipped, not fatal, and one whose kernel
+spills registers to local memory is chosen only when every config spills.
 In the interpreter the first config whose kernel compiles is used without timing (times mean nothing
 there). A key may not name a constexpr the configs set (TypeError).
 
