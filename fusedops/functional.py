@@ -23,6 +23,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from fusedops import library as _library
+from fusedops.library.common import INTERPRETER_DTYPES
 from fusedops.autograd import matmul as _matmul
 from fusedops.autograd import norms as _norms
 from fusedops.autograd import softmax as _softmax_autograd
@@ -44,16 +45,32 @@ _is_compiling = torch.compiler.is_compiling
 _is_jit_tracing = torch._C._is_tracing
 
 
+# Active TorchDispatchModes (FlopCounterMode, FakeTensorMode, DebugMode, ...) and TorchFunctionModes see torch's
+# ops, not a kernel launch: while one is active every op runs torch's, so the mode sees (and may change) it as
+# it would see torch's own call. The one function mode left out is torch.device(...) as a context manager
+# (DeviceContext: it only fills in factory functions' device), common around model code.
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_function_modes_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def _user_function_mode() -> bool:
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    return any(not isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
+
+
 def needs_torch(*tensors) -> bool:
     """Whether tensors among `tensors` (None and non-tensors are skipped) hold what the kernels, which read
     plain strided memory, would get wrong, so that torch's op runs instead: a tensor subclass (FakeTensor
     of a FakeTensorMode, ...; nn.Parameter is plain), a sparse or nested tensor, the negative bit (a view whose
     memory reads negated, e.g. `z.conj().imag`), or a dual tensor of forward-mode AD (its tangent). Also
     while torch.jit.trace runs: a trace records torch's ops only (a kernel launch would be left out of it,
-    and sizes are 0-d tensors then). Not while torch.compile traces: the custom ops there take fake tensors."""
+    and sizes are 0-d tensors then), and while a torch dispatch or function mode is active (but
+    torch.device's). Not while torch.compile traces: the custom ops there take fake tensors."""
     if _is_compiling():
         return False
-    if _is_jit_tracing():
+    if _is_jit_tracing() or _dispatch_modes() or (_function_modes_enabled() and _user_function_mode()):
         return True
     dual = _forward_ad._current_level >= 0
     for t in tensors:
@@ -71,7 +88,7 @@ def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
     """Whether an op on `x` (reading/writing `dtypes`) runs the fusedops kernels."""
     if x.is_cuda:
         return _KERNEL_DTYPES.issuperset(dtypes)
-    return x.device.type == "cpu" and _library.interpret_enabled()
+    return x.device.type == "cpu" and INTERPRETER_DTYPES.issuperset(dtypes) and _library.interpret_enabled()
 
 
 def _autocast_dtype(op: str, x: torch.Tensor) -> Optional[torch.dtype]:
@@ -314,7 +331,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     products = None if torch.compiler.is_compiling() else _matmul.known_products(a, b, bias, activation, out_dtype)
     if products is None:
         _matmul.check_arguments(a, b, bias, activation, out_dtype)
-        if not _matmul_runs_kernels(a, out_dtype):
+        if not _matmul_runs_kernels(a, out_dtype, bias):
             return _matmul.reference(a, b, bias, activation, out_dtype)
         if torch.compiler.is_compiling():
             return _library.matmul(a, b, bias, activation, out_dtype)
@@ -322,12 +339,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     return _matmul.multiply(a, b, bias, activation, out_dtype, products)
 
 
-def _matmul_runs_kernels(a: torch.Tensor, out_dtype: Optional[torch.dtype]) -> bool:
+def _matmul_runs_kernels(a: torch.Tensor, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor]) -> bool:
     """Whether fusedops.matmul on `a` runs the fusedops kernel (float16/bfloat16 CUDA operands, a kernel
-    output dtype; any float dtype on the CPU under FUSEDOPS_INTERPRET=1)."""
+    output dtype; on the CPU under FUSEDOPS_INTERPRET=1, operands, output and bias of the interpreter's
+    float dtypes)."""
     if a.is_cuda:
         return a.dtype in _MATMUL_DTYPES and (out_dtype or a.dtype) in _KERNEL_DTYPES
-    return a.device.type == "cpu" and _library.interpret_enabled()
+    return (a.device.type == "cpu" and _library.interpret_enabled()
+            and INTERPRETER_DTYPES.issuperset((a.dtype, out_dtype or a.dtype, a.dtype if bias is None else bias.dtype)))
 
 
 _MATMUL_DTYPES = frozenset((torch.float16, torch.bfloat16))

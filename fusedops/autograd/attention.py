@@ -14,6 +14,7 @@ from fusedops.autograd.function_host import apply_of, once_differentiable, vmapp
 from fusedops.dsl.runtime import knobs
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.kernels import attention as _kernels
+from fusedops.library.common import INTERPRETER_DTYPES
 
 # Masks the kernels read: boolean (True = keep) or additive float (torch also accepts float32 masks
 # for float16/bfloat16 queries, and a mask of the query's dtype).
@@ -224,7 +225,8 @@ def _argument_key(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
 def _runs_kernels(query: torch.Tensor) -> bool:
     if query.is_cuda:
         return query.dtype in _CUDA_DTYPES and query.size(-1) <= _kernels.MAX_HEAD_DIM
-    return query.device.type == "cpu" and knobs.interpret_enabled() and query.size(-1) <= _kernels.MAX_HEAD_DIM
+    return (query.device.type == "cpu" and query.dtype in INTERPRETER_DTYPES and knobs.interpret_enabled()
+            and query.size(-1) <= _kernels.MAX_HEAD_DIM)
 
 
 def gqa_heads_differ(query, key, value, enable_gqa) -> bool:

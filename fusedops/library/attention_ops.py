@@ -21,7 +21,7 @@ import torch
 
 from fusedops.autograd import attention as _attention
 from fusedops.kernels import attention as _attention_kernels
-from fusedops.library.common import accumulation_dtype, interpret_enabled
+from fusedops.library.common import INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled
 
 
 def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
@@ -31,7 +31,7 @@ def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
         return False
     if query.is_cuda:
         return query.dtype in (torch.float16, torch.bfloat16)
-    return query.device.type == "cpu" and interpret_enabled()
+    return query.device.type == "cpu" and query.dtype in INTERPRETER_DTYPES and interpret_enabled()
 
 
 def _attention_batch(query, key, value) -> tuple:

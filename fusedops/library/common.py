@@ -13,6 +13,9 @@ NAMESPACE = "fusedops"
 OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "scaled_dot_product_attention")
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The float dtypes the interpreter runs the kernels in (FUSEDOPS_INTERPRET=1, CPU tensors); others (float8)
+# take torch's op, as they do on CUDA.
+INTERPRETER_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
 @torch.compiler.assume_constant_result
@@ -24,11 +27,11 @@ def interpret_enabled() -> bool:
 
 
 def runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
-    """The routing rule of fusedops.functional: CUDA tensors of the kernels' dtypes, or CPU tensors
-    under FUSEDOPS_INTERPRET=1."""
+    """The routing rule of fusedops.functional: CUDA tensors of the kernels' dtypes, or CPU tensors of the
+    interpreter's under FUSEDOPS_INTERPRET=1."""
     if x.is_cuda:
         return all(d in KERNEL_DTYPES for d in dtypes)
-    return x.device.type == "cpu" and interpret_enabled()
+    return x.device.type == "cpu" and INTERPRETER_DTYPES.issuperset(dtypes) and interpret_enabled()
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -13,7 +13,7 @@ from typing import List, Optional
 import torch
 
 from fusedops.autograd import matmul as _matmul
-from fusedops.library.common import KERNEL_DTYPES, accumulation_dtype, interpret_enabled
+from fusedops.library.common import INTERPRETER_DTYPES, KERNEL_DTYPES, accumulation_dtype, interpret_enabled
 
 
 @torch.library.custom_op("fusedops::matmul", mutates_args=())
@@ -24,7 +24,8 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = 
     if a.is_cuda:
         runs = a.dtype in (torch.float16, torch.bfloat16) and out in KERNEL_DTYPES
     else:
-        runs = a.device.type == "cpu" and interpret_enabled()
+        runs = (a.device.type == "cpu" and interpret_enabled()
+                and INTERPRETER_DTYPES.issuperset((a.dtype, out, a.dtype if bias is None else bias.dtype)))
     if runs:
         return _matmul.forward_kernel(a, b, bias, activation, out)
     return _matmul.reference(a, b, bias, activation, out).contiguous()
