@@ -225,7 +225,7 @@ def kernel_launches(launches, monkeypatch):
     from fusedops.autograd import softmax as softmax_autograd
 
     monkeypatch.setenv("FUSEDOPS_TMA", "0")
-    monkeypatch.setattr(functional, "_matmul_runs_kernels", lambda a, out_dtype: True)
+    monkeypatch.setattr(functional, "_matmul_runs_kernels", lambda a, out_dtype, bias: True)
     for cache in (MA._KNOWN_PRODUCTS, norms_autograd._KNOWN_LAUNCHES, softmax_autograd._KNOWN_LAUNCHES,
                   attention_autograd._KNOWN_LAUNCHES):
         cache.clear()

@@ -112,6 +112,7 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
         if SUBTRACT_MEAN:
             mean = dsl.sum(x, axis=1) / n_cols
             x = dsl.where(mask, x - mean[:, None], 0.0)
+            mean, x = _corrected_mean(mean, x, mask, n_cols)
         rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if weight_ptr is not None or bias_ptr is not None:
@@ -124,6 +125,16 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
     if SUBTRACT_MEAN:
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
     dsl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@dsl.jit
+def _corrected_mean(mean, centered, mask, n_cols):
+    # (mean, centered) with the rounding of sum(x) / N taken out: the mean of the centered rows, added to the
+    # mean and taken from them (the corrected two-pass algorithm: T. Chan, G. Golub, R. LeVeque, "Algorithms
+    # for computing the sample variance", The American Statistician 37(3), 1983). Without it a row of one
+    # repeated float32 value (10000.3) kept x - mean = 1 ulp, which rstd ~ 1/sqrt(eps) turned into +-0.3.
+    correction = dsl.sum(centered, axis=1) / n_cols
+    return mean + correction, dsl.where(mask, centered - correction[:, None], 0.0)
 
 
 @dsl.jit
@@ -148,6 +159,7 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
         mean = dsl.sum(x.to(acc_dtype), axis=1) / n_cols
         x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
         centered = dsl.where(mask, x.to(acc_dtype) - mean[:, None], 0.0)
+        mean, centered = _corrected_mean(mean, centered, mask, n_cols)
         rstd = 1.0 / dsl.sqrt(dsl.sum(centered * centered, axis=1) / n_cols + eps)
     else:
         x = x.to(acc_dtype)

@@ -102,7 +102,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
 
     def _attention_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                            average_attn_weights, is_causal):
-        if not self._uses_flash_path(need_weights):
+        nested = any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value))
+        if nested or not self._uses_flash_path(need_weights):     # nested: torch's fast path, or its error
             return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                                    attn_mask=attn_mask, average_attn_weights=average_attn_weights,
                                    is_causal=is_causal)
