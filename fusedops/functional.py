@@ -23,7 +23,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from fusedops import library as _library
-from fusedops.library.common import INTERPRETER_DTYPES
+from fusedops.library.common import INTERPRETER_DTYPES, wrap_dim
 from fusedops.autograd import matmul as _matmul
 from fusedops.autograd import norms as _norms
 from fusedops.autograd import softmax as _softmax_autograd
@@ -116,10 +116,7 @@ def normalize_dim(name: str, dim, ndim: int) -> int:
         dim = operator.index(dim)
     except TypeError:
         raise TypeError(f"{name}(): argument 'dim' must be int, not {type(dim).__name__}") from None
-    rank = max(ndim, 1)
-    if not -rank <= dim < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
-    return dim % rank
+    return wrap_dim(dim, ndim)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -105,6 +105,7 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
     # first: None, or (LayerNorm) the rows' shifts ((R,), own dtype): the statistics then come from sums
     # shifted by them (see the comment above forward_kernel).
     acc_dtype = rstd_ptr.dtype.element
+    wide_input = x.dtype.bits > 16      # 16-bit rows sum exactly in float32: no mean correction needed
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN and first is not None:
         x, mean, rstd = _shifted_statistics(x, first.to(acc_dtype), mask, n_cols, eps)
@@ -112,7 +113,8 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
         if SUBTRACT_MEAN:
             mean = dsl.sum(x, axis=1) / n_cols
             x = dsl.where(mask, x - mean[:, None], 0.0)
-            mean, x = _corrected_mean(mean, x, mask, n_cols)
+            if wide_input:
+                mean, x = _corrected_mean(mean, x, mask, n_cols)
         rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if weight_ptr is not None or bias_ptr is not None:
@@ -133,6 +135,7 @@ def _corrected_mean(mean, centered, mask, n_cols):
     # mean and taken from them (the corrected two-pass algorithm: T. Chan, G. Golub, R. LeVeque, "Algorithms
     # for computing the sample variance", The American Statistician 37(3), 1983). Without it a row of one
     # repeated float32 value (10000.3) kept x - mean = 1 ulp, which rstd ~ 1/sqrt(eps) turned into +-0.3.
+    # Float32 / float64 rows only: for 16-bit rows the float32 mean's rounding is far below their own ulp.
     correction = dsl.sum(centered, axis=1) / n_cols
     return mean + correction, dsl.where(mask, centered - correction[:, None], 0.0)
 
@@ -159,7 +162,8 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
         mean = dsl.sum(x.to(acc_dtype), axis=1) / n_cols
         x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
         centered = dsl.where(mask, x.to(acc_dtype) - mean[:, None], 0.0)
-        mean, centered = _corrected_mean(mean, centered, mask, n_cols)
+        if x.dtype.bits > 16:       # (16-bit rows sum exactly in float32)
+            mean, centered = _corrected_mean(mean, centered, mask, n_cols)
         rstd = 1.0 / dsl.sqrt(dsl.sum(centered * centered, axis=1) / n_cols + eps)
     else:
         x = x.to(acc_dtype)

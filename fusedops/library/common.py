@@ -37,3 +37,12 @@ def runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernels accumulate and keep statistics in: float64 for float64, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def wrap_dim(dim: int, ndim: int) -> int:
+    """`dim` (an int) in [0, max(ndim, 1)), torch's way (a 0-d tensor has one dim). Raises IndexError, with
+    torch's message, out of range."""
+    rank = max(ndim, 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    return dim % rank

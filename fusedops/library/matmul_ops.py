@@ -19,7 +19,9 @@ from fusedops.library.common import INTERPRETER_DTYPES, KERNEL_DTYPES, accumulat
 @torch.library.custom_op("fusedops::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
                activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """activation(a @ b + bias) with torch.matmul's shapes (see fusedops.matmul); a new contiguous tensor."""
+    """activation(a @ b + bias) with torch.matmul's shapes (see fusedops.matmul); a new contiguous tensor.
+    Checks its arguments as fusedops.matmul does (the op may be called directly)."""
+    _matmul.check_arguments(a, b, bias, activation, out_dtype)
     out = out_dtype or a.dtype
     if a.is_cuda:
         runs = a.dtype in (torch.float16, torch.bfloat16) and out in KERNEL_DTYPES
@@ -43,6 +45,7 @@ def _matmul_shape(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]
 
 @_matmul_op.register_fake
 def _(a, b, bias=None, activation=None, out_dtype=None):
+    _matmul.check_arguments(a, b, bias, activation, out_dtype)
     return a.new_empty(_matmul_shape(a, b, bias), dtype=out_dtype or a.dtype)
 
 

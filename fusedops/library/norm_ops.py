@@ -59,14 +59,18 @@ def _fake_norm_forward(x, normalized_shape, subtract_mean: bool):
 @torch.library.custom_op("fusedops::layer_norm", mutates_args=())
 def _layer_norm_op(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                    bias: Optional[torch.Tensor], eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm over the trailing `normalized_shape` dims (see fusedops.layer_norm): (output, mean, rstd)."""
+    """LayerNorm over the trailing `normalized_shape` dims (see fusedops.layer_norm): (output, mean, rstd).
+    Checks its arguments as fusedops.layer_norm does (the op may be called directly)."""
+    _autograd_norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
     return _norm_forward(input, tuple(normalized_shape), weight, bias, eps, subtract_mean=True)
 
 
 @torch.library.custom_op("fusedops::rms_norm", mutates_args=())
 def _rms_norm_op(input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor],
                  eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm over the trailing `normalized_shape` dims (see fusedops.rms_norm): (output, rstd)."""
+    """RMSNorm over the trailing `normalized_shape` dims (see fusedops.rms_norm): (output, rstd). Checks its
+    arguments as fusedops.rms_norm does."""
+    _autograd_norms.check_rms_norm_arguments(input, normalized_shape, weight)
     y, _, rstd = _norm_forward(input, tuple(normalized_shape), weight, None, eps, subtract_mean=False)
     return y, rstd
 
@@ -99,11 +103,13 @@ def _norm_backward_op(grad_output, input, normalized_shape, weight, mean, rstd, 
 
 @_layer_norm_op.register_fake
 def _(input, normalized_shape, weight, bias, eps):
+    _autograd_norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
     return _fake_norm_forward(input, normalized_shape, subtract_mean=True)
 
 
 @_rms_norm_op.register_fake
 def _(input, normalized_shape, weight, eps):
+    _autograd_norms.check_rms_norm_arguments(input, normalized_shape, weight)
     return _fake_norm_forward(input, normalized_shape, subtract_mean=False)
 
 

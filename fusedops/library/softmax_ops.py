@@ -18,7 +18,7 @@ import torch
 
 from fusedops.autograd import softmax as _autograd_softmax
 from fusedops.kernels import softmax as _softmax_kernels
-from fusedops.library.common import accumulation_dtype, runs_kernels
+from fusedops.library.common import accumulation_dtype, runs_kernels, wrap_dim
 
 _EXACT_UPCASTS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
                   (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
@@ -29,7 +29,7 @@ def _softmax_output_dtype(input: torch.Tensor, dtype: Optional[torch.dtype]) -> 
 
 
 def _softmax_forward(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
-    dim = dim % max(input.dim(), 1)
+    dim = wrap_dim(dim, input.dim())
     x = input.contiguous()
     if dtype is not None and dtype != x.dtype and (x.dtype, dtype) not in _EXACT_UPCASTS:
         x = x.to(dtype)         # torch casts first; only exact upcasts are fused into the kernel's loads
@@ -71,6 +71,7 @@ def _softmax_backward_op(grad_output: torch.Tensor, output: torch.Tensor, dim: i
 
 
 def _fake_softmax(input, dim, dtype=None):
+    wrap_dim(dim, input.dim())
     return input.new_empty(input.shape, dtype=_softmax_output_dtype(input, dtype))
 
 
