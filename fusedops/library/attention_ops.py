@@ -83,7 +83,9 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     fusedops.scaled_dot_product_attention): (output, lse), both new contiguous tensors; lse is shaped
     (*output.shape[:-2], 2, L), float32 (float64 for float64 input): the base-2 log-sum-exp of each row's
     logits as an unevaluated sum lse[..., 0, :] + lse[..., 1, :] (+inf and 0 for fully masked rows;
-    fusedops/kernels/attention.py)."""
+    fusedops/kernels/attention.py). Checks its arguments as fusedops.scaled_dot_product_attention does (the op
+    may be called directly)."""
+    _attention.check_arguments(query, key, value, attn_mask, 0.0, enable_gqa, scale, is_causal)
     q, k, v, mask, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
     scale = _attention.attention_scale(query, scale)
     if attention_runs_kernels(query, value):

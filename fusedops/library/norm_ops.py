@@ -103,14 +103,22 @@ def _norm_backward_op(grad_output, input, normalized_shape, weight, mean, rstd, 
 
 @_layer_norm_op.register_fake
 def _(input, normalized_shape, weight, bias, eps):
-    _autograd_norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
+    if _concrete(normalized_shape):
+        _autograd_norms.check_layer_norm_arguments(input, normalized_shape, weight, bias)
     return _fake_norm_forward(input, normalized_shape, subtract_mean=True)
 
 
 @_rms_norm_op.register_fake
 def _(input, normalized_shape, weight, eps):
-    _autograd_norms.check_rms_norm_arguments(input, normalized_shape, weight)
+    if _concrete(normalized_shape):
+        _autograd_norms.check_rms_norm_arguments(input, normalized_shape, weight)
     return _fake_norm_forward(input, normalized_shape, subtract_mean=False)
+
+
+def _concrete(normalized_shape) -> bool:
+    """Whether normalized_shape holds plain ints (the fake kernels check their arguments as the real ones do;
+    under torch.compile's dynamic shapes it holds SymInts, which the checks do not take)."""
+    return all(type(dim) is int for dim in normalized_shape)
 
 
 @_norm_backward_op.register_fake

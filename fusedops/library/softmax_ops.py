@@ -72,6 +72,9 @@ def _softmax_backward_op(grad_output: torch.Tensor, output: torch.Tensor, dim: i
 
 def _fake_softmax(input, dim, dtype=None):
     wrap_dim(dim, input.dim())
+    for what in (input.dtype, _softmax_output_dtype(input, dtype)):     # as the real op (torch's) raises
+        if not what.is_floating_point:
+            raise NotImplementedError(f"fusedops softmax: not implemented for {what} (a floating dtype is needed)")
     return input.new_empty(input.shape, dtype=_softmax_output_dtype(input, dtype))
 
 

@@ -112,21 +112,20 @@ class ExpressionsMixin:
         return self.semantic.unary(name, operand)
 
     def visit_Compare(self, node: ast.Compare):
-        left = self.visit(node.left)
-        result = None
-        for op, comparator in zip(node.ops, node.comparators):
-            right = self.visit(comparator)
-            current = self._compare(op, left, right)
-            if result is None:
-                result = current
-            elif is_runtime(result) or is_runtime(current):
-                result = self.semantic.logical("and", result, current)
-            else:
-                result = result and current
-            if not is_runtime(result) and not result:
-                return result       # Python stops a chain at the first false comparison
-            left = right
-        return result
+        return self._compare_chain(self.visit(node.left), list(zip(node.ops, node.comparators)))
+
+    def _compare_chain(self, left, links):
+        """`left op1 c1 op2 c2 ...` as Python: each comparator evaluated once, the chain stopping at the first
+        false link (a compile-time false; a runtime scalar one through `_runtime_bool_op`'s short circuit when
+        the rest of the chain loads or stores)."""
+        (op, comparator), rest = links[0], links[1:]
+        right = self.visit(comparator)
+        current = self._compare(op, left, right)
+        if not rest:
+            return current
+        if not is_runtime(current):
+            return self._compare_chain(right, rest) if current else current
+        return self._runtime_bool_op(True, current, lambda: self._compare_chain(right, rest))
 
     def _compare(self, op: ast.cmpop, left, right):
         name, function = _COMPARE[type(op)]
@@ -156,14 +155,15 @@ class ExpressionsMixin:
                 result = self._runtime_bool_op(is_and, result, operand)
         return result
 
-    def _runtime_bool_op(self, is_and: bool, left: Value, node: ast.expr):
-        """`left and <node>` / `left or <node>` for a runtime `left`. Blocks, and a right side that reads or
+    def _runtime_bool_op(self, is_and: bool, left: Value, node):
+        """`left and <node>` / `left or <node>` for a runtime `left` (node: an AST expression, or a function
+        that builds the right side). Blocks, and a right side that reads or
         writes no memory, are evaluated elementwise on both sides (int1); a scalar `left` whose right side loads
         or stores short-circuits as in Python (an `if`: `i < n and dsl.load(p + i) > 0` loads only where
         i < n), as the ternary does."""
         arm = Block()
-        with self.builder.insert_into(arm):
-            right = self._operand(self.visit(node))
+        with self.builder.insert_into(arm):     # node: an AST expression, or a function building the value
+            right = self._operand(node() if callable(node) else self.visit(node))
         scalar = not isinstance(left.type, BlockType) and not isinstance(getattr(right, "type", None), BlockType)
         if not scalar or not any(op.opcode in _OBSERVABLE or op.regions for op in arm.walk()):
             for op in arm.ops:

@@ -247,11 +247,19 @@ def make_entry(name: str, params: Sequence, tensor_type, plans: dict, interpret_
         namespace.update(unset_test)
         interpreting = (f"({_PREFIX}os.environ is not {_PREFIX}environ "
                         f"or {_PREFIX}interpret_key in {_PREFIX}environ_data) and {_PREFIX}interpret()")
+    # The kernel's positional-only parameters before a `/`, its keyword-only ones after `*extra` (Python's
+    # binding rules; a call they do not fit leaves the values MISSING or in extra / unknown: the full path,
+    # whose binder raises Python's error).
     signature = [f"{_PREFIX}grid"]
-    signature += [f"{p.name}={_PREFIX}default{i}" if p.has_default else f"{p.name}={_PREFIX}M"
+    parameters = [f"{p.name}={_PREFIX}default{i}" if p.has_default else f"{p.name}={_PREFIX}M"
                   for i, p in enumerate(params)]
-    signature += [f"*{_PREFIX}extra", f"num_warps={_PREFIX}num_warps", f"num_stages={_PREFIX}num_stages",
-                  "interpret=None", f"**{_PREFIX}unknown"]
+    positional_only = sum(p.kind == "positional_only" for p in params)
+    keyword_only = [text for p, text in zip(params, parameters) if p.kind == "keyword_only"]
+    signature += [text for p, text in zip(params, parameters) if p.kind != "keyword_only"]
+    if positional_only:
+        signature.insert(1 + positional_only, "/")
+    signature += [f"*{_PREFIX}extra", *keyword_only, f"num_warps={_PREFIX}num_warps",
+                  f"num_stages={_PREFIX}num_stages", "interpret=None", f"**{_PREFIX}unknown"]
     all_values = f"({''.join(p.name + ', ' for p in params)})"
     slow = (f"return {_PREFIX}slow({_PREFIX}grid, {all_values}, {_PREFIX}extra, {_PREFIX}unknown, num_warps, "
             f"num_stages, interpret, {{key}})")

@@ -207,6 +207,7 @@ class JITFunction:
         args, kwargs = list(extra), dict(unknown)
         given = [value is not MISSING for value in values]
         positional = given.index(False) if False in given else len(values)
+        positional = min(positional, sum(p.kind != "keyword_only" for p in self.params))  # keyword-only: keywords
         args[:0] = values[:positional]
         for param, value in zip(self.params[positional:], values[positional:]):
             if value is not MISSING:
@@ -258,7 +259,9 @@ class JITFunction:
             call = list(template)
             for position, tensor in zip(positions, tensors):
                 call[position] = tensor
-            self.run(grid, *call, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+            keywords = {p.name: value for p, value in zip(self.params, call) if p.kind == "keyword_only"}
+            call = [value for p, value in zip(self.params, call) if p.kind != "keyword_only"]
+            self.run(grid, *call, num_warps=num_warps, num_stages=num_stages, interpret=interpret, **keywords)
 
         try:
             check_num_warps(num_warps, num_stages, self.__name__)
