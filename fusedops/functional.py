@@ -25,6 +25,7 @@ import torch.autograd.forward_ad as _forward_ad
 from fusedops import library as _library
 from fusedops.library.common import INTERPRETER_DTYPES, wrap_dim
 from fusedops.autograd import matmul as _matmul
+from fusedops.autograd.function_host import torch_modes_active
 from fusedops.autograd import norms as _norms
 from fusedops.autograd import softmax as _softmax_autograd
 
@@ -45,21 +46,6 @@ _is_compiling = torch.compiler.is_compiling
 _is_jit_tracing = torch._C._is_tracing
 
 
-# Active TorchDispatchModes (FlopCounterMode, FakeTensorMode, DebugMode, ...) and TorchFunctionModes see torch's
-# ops, not a kernel launch: while one is active every op runs torch's, so the mode sees (and may change) it as
-# it would see torch's own call. The one function mode left out is torch.device(...) as a context manager
-# (DeviceContext: it only fills in factory functions' device), common around model code.
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
-_function_modes_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
-
-
-def _user_function_mode() -> bool:
-    from torch.overrides import _get_current_function_mode_stack
-    from torch.utils._device import DeviceContext
-
-    return any(not isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
-
-
 def needs_torch(*tensors) -> bool:
     """Whether tensors among `tensors` (None and non-tensors are skipped) hold what the kernels, which read
     plain strided memory, would get wrong, so that torch's op runs instead: a tensor subclass (FakeTensor
@@ -70,7 +56,7 @@ def needs_torch(*tensors) -> bool:
     torch.device's). Not while torch.compile traces: the custom ops there take fake tensors."""
     if _is_compiling():
         return False
-    if _is_jit_tracing() or _dispatch_modes() or (_function_modes_enabled() and _user_function_mode()):
+    if _is_jit_tracing() or torch_modes_active():
         return True
     dual = _forward_ad._current_level >= 0
     for t in tensors:

@@ -10,7 +10,7 @@ import math
 import torch
 
 from fusedops.autograd.arguments import float_argument
-from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
+from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime import knobs
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.kernels import attention as _kernels
@@ -40,7 +40,7 @@ class AttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse, mask = ctx.saved_tensors
-        if vmapped(do):
+        if backward_runs_torch(do):
             dq, dk, dv = _torch_backward(do, q, k, v, o, mask, ctx.causal, ctx.scale)
         else:
             dq, dk, dv = _kernels.attention_backward(do, q, k, v, o, lse, mask, ctx.causal, ctx.scale,

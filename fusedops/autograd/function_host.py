@@ -62,6 +62,32 @@ def apply_of(cls, tensor_positions: tuple = (0,)) -> Callable:
     return functools.wraps(cls.apply)(fast_apply)
 
 
+# Active TorchDispatchModes (FlopCounterMode, FakeTensorMode, DebugMode, ...) and TorchFunctionModes see torch's
+# ops, not a kernel launch. The one function mode left out is torch.device(...) as a context manager
+# (DeviceContext: it only fills in factory functions' device), common around model code.
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_function_modes_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def torch_modes_active() -> bool:
+    """Whether a torch dispatch mode, or a function mode other than torch.device's, is active (two C calls
+    when none is): the ops then run torch's, so that the mode sees them as it sees torch's own calls."""
+    if _dispatch_modes():
+        return True
+    if not _function_modes_enabled():
+        return False
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    return any(not isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
+
+
+def backward_runs_torch(grad: torch.Tensor) -> bool:
+    """Whether a backward computes its gradients with torch ops instead of the kernels: under vmap (`vmapped`)
+    or while a torch mode is active (`torch_modes_active`: a FlopCounterMode around the backward counts it)."""
+    return vmapped(grad) or torch_modes_active()
+
+
 def vmapped(grad: torch.Tensor) -> bool:
     """Whether a backward's incoming gradient `grad` comes from a vmap over the backward, which the kernels
     cannot read (a batched tensor has no storage: "Cannot access data pointer"):

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
+from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled, stream_k_enabled as _stream_k_enabled, \
     persistent_enabled as _persistent_enabled, \
@@ -314,7 +314,7 @@ class MatmulFunction(torch.autograd.Function):
             dz = dc
         else:
             dz = (dc.to(z.dtype) * activation_grad(z, ctx.activation)).to(a.dtype)
-        if vmapped(dc):     # a dz the kernels cannot read: the same gradients by torch.matmul
+        if backward_runs_torch(dc):     # a dz the kernels cannot read: the same gradients by torch.matmul
             da, db, dbias = input_gradients(dz, a, b, needs, ctx.bias_dtype, reference)
         elif product is None or (ctx.bias_dtype is not None and needs[2]):
             da, db, dbias = input_gradients(dz, a, b, needs, ctx.bias_dtype, forward_kernel)

@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from fusedops.autograd.arguments import float_argument
-from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
+from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import norms as kernels
@@ -239,7 +239,7 @@ class NormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
         normalized_shape = ctx.normalized_shape
-        if vmapped(dy):
+        if backward_runs_torch(dy):
             dx, dweight, dbias = _torch_backward(dy, x, weight, mean, rstd, ctx.launches, normalized_shape,
                                                  ctx.needs_input_grad)
         else:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fusedops.autograd.function_host import apply_of, once_differentiable, vmapped
+from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
 from fusedops.kernels import softmax as kernels
@@ -42,7 +42,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
-        if vmapped(dy):
+        if backward_runs_torch(dy):
             return _torch_backward(dy, y, ctx.launches), None
         return ctx.launches.backward(dy, y), None
 
