@@ -46,7 +46,6 @@ check only concrete normalized shapes, not SymInts):
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
 import torch
@@ -57,7 +56,6 @@ import fusedops.dsl as dsl
 import fusedops.library  # noqa: F401  (registers torch.ops.fusedops.*)
 import fusedops.nn as fnn
 from fusedops.dsl.errors import CompilationError, InterpreterError
-from fusedops.dsl.runtime import driver
 from fusedops.dsl.runtime.fast_path import make_binder
 from fusedops.dsl.runtime.signature import bind_parameters
 from host_jit import run_on_host
@@ -78,35 +76,7 @@ def _i32(*values):
 # ------------------------------------------------------------------------------------------------
 # The mocked driver of tests/test_launch_fast_path.py (a CPU tensor claiming a CUDA device)
 # ------------------------------------------------------------------------------------------------
-class _FakeCudaTensor(torch.Tensor):
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
-
-    def get_device(self) -> int:
-        return 0
-
-
-def _cuda(tensor: torch.Tensor) -> torch.Tensor:
-    return torch.Tensor._make_subclass(_FakeCudaTensor, tensor)
-
-
-@pytest.fixture
-def gpu(monkeypatch, tmp_path):
-    launches = []
-
-    def cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        launches.append(((gx, gy, gz), params))
-        return (0,)
-
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
-    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
-    monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
-        name, None, None, None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
-    monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))
-    return launches
+from test_launch_fast_path import _cuda, gpu  # noqa: E402,F401  (the mocked driver: a fixture, fake CUDA tensors)
 
 
 _KW_ONLY = "def k(o_ptr, *, a, B: dsl.constexpr = 4):\n    dsl.store(o_ptr + dsl.arange(0, B), a)\n"
