@@ -105,7 +105,7 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
     # first: None, or (LayerNorm) the rows' shifts ((R,), own dtype): the statistics then come from sums
     # shifted by them (see the comment above forward_kernel).
     acc_dtype = rstd_ptr.dtype.element
-    wide_input = x.dtype.bits > 16      # 16-bit rows sum exactly in float32: no mean correction needed
+    wide_input = x.dtype.bits > 16      # 16-bit rows: the float32 mean's rounding is far below their ulp
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN and first is not None:
         x, mean, rstd = _shifted_statistics(x, first.to(acc_dtype), mask, n_cols, eps)
@@ -162,7 +162,7 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
         mean = dsl.sum(x.to(acc_dtype), axis=1) / n_cols
         x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
         centered = dsl.where(mask, x.to(acc_dtype) - mean[:, None], 0.0)
-        if x.dtype.bits > 16:       # (16-bit rows sum exactly in float32)
+        if x.dtype.bits > 16:       # (16-bit rows: the float32 mean's rounding is far below their ulp)
             mean, centered = _corrected_mean(mean, centered, mask, n_cols)
         rstd = 1.0 / dsl.sqrt(dsl.sum(centered * centered, axis=1) / n_cols + eps)
     else:
