@@ -23,13 +23,12 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from fusedops import library as _library
-from fusedops.library.common import INTERPRETER_DTYPES, wrap_dim
+from fusedops.library.common import matmul_runs_kernels, runs_kernels, wrap_dim
 from fusedops.autograd import matmul as _matmul
 from fusedops.autograd.function_host import torch_modes_active
 from fusedops.autograd import norms as _norms
 from fusedops.autograd import softmax as _softmax_autograd
 
-_KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
 # torch._C._is_any_autocast_enabled (private; torch >= 2.4): autocast on for CPU, CUDA or another of
 # torch's usual devices. Without it, the answer that sends _autocast_dtype to its full check.
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
@@ -70,11 +69,9 @@ def needs_torch(*tensors) -> bool:
     return False
 
 
-def _runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
-    """Whether an op on `x` (reading/writing `dtypes`) runs the fusedops kernels."""
-    if x.is_cuda:
-        return _KERNEL_DTYPES.issuperset(dtypes)
-    return x.device.type == "cpu" and INTERPRETER_DTYPES.issuperset(dtypes) and _library.interpret_enabled()
+# The routing rules, shared with the custom operators (module attributes: tests patch them here).
+_runs_kernels = runs_kernels
+_matmul_runs_kernels = matmul_runs_kernels
 
 
 def _autocast_dtype(op: str, x: torch.Tensor) -> Optional[torch.dtype]:
@@ -322,17 +319,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     return _matmul.multiply(a, b, bias, activation, out_dtype, products)
 
 
-def _matmul_runs_kernels(a: torch.Tensor, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor]) -> bool:
-    """Whether fusedops.matmul on `a` runs the fusedops kernel (float16/bfloat16 CUDA operands, a kernel
-    output dtype; on the CPU under FUSEDOPS_INTERPRET=1, operands, output and bias of the interpreter's
-    float dtypes)."""
-    if a.is_cuda:
-        return a.dtype in _MATMUL_DTYPES and (out_dtype or a.dtype) in _KERNEL_DTYPES
-    return (a.device.type == "cpu" and _library.interpret_enabled()
-            and INTERPRETER_DTYPES.issuperset((a.dtype, out_dtype or a.dtype, a.dtype if bias is None else bias.dtype)))
-
-
-_MATMUL_DTYPES = frozenset((torch.float16, torch.bfloat16))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ as fusedops.functional's)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from fusedops.dsl.runtime import knobs
@@ -12,7 +14,7 @@ NAMESPACE = "fusedops"
 # The operators that public functions route to (backward operators are internal).
 OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "matmul", "scaled_dot_product_attention")
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
 # The float dtypes the interpreter runs the kernels in (FUSEDOPS_INTERPRET=1, CPU tensors); others (float8)
 # take torch's op, as they do on CUDA.
 INTERPRETER_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
@@ -30,8 +32,22 @@ def runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
     """The routing rule of fusedops.functional: CUDA tensors of the kernels' dtypes, or CPU tensors of the
     interpreter's under FUSEDOPS_INTERPRET=1."""
     if x.is_cuda:
-        return all(d in KERNEL_DTYPES for d in dtypes)
+        return KERNEL_DTYPES.issuperset(dtypes)
     return x.device.type == "cpu" and INTERPRETER_DTYPES.issuperset(dtypes) and interpret_enabled()
+
+
+MATMUL_DTYPES = frozenset((torch.float16, torch.bfloat16))
+
+
+def matmul_runs_kernels(a: torch.Tensor, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor]) -> bool:
+    """The routing rule of fusedops.matmul and its operator: float16/bfloat16 CUDA operands with a kernel
+    output dtype; on the CPU under FUSEDOPS_INTERPRET=1, operands, output and bias of the interpreter's
+    float dtypes."""
+    out = out_dtype or a.dtype
+    if a.is_cuda:
+        return a.dtype in MATMUL_DTYPES and out in KERNEL_DTYPES
+    return (a.device.type == "cpu" and interpret_enabled()
+            and INTERPRETER_DTYPES.issuperset((a.dtype, out, a.dtype if bias is None else bias.dtype)))
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

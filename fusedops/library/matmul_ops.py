@@ -13,7 +13,7 @@ from typing import List, Optional
 import torch
 
 from fusedops.autograd import matmul as _matmul
-from fusedops.library.common import INTERPRETER_DTYPES, KERNEL_DTYPES, accumulation_dtype, interpret_enabled
+from fusedops.library.common import accumulation_dtype, matmul_runs_kernels
 
 
 @torch.library.custom_op("fusedops::matmul", mutates_args=())
@@ -23,12 +23,7 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = 
     Checks its arguments as fusedops.matmul does (the op may be called directly)."""
     _matmul.check_arguments(a, b, bias, activation, out_dtype)
     out = out_dtype or a.dtype
-    if a.is_cuda:
-        runs = a.dtype in (torch.float16, torch.bfloat16) and out in KERNEL_DTYPES
-    else:
-        runs = (a.device.type == "cpu" and interpret_enabled()
-                and INTERPRETER_DTYPES.issuperset((a.dtype, out, a.dtype if bias is None else bias.dtype)))
-    if runs:
+    if matmul_runs_kernels(a, out_dtype, bias):
         return _matmul.forward_kernel(a, b, bias, activation, out)
     return _matmul.reference(a, b, bias, activation, out).contiguous()
 

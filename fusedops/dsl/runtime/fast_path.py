@@ -169,19 +169,28 @@ def _indented(lines: Sequence[str], depth: int) -> list:
     return [" " * depth + line for line in lines]
 
 
+def _parameter_lists(params: Sequence, texts: Sequence[str]) -> tuple:
+    """(positional, keyword_only): the generated functions' parameter texts (one per kernel parameter) split as
+    the kernel's signature splits them, positional ones closed by "/" after its positional-only ones: Python's
+    binding rules, as the full path's (signature.bind_parameters)."""
+    positional = [text for p, text in zip(params, texts) if p.kind != "keyword_only"]
+    keyword_only = [text for p, text in zip(params, texts) if p.kind == "keyword_only"]
+    positional_only = sum(p.kind == "positional_only" for p in params)
+    if positional_only:
+        positional.insert(positional_only, "/")
+    return positional, keyword_only
+
+
 def make_binder(params: Sequence, tensor_type) -> Optional[Callable]:
     """The generated `bind(num_warps, num_stages, *args, **kwargs) -> (key, values)` of a kernel with
     `params` (signature.Parameter), or None when its parameter names do not allow one."""
     namespace = _namespace(params, tensor_type)
     if namespace is None:
         return None
-    signature = [f"{_PREFIX}num_warps", f"{_PREFIX}num_stages"]
-    for i, p in enumerate(params):      # with the kernel's `/` and `*`: Python's binding rules, as the full path
-        if p.kind == "keyword_only" and (i == 0 or params[i - 1].kind != "keyword_only"):
-            signature.append("*")
-        signature.append(f"{p.name}={_PREFIX}default{i}" if p.has_default else p.name)
-        if p.kind == "positional_only" and (i + 1 == len(params) or params[i + 1].kind != "positional_only"):
-            signature.append("/")
+    positional, keyword_only = _parameter_lists(params, [f"{p.name}={_PREFIX}default{i}" if p.has_default
+                                                         else p.name for i, p in enumerate(params)])
+    signature = [f"{_PREFIX}num_warps", f"{_PREFIX}num_stages", *positional]
+    signature += ["*", *keyword_only] if keyword_only else []
     body, key, values = _argument_code(params)
     source = "\n".join([
         f"def {_PREFIX}bind({', '.join(signature)}):",
@@ -247,19 +256,12 @@ def make_entry(name: str, params: Sequence, tensor_type, plans: dict, interpret_
         namespace.update(unset_test)
         interpreting = (f"({_PREFIX}os.environ is not {_PREFIX}environ "
                         f"or {_PREFIX}interpret_key in {_PREFIX}environ_data) and {_PREFIX}interpret()")
-    # The kernel's positional-only parameters before a `/`, its keyword-only ones after `*extra` (Python's
-    # binding rules; a call they do not fit leaves the values MISSING or in extra / unknown: the full path,
-    # whose binder raises Python's error).
-    signature = [f"{_PREFIX}grid"]
-    parameters = [f"{p.name}={_PREFIX}default{i}" if p.has_default else f"{p.name}={_PREFIX}M"
-                  for i, p in enumerate(params)]
-    positional_only = sum(p.kind == "positional_only" for p in params)
-    keyword_only = [text for p, text in zip(params, parameters) if p.kind == "keyword_only"]
-    signature += [text for p, text in zip(params, parameters) if p.kind != "keyword_only"]
-    if positional_only:
-        signature.insert(1 + positional_only, "/")
-    signature += [f"*{_PREFIX}extra", *keyword_only, f"num_warps={_PREFIX}num_warps",
-                  f"num_stages={_PREFIX}num_stages", "interpret=None", f"**{_PREFIX}unknown"]
+    # The kernel's keyword-only parameters after `*extra` (a call the parameters do not fit leaves the values
+    # MISSING or in extra / unknown: the full path, whose binder raises Python's error).
+    positional, keyword_only = _parameter_lists(params, [f"{p.name}={_PREFIX}default{i}" if p.has_default
+                                                         else f"{p.name}={_PREFIX}M" for i, p in enumerate(params)])
+    signature = [f"{_PREFIX}grid", *positional, f"*{_PREFIX}extra", *keyword_only, f"num_warps={_PREFIX}num_warps",
+                 f"num_stages={_PREFIX}num_stages", "interpret=None", f"**{_PREFIX}unknown"]
     all_values = f"({''.join(p.name + ', ' for p in params)})"
     slow = (f"return {_PREFIX}slow({_PREFIX}grid, {all_values}, {_PREFIX}extra, {_PREFIX}unknown, num_warps, "
             f"num_stages, interpret, {{key}})")
