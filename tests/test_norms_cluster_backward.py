@@ -32,12 +32,14 @@ def _backward(op, x, w, b, dy, allocate=_poisoned_empty):
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
-@pytest.mark.parametrize("n_cols", [16384, 16392, 12289])
+@pytest.mark.parametrize("n_cols", [16384, 16392, 12289, 16383])
 def test_default_half_backward_in_clusters(interpret, op, n_cols, seed):
-    # 16384-column rows in 8 parts of 2048 columns; else 4096-column parts (16392: 5 parts, the last of 8
-    # columns; 12289: 4 parts of the aligned window)
+    # 16384-column rows in 8 parts of 2048 columns; rows off 16-byte boundaries whose aligned window (N + 7
+    # positions at most) fits 8 such parts too (12289: 7 parts); else 4096-column parts (16392: 5 parts, the
+    # last of 8 columns; 16383: 5 parts of the window)
     config = norms.backward_config(n_cols, torch.float16, subtract_mean=op == LAYER_NORM)
-    assert config.cluster and config.persistent and config.block_n == (2048 if n_cols == 16384 else 4096)
+    in_2048 = n_cols == 16384 or (n_cols % 8 != 0 and n_cols + 7 <= 8 * 2048)
+    assert config.cluster and config.persistent and config.block_n == (2048 if in_2048 else 4096)
     assert config.prefetch
     assert config.aligned_window == (n_cols % 8 != 0)
     _check(op, (3, n_cols), (n_cols,), torch.float16, seed)

@@ -2,7 +2,10 @@
 
 import math
 import warnings
+from fractions import Fraction
 
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
@@ -379,3 +382,43 @@ def test_dot_float16_and_int8():
     iacc = np.zeros((16, 16), np.int32)
     expected = (torch.from_numpy(ia).int() @ torch.from_numpy(ib).int()).numpy()
     np.testing.assert_array_equal(numerics.dot(ia, ib, iacc, dt.int8, dt.int32), expected)
+
+
+# -- fma: one rounding of the exact a * b + c, against rationals -------------------------------------------
+# Each 16-bit and float32 type as (bits dtype, bits per step of the significand's last place, a rounding of
+# float32 values to it): bfloat16 values are float32s whose low 16 bits are zero.
+_FMA_TYPES = {"float16": (np.uint16, 1, lambda v: v.astype(np.float16)),
+              "bfloat16": (np.uint32, 1 << 16, lambda v: numerics.round_to_bfloat16(v.astype(np.float32))),
+              "float32": (np.uint32, 1, lambda v: v.astype(np.float32))}
+
+
+def _rounded_once(exact: Fraction, approx: np.ndarray, name: str) -> float:
+    """The value of type `name` nearest `exact`, ties to an even last place: among `approx` (one value of
+    the type within a place of it) and its two neighbours."""
+    bits_dtype, step, _ = _FMA_TYPES[name]
+    bits = int(np.asarray(approx).reshape(1).view(bits_dtype)[0])
+    candidates = []
+    for offset in (-step, 0, step):
+        pattern = np.array([(bits + offset) % (1 << (8 * np.dtype(bits_dtype).itemsize))], dtype=bits_dtype)
+        value = float(pattern.view(approx.dtype)[0])
+        if math.isfinite(value):
+            candidates.append((abs(Fraction(value) - exact), (int(pattern[0]) // step) % 2, value))
+    return min(candidates)[2]
+
+
+@pytest.mark.parametrize("name", sorted(_FMA_TYPES))
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(data=st.data())
+def test_fma_rounds_the_exact_sum_once(name, data):
+    # a * b often exactly halfway between two values of the type (a's significand odd, b = 1.5, 1.25 or
+    # 1.75), and c far below it (where a * b + c through float64 rounds twice), or cancelling most of it
+    significand = {"float16": 11, "bfloat16": 8, "float32": 24}[name]
+    to_type = lambda v: float(_FMA_TYPES[name][2](np.array([v]))[0])
+    a = (data.draw(st.integers(1 << (significand - 1), (1 << significand) - 1)) | 1) * 2.0 ** (1 - significand)
+    a *= data.draw(st.sampled_from([1.0, -1.0])) * 2.0 ** data.draw(st.integers(-8, 6))
+    b = data.draw(st.sampled_from([1.5, 1.25, 1.75, -1.5]))
+    tiny = 2.0 ** (-24 if name == "float16" else data.draw(st.integers(-120, -40)))
+    c = data.draw(st.sampled_from([tiny, -tiny, to_type(-a * b) + to_type(a * 2.0 ** -30)]))
+    result = numerics.fma(np.array([a]), np.array([b]), np.array([c]), getattr(dt, name))
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    assert float(result[0]) == _rounded_once(exact, result, name), (a, b, c)

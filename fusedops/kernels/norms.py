@@ -209,7 +209,10 @@ _HALF_ROW_SWEEPS = {
 # 0.60 / 0.26 -> 0.76 (x torch 2.5-3.6). Chunks of 1024 were the fastest up to 6001 columns (4096: 0.41 /
 # 0.58 at 4097), chunks of 4096 from 12289 on; the shifted weight and bias copies gained 10-20% there
 # (LayerNorm 12289 0.58 -> 0.66, 20001 0.60 -> 0.69, 40001 0.50 -> 0.60) and nothing at 3001 and 4097.
-_HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8, False)), (None, (4096, 8, 4, True)))
+# Session 25 (.scratch/ln_probe.py, LayerNorm, graphs, interleaved with a copy of the same bytes): past 8192
+# columns, chunks of 2048 on 4 warps (8 CTAs per SM) beat 4096 on 8 (4 CTAs): 12289 0.680 -> 0.716; 8192-
+# and 16384-column chunks, 16 warps and persistent programs (2 or 4 per SM) were all slower (0.33-0.69).
+_HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8, False)), (None, (2048, 4, 8, True)))
 
 
 def _odd_row_window_config(n_cols: int, subtract_mean: bool) -> ForwardConfig:
@@ -361,8 +364,10 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     RMSNorm 1.63x -> 2.09-2.16x, 1.70x -> 2.12-2.20x. Rows of 8193..32761 columns off 16-byte boundaries
     (N % 8 != 0) take 4096-column parts of the aligned window (N + 7 window positions at most), the next
     row prefetched: 12289 LayerNorm 0.76x -> 1.17x, RMSNorm 0.78x -> 1.41x (8192-column halves 0.92x /
-    1.18x; before the loop-carried 16-bit pairs of codegen/control.py they were 0.43-0.55x). Not taken:
-    2048-column parts (4 CTAs per SM), 2-row tiles, a weight reloaded per row, and clusters for rows of
+    1.18x; before the loop-carried 16-bit pairs of codegen/control.py they were 0.43-0.55x). Session 25
+    (.scratch/ln_probe.py, graphs, interleaved): those of up to 8 * 2048 - 7 columns now take 2048-column
+    parts of 4 warps, 4 CTAs per SM (LayerNorm 12289 1.25x -> 1.35x; session 15 had measured them slower,
+    before the kernels' later changes). Not taken: 2-row tiles, a weight reloaded per row, and clusters for rows of
     up to 8192 columns (1024..8192: 0.7-0.95 of the shipped kernels' speed).
     Session 22 (.scratch/probe_c.py, interleaved CUDA events, x torch's backward kernels), with dx computed
     from x and dy (norm_kernels._input_gradient): 16-bit rows of 16384 columns, both ops, take 2048-column
@@ -379,6 +384,10 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     acc_bytes = accumulation_dtype(dtype).itemsize
     if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 and n_cols + 7 <= 32768:
         # through the aligned window (x and dy of row stride N and unit column stride; elsewhere unaligned)
+        if n_cols + 7 <= MAX_CLUSTER_SIZE * 2048:
+            return BackwardConfig(split=False, block_rows=1, block_n=2048, num_warps=4, programs_per_sm=4,
+                                  persistent=True, prefetch=True, cluster=True, min_blocks_per_sm=4,
+                                  aligned_window=True)
         return BackwardConfig(split=False, block_rows=1, block_n=4096, num_warps=8, programs_per_sm=2,
                               persistent=True, prefetch=True, cluster=True, min_blocks_per_sm=2, aligned_window=True)
     if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 == 0:

@@ -402,13 +402,29 @@ def unary_math(name: str, x, dtype: DType) -> np.ndarray:
 
 
 def fma(a, b, c, dtype: DType) -> np.ndarray:
-    """a * b + c (FMA). fp16/bf16/float32 compute in float64 (the product is exact) and round once to
-    the type, which equals the fused result except in rare double-rounding cases for float32; float64
-    rounds once too: finite operands exactly in rationals (`_fma_float64`), others as a * b + c (inf / NaN)."""
+    """a * b + c rounded once to `dtype` (FMA), as the compiled `llvm.fma` rounds.
+
+    fp16/bf16/float32: the product is exact in float64 (at most 48 significant bits), the sum is not
+    (c may lie more than 53 bits below it), so rounding the float64 sum to the type could round twice.
+    The sum's rounding error (Knuth's TwoSum, "The Art of Computer Programming" vol. 2, 4.2.2) turns it
+    into the exact sum rounded to odd in float64: where inexact and even, the neighbour toward the
+    exact sum. A value rounded to odd with at least two more bits than the type rounds to the type as
+    the exact value does (S. Boldo and G. Melquiond, "Emulation of FMA and correctly rounded sums:
+    proved algorithms using rounding to odd", IEEE Trans. Computers 2008). float64: exactly in
+    rationals (`_fma_float64`). Non-finite operands: as a * b + c."""
     if dtype == float64:
         return _fma_float64(a, b, c)
-    wide = [np.asarray(v).astype(np.float64) for v in (a, b, c)]
-    return round_to_type(np.add(np.multiply(wide[0], wide[1]), wide[2]), dtype)
+    a, b, c = np.broadcast_arrays(*(np.asarray(v).astype(np.float64) for v in (a, b, c)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        product = np.multiply(a, b)
+        total = np.add(product, c)
+        virtual = total - product
+        error = (product - (total - virtual)) + (c - virtual)
+    even = (np.asarray(total, dtype=np.float64).view(np.int64) & 1) == 0
+    step = np.isfinite(total) & np.isfinite(error) & (error != 0) & even
+    if np.any(step):
+        total = np.where(step, np.nextafter(total, np.where(error > 0, np.inf, -np.inf)), total)
+    return round_to_type(total, dtype)
 
 
 def _fma_float64(a, b, c) -> np.ndarray:
