@@ -209,10 +209,13 @@ _HALF_ROW_SWEEPS = {
 # 0.60 / 0.26 -> 0.76 (x torch 2.5-3.6). Chunks of 1024 were the fastest up to 6001 columns (4096: 0.41 /
 # 0.58 at 4097), chunks of 4096 from 12289 on; the shifted weight and bias copies gained 10-20% there
 # (LayerNorm 12289 0.58 -> 0.66, 20001 0.60 -> 0.69, 40001 0.50 -> 0.60) and nothing at 3001 and 4097.
-# Session 25 (.scratch/ln_probe.py, LayerNorm, graphs, interleaved with a copy of the same bytes): past 8192
-# columns, chunks of 2048 on 4 warps (8 CTAs per SM) beat 4096 on 8 (4 CTAs): 12289 0.680 -> 0.716; 8192-
-# and 16384-column chunks, 16 warps and persistent programs (2 or 4 per SM) were all slower (0.33-0.69).
-_HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8, False)), (None, (2048, 4, 8, True)))
+# Session 25 (.scratch/ln_probe.py and ln_confirm.py, graphs, interleaved with a copy of the same bytes): from
+# 8193 to 12289 columns chunks of 2048 on 4 warps (8 CTAs per SM) beat 4096 on 8 (4 CTAs), LayerNorm /
+# RMSNorm: 9001 0.61 -> 0.68 / 0.70 -> 0.81, 12289 0.68 -> 0.70-0.72 / 0.78 -> 0.79; at 16377 and 20001 they
+# were slower (LayerNorm 0.68 -> 0.64, 0.69 -> 0.62), so longer rows keep 4096. 8192- and 16384-column
+# chunks, 16 warps and persistent programs (2 or 4 per SM) were slower everywhere at 12289 (0.33-0.69).
+# (ncu at 12289: DRAM 60% of peak, L2 75%: the second sweep's x and the per-row weight and bias come from L2.)
+_HALF_ODD_ROW_WINDOW = ((8192, (1024, 4, 8, False)), (12800, (2048, 4, 8, True)), (None, (4096, 8, 4, True)))
 
 
 def _odd_row_window_config(n_cols: int, subtract_mean: bool) -> ForwardConfig:
