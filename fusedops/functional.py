@@ -52,9 +52,10 @@ def needs_torch(*tensors) -> bool:
     memory reads negated, e.g. `z.conj().imag`), or a dual tensor of forward-mode AD (its tangent). Also
     while torch.jit.trace runs: a trace records torch's ops only (a kernel launch would be left out of it,
     and sizes are 0-d tensors then), and while a torch dispatch or function mode is active (but
-    torch.device's). Not while torch.compile traces: the custom ops there take fake tensors."""
+    torch.device's). Not while torch.compile traces (the custom ops there take fake tensors), unless a dual
+    level of forward-mode AD is active: the custom ops have no forward-mode formula, torch's ops do."""
     if _is_compiling():
-        return False
+        return _forward_ad._current_level >= 0
     if _is_jit_tracing() or torch_modes_active():
         return True
     dual = _forward_ad._current_level >= 0

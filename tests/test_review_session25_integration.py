@@ -4,7 +4,7 @@ fake tensors, autograd edge cases (version counters, hooks, checkpointing, saved
 tensors, autocast) and the nn modules' torch.nn behaviour. On the CPU, mostly on the kernel path
 (FUSEDOPS_INTERPRET=1, what CUDA tensors take); torch's own ops in float64 are the oracle.
 
-Defects (xfail strict below):
+Defects found (each fixed; its test below now passes):
 1. Forward-over-reverse with torch.autograd.forward_ad: a dual incoming gradient given to the backward of a
    kernel-path op (torch.autograd.grad(y, x, make_dual(v, t))) loses its tangent: the gradient's tangent is
    None (silently zero); torch propagates it (softmax, log_softmax, layer_norm, rms_norm, matmul).
@@ -19,6 +19,9 @@ Defects (xfail strict below):
 4. torch.compile (backend "eager" or "aot_eager") of a function calling a public op, called inside
    forward_ad.dual_level() with a dual input: on the kernel path the output's tangent is None (silently zero):
    the traced custom operator has no forward-mode formula; torch (and the fallback route) give the tangent.
+Fixes: function_host.backward_runs_torch also for a dual incoming gradient (`dual`); once_differentiable runs
+a backward given a batched or dual gradient as it is (torch's ops, recorded); functional.needs_torch sends
+the ops to torch while torch.compile traces inside a dual level.
 """
 
 from __future__ import annotations
@@ -252,8 +255,6 @@ def _forward_over_reverse(op):
     return primal, tangent
 
 
-@pytest.mark.xfail(strict=True, reason="defect 1: a dual incoming gradient given to the backward of a kernel-path "
-                                       "op loses its tangent (None, silently zero); torch propagates it")
 @pytest.mark.parametrize("name", NON_ATTENTION)
 def test_forward_over_reverse_keeps_the_tangent_of_a_dual_gradient(interpret, name):
     ours, theirs = OPS[name]
@@ -284,9 +285,6 @@ def _vmap_over_grad_create_graph(op):
     return vmap(pull)(torch.stack([v, 2 * v])), jvp(pull, (v,), (torch.ones_like(v),))[1]
 
 
-@pytest.mark.xfail(strict=True, reason="defect 2: vmap / jvp over torch.autograd.grad(create_graph=True) of a "
-                                       "fusedops graph raises RuntimeError from requires_grad_() in "
-                                       "once_differentiable; torch returns the values")
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "matmul"])
 def test_vmap_over_autograd_grad_with_create_graph(interpret, name):
     ours, theirs = OPS[name]
@@ -294,9 +292,6 @@ def test_vmap_over_autograd_grad_with_create_graph(interpret, name):
         _close(a, b)
 
 
-@pytest.mark.xfail(strict=True, reason="defect 3: is_grads_batched=True with create_graph=True (and "
-                                       "jacobian(vectorize=True, create_graph=True)) raises 'Batching rule not "
-                                       "implemented for aten::detach'; torch returns the values")
 @pytest.mark.parametrize("name", ["softmax", "rms_norm"])
 def test_batched_grads_with_create_graph(interpret, name):
     ours, theirs = OPS[name]
@@ -385,8 +380,6 @@ def test_compile_forward_ad_on_the_fallback_route(fallback, name):
     _close(_compiled_tangent(ours, "aot_eager"), expected)
 
 
-@pytest.mark.xfail(strict=True, reason="defect 4: torch.compile of a public op called with a forward-AD dual "
-                                       "input drops the tangent on the kernel path (None, silently zero)")
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms_norm", "matmul"])
 def test_compile_forward_ad_keeps_the_tangent(interpret, name, backend):

@@ -14,7 +14,8 @@ forward + backward ~80 us, of which `Function.apply`'s Python wrapper ~3 us and 
   the backward is itself recorded (create_graph=True, grad mode on). Then every gradient it returns
   raises on a second differentiation, also when the incoming gradients do not require grad (torch's
   decorator returns plain tensors then, which would silently drop the terms through the saved inputs,
-  e.g. a gradient penalty's).
+  e.g. a gradient penalty's). A backward given a batched (vmap) or dual (forward-AD) gradient runs torch's
+  ops, recorded as they are.
 - `vmapped(grad)`: whether a backward was given a gradient under vmap, which the kernels cannot read (a
   batched tensor has no storage): the backward then computes its gradients with torch ops instead.
 """
@@ -25,6 +26,7 @@ import functools
 from typing import Callable
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 from torch.autograd import function as _function
 
 _FUNCTION_BASE_APPLY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
@@ -83,9 +85,17 @@ def torch_modes_active() -> bool:
 
 
 def backward_runs_torch(grad: torch.Tensor) -> bool:
-    """Whether a backward computes its gradients with torch ops instead of the kernels: under vmap (`vmapped`)
-    or while a torch mode is active (`torch_modes_active`: a FlopCounterMode around the backward counts it)."""
-    return vmapped(grad) or torch_modes_active()
+    """Whether a backward computes its gradients with torch ops instead of the kernels: under vmap (`vmapped`),
+    for a dual incoming gradient (`dual`: forward-over-reverse, whose tangent the kernels would drop) or while
+    a torch mode is active (`torch_modes_active`: a FlopCounterMode around the backward counts it)."""
+    return vmapped(grad) or dual(grad) or torch_modes_active()
+
+
+def dual(grad) -> bool:
+    """Whether `grad` is a dual tensor of forward-mode AD with a tangent at the current level (one attribute
+    read when no dual level is active)."""
+    return (_forward_ad._current_level >= 0 and isinstance(grad, torch.Tensor)
+            and _forward_ad.unpack_dual(grad).tangent is not None)
 
 
 def vmapped(grad: torch.Tensor) -> bool:
@@ -108,6 +118,10 @@ def once_differentiable(backward: Callable) -> Callable:
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
         if not torch.is_grad_enabled():
+            return backward(ctx, *grads)
+        if any(vmapped(g) or dual(g) for g in grads if isinstance(g, torch.Tensor)):
+            # the backward runs torch's ops (backward_runs_torch), recorded: their gradients differentiate
+            # again, and a batched or dual gradient could not be detached and wrapped below
             return backward(ctx, *grads)
         with torch.no_grad():
             outputs = backward(ctx, *grads)
