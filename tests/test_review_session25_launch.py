@@ -7,7 +7,7 @@ fast path against the full path, and the tensor maps the specialization enables.
 with llvmlite for sm_90a, GPU launches go through tests/test_launch_fast_path.py's mocked driver, and values
 come from the NumPy interpreter.
 
-Defects (xfail strict, each asserting the correct behaviour):
+Defects found (each fixed; its test below now passes):
 
 1. The cached-launch fast path crashes on a sparse tensor: after one GPU launch of a kernel,
    `k[(1,)](torch.zeros(16).to_sparse(), y, 16, BLOCK=16)` raises the raw
@@ -419,8 +419,6 @@ def test_two_kernels_with_one_body_and_two_names_keep_their_names(tmp_path, monk
 # ================================================================================================
 # DEFECTS
 # ================================================================================================
-@pytest.mark.xfail(strict=True, reason="defect 1: the fast path calls data_ptr() of a sparse tensor, a raw "
-                                       "RuntimeError instead of the full path's TypeError")
 def test_sparse_tensor_after_a_cached_launch_raises_the_full_paths_type_error(gpu):
     kernel = _copy_kernel()
     x, y = _cuda(torch.zeros(16)), _cuda(torch.zeros(16))
@@ -429,8 +427,6 @@ def test_sparse_tensor_after_a_cached_launch_raises_the_full_paths_type_error(gp
         kernel[(1,)](torch.zeros(16).to_sparse(), y, 16, BLOCK=16)
 
 
-@pytest.mark.xfail(strict=True, reason="defect 2: a tensor with the neg bit set (z.conj().imag) is read as "
-                                       "its un-negated storage: silently wrong sign")
 def test_a_lazily_negated_view_is_refused_or_read_with_its_sign():
     z = torch.tensor([1 + 2j, 3 + 4j], dtype=torch.complex64)
     imag = z.conj().imag
@@ -444,8 +440,6 @@ def test_a_lazily_negated_view_is_refused_or_read_with_its_sign():
     assert torch.equal(y, imag), f"read {y.tolist()}, the tensor holds {imag.tolist()}"
 
 
-@pytest.mark.xfail(strict=True, reason="defect 3: the interpreter stores inf for a float its parameter cannot "
-                                       "hold; the GPU launch raises LaunchError naming the argument")
 @pytest.mark.parametrize("annotated,value", [(False, 1e40), (False, 3.5e38), (True, 70000.0)])
 def test_interpreter_refuses_floats_beyond_the_parameters_range_like_the_gpu(annotated, value, gpu):
     def plain(o_ptr, a):
@@ -460,8 +454,6 @@ def test_interpreter_refuses_floats_beyond_the_parameters_range_like_the_gpu(ann
         dsl.jit(half if annotated else plain)[(1,)](out, value, interpret=True)
 
 
-@pytest.mark.xfail(strict=True, reason="defect 4: an out-of-range annotated narrow int raises TypeError on the "
-                                       "full path but LaunchError once a plan is cached")
 @pytest.mark.parametrize("annotation,good,bad", [("uint32", 6, -10), ("int8", 5, 300)])
 def test_an_annotated_int_out_of_range_raises_type_error_whatever_the_cache(annotation, good, bad, gpu):
     def narrow(o_ptr, a: dsl.int64):
@@ -478,8 +470,6 @@ def test_an_annotated_int_out_of_range_raises_type_error_whatever_the_cache(anno
         kernel[(1,)](o, bad)             # the cached plan's launch key does not tell bad from good
 
 
-@pytest.mark.xfail(strict=True, reason="defect 5: do_not_specialize with an index past the parameters raises a "
-                                       "bare IndexError")
 def test_do_not_specialize_index_out_of_range_is_a_type_error():
     def two(a, b):
         pass
@@ -519,8 +509,6 @@ def test_interpreter_descriptor_matmul_with_a_broadcast_operand(monkeypatch):
     torch.testing.assert_close(c.float(), (a.double() @ b.double()).float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.xfail(strict=True, reason="defect 6: a stride of 0 is specialized as divisible by 16, TMA is chosen "
-                                       "and every sm_90a launch fails to encode the tensor map")
 def test_a_broadcast_operand_launches_on_sm90a(gpu, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_TMA", "1")
     a, b = _broadcast_operands()

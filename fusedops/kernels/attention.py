@@ -240,10 +240,10 @@ def attention_forward_kernel(
     rn0 = dsl.arange(0, BLOCK_N)
     re = dsl.arange(0, BLOCK_E)
     rev = dsl.arange(0, BLOCK_EV)
-    q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rm.to(dsl.int64)[:, None] * stride_qm + re[None, :] * stride_qe,
+    q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rm.to(dsl.int64)[:, None] * stride_qm + re.to(dsl.int64)[None, :] * stride_qe,
                  mask=(rm[:, None] < L) & (re[None, :] < E), other=0.0)
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re[:, None] * stride_ke
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh + rev[None, :] * stride_ve
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re.to(dsl.int64)[:, None] * stride_ke
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh + rev.to(dsl.int64)[None, :] * stride_ve
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
 
     end_n = S
@@ -280,7 +280,7 @@ def attention_forward_kernel(
     lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
     dsl.store(lse_row, dsl.where(empty, float("inf"), hi), mask=rm < L)
     dsl.store(lse_row + L, dsl.where(empty, 0.0, lo), mask=rm < L)
-    o = o_ptr + b * stride_ob + h * stride_oh + rm.to(dsl.int64)[:, None] * stride_om + rev[None, :] * stride_oe
+    o = o_ptr + b * stride_ob + h * stride_oh + rm.to(dsl.int64)[:, None] * stride_om + rev.to(dsl.int64)[None, :] * stride_oe
     dsl.store(o, acc.to(o_ptr.dtype.element), mask=(rm[:, None] < L) & (rev[None, :] < EV))
 
 
@@ -298,9 +298,9 @@ def attention_backward_preprocess_kernel(
     rev = dsl.arange(0, BLOCK_EV)
     mask = (rm[:, None] < L) & (rev[None, :] < EV)
     rows = rm.to(dsl.int64)[:, None]
-    o = dsl.load(o_ptr + b * stride_ob + h * stride_oh + rows * stride_om + rev[None, :] * stride_oe,
+    o = dsl.load(o_ptr + b * stride_ob + h * stride_oh + rows * stride_om + rev.to(dsl.int64)[None, :] * stride_oe,
                  mask=mask, other=0.0)
-    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows * stride_dom + rev[None, :] * stride_doe,
+    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows * stride_dom + rev.to(dsl.int64)[None, :] * stride_doe,
                   mask=mask, other=0.0)
     delta = dsl.sum(o.to(ACC) * do.to(ACC), axis=1)
     dsl.store(delta_ptr + bh.to(dsl.int64) * L + rm, delta, mask=rm < L)
@@ -403,8 +403,8 @@ def attention_backward_dkdv_kernel(
     re = dsl.arange(0, BLOCK_E)
     rev = dsl.arange(0, BLOCK_EV)
     rows_n = rn.to(dsl.int64)[:, None]
-    k = k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn + re[None, :] * stride_ke
-    v = v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn + rev[None, :] * stride_ve
+    k = k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn + re.to(dsl.int64)[None, :] * stride_ke
+    v = v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn + rev.to(dsl.int64)[None, :] * stride_ve
     if not KV_RING:
         k = dsl.load(k, mask=(rn[:, None] < S) & (re[None, :] < E), other=0.0)
         v = dsl.load(v, mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
@@ -418,10 +418,10 @@ def attention_backward_dkdv_kernel(
         bh = b * (H_KV * GROUP) + h
         q_head = q_ptr + b * stride_qb + h * stride_qh
         do_head = do_ptr + b * stride_dob + h * stride_doh
-        qt_base = q_head + re[:, None] * stride_qe
-        q_base = q_head + re[None, :] * stride_qe
-        do_base = do_head + rev[None, :] * stride_doe
-        dot_base = do_head + rev[:, None] * stride_doe
+        qt_base = q_head + re.to(dsl.int64)[:, None] * stride_qe
+        q_base = q_head + re.to(dsl.int64)[None, :] * stride_qe
+        do_base = do_head + rev.to(dsl.int64)[None, :] * stride_doe
+        dot_base = do_head + rev.to(dsl.int64)[:, None] * stride_doe
         mask_base = mask_ptr + b * stride_mb + h * stride_mh
         for m0 in range(start_m, L, BLOCK_M):
             dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * (2 * L),
@@ -429,9 +429,9 @@ def attention_backward_dkdv_kernel(
                                 stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
                                 KV_RING, EARLY_DP and MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
-    dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn + re[None, :] * stride_dke,
+    dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn + re.to(dsl.int64)[None, :] * stride_dke,
               dk.to(dk_ptr.dtype.element), mask=(rn[:, None] < S) & (re[None, :] < E))
-    dsl.store(dv_ptr + b * stride_dvb + kvh.to(dsl.int64) * stride_dvh + rows_n * stride_dvn + rev[None, :] * stride_dve,
+    dsl.store(dv_ptr + b * stride_dvb + kvh.to(dsl.int64) * stride_dvh + rows_n * stride_dvn + rev.to(dsl.int64)[None, :] * stride_dve,
               dv.to(dv_ptr.dtype.element), mask=(rn[:, None] < S) & (rev[None, :] < EV))
 
 
@@ -503,15 +503,15 @@ def attention_backward_dq_kernel(
     re = dsl.arange(0, BLOCK_E)
     rev = dsl.arange(0, BLOCK_EV)
     rows_m = rm.to(dsl.int64)[:, None]
-    q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rows_m * stride_qm + re[None, :] * stride_qe,
+    q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rows_m * stride_qm + re.to(dsl.int64)[None, :] * stride_qe,
                  mask=(rm[:, None] < L) & (re[None, :] < E), other=0.0)
-    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom + rev[None, :] * stride_doe,
+    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom + rev.to(dsl.int64)[None, :] * stride_doe,
                   mask=(rm[:, None] < L) & (rev[None, :] < EV), other=0.0)
     lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
     delta_row = delta_ptr + bh.to(dsl.int64) * L + rm
-    kt_base = k_ptr + b * stride_kb + kvh * stride_kh + re[:, None] * stride_ke
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re[None, :] * stride_ke
-    vt_base = v_ptr + b * stride_vb + kvh * stride_vh + rev[:, None] * stride_ve
+    kt_base = k_ptr + b * stride_kb + kvh * stride_kh + re.to(dsl.int64)[:, None] * stride_ke
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re.to(dsl.int64)[None, :] * stride_ke
+    vt_base = v_ptr + b * stride_vb + kvh * stride_vh + rev.to(dsl.int64)[:, None] * stride_ve
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
     dq = dsl.zeros((BLOCK_M, BLOCK_E), ACC)
     end_n = S
@@ -527,7 +527,7 @@ def attention_backward_dq_kernel(
                       E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
                       True)
     dq = dq * (scale_hi.to(ACC) + scale_lo.to(ACC))
-    dsl.store(dq_ptr + b * stride_dqb + h * stride_dqh + rows_m * stride_dqm + re[None, :] * stride_dqe,
+    dsl.store(dq_ptr + b * stride_dqb + h * stride_dqh + rows_m * stride_dqm + re.to(dsl.int64)[None, :] * stride_dqe,
               dq.to(dq_ptr.dtype.element), mask=(rm[:, None] < L) & (re[None, :] < E))
 
 

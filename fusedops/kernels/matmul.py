@@ -103,15 +103,15 @@ def matmul_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K,
     acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        a = dsl.load(a_rows + kk[None, :] * stride_ak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        b = dsl.load(b_cols + kk[:, None] * stride_bk, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        a = dsl.load(a_rows + kk.to(dsl.int64)[None, :] * stride_ak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = dsl.load(b_cols + kk.to(dsl.int64)[:, None] * stride_bk, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = dsl.dot(a, b, acc)
 
     if HAS_BIAS:
-        bias = dsl.load(bias_ptr + rn * stride_bias, mask=rn < N, other=0.0)
+        bias = dsl.load(bias_ptr + rn.to(dsl.int64) * stride_bias, mask=rn < N, other=0.0)
         acc = acc + bias.to(ACC)[None, :]
     acc = _activation(acc, ACTIVATION)
-    c = c_ptr + batch * stride_cb + rm.to(dsl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+    c = c_ptr + batch * stride_cb + rm.to(dsl.int64)[:, None] * stride_cm + rn.to(dsl.int64)[None, :] * stride_cn
     dsl.store(c, acc.to(c_ptr.dtype.element), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
@@ -134,10 +134,10 @@ def _epilogue(c_ptr, bias_ptr, acc, first_row, first_col, M, N, stride_cm, strid
     rm = first_row + dsl.arange(0, ROWS)
     rn = first_col + dsl.arange(0, COLS)
     if HAS_BIAS:
-        bias = dsl.load(bias_ptr + rn * stride_bias, mask=rn < N, other=0.0)
+        bias = dsl.load(bias_ptr + rn.to(dsl.int64) * stride_bias, mask=rn < N, other=0.0)
         acc = acc + bias.to(ACC)[None, :]
     acc = _activation(acc, ACTIVATION)
-    c = c_ptr + rm.to(dsl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+    c = c_ptr + rm.to(dsl.int64)[:, None] * stride_cm + rn.to(dsl.int64)[None, :] * stride_cn
     dsl.store(c, acc.to(c_ptr.dtype.element), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 

@@ -95,7 +95,7 @@ def matmul_persistent_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, 
             out = acc
             if HAS_BIAS:
                 rn = pid_n * BLOCK_N + dsl.arange(0, BLOCK_N)
-                out = out + dsl.load(bias_ptr + rn * stride_bias, mask=rn < N, other=0.0).to(ACC)[None, :]
+                out = out + dsl.load(bias_ptr + rn.to(dsl.int64) * stride_bias, mask=rn < N, other=0.0).to(ACC)[None, :]
             c_desc.store((pid_m * BLOCK_M, pid_n * BLOCK_N), _activation(out, ACTIVATION).to(c_ptr.dtype.element))
             acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
 

@@ -204,6 +204,15 @@ class GeneratedKernel:
         return all(table.get(name, _MISSING) is obj for table, name, obj in self.used_globals)
 
 
+def _hints(spec) -> dict:
+    """What the compiler may assume of a runtime argument (ir Function.arg_hints): the power of two that
+    divides it, and for an int divisible by 16 whether it is positive (a TMA stride must be)."""
+    hints = {"divisibility": spec.divisibility} if spec.divisibility > 1 else {}
+    if spec.positive:
+        hints["positive"] = True
+    return hints
+
+
 def generate(kernel, arg_specs, name: Optional[str] = None) -> GeneratedKernel:
     """The IR of `kernel` (a JITFunction) specialized on `arg_specs` (one `ArgSpec` per parameter).
 
@@ -215,7 +224,7 @@ def generate(kernel, arg_specs, name: Optional[str] = None) -> GeneratedKernel:
     runtime = [spec for spec in arg_specs if spec.is_runtime]
     body = Block([spec.type for spec in runtime], [spec.name for spec in runtime])
     function = Function(name or kernel.__name__, body, [spec.name for spec in runtime], source.location(None),
-                        [({"divisibility": spec.divisibility} if spec.divisibility > 1 else {}) for spec in runtime])
+                        [_hints(spec) for spec in runtime])
     builder = Builder(body)
     context = CompilationContext(builder, Semantics(builder))
     scope = Scope(source, context.record_global)

@@ -14,8 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import LaunchError
 from ..language import numerics
-from ..language.dtypes import PointerType
+from ..language.dtypes import PointerType, float16, float32
 from .memory import Memory, Region
 
 
@@ -81,9 +82,14 @@ def bind_arguments(function, args: Sequence, names: Sequence[str]) -> BoundArgum
                 raise TypeError(f"argument {name!r} of kernel {function.name} is a {param.type} "
                                 f"scalar; pass a Python or NumPy scalar, got {type(arg).__name__}")
             try:
-                values.append(numerics.from_python(arg, param.type))
+                value = numerics.from_python(arg, param.type)
             except OverflowError as error:
                 raise ValueError(f"argument {name!r} of kernel {function.name}: {error}") from None
+            if param.type in (float16, float32) and np.isinf(value) and np.isfinite(float(arg)):
+                # as a GPU launch packs it (launcher_args.ParamKind): a finite float past the type's range
+                raise LaunchError(f"argument `{name}` of kernel {function.name}: expected a float within "
+                                  f"{param.type}'s range, got {arg!r}")
+            values.append(value)
     memory = Memory([r for r in regions.values() if r.nbytes > 0])
     return BoundArguments(values, memory, pointer_names, copy_backs)
 

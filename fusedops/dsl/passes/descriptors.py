@@ -14,8 +14,8 @@ does not apply, a descriptor is only a way to write a tile load.
 On sm_90a with FUSEDOPS_TMA=1 the load also gets attr `tma` (a `TmaSource`: the descriptor's base,
 shape, strides, the offsets and the contiguous dim) when the specialization proves that the host can
 encode a tensor map for it: the base 16-byte aligned, one stride the constant 1 and the other a
-multiple of 16 bytes (an argument specialized as divisible by enough elements, or such a constant; an
-argument of 0 is specialized as divisible too: the launch then refuses the map, a LaunchError). The
+multiple of 16 bytes (an argument specialized as divisible by enough elements and positive, or such a
+constant: a stride of 0, a broadcast operand, keeps the masked load). The
 pipelining pass then fills the ring of a wgmma operand from such loads with `cp.async.bulk.tensor`
 (passes/pipelining.py); a marked load it does not pipeline stays the masked load above.
 
@@ -225,6 +225,14 @@ def _divisible_by(function: Function, value: Value, factor: int) -> bool:
     return value.index < len(hints) and hints[value.index].get("divisibility", 1) >= factor
 
 
+def _hint(function: Function, value: Value, name: str):
+    """Kernel argument `value`'s hint `name` (Function.arg_hints), or None."""
+    if not (isinstance(value.owner, Block) and value.owner.parent is None):
+        return None
+    hints = function.arg_hints or []
+    return hints[value.index].get(name) if value.index < len(hints) else None
+
+
 def _tma_source(function: Function, op: Operation) -> Optional[TmaSource]:
     base, shape0, shape1, stride0, stride1, offset0, offset1 = op.operands[:7]
     itemsize = base.type.element.itemsize
@@ -239,6 +247,6 @@ def _tma_source(function: Function, op: Operation) -> Optional[TmaSource]:
     if constant is not None:
         if constant <= 0 or constant * itemsize % 16:
             return None
-    elif not _divisible_by(function, outer, max(1, 16 // itemsize)):     # a multiple of 16 bytes
-        return None
+    elif not (_divisible_by(function, outer, max(1, 16 // itemsize)) and _hint(function, outer, "positive")):
+        return None     # a positive multiple of 16 bytes (0: a broadcast operand, whose loads stay plain)
     return TmaSource(base, (shape0, shape1), (stride0, stride1), (offset0, offset1), contiguous)

@@ -45,6 +45,7 @@ import struct
 from typing import Callable, Optional, Sequence
 
 from ..language import core
+from ..language.dtypes import DType
 from .signature import _constexpr_key as tuple_key
 
 _PREFIX = "_jit_"     # the generated code's own names; kernel parameters may not start with it
@@ -57,13 +58,16 @@ class _Miss(TypeError):
 def _other_key(value, tensor_type) -> tuple:
     # (value, key slot a, key slot b) of an argument the generated code does not handle inline.
     if isinstance(value, tensor_type):      # a subclass, e.g. torch.nn.Parameter
+        if value.is_neg():
+            raise _Miss("a negated view")
         address = value.data_ptr()
         device = value.get_device()
         return address, value.dtype, device if address & 15 else -3 - device
     cls = type(value)
     if cls is int:
         if -0x8000000000000000 <= value <= 0xFFFFFFFFFFFFFFFF:    # int64 / uint64
-            return value, _WIDE_INT, (value > 0x7FFFFFFFFFFFFFFF) + 2 * (value & 15 == 0) + 4 * (value & 15 == 8)
+            return value, _WIDE_INT, ((value > 0x7FFFFFFFFFFFFFFF) + 2 * (value & 15 == 0) + 4 * (value & 15 == 8)
+                                      + 8 * (value > 0 and value & 15 == 0))
         raise _Miss("an int wider than 64 bits")
     if cls is bool:
         return value, bool, 0
@@ -88,20 +92,25 @@ def _constexpr_key(wrapped: core.constexpr):
     return cls, float_bits(value) if cls is float else tuple_key(value) if cls is tuple else value
 
 
-def _branches(name: str, a: str, k: str, j: str) -> dict:
+def _branches(name: str, a: str, k: str, j: str, int_range: tuple = (-0x80000000, 0x7FFFFFFF)) -> dict:
     """Per kind of runtime argument: (the test that an argument `name` is of it, the statements that
     set its value `a` and its key slots `k` and `j`). The slots hold what `signature.specialize`
     reads: a tensor's dtype, and its device d and 16-byte alignment as d, or -3 - d when aligned
     (devices are >= -1, so the two ranges do not meet); an int32's class and whether it is 1, divisible
-    by 16 or else by 8; the class of a float or None."""
+    by 16 (and positive, 16, or not, 17) or else by 8; the class of a float or None. A tensor with the
+    negative bit (a lazily negated view) is left to the full path, which refuses it; `int_range`: the ints
+    taken inline (an annotated parameter's narrower range: others go to the full path's range check)."""
     p = _PREFIX
+    low, high = int_range
     return {
         "tensor": (f"{p}type({name}) is {p}T",
-                   [f"{a} = {name}.data_ptr()", f"{k} = {name}.dtype",
+                   [f"if {name}.is_neg():", f"    raise {p}Miss('a negated view')",
+                    f"{a} = {name}.data_ptr()", f"{k} = {name}.dtype",
                     f"{j} = {name}.get_device() if {a} & 15 else -3 - {name}.get_device()"]),
-        "int": (f"{p}type({name}) is {p}int and -0x80000000 <= {name} <= 0x7FFFFFFF",
+        "int": (f"{p}type({name}) is {p}int and {low} <= {name} <= {high}",
                 [f"{a} = {name}", f"{k} = {p}int",
-                 f"{j} = 16 if not {name} & 15 else 8 if not {name} & 7 else 1 if {name} == 1 else 0"]),
+                 f"{j} = (16 if {name} > 0 else 17) if not {name} & 15 else 8 if not {name} & 7 "
+                 f"else 1 if {name} == 1 else 0"]),
         "float": (f"{p}type({name}) is {p}float", [f"{a} = {name}", f"{k} = {p}float", f"{j} = 0"]),
         "None": (f"{name} is None", [f"{a} = None", f"{k} = None", f"{j} = 0"]),
     }
@@ -138,7 +147,7 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
                        f"if {cls} is not {_PREFIX}constexpr else {_PREFIX}constexpr_key({name}))")
             continue
         a, k, j = f"{_PREFIX}a{index}", f"{_PREFIX}k{index}", f"{_PREFIX}j{index}"
-        branches = _branches(name, a, k, j)
+        branches = _branches(name, a, k, j, _int_range(param))
         first = likely[index] if likely is not None else "tensor"
         for number, kind in enumerate([first, *(kind for kind in branches if kind != first)]):
             test, statements = branches[kind]
@@ -147,6 +156,17 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
         key += [k, j]
         values.append(a)
     return body, key, values
+
+
+def _int_range(param) -> tuple:
+    """The ints the generated code takes inline for `param`: int32's, within an integer annotation's."""
+    low, high = -0x80000000, 0x7FFFFFFF
+    dtype = getattr(param, "annotation", None)
+    if isinstance(dtype, DType) and dtype.is_integer and not dtype.is_bool:
+        bits = dtype.bits
+        low, high = (max(low, -(1 << (bits - 1))), min(high, (1 << (bits - 1)) - 1)) if dtype.is_signed \
+            else (0, min(high, (1 << bits) - 1))
+    return low, high
 
 
 def _namespace(params: Sequence, tensor_type) -> Optional[dict]:
@@ -285,6 +305,8 @@ def make_entry(name: str, params: Sequence, tensor_type, plans: dict, interpret_
         "    except KeyError:   # a new launch key",
         "        " + slow.format(key=f"{_PREFIX}key"),
         f"    except TypeError:   # {_PREFIX}Miss, or an unhashable constexpr",
+        "        " + slow.format(key="None"),
+        "    except RuntimeError:   # a tensor without storage (sparse, ...): the full path says why",
         "        " + slow.format(key="None"),
         # the common grid, one int, tested inline; a plan returns False, launching nothing, when a
         # global the kernel read has been rebound since (the full path regenerates the kernel)

@@ -90,6 +90,10 @@ _DTYPES_BY_NAME = {dtype.name: dtype for dtype in ALL_DTYPES}
 def _parameters(fn, do_not_specialize) -> tuple:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
+    bad = [i for i in do_not_specialize if isinstance(i, int) and not -len(names) <= i < len(names)]
+    if bad:
+        raise TypeError(f"do_not_specialize indices {bad} are out of range for the {len(names)} parameters of "
+                        f"`{fn.__name__}`")
     skip = {names[i] if isinstance(i, int) else i for i in do_not_specialize}
     unknown = skip - set(names)
     if unknown:

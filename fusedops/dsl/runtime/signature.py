@@ -87,6 +87,7 @@ class ArgSpec:
     equal_to_one: bool = False           # an int equal to 1: the IR constant 1, not a runtime argument
     divisible_by_16: bool = False        # an int divisible by 16, or a 16-byte aligned pointer
     divisible_by_8: bool = False         # an int divisible by 8 but not by 16
+    positive: bool = False               # an int divisible by 16 and above 0 (a TMA stride must be)
 
     @property
     def divisibility(self) -> int:
@@ -173,7 +174,7 @@ def _annotated_scalar(kernel: str, param: Parameter, value) -> ArgSpec:
         raise TypeError(f"{where}; got {value}, outside its range [{low}, {high - 1}]")
     special = not param.do_not_specialize
     return ArgSpec(param.name, dtype, equal_to_one=special and value == 1, divisible_by_16=special and value % 16 == 0,
-                   divisible_by_8=special and value % 16 == 8)
+                   divisible_by_8=special and value % 16 == 8, positive=special and value % 16 == 0 and value > 0)
 
 
 def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = False) -> tuple:
@@ -207,6 +208,10 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
             if value.layout != torch.strided:
                 raise TypeError(f"argument `{param.name}` of kernel `{kernel}` must be a dense (strided) tensor, "
                                 f"got a {value.layout} one (e.g. .to_dense() it)")
+            if value.is_neg():
+                raise TypeError(f"argument `{param.name}` of kernel `{kernel}` has its negative bit set (a lazily "
+                                f"negated view, e.g. z.conj().imag), which a kernel would read un-negated: pass "
+                                f"`.resolve_neg()` of it")
             aligned = not param.do_not_specialize and value.data_ptr() % 16 == 0
             specs.append(ArgSpec(param.name, PointerType(element), divisible_by_16=aligned))
         elif isinstance(value, bool):
@@ -219,7 +224,8 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
             special = not param.do_not_specialize
             specs.append(ArgSpec(param.name, type_, equal_to_one=special and value == 1,
                                  divisible_by_16=special and value % 16 == 0,
-                                 divisible_by_8=special and value % 16 == 8))
+                                 divisible_by_8=special and value % 16 == 8,
+                                 positive=special and value % 16 == 0 and value > 0))
         elif type(value) is np.float64:       # a float64 scalar asked for by its type (a float subclass)
             specs.append(ArgSpec(param.name, dtypes.float64))
         elif isinstance(value, float):
