@@ -52,6 +52,14 @@ def _seed_global_rngs(request):
 
 
 @pytest.fixture
+def reset_dynamo():
+    """torch._dynamo.reset() before and after a test that compiles (a fresh cache and recompile budget)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def tma_ws0(monkeypatch, tmp_path):
     """Compile with FUSEDOPS_TMA=1 and FUSEDOPS_WS=0 into a fresh kernel cache (the knobs are read at
     compile time, so cached kernels of other settings must not be found)."""

@@ -45,11 +45,7 @@ ops = torch.ops.fusedops
 D = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 def _t(*shape, dtype=D, grad=True):

@@ -42,11 +42,7 @@ import fusedops.nn as fnn
 D = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 def _r(*shape, dtype=D, seed=None):
