@@ -193,8 +193,11 @@ def test_int_equal_to_one_becomes_a_constant_and_divisibility_hints():
     function = strided_copy_kernel.ir(x, x, 1, 32, BLOCK=16)
     assert print_function(function) == GOLDEN_STRIDED_COPY
     assert function.arg_names == ["x_ptr", "out_ptr", "n"]
-    # torch allocations are 16-byte aligned; n = 32 is divisible by 16
-    assert function.arg_hints == [{"divisibility": 16}] * 3
+    # torch allocations are 16-byte aligned; n = 32 is divisible by 16 and positive (0 or -32 would not be)
+    assert function.arg_hints == [{"divisibility": 16}] * 2 + [{"divisibility": 16, "positive": True}]
+    assert strided_copy_kernel.ir(x, x, 1, 0, BLOCK=16).arg_hints[2] == {"divisibility": 16}
+    assert strided_copy_kernel.ir(x, x, 1, -8, BLOCK=16).arg_hints[2] == {"divisibility": 8}
+    assert strided_copy_kernel.ir(x, x, 1, 24, BLOCK=16).arg_hints[2] == {"divisibility": 8, "positive": True}
     odd = strided_copy_kernel.ir(x[1:], x, 2, 33, BLOCK=16)
     assert odd.arg_names == ["x_ptr", "out_ptr", "stride", "n"]
     assert odd.arg_hints == [{}, {"divisibility": 16}, {}, {}]

@@ -318,9 +318,6 @@ def test_int16_tma_store_is_encodable(tma_ws0):
     _encodable(compiled, _box_args(y, x), dict(BR=64, BC=64))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a stride argument of 0 (an expand()ed tensor) specializes as "
-                   "divisible by 16, so the store becomes tma_store, whose tensor map needs positive strides: "
-                   "LaunchError 'strides of (0,) bytes' instead of the masked store (negative multiples of 16 too)")
 def test_zero_stride_argument_does_not_get_an_unencodable_tma_store(tma_ws0):
     y = torch.empty(1, 64, dtype=torch.float16).expand(64, 64)
     x = torch.empty(64, 64, dtype=torch.float16)

@@ -179,7 +179,9 @@ def _example_argument(param, spec):
     base = {dsl.int32: 16, dsl.int64: 2**32, dsl.uint64: 2**63}[spec.type]
     if spec.divisible_by_16:
         return base if spec.positive else 0
-    return base + 8 if spec.divisible_by_8 else base + 1
+    if spec.divisible_by_8:
+        return base + 8 if spec.positive else -8
+    return base + 1
 
 
 def _describe(key) -> str:

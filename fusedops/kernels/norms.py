@@ -610,8 +610,10 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     y, mean, rstd = allocate_outputs(x)
     rows = x if in_place else as_rows(x, n_rows, n_cols)
     weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
-    # eps in the accumulation dtype: a float64 scalar for float64 rows (a Python float is a float32 argument)
-    eps = np.float64(eps) if x.dtype == torch.float64 else float(eps)
+    # eps in the accumulation dtype: a float64 scalar for float64 rows, else rounded to float32 here, as torch
+    # rounds it (1e39 becomes inf, where a kernel's float32 argument refuses a finite float past its range)
+    with np.errstate(over="ignore", under="ignore"):
+        eps = np.float64(eps) if x.dtype == torch.float64 else float(np.float32(eps))
     args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, eps)
     shifted = 0         # with shifted_affine: the window's SHIFT (the number of shifted copies)
     if split_shift:

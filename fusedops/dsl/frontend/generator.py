@@ -206,7 +206,7 @@ class GeneratedKernel:
 
 def _hints(spec) -> dict:
     """What the compiler may assume of a runtime argument (ir Function.arg_hints): the power of two that
-    divides it, and for an int divisible by 16 whether it is positive (a TMA stride must be)."""
+    divides it, and for an int divisible by 8 whether it is positive (a TMA stride must be)."""
     hints = {"divisibility": spec.divisibility} if spec.divisibility > 1 else {}
     if spec.positive:
         hints["positive"] = True

@@ -121,7 +121,7 @@ class Function:
     `arg_names` are the Python parameter names of the runtime (non-constexpr) arguments, in order,
     one per `body.args` entry. `arg_hints` holds, per runtime argument, what the specialization
     proved about it: {"divisibility": 16} for an int divisible by 16 or a 16-byte aligned pointer, and
-    "positive": True for such an int above 0.
+    "positive": True for an int divisible by 8 and above 0.
     """
 
     name: str

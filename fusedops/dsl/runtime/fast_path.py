@@ -67,7 +67,7 @@ def _other_key(value, tensor_type) -> tuple:
     if cls is int:
         if -0x8000000000000000 <= value <= 0xFFFFFFFFFFFFFFFF:    # int64 / uint64
             return value, _WIDE_INT, ((value > 0x7FFFFFFFFFFFFFFF) + 2 * (value & 15 == 0) + 4 * (value & 15 == 8)
-                                      + 8 * (value > 0 and value & 15 == 0))
+                                      + 8 * (value > 0 and value & 7 == 0))
         raise _Miss("an int wider than 64 bits")
     if cls is bool:
         return value, bool, 0
@@ -97,7 +97,7 @@ def _branches(name: str, a: str, k: str, j: str, int_range: tuple = (-0x80000000
     set its value `a` and its key slots `k` and `j`). The slots hold what `signature.specialize`
     reads: a tensor's dtype, and its device d and 16-byte alignment as d, or -3 - d when aligned
     (devices are >= -1, so the two ranges do not meet); an int32's class and whether it is 1, divisible
-    by 16 (and positive, 16, or not, 17) or else by 8; the class of a float or None. A tensor with the
+    by 16 or else by 8 (each positive, 16 / 8, or not, 17 / 9); the class of a float or None. A tensor with the
     negative bit (a lazily negated view) is left to the full path, which refuses it; `int_range`: the ints
     taken inline (an annotated parameter's narrower range: others go to the full path's range check)."""
     p = _PREFIX
@@ -109,8 +109,8 @@ def _branches(name: str, a: str, k: str, j: str, int_range: tuple = (-0x80000000
                     f"{j} = {name}.get_device() if {a} & 15 else -3 - {name}.get_device()"]),
         "int": (f"{p}type({name}) is {p}int and {low} <= {name} <= {high}",
                 [f"{a} = {name}", f"{k} = {p}int",
-                 f"{j} = (16 if {name} > 0 else 17) if not {name} & 15 else 8 if not {name} & 7 "
-                 f"else 1 if {name} == 1 else 0"]),
+                 f"{j} = (16 if {name} > 0 else 17) if not {name} & 15 else (8 if {name} > 0 else 9) "
+                 f"if not {name} & 7 else 1 if {name} == 1 else 0"]),
         "float": (f"{p}type({name}) is {p}float", [f"{a} = {name}", f"{k} = {p}float", f"{j} = 0"]),
         "None": (f"{name} is None", [f"{a} = None", f"{k} = None", f"{j} = 0"]),
     }

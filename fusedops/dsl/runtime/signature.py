@@ -87,7 +87,7 @@ class ArgSpec:
     equal_to_one: bool = False           # an int equal to 1: the IR constant 1, not a runtime argument
     divisible_by_16: bool = False        # an int divisible by 16, or a 16-byte aligned pointer
     divisible_by_8: bool = False         # an int divisible by 8 but not by 16
-    positive: bool = False               # an int divisible by 16 and above 0 (a TMA stride must be)
+    positive: bool = False               # an int divisible by 8 and above 0 (a TMA stride must be)
 
     @property
     def divisibility(self) -> int:
@@ -174,7 +174,7 @@ def _annotated_scalar(kernel: str, param: Parameter, value) -> ArgSpec:
         raise TypeError(f"{where}; got {value}, outside its range [{low}, {high - 1}]")
     special = not param.do_not_specialize
     return ArgSpec(param.name, dtype, equal_to_one=special and value == 1, divisible_by_16=special and value % 16 == 0,
-                   divisible_by_8=special and value % 16 == 8, positive=special and value % 16 == 0 and value > 0)
+                   divisible_by_8=special and value % 16 == 8, positive=special and value % 8 == 0 and value > 0)
 
 
 def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = False) -> tuple:
@@ -225,7 +225,7 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
             specs.append(ArgSpec(param.name, type_, equal_to_one=special and value == 1,
                                  divisible_by_16=special and value % 16 == 0,
                                  divisible_by_8=special and value % 16 == 8,
-                                 positive=special and value % 16 == 0 and value > 0))
+                                 positive=special and value % 8 == 0 and value > 0))
         elif type(value) is np.float64:       # a float64 scalar asked for by its type (a float subclass)
             specs.append(ArgSpec(param.name, dtypes.float64))
         elif isinstance(value, float):
