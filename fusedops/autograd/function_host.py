@@ -86,9 +86,11 @@ def torch_modes_active() -> bool:
 
 def backward_runs_torch(grad: torch.Tensor) -> bool:
     """Whether a backward computes its gradients with torch ops instead of the kernels: under vmap (`vmapped`),
-    for a dual incoming gradient (`dual`: forward-over-reverse, whose tangent the kernels would drop) or while
-    a torch mode is active (`torch_modes_active`: a FlopCounterMode around the backward counts it)."""
-    return vmapped(grad) or dual(grad) or torch_modes_active()
+    for a dual incoming gradient (`dual`: forward-over-reverse, whose tangent the kernels would drop), for one
+    the kernels would misread (the negative bit of a lazily negated view; not strided) or while a torch mode
+    is active (`torch_modes_active`: a FlopCounterMode around the backward counts it)."""
+    return (vmapped(grad) or dual(grad) or torch_modes_active()
+            or (isinstance(grad, torch.Tensor) and (grad.is_neg() or grad.layout is not torch.strided)))
 
 
 def dual(grad) -> bool:
@@ -120,9 +122,12 @@ def once_differentiable(backward: Callable) -> Callable:
         if not torch.is_grad_enabled():
             return backward(ctx, *grads)
         if any(vmapped(g) or dual(g) for g in grads if isinstance(g, torch.Tensor)):
-            # the backward runs torch's ops (backward_runs_torch), recorded: their gradients differentiate
-            # again, and a batched or dual gradient could not be detached and wrapped below
-            return backward(ctx, *grads)
+            # The backward runs torch's ops (backward_runs_torch), recorded: differentiable in the incoming
+            # gradient (vmap, jvp, jacrev over it), and a batched or dual gradient could not be detached and
+            # wrapped below. But they read statistics the kernels saved without a graph (mean, rstd, a
+            # pre-activation): a derivative in the op's inputs must raise, so every gradient also carries a
+            # zero that depends on them through the error node (an empty slice's sum: 0 whatever they hold).
+            return _with_error_anchor(ctx, backward(ctx, *grads))
         with torch.no_grad():
             outputs = backward(ctx, *grads)
         single = not isinstance(outputs, tuple)
@@ -139,6 +144,21 @@ def once_differentiable(backward: Callable) -> Callable:
         return delayed[0] if single else delayed
 
     return wrapper
+
+
+def _with_error_anchor(ctx, outputs):
+    """`outputs` (a backward's gradients), each floating one plus a zero whose gradient in the saved tensors
+    that require grad raises the double-backward error."""
+    saved = [t for t in ctx.saved_tensors if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not saved:
+        return outputs
+    delayed = _DelayedError(_DOUBLE_BACKWARD, len(saved))(*saved)
+    delayed = delayed if isinstance(delayed, tuple) else (delayed,)
+    zero = sum(t.flatten()[:0].sum() for t in delayed)
+    single = not isinstance(outputs, tuple)
+    anchored = tuple(o + zero.to(o.dtype) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                     for o in ((outputs,) if single else outputs))
+    return anchored[0] if single else anchored
 
 
 _DelayedError = torch._C._functions.DelayedError

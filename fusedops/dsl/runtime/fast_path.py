@@ -55,8 +55,9 @@ class _Miss(TypeError):
     """An argument the binder leaves to the full path (a TypeError, like a binding error)."""
 
 
-def _other_key(value, tensor_type) -> tuple:
-    # (value, key slot a, key slot b) of an argument the generated code does not handle inline.
+def _other_key(value, tensor_type, low: Optional[int] = None, high: Optional[int] = None) -> tuple:
+    # (value, key slot a, key slot b) of an argument the generated code does not handle inline; an int outside
+    # [low, high] (an annotated parameter's range) is left to the full path, which raises naming it.
     if isinstance(value, tensor_type):      # a subclass, e.g. torch.nn.Parameter
         if value.is_neg():
             raise _Miss("a negated view")
@@ -64,6 +65,8 @@ def _other_key(value, tensor_type) -> tuple:
         device = value.get_device()
         return address, value.dtype, device if address & 15 else -3 - device
     cls = type(value)
+    if low is not None and (cls is int or cls is bool) and not low <= value <= high:
+        raise _Miss("an int outside its annotated type")
     if cls is int:
         if -0x8000000000000000 <= value <= 0xFFFFFFFFFFFFFFFF:    # int64 / uint64
             return value, _WIDE_INT, ((value > 0x7FFFFFFFFFFFFFFF) + 2 * (value & 15 == 0) + 4 * (value & 15 == 8)
@@ -152,21 +155,29 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
         for number, kind in enumerate([first, *(kind for kind in branches if kind != first)]):
             test, statements = branches[kind]
             body += [f"{'if' if number == 0 else 'elif'} {test}:", *_indented(statements, 4)]
-        body += ["else:", f"    {a}, {k}, {j} = {_PREFIX}other({name}, {_PREFIX}T)"]
+        annotated = _annotated_range(param)
+        bounds = "" if annotated is None else f", {annotated[0]}, {annotated[1]}"
+        body += ["else:", f"    {a}, {k}, {j} = {_PREFIX}other({name}, {_PREFIX}T{bounds})"]
         key += [k, j]
         values.append(a)
     return body, key, values
 
 
+def _annotated_range(param) -> Optional[tuple]:
+    """(low, high) of the ints an integer-annotated `param` holds (int1: 0 and 1), or None."""
+    dtype = getattr(param, "annotation", None)
+    if not (isinstance(dtype, DType) and dtype.is_integer):
+        return None
+    if dtype.is_bool:
+        return 0, 1
+    bits = dtype.bits
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+
+
 def _int_range(param) -> tuple:
     """The ints the generated code takes inline for `param`: int32's, within an integer annotation's."""
-    low, high = -0x80000000, 0x7FFFFFFF
-    dtype = getattr(param, "annotation", None)
-    if isinstance(dtype, DType) and dtype.is_integer and not dtype.is_bool:
-        bits = dtype.bits
-        low, high = (max(low, -(1 << (bits - 1))), min(high, (1 << (bits - 1)) - 1)) if dtype.is_signed \
-            else (0, min(high, (1 << bits) - 1))
-    return low, high
+    annotated = _annotated_range(param) or (-0x80000000, 0x7FFFFFFF)
+    return max(annotated[0], -0x80000000), min(annotated[1], 0x7FFFFFFF)
 
 
 def _namespace(params: Sequence, tensor_type) -> Optional[dict]:
