@@ -720,9 +720,9 @@ def _float_pair(x: float) -> tuple:
     """(hi, lo) float32 values with hi + lo = x to ~48 bits: float kernel arguments are float32, and
     the float64 interpreter runs (gradcheck) need the scale to more than float32 precision."""
     import numpy as np
-    with np.errstate(over="ignore"):        # past float32's range: (+-inf, 0), as torch's float32 scale
-        hi = float(np.float32(x))
-    return hi, float(np.float32(x - hi)) if np.isfinite(hi) else 0.0
+    with np.errstate(over="ignore", invalid="ignore"):     # past float32's range: hi + lo is NaN, as torch's
+        hi = float(np.float32(x))                           # scaled scores give (inf - inf)
+        return hi, float(np.float32(x - hi))
 
 
 def _check_grid(blocks: int, what: str) -> None:
