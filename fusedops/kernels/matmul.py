@@ -103,8 +103,9 @@ def matmul_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K,
     acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        a = dsl.load(a_rows + kk.to(dsl.int64)[None, :] * stride_ak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        b = dsl.load(b_cols + kk.to(dsl.int64)[:, None] * stride_bk, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        k64 = kk.to(dsl.int64)      # int64 offsets: a K stride times K may pass 2**31
+        a = dsl.load(a_rows + k64[None, :] * stride_ak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = dsl.load(b_cols + k64[:, None] * stride_bk, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = dsl.dot(a, b, acc)
 
     if HAS_BIAS:

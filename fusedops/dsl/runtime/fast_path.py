@@ -100,9 +100,9 @@ def _branches(name: str, a: str, k: str, j: str, int_range: tuple = (-0x80000000
     set its value `a` and its key slots `k` and `j`). The slots hold what `signature.specialize`
     reads: a tensor's dtype, and its device d and 16-byte alignment as d, or -3 - d when aligned
     (devices are >= -1, so the two ranges do not meet); an int32's class and whether it is 1, divisible
-    by 16 or else by 8 (each positive, 16 / 8, or not, 17 / 9); the class of a float or None. A tensor with the
-    negative bit (a lazily negated view) is left to the full path, which refuses it; `int_range`: the ints
-    taken inline (an annotated parameter's narrower range: others go to the full path's range check)."""
+    by 16 or else by 8 (each positive, 16 / 8, or not, 17 / 9); the class of a float or None. A tensor
+    with the negative bit (a lazily negated view) is left to the full path, which refuses it; `int_range`:
+    the ints taken inline (an annotated parameter's narrower range: others go to the full path's check)."""
     p = _PREFIX
     low, high = int_range
     return {
