@@ -62,6 +62,7 @@ from fusedops.nn.linear import linear as fused_linear
 from host_jit import run_on_host
 from kernel_source import jit_from_source
 from test_launch_fast_path import _cuda, gpu  # noqa: F401  (the mocked driver: a fixture, fake CUDA tensors)
+from test_review_session25_launch import _descriptor_matmul
 
 D = torch.float64
 
@@ -447,23 +448,6 @@ def test_annotated_int_positive_hint_and_uint64_above_int64(gpu):
         key = [k for k in kernel._cache if k.arch][-1]
         assert (key.args[1].positive, key.args[2].positive) == (a > 0, u > 0)
         assert _launched(kernel, gpu[-1][1])[1:] == (a, u)
-
-
-def _descriptor_matmul():
-    def desc_mm(c_ptr, a_ptr, b_ptr, M, N, K, s_am, s_bk, s_cm,
-                BM: dsl.constexpr, BN: dsl.constexpr, BK: dsl.constexpr):
-        pm = dsl.program_id(0)
-        pn = dsl.program_id(1)
-        da = dsl.make_tensor_descriptor(a_ptr, (M, K), (s_am, 1), (BM, BK))
-        db = dsl.make_tensor_descriptor(b_ptr, (K, N), (s_bk, 1), (BK, BN))
-        acc = dsl.zeros((BM, BN), dsl.float32)
-        for k in range(0, K, BK):
-            acc = dsl.dot(da.load((pm * BM, k)), db.load((k, pn * BN)), acc)
-        rm = pm * BM + dsl.arange(0, BM)
-        rn = pn * BN + dsl.arange(0, BN)
-        dsl.store(c_ptr + rm[:, None] * s_cm + rn[None, :], acc.to(dsl.float16),
-                  mask=(rm[:, None] < M) & (rn[None, :] < N))
-    return dsl.jit(desc_mm)
 
 
 def test_descriptor_with_a_negative_row_stride_keeps_the_masked_load(gpu, monkeypatch):
