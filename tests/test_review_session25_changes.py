@@ -62,7 +62,7 @@ from fusedops.nn.linear import linear as fused_linear
 from host_jit import run_on_host
 from kernel_source import jit_from_source
 from test_launch_fast_path import _cuda, gpu  # noqa: F401  (the mocked driver: a fixture, fake CUDA tensors)
-from test_review_session25_launch import _descriptor_matmul
+from test_review_session25_launch import _descriptor_matmul, _strided_copy_kernel
 
 D = torch.float64
 
@@ -401,14 +401,6 @@ def test_linear_with_a_weight_that_is_not_2d_raises_torchs_runtime_error(interpr
 # ================================================================================================
 # (4) the launcher: positive hints, negative bits, sparse tensors, ranges, do_not_specialize
 # ================================================================================================
-def _strided_copy():
-    def strided_copy(x_ptr, y_ptr, stride, n, BLOCK: dsl.constexpr):
-        offs = dsl.arange(0, BLOCK)
-        m = offs < n
-        dsl.store(y_ptr + offs, dsl.load(x_ptr + offs * stride, mask=m), mask=m)
-    return dsl.jit(strided_copy)
-
-
 def _launched(kernel, params: int) -> tuple:
     entries = [e for e in kernel._cache.values() if e.compiled is not None]
     return entries[-1].compiled.launcher(0).packer.read(params)
@@ -419,7 +411,7 @@ def _stride_specs(kernel) -> set:
 
 
 def test_positive_and_non_positive_multiples_of_16_take_their_own_kernels_and_plans(gpu):
-    kernel = _strided_copy()
+    kernel = _strided_copy_kernel()
     x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
     strides = (16, 32, 0, -16, -32, 16, 0, 2 ** 40, -2 ** 40, 2 ** 40 + 16, -2 ** 31, 2 ** 31 - 15, 3, -3)
     for stride in strides:
@@ -623,7 +615,7 @@ def test_do_not_specialize_indices():
 
 
 def test_do_not_specialize_int_shares_one_kernel_for_every_sign(gpu):
-    kernel = _strided_copy()
+    kernel = _strided_copy_kernel()
     kernel = dsl.jit(do_not_specialize=["stride"])(kernel.fn)
     x, y = _cuda(torch.zeros(64)), _cuda(torch.zeros(64))
     for stride in (16, -16, 0, 1, 3):

@@ -136,7 +136,7 @@ def once_differentiable(backward: Callable) -> Callable:
         # error node also takes the saved tensors that require grad, so that differentiating a gradient
         # with respect to the op's input (torch.autograd.grad(g, x)) reaches it and raises, rather than
         # finding x unused (None with allow_unused: a silent zero second derivative)
-        saved = [t for t in ctx.saved_tensors if isinstance(t, torch.Tensor) and t.requires_grad]
+        saved = _saved_requiring_grad(ctx)
         delayed = _DelayedError(_DOUBLE_BACKWARD, len(outputs) + len(saved))(
             *[t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
               for t in outputs], *saved)
@@ -146,10 +146,15 @@ def once_differentiable(backward: Callable) -> Callable:
     return wrapper
 
 
+def _saved_requiring_grad(ctx) -> list:
+    """The tensors a backward's context saved that require grad: what its error node connects to."""
+    return [t for t in ctx.saved_tensors if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
 def _with_error_anchor(ctx, outputs):
     """`outputs` (a backward's gradients), each floating one plus a zero whose gradient in the saved tensors
     that require grad raises the double-backward error."""
-    saved = [t for t in ctx.saved_tensors if isinstance(t, torch.Tensor) and t.requires_grad]
+    saved = _saved_requiring_grad(ctx)
     if not saved:
         return outputs
     delayed = _DelayedError(_DOUBLE_BACKWARD, len(saved))(*saved)

@@ -84,12 +84,11 @@ def bind_arguments(function, args: Sequence, names: Sequence[str]) -> BoundArgum
             try:
                 value = numerics.from_python(arg, param.type)
             except OverflowError as error:
-                if param.type.is_floating:      # an int past float64's range: as a GPU launch packs it
-                    raise LaunchError(f"argument `{name}` of kernel {function.name}: expected a float within "
-                                      f"{param.type}'s range, got {arg!r}") from None
-                raise ValueError(f"argument {name!r} of kernel {function.name}: {error}") from None
-            if param.type in (float16, float32) and np.isinf(value) and np.isfinite(float(arg)):
-                # as a GPU launch packs it (launcher_args.ParamKind): a finite float past the type's range
+                if not param.type.is_floating:
+                    raise ValueError(f"argument {name!r} of kernel {function.name}: {error}") from None
+                value = None        # an int past float64's range
+            if value is None or (param.type in (float16, float32) and np.isinf(value) and np.isfinite(float(arg))):
+                # as a GPU launch packs it (launcher_args.ParamKind): a finite number past the type's range
                 raise LaunchError(f"argument `{name}` of kernel {function.name}: expected a float within "
                                   f"{param.type}'s range, got {arg!r}")
             values.append(value)

@@ -219,10 +219,7 @@ def _tma_store_box(block_shape: tuple, contiguous_dim: int, itemsize: int) -> bo
 def _divisible_by(function: Function, value: Value, factor: int) -> bool:
     """Whether kernel argument `value` was specialized as divisible by `factor` (a pointer: bytes; an int:
     itself)."""
-    if not (isinstance(value.owner, Block) and value.owner.parent is None):
-        return False
-    hints = function.arg_hints or []
-    return value.index < len(hints) and hints[value.index].get("divisibility", 1) >= factor
+    return (_hint(function, value, "divisibility") or 1) >= factor
 
 
 def _hint(function: Function, value: Value, name: str):

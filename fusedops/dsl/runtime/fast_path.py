@@ -46,7 +46,7 @@ from typing import Callable, Optional, Sequence
 
 from ..language import core
 from ..language.dtypes import DType
-from .signature import _constexpr_key as tuple_key
+from .signature import _constexpr_key as tuple_key, integer_range
 
 _PREFIX = "_jit_"     # the generated code's own names; kernel parameters may not start with it
 
@@ -166,12 +166,7 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
 def _annotated_range(param) -> Optional[tuple]:
     """(low, high) of the ints an integer-annotated `param` holds (int1: 0 and 1), or None."""
     dtype = getattr(param, "annotation", None)
-    if not (isinstance(dtype, DType) and dtype.is_integer):
-        return None
-    if dtype.is_bool:
-        return 0, 1
-    bits = dtype.bits
-    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+    return integer_range(dtype) if isinstance(dtype, DType) and dtype.is_integer else None
 
 
 def _int_range(param) -> tuple:

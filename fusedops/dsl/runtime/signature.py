@@ -169,11 +169,26 @@ def _annotated_scalar(kernel: str, param: Parameter, value) -> ArgSpec:
         raise TypeError(f"{where}; got {value!r}, which is not {'a bool' if dtype.is_bool else 'an int'}")
     if dtype.is_bool:
         return ArgSpec(param.name, dtype)
-    low, high = (-(1 << (dtype.bits - 1)), 1 << (dtype.bits - 1)) if dtype.is_signed else (0, 1 << dtype.bits)
-    if not low <= value < high:
-        raise TypeError(f"{where}; got {value}, outside its range [{low}, {high - 1}]")
+    low, high = integer_range(dtype)
+    if not low <= value <= high:
+        raise TypeError(f"{where}; got {value}, outside its range [{low}, {high}]")
+    return _int_spec(param, dtype, value)
+
+
+def integer_range(dtype: DType) -> tuple:
+    """(low, high), both included: the values of integer type `dtype` (int1: 0 and 1)."""
+    if dtype.is_bool:
+        return 0, 1
+    if dtype.is_signed:
+        return -(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1
+    return 0, (1 << dtype.bits) - 1
+
+
+def _int_spec(param: Parameter, type_: DType, value: int) -> ArgSpec:
+    """The ArgSpec of int `value` as a runtime argument of `type_`: whether it equals 1, is divisible by 16 or
+    else by 8 and then positive (unless the parameter is in do_not_specialize)."""
     special = not param.do_not_specialize
-    return ArgSpec(param.name, dtype, equal_to_one=special and value == 1, divisible_by_16=special and value % 16 == 0,
+    return ArgSpec(param.name, type_, equal_to_one=special and value == 1, divisible_by_16=special and value % 16 == 0,
                    divisible_by_8=special and value % 16 == 8, positive=special and value % 8 == 0 and value > 0)
 
 
@@ -221,11 +236,7 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
                 type_ = int_type(value)
             except OverflowError as e:
                 raise TypeError(f"argument `{param.name}` of kernel `{kernel}`: {e}") from None
-            special = not param.do_not_specialize
-            specs.append(ArgSpec(param.name, type_, equal_to_one=special and value == 1,
-                                 divisible_by_16=special and value % 16 == 0,
-                                 divisible_by_8=special and value % 16 == 8,
-                                 positive=special and value % 8 == 0 and value > 0))
+            specs.append(_int_spec(param, type_, value))
         elif type(value) is np.float64:       # a float64 scalar asked for by its type (a float subclass)
             specs.append(ArgSpec(param.name, dtypes.float64))
         elif isinstance(value, float):
