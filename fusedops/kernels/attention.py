@@ -239,14 +239,12 @@ def attention_forward_kernel(
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
     re = dsl.arange(0, BLOCK_E)
-    re64 = re.to(dsl.int64)          # int64 offsets: a head-dim stride times E may pass 2**31
     rev = dsl.arange(0, BLOCK_EV)
-    rev64 = rev.to(dsl.int64)
     q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rm.to(dsl.int64)[:, None] * stride_qm
-                 + re64[None, :] * stride_qe,
+                 + re.to(dsl.int64)[None, :] * stride_qe,
                  mask=(rm[:, None] < L) & (re[None, :] < E), other=0.0)
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re64[:, None] * stride_ke
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh + rev64[None, :] * stride_ve
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re.to(dsl.int64)[:, None] * stride_ke
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh + rev.to(dsl.int64)[None, :] * stride_ve
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
 
     end_n = S
@@ -283,7 +281,7 @@ def attention_forward_kernel(
     lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
     dsl.store(lse_row, dsl.where(empty, float("inf"), hi), mask=rm < L)
     dsl.store(lse_row + L, dsl.where(empty, 0.0, lo), mask=rm < L)
-    o = o_ptr + b * stride_ob + h * stride_oh + rm.to(dsl.int64)[:, None] * stride_om + rev64[None, :] * stride_oe
+    o = o_ptr + b * stride_ob + h * stride_oh + rm.to(dsl.int64)[:, None] * stride_om + rev.to(dsl.int64)[None, :] * stride_oe
     dsl.store(o, acc.to(o_ptr.dtype.element), mask=(rm[:, None] < L) & (rev[None, :] < EV))
 
 
@@ -299,12 +297,11 @@ def attention_backward_preprocess_kernel(
     h = (bh % H).to(dsl.int64)
     rm = dsl.program_id(1) * BLOCK_M + dsl.arange(0, BLOCK_M)
     rev = dsl.arange(0, BLOCK_EV)
-    rev64 = rev.to(dsl.int64)
     mask = (rm[:, None] < L) & (rev[None, :] < EV)
     rows = rm.to(dsl.int64)[:, None]
-    o = dsl.load(o_ptr + b * stride_ob + h * stride_oh + rows * stride_om + rev64[None, :] * stride_oe,
+    o = dsl.load(o_ptr + b * stride_ob + h * stride_oh + rows * stride_om + rev.to(dsl.int64)[None, :] * stride_oe,
                  mask=mask, other=0.0)
-    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows * stride_dom + rev64[None, :] * stride_doe,
+    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows * stride_dom + rev.to(dsl.int64)[None, :] * stride_doe,
                   mask=mask, other=0.0)
     delta = dsl.sum(o.to(ACC) * do.to(ACC), axis=1)
     dsl.store(delta_ptr + bh.to(dsl.int64) * L + rm, delta, mask=rm < L)
@@ -405,12 +402,10 @@ def attention_backward_dkdv_kernel(
     rn = pid_n * BLOCK_N + dsl.arange(0, BLOCK_N)
     rm0 = dsl.arange(0, BLOCK_M)
     re = dsl.arange(0, BLOCK_E)
-    re64 = re.to(dsl.int64)          # int64 offsets: a head-dim stride times E may pass 2**31
     rev = dsl.arange(0, BLOCK_EV)
-    rev64 = rev.to(dsl.int64)
     rows_n = rn.to(dsl.int64)[:, None]
-    k = k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn + re64[None, :] * stride_ke
-    v = v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn + rev64[None, :] * stride_ve
+    k = k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn + re.to(dsl.int64)[None, :] * stride_ke
+    v = v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn + rev.to(dsl.int64)[None, :] * stride_ve
     if not KV_RING:
         k = dsl.load(k, mask=(rn[:, None] < S) & (re[None, :] < E), other=0.0)
         v = dsl.load(v, mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
@@ -424,10 +419,10 @@ def attention_backward_dkdv_kernel(
         bh = b * (H_KV * GROUP) + h
         q_head = q_ptr + b * stride_qb + h * stride_qh
         do_head = do_ptr + b * stride_dob + h * stride_doh
-        qt_base = q_head + re64[:, None] * stride_qe
-        q_base = q_head + re64[None, :] * stride_qe
-        do_base = do_head + rev64[None, :] * stride_doe
-        dot_base = do_head + rev64[:, None] * stride_doe
+        qt_base = q_head + re.to(dsl.int64)[:, None] * stride_qe
+        q_base = q_head + re.to(dsl.int64)[None, :] * stride_qe
+        do_base = do_head + rev.to(dsl.int64)[None, :] * stride_doe
+        dot_base = do_head + rev.to(dsl.int64)[:, None] * stride_doe
         mask_base = mask_ptr + b * stride_mb + h * stride_mh
         for m0 in range(start_m, L, BLOCK_M):
             dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * (2 * L),
@@ -436,10 +431,10 @@ def attention_backward_dkdv_kernel(
                                 KV_RING, EARLY_DP and MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn
-              + re64[None, :] * stride_dke,
+              + re.to(dsl.int64)[None, :] * stride_dke,
               dk.to(dk_ptr.dtype.element), mask=(rn[:, None] < S) & (re[None, :] < E))
     dsl.store(dv_ptr + b * stride_dvb + kvh.to(dsl.int64) * stride_dvh + rows_n * stride_dvn
-              + rev64[None, :] * stride_dve,
+              + rev.to(dsl.int64)[None, :] * stride_dve,
               dv.to(dv_ptr.dtype.element), mask=(rn[:, None] < S) & (rev[None, :] < EV))
 
 
@@ -509,19 +504,17 @@ def attention_backward_dq_kernel(
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
     re = dsl.arange(0, BLOCK_E)
-    re64 = re.to(dsl.int64)          # int64 offsets: a head-dim stride times E may pass 2**31
     rev = dsl.arange(0, BLOCK_EV)
-    rev64 = rev.to(dsl.int64)
     rows_m = rm.to(dsl.int64)[:, None]
-    q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rows_m * stride_qm + re64[None, :] * stride_qe,
+    q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rows_m * stride_qm + re.to(dsl.int64)[None, :] * stride_qe,
                  mask=(rm[:, None] < L) & (re[None, :] < E), other=0.0)
-    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom + rev64[None, :] * stride_doe,
+    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom + rev.to(dsl.int64)[None, :] * stride_doe,
                   mask=(rm[:, None] < L) & (rev[None, :] < EV), other=0.0)
     lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
     delta_row = delta_ptr + bh.to(dsl.int64) * L + rm
-    kt_base = k_ptr + b * stride_kb + kvh * stride_kh + re64[:, None] * stride_ke
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re64[None, :] * stride_ke
-    vt_base = v_ptr + b * stride_vb + kvh * stride_vh + rev64[:, None] * stride_ve
+    kt_base = k_ptr + b * stride_kb + kvh * stride_kh + re.to(dsl.int64)[:, None] * stride_ke
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh + re.to(dsl.int64)[None, :] * stride_ke
+    vt_base = v_ptr + b * stride_vb + kvh * stride_vh + rev.to(dsl.int64)[:, None] * stride_ve
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
     dq = dsl.zeros((BLOCK_M, BLOCK_E), ACC)
     end_n = S
@@ -537,7 +530,7 @@ def attention_backward_dq_kernel(
                       E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
                       True)
     dq = dq * (scale_hi.to(ACC) + scale_lo.to(ACC))
-    dsl.store(dq_ptr + b * stride_dqb + h * stride_dqh + rows_m * stride_dqm + re64[None, :] * stride_dqe,
+    dsl.store(dq_ptr + b * stride_dqb + h * stride_dqh + rows_m * stride_dqm + re.to(dsl.int64)[None, :] * stride_dqe,
               dq.to(dq_ptr.dtype.element), mask=(rm[:, None] < L) & (re[None, :] < E))
 
 
