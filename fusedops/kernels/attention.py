@@ -281,7 +281,8 @@ def attention_forward_kernel(
     lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
     dsl.store(lse_row, dsl.where(empty, float("inf"), hi), mask=rm < L)
     dsl.store(lse_row + L, dsl.where(empty, 0.0, lo), mask=rm < L)
-    o = o_ptr + b * stride_ob + h * stride_oh + rm.to(dsl.int64)[:, None] * stride_om + rev.to(dsl.int64)[None, :] * stride_oe
+    o = (o_ptr + b * stride_ob + h * stride_oh + rm.to(dsl.int64)[:, None] * stride_om
+         + rev.to(dsl.int64)[None, :] * stride_oe)
     dsl.store(o, acc.to(o_ptr.dtype.element), mask=(rm[:, None] < L) & (rev[None, :] < EV))
 
 
@@ -301,7 +302,8 @@ def attention_backward_preprocess_kernel(
     rows = rm.to(dsl.int64)[:, None]
     o = dsl.load(o_ptr + b * stride_ob + h * stride_oh + rows * stride_om + rev.to(dsl.int64)[None, :] * stride_oe,
                  mask=mask, other=0.0)
-    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows * stride_dom + rev.to(dsl.int64)[None, :] * stride_doe,
+    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows * stride_dom
+                  + rev.to(dsl.int64)[None, :] * stride_doe,
                   mask=mask, other=0.0)
     delta = dsl.sum(o.to(ACC) * do.to(ACC), axis=1)
     dsl.store(delta_ptr + bh.to(dsl.int64) * L + rm, delta, mask=rm < L)
@@ -404,8 +406,10 @@ def attention_backward_dkdv_kernel(
     re = dsl.arange(0, BLOCK_E)
     rev = dsl.arange(0, BLOCK_EV)
     rows_n = rn.to(dsl.int64)[:, None]
-    k = k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn + re.to(dsl.int64)[None, :] * stride_ke
-    v = v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn + rev.to(dsl.int64)[None, :] * stride_ve
+    k = (k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn
+         + re.to(dsl.int64)[None, :] * stride_ke)
+    v = (v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn
+         + rev.to(dsl.int64)[None, :] * stride_ve)
     if not KV_RING:
         k = dsl.load(k, mask=(rn[:, None] < S) & (re[None, :] < E), other=0.0)
         v = dsl.load(v, mask=(rn[:, None] < S) & (rev[None, :] < EV), other=0.0)
@@ -508,7 +512,8 @@ def attention_backward_dq_kernel(
     rows_m = rm.to(dsl.int64)[:, None]
     q = dsl.load(q_ptr + b * stride_qb + h * stride_qh + rows_m * stride_qm + re.to(dsl.int64)[None, :] * stride_qe,
                  mask=(rm[:, None] < L) & (re[None, :] < E), other=0.0)
-    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom + rev.to(dsl.int64)[None, :] * stride_doe,
+    do = dsl.load(do_ptr + b * stride_dob + h * stride_doh + rows_m * stride_dom
+                  + rev.to(dsl.int64)[None, :] * stride_doe,
                   mask=(rm[:, None] < L) & (rev[None, :] < EV), other=0.0)
     lse_row = lse_ptr + bh.to(dsl.int64) * (2 * L) + rm
     delta_row = delta_ptr + bh.to(dsl.int64) * L + rm
