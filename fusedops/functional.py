@@ -337,7 +337,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             so do the heads unless enable_gqa. Any L, S >= 0 (S = 0 gives zeros, like torch).
         attn_mask: None, a boolean mask (True = take part in attention) or an additive float mask
             (float32 or query's dtype), broadcastable to (..., H, L, S). Rows whose every key is masked
-            give 0 (as torch does) with zero, finite gradients.
+            give 0 (as torch does) with zero, finite gradients. A boolean mask's False keys are dropped
+            from the softmax, so a NaN or inf in their q . k does not reach the output (pytorch#101967),
+            where torch's math backend adds -inf and gives NaN; their values still meet P = 0 in P @ V (a
+            NaN value there gives NaN, as in torch). An additive -inf is added, as in torch.
         dropout_p: must be 0.0 where the fusedops kernels run (NotImplementedError otherwise).
         is_causal: a causal mask aligned to the top-left corner, as torch's: query i attends to keys
             j <= i, also when L != S. May be combined with attn_mask (both apply).

@@ -236,6 +236,21 @@ def gqa_heads_differ(query, key, value, enable_gqa) -> bool:
     return bool(enable_gqa) and query.dim() >= 3 and (key.size(-3) != value.size(-3) or query.size(-3) == 0)
 
 
+# The largest |scale| * log2(e) the kernels take: the scale reaches them as float32 (hi, lo) pairs
+# (kernels.attention._float_pair).
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def scale_beyond_kernels(query, scale) -> bool:
+    """A finite float64 `scale` whose base-2 factor is past float32's range: the kernels' (hi, lo) pair would
+    be inf / NaN (NaN output) where torch's float64 softmax stays finite, so torch's op runs it (16-bit and
+    float32 scores overflow the same way in torch)."""
+    if scale is None or query.dtype != torch.float64:
+        return False
+    factor = abs(float(scale)) * _kernels.LOG2E
+    return math.isfinite(float(scale)) and factor >= _FLOAT32_MAX
+
+
 def dropout_not_implemented(dropout_p: float) -> NotImplementedError:
     """The error for attention dropout, which the fusedops kernels do not implement."""
     return NotImplementedError(
@@ -275,7 +290,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale, is_causal)
     native = (not _runs_kernels(query) or value.size(-1) > _kernels.MAX_HEAD_DIM or query.size(-1) == 0
               or (attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled())
-              or gqa_heads_differ(query, key, value, enable_gqa))
+              or gqa_heads_differ(query, key, value, enable_gqa) or scale_beyond_kernels(query, scale))
     if native:
         return torch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p > 0.0:

@@ -12,8 +12,11 @@ strided views of the projections (no copies); otherwise torch's exact forward ru
 Mask conventions are torch.nn.MultiheadAttention's: a boolean attn_mask / key_padding_mask marks
 positions that may *not* be attended (True = masked, the opposite of scaled_dot_product_attention's
 boolean mask); float masks are added to the logits. The flash path checks the inputs and masks as torch's
-forward does (ranks, shapes, bool or floating masks; torch's error types and messages), but casts a float
-mask of another floating dtype than the query's to the query's, where torch's SDPA rejects some of those.
+forward does (ranks, shapes, bool or floating masks, projection weights against the input widths; torch's
+error types and messages). A float mask keeps its values as torch's forward does: one in float32 or the
+query's dtype is read as it is (a float32 mask of a 16-bit module is not rounded to 16 bits); one of another
+floating dtype, which torch's SDPA rejects in some cases, is cast to float32 (16-bit queries) or the
+query's dtype.
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ from fusedops import functional
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of an attn_mask / key_padding_mask for queries of `dtype` (see the module docstring:
+    a float mask keeps float32, or the query's dtype)."""
     if mask.dtype == torch.bool:
         # out of place: under torch.vmap a per-sample mask cannot be written into an unbatched tensor
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
-    return mask.to(dtype)
+    if mask.dtype in (dtype, torch.float32):
+        return mask
+    return mask.to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
 
 
 def _check_mask_dtype(mask: Optional[torch.Tensor], name: str) -> None:
@@ -62,12 +69,21 @@ def _check_ranks(query, key, value, key_padding_mask, attn_mask, heads: int) -> 
     return not batched
 
 
+def _check_projection(name: str, weight: torch.Tensor, bias: Optional[torch.Tensor], embed: int, width: int):
+    # torch's _in_projection checks of one separate projection (kdim / vdim modules)
+    if weight.shape != (embed, width):
+        raise AssertionError(f"expecting {name} weights shape of {(embed, width)}, but got {weight.shape}")
+    if bias is not None and bias.shape != (embed,):
+        raise AssertionError(f"expecting {name} bias shape of {(embed,)}, but got {bias.shape}")
+
+
 def _check_inputs(query, key, value, key_padding_mask, attn_mask, embed_dim: int, heads: int,
                   same_embed_dim: bool) -> None:
     """The checks of torch.nn.functional.multi_head_attention_forward, with its error types and messages,
     for (L, N, E) / (S, N, E_k) / (S, N, E_v) inputs (unbatched ones already given a batch dim of 1), so that
     the flash path rejects what torch's forward rejects instead of reading masks of other shapes. In torch's
-    order: embedding dims, key and value shapes, the attn_mask's shape, then the key_padding_mask's."""
+    order: embedding dims, key and value shapes, the attn_mask's shape, then the key_padding_mask's (the
+    separate projections' weights against the inputs' widths: `_check_projection`, where torch projects)."""
     length_q, batch, embed = query.shape
     length_k = key.size(0)
     if embed != embed_dim:
@@ -135,6 +151,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         else:
             w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         b_q, b_k, b_v = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None,) * 3
+        if not self._qkv_same_embed_dim:
+            for name, x, weight, bias in (("query", query, w_q, b_q), ("key", key, w_k, b_k),
+                                          ("value", value, w_v, b_v)):
+                _check_projection(name, weight, bias, embed, x.size(-1))
 
         def heads_view(x, weight, bias, length):     # (length, N, E) -> (N, H, length, head_dim), a view
             return F.linear(x, weight, bias).view(length, batch, heads, head_dim).permute(1, 2, 0, 3)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import linecache
 import textwrap
 from typing import Optional
 
@@ -46,27 +47,65 @@ class SourceInfo:
                         self.name, line_text.rstrip("\n"))
 
 
-def parse_function(fn) -> SourceInfo:
-    """Parse the source of the plain Python function `fn`.
+@dataclasses.dataclass(frozen=True)
+class SourceText:
+    """The text of the file that defines a function, as it was when the function was decorated (read then,
+    parsed at its first compile): an edit of the file after the import neither changes the kernel nor
+    shifts another function's lines into it. `lines` is empty where the file cannot be read (`error`)."""
+
+    file: str
+    lines: tuple
+    error: str = ""
+
+
+def read_source(fn) -> SourceText:
+    """The SourceText of the plain Python function `fn` (linecache's lines of its file: cheap, one read
+    per file)."""
+    try:
+        file = inspect.getsourcefile(fn) or inspect.getfile(fn)
+    except (OSError, TypeError) as e:
+        return SourceText("", (), str(e))
+    linecache.checkcache(file)
+    lines = linecache.getlines(file, fn.__globals__)
+    return SourceText(file, tuple(lines), "" if lines else f"could not get the source of {file}")
+
+
+def parse_function(fn, text: Optional[SourceText] = None) -> SourceInfo:
+    """Parse the source of the plain Python function `fn` from `text` (read_source(fn) by default).
 
     Raises:
         CompilationError: the source cannot be found (a function typed into a REPL or built with
-            `exec`), or it is not a `def` (a lambda).
+            `exec`), it is not a `def` (a lambda), or the text at the function's line defines another
+            function (its file changed before it was read).
     """
+    name = getattr(fn, "__name__", fn)
+    text = read_source(fn) if text is None else text
+    first = fn.__code__.co_firstlineno      # the first decorator's line, or the def's
+    if not text.lines or not 0 < first <= len(text.lines):
+        reason = text.error or f"line {first} is past the end of {text.file}"
+        raise CompilationError(f"cannot read the source of `{name}` ({reason}); kernels must be defined with "
+                               "`def` in a file")
     try:
-        lines, first_line = inspect.getsourcelines(fn)
-        file = inspect.getsourcefile(fn) or inspect.getfile(fn)
-    except (OSError, TypeError) as e:
-        raise CompilationError(f"cannot read the source of `{getattr(fn, '__name__', fn)}` ({e}); kernels must "
-                               "be defined with `def` in a file") from None
-    text = "".join(lines)
-    dedented = textwrap.dedent(text)
-    indent = _leading_spaces(text) - _leading_spaces(dedented)
-    tree = ast.parse(dedented)
-    function = tree.body[0] if tree.body else None
+        lines = inspect.getblock(list(text.lines[first - 1:]))
+    except (IndexError, SyntaxError):       # tokenizing from a line that no longer starts the function
+        lines = []
+    source = "".join(lines)
+    dedented = textwrap.dedent(source)
+    indent = _leading_spaces(source) - _leading_spaces(dedented)
+    try:
+        tree = ast.parse(dedented)
+    except SyntaxError:
+        tree = None
+    function = tree.body[0] if tree is not None and tree.body else None
     if not isinstance(function, ast.FunctionDef):
-        raise CompilationError(f"`{fn.__name__}` must be defined with `def` (not a lambda) to be compiled")
-    return SourceInfo(fn.__name__, file, first_line, indent, tuple(lines), function, fn.__globals__,
+        if fn.__name__ == "<lambda>":
+            raise CompilationError(f"`{name}` must be defined with `def` (not a lambda) to be compiled")
+        raise CompilationError(f"`{name}` must be defined with `def` to be compiled (line {first} of {text.file} "
+                               "does not start it: was the file changed after it was imported?)")
+    if function.name != fn.__code__.co_name:
+        raise CompilationError(f"the source of `{name}` at line {first} of {text.file} now defines "
+                               f"`{function.name}`: the file changed after it was imported; re-import it")
+    return SourceInfo(fn.__name__, text.file, first, indent, tuple(lines), function, fn.__globals__,
                       _ClosureView(fn))
 
 

@@ -239,12 +239,19 @@ class ExpressionsMixin:
         if name.startswith("__"):
             raise UnsupportedError(f"cannot read `{name}` in a kernel")
         result = getattr(value, name)
-        if not isinstance(value, types.ModuleType):
+        if isinstance(value, types.ModuleType):
+            table = vars(value)
+        elif isinstance(value, type):
+            table = _class_attribute_table(value, name)
+            if table is None:           # from the metaclass (e.g. an Enum member's lookup): read as it is
+                return result
+        else:
             return result
         checked = check_global(f"{ast.unparse(node)}", result)
-        if self.scope.on_global is not None and not isinstance(result, (types.ModuleType, types.FunctionType)):
-            # `module.NAME` is read like a global: a later rebinding of the attribute recompiles the kernel
-            self.scope.on_global(vars(value), name, result)
+        if self.scope.on_global is not None and not isinstance(result, types.FunctionType):
+            # `module.NAME` and `Class.NAME` are read like globals: a later rebinding of the attribute (or of
+            # a module global to another module) recompiles the kernel
+            self.scope.on_global(table, name, table[name])
         return checked
 
     def value_attribute(self, value: Value, name: str):
@@ -256,6 +263,17 @@ class ExpressionsMixin:
             return BoundMethod(core.VALUE_METHODS[name], value)
         methods = ", ".join(f".{m}()" for m in core.VALUE_METHODS)
         raise CompilationError(f"kernel values have no attribute `{name}`; they have .shape, .dtype and {methods}")
+
+
+def _class_attribute_table(cls: type, name: str):
+    """The namespace (`vars`) of the class in `cls`'s MRO that defines attribute `name`, or None where no
+    class there does (the value comes from the metaclass). A kernel that read the attribute recompiles
+    when that entry is rebound; one shadowing it in a subclass later is not seen (a rare edit)."""
+    for klass in cls.__mro__:
+        table = vars(klass)
+        if name in table:
+            return table
+    return None
 
 
 def _holds_runtime(value) -> bool:

@@ -102,7 +102,7 @@ class Scope:
             if name in table:
                 raw = table[name]
                 value = check_global(name, raw)
-                if self.on_global is not None and not isinstance(raw, (types.ModuleType, types.FunctionType)):
+                if self.on_global is not None and not isinstance(raw, types.FunctionType):
                     self.on_global(table, name, raw)
                 return value
         if name in PYTHON_BUILTINS:

@@ -6,7 +6,7 @@ from ..errors import CompilationError
 from ..ir import OpCode, Value
 from .dtypes import (BlockType, DType, PointerType, float32, float64, int1, int8, int32, shape_of,
                      uint8, uint32, with_shape)
-from .shape_ops import check_block_size, shown
+from .shape_ops import check_block_size, compile_time_flag, shown
 
 # PTX cache operators (PTX ISA, "Cache Operators"), by access.
 _LOAD_CACHE_MODIFIERS = ("", ".ca", ".cg", ".cs", ".lu", ".cv")
@@ -80,10 +80,10 @@ class BlockOps:
 
     def _check_cache(self, what: str, modifiers: tuple, cache_modifier, eviction_policy):
         if cache_modifier not in modifiers:
-            raise CompilationError(f"{what}: cache_modifier must be one of {modifiers}, got {cache_modifier!r}")
+            raise CompilationError(f"{what}: cache_modifier must be one of {modifiers}, got {shown(cache_modifier)}")
         if eviction_policy not in _EVICTION_POLICIES:
             raise CompilationError(f"{what}: eviction_policy must be one of {_EVICTION_POLICIES}, "
-                                   f"got {eviction_policy!r}")
+                                   f"got {shown(eviction_policy)}")
 
     # -- reductions and scans ----------------------------------------------------------------------
     def _axis(self, x: Value, axis, what: str) -> int:
@@ -162,10 +162,9 @@ class BlockOps:
         if isinstance(_element(x), PointerType):
             raise CompilationError("cannot cumsum pointers")
         axis = self._axis(x, axis, "cumsum")
-        if isinstance(reverse, Value):
-            raise CompilationError(f"cumsum reverse must be a constexpr bool, got {shown(reverse)}")
         x = self.cast(x, self._accumulation_type(_element(x)))
-        return self.builder.value(OpCode.SCAN, [x], x.type, kind="sum", axis=axis, reverse=bool(reverse))
+        reverse = compile_time_flag(reverse, "cumsum reverse")
+        return self.builder.value(OpCode.SCAN, [x], x.type, kind="sum", axis=axis, reverse=reverse)
 
     # -- dot ---------------------------------------------------------------------------------------
     def dot(self, a, b, acc=None, input_precision=None, out_dtype=None) -> Value:
@@ -191,14 +190,14 @@ class BlockOps:
             raise CompilationError(f"dot supports float16, bfloat16, float32, float64 and int8, got {ea}")
         precision = input_precision or "ieee"
         if precision not in _INPUT_PRECISIONS:
-            raise CompilationError(f"input_precision must be one of {_INPUT_PRECISIONS}, got {precision!r}")
+            raise CompilationError(f"input_precision must be one of {_INPUT_PRECISIONS}, got {shown(precision)}")
         if precision == "tf32" and ea != float32:
             precision = "ieee"
         shape = (sa[0], sb[1])
         check_block_size(shape, "dot result")
         if out_dtype is not None and out_dtype != default_out:
             raise CompilationError(f"dot out_dtype must be {default_out} for {ea} inputs (the accumulation "
-                                   f"dtype), got {out_dtype!r}")
+                                   f"dtype), got {shown(out_dtype)}")
         if acc is None:
             acc = self.constant(0, default_out, shape)
         else:
@@ -212,9 +211,9 @@ class BlockOps:
     # -- atomics -----------------------------------------------------------------------------------
     def _check_atomic(self, sem, scope):
         if sem not in _SEMANTICS:
-            raise CompilationError(f"sem must be one of {_SEMANTICS}, got {sem!r}")
+            raise CompilationError(f"sem must be one of {_SEMANTICS}, got {shown(sem)}")
         if scope not in _SCOPES:
-            raise CompilationError(f"scope must be one of {_SCOPES}, got {scope!r}")
+            raise CompilationError(f"scope must be one of {_SCOPES}, got {shown(scope)}")
 
     def atomic_rmw(self, kind: str, ptr, value, mask=None, sem: str = "acq_rel", scope: str = "gpu") -> Value:
         """Atomically combine `value` into memory; returns the old values."""
@@ -255,7 +254,8 @@ class BlockOps:
         if not isinstance(prefix, str):
             raise CompilationError("device_print's first argument must be a string prefix")
         operands = [self.to_value(v) for v in values]
-        self.builder.create(OpCode.PRINT, operands, [], dict(prefix=prefix, hex=bool(hex)))
+        hex = compile_time_flag(hex, "device_print: hex")
+        self.builder.create(OpCode.PRINT, operands, [], dict(prefix=prefix, hex=hex))
 
     def barrier(self) -> None:
         self.builder.create(OpCode.BARRIER, [], [], {})
@@ -263,14 +263,14 @@ class BlockOps:
     def launch_bounds(self, min_blocks_per_sm) -> None:
         if type(min_blocks_per_sm) is not int or not 1 <= min_blocks_per_sm <= 32:
             raise CompilationError(f"launch_bounds: min_blocks_per_sm must be a constexpr int from 1 to 32, got "
-                                   f"{min_blocks_per_sm!r}")
+                                   f"{shown(min_blocks_per_sm)}")
         self.builder.create(OpCode.LAUNCH_BOUNDS, [], [], dict(min_blocks_per_sm=min_blocks_per_sm))
 
     def cluster_dims(self, size) -> None:
         from ..ir.ops import MAX_CLUSTER_SIZE
         if type(size) is not int or not 1 <= size <= MAX_CLUSTER_SIZE:
             raise CompilationError(f"cluster_dims: size must be a constexpr int from 1 to {MAX_CLUSTER_SIZE}, got "
-                                   f"{size!r}")
+                                   f"{shown(size)}")
         self.builder.create(OpCode.CLUSTER_DIMS, [], [], dict(size=size))
 
     def cluster_sum(self, values) -> tuple:

@@ -58,7 +58,8 @@ def _is_kernel_argument(value: Value) -> bool:
 def _argument_or_constant(semantic, value, what: str) -> Value:
     """`value` as an IR int scalar that is a kernel argument or a constant."""
     if isinstance(value, bool) or not isinstance(value, (int, Value)):
-        raise CompilationError(f"make_tensor_descriptor: {what} must be an int kernel argument or an int, got {value!r}")
+        raise CompilationError(f"make_tensor_descriptor: {what} must be an int kernel argument or an int, "
+                               f"got {shown(value)}")
     if isinstance(value, int):
         return semantic.constant(value, int32 if -2**31 <= value < 2**31 else int64)
     if isinstance(value.type, BlockType) or value.type not in (int32, int64):
@@ -99,14 +100,14 @@ def make_tensor_descriptor(base, shape, strides, block_shape, *, _semantic=None)
 def _offsets(semantic, descriptor, offsets, what: str) -> list:
     """The 2 offsets of a descriptor `what` (load / store) as int32 IR scalars."""
     if not isinstance(descriptor, TensorDescriptor):
-        raise CompilationError(f"{what} expects a tensor descriptor, got {descriptor!r}")
+        raise CompilationError(f"{what} expects a tensor descriptor, got {shown(descriptor)}")
     coordinates = []
     for offset in _pair(offsets, f"{what} offsets", f"descriptor {what}"):
         if isinstance(offset, Value):
             if isinstance(offset.type, BlockType) or offset.type != int32:
                 raise CompilationError(f"descriptor {what} offsets must be int32 scalars, got {offset.type}")
         elif isinstance(offset, bool) or not isinstance(offset, int) or not -2**31 <= offset < 2**31:
-            raise CompilationError(f"descriptor {what} offsets must be int32 scalars, got {offset!r}")
+            raise CompilationError(f"descriptor {what} offsets must be int32 scalars, got {shown(offset)}")
         else:
             offset = semantic.constant(offset, int32)
         coordinates.append(offset)

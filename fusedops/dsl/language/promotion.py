@@ -18,7 +18,8 @@ Broadcasting is NumPy's: shapes align at the right, size-1 dims stretch, missing
 
 from __future__ import annotations
 
-from .dtypes import DType, float32, float64, int1, int32, int64, uint64
+from .dtypes import (DType, float16, float32, float64, int1, int8, int16, int32, int64, uint8, uint16, uint32,
+                     uint64)
 
 
 class PromotionError(TypeError):
@@ -76,6 +77,16 @@ def literal_fits(value, dtype: DType) -> bool:
     if isinstance(value, float):
         return dtype.is_floating
     return False
+
+
+def ints_of_bits(bits: int) -> tuple:
+    """The integer types `bits` wide, signed first (the types an int literal's bits may take)."""
+    return {8: (int8, uint8), 16: (int16, uint16), 32: (int32, uint32), 64: (int64, uint64)}.get(bits, ())
+
+
+def float_of_bits(bits: int) -> DType:
+    """The float type a float literal takes to be `bits` wide (float16 for 16: bfloat16 has no literals)."""
+    return {16: float16, 32: float32, 64: float64}.get(bits, float32)
 
 
 def broadcast_shapes(a: tuple, b: tuple) -> tuple:

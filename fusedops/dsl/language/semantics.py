@@ -19,7 +19,7 @@ from . import promotion
 from .block_ops import BlockOps
 from .dtypes import (BlockType, DType, PointerType, float32, int1, int32, int64, shape_of, with_element,
                      with_shape)
-from .shape_ops import ShapeOps
+from .shape_ops import ShapeOps, compile_time_flag, shown
 
 _BINARY = {
     "add": OpCode.ADD, "sub": OpCode.SUB, "mul": OpCode.MUL, "truediv": OpCode.DIV,
@@ -123,10 +123,16 @@ class Semantics(ShapeOps, BlockOps):
 
     # -- casts -------------------------------------------------------------------------------------
     def cast(self, x, dtype, bitcast: bool = False) -> Value:
-        """Convert `x` to element type `dtype` (a value conversion; `bitcast` reinterprets bits)."""
-        x = self.to_value(x, dtype if isinstance(dtype, DType) else None)
+        """Convert `x` to element type `dtype` (a value conversion; `bitcast` reinterprets bits). A literal
+        bitcast keeps its own bits: an int literal is the integer of dtype's width that holds it (signed
+        first: 0x7F800000 -> float32 is inf), a float literal float32 / float64 as dtype is 32 / 64 bits."""
+        bitcast = compile_time_flag(bitcast, "cast: bitcast")
         if not isinstance(dtype, (DType, PointerType)):
-            raise CompilationError(f"cast target must be a dsl dtype such as dsl.float32, got {dtype!r}")
+            raise CompilationError(f"cast target must be a dsl dtype such as dsl.float32, got {shown(dtype)}")
+        if bitcast:
+            x = self._bitcast_literal(x, dtype)
+        else:
+            x = self.to_value(x, dtype if isinstance(dtype, DType) else None)
         source = element_of(x)
         if source == dtype:
             return x
@@ -142,6 +148,19 @@ class Semantics(ShapeOps, BlockOps):
             if other not in (int64,) and not (isinstance(other, DType) and other.kind == "uint" and other.bits == 64):
                 raise CompilationError(f"pointers convert only to and from 64-bit integers, not {other}")
         return self.builder.value(OpCode.CAST, [x], with_element(x.type, dtype))
+
+    def _bitcast_literal(self, x, dtype) -> Value:
+        """The IR value of the bits of `x` (a literal: see `cast`; an IR value: itself) as a bitcast to
+        `dtype` reads them."""
+        if isinstance(x, Value) or not is_literal(x) or isinstance(x, bool):
+            return self.to_value(x)
+        bits = dtype.bits if isinstance(dtype, DType) else 64
+        if isinstance(x, float):
+            return self.to_value(x, promotion.float_of_bits(bits))
+        for candidate in promotion.ints_of_bits(bits):
+            if promotion.literal_fits(x, candidate):
+                return self.constant(x, candidate)
+        raise CompilationError(f"bitcast: the int literal {x} does not fit in {bits} bits")
 
     def broadcast_pair(self, a: Value, b: Value):
         shape = self._broadcast_shape(shape_of(a.type), shape_of(b.type))

@@ -19,6 +19,17 @@ def check_block_size(shape: tuple, what: str) -> None:
         raise CompilationError(f"{what} {tuple(shape)} has {numel} elements; blocks hold at most {_MAX_BLOCK_NUMEL}")
 
 
+def compile_time_flag(value, what: str) -> bool:
+    """`value` as a bool, for a flag that changes what is compiled (bitcast, hex, reverse...).
+
+    Raises:
+        CompilationError: `value` is a runtime value, whose truth the compiler cannot know.
+    """
+    if isinstance(value, Value):
+        raise CompilationError(f"{what} must be a constexpr bool, got {shown(value)}")
+    return bool(value)
+
+
 def shown(value) -> str:
     """`value` as an error message shows it: a Python value's repr; an IR value, which stands where a
     compile-time value is needed, as a runtime value of its type and how to make it a compile-time one
@@ -78,13 +89,13 @@ class ShapeOps:
         """A block of `shape` filled with `value`, of element type `dtype`."""
         shape = _check_shape(shape, "shape")
         if not isinstance(dtype, DType):
-            raise CompilationError(f"dtype must be a dsl dtype such as dsl.float32, got {dtype!r}")
+            raise CompilationError(f"dtype must be a dsl dtype such as dsl.float32, got {shown(dtype)}")
         if isinstance(value, Value):
             if isinstance(value.type, BlockType):
                 raise CompilationError("full() takes a scalar value")
             return self.broadcast_to(self.cast(value, dtype), shape)
         if not isinstance(value, (bool, int, float)):
-            raise CompilationError(f"full: value must be a number or a scalar, got {value!r}")
+            raise CompilationError(f"full: value must be a number or a scalar, got {shown(value)}")
         if isinstance(value, float) and not dtype.is_floating:
             # a float literal converts as every float -> integer conversion does (toward zero, saturating,
             # NaN to 0; `.to()`), not by wrapping its integer part

@@ -278,11 +278,12 @@ class Autotuner:
 
     def _tune(self, key: str, grid, args, kwargs) -> Config:
         """`select` for `key` by timing launches of each config on these arguments; the tensors named by
-        reset_to_zero / restore_value are zeroed / restored before each launch and after the search."""
+        reset_to_zero / restore_value are zeroed / restored before each launch and after the search. A
+        config `select` finds recorded (no launch) leaves them alone, as a key tuned earlier does."""
         values = dict(zip(self._names, args))
         values.update(kwargs)
         zeroed = [values[name] for name in self.reset_to_zero if _is_tensor(values.get(name))]
-        saved = [(values[name], values[name].clone()) for name in self.restore_value if _is_tensor(values.get(name))]
+        saved = []          # (tensor, its copy), taken before the first timed launch
 
         def reset():        # (a tensor named by both is zeroed: the restore comes first)
             for tensor, copy in saved:
@@ -293,6 +294,9 @@ class Autotuner:
         launched = []       # ids: a config's constexpr values may be unhashable
 
         def measure(config):
+            if not launched:
+                saved.extend((values[name], values[name].clone()) for name in self.restore_value
+                             if _is_tensor(values.get(name)))
             first = id(config) not in launched
             launched.append(id(config))
             return self._measure(grid, args, kwargs, config, reset, first)
@@ -300,7 +304,8 @@ class Autotuner:
         try:
             return self.select(key, measure)
         finally:
-            reset()
+            if launched:
+                reset()
 
     def _measure(self, grid, args, kwargs, config: Config, reset: Callable[[], None], first: bool) -> tuple:
         """(median ms of a round of launches of `config`, whether its kernel spills to local memory); the

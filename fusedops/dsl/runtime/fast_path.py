@@ -72,8 +72,8 @@ def _other_key(value, tensor_type, low: Optional[int] = None, high: Optional[int
             return value, _WIDE_INT, ((value > 0x7FFFFFFFFFFFFFFF) + 2 * (value & 15 == 0) + 4 * (value & 15 == 8)
                                       + 8 * (value > 0 and value & 7 == 0))
         raise _Miss("an int wider than 64 bits")
-    if cls is bool:
-        return value, bool, 0
+    if cls is bool:     # one runtime kernel for True and False, except where an integer annotation
+        return value, bool, 0 if low is None else int(value)    # specializes True as the int 1
     raise _Miss(f"an argument of type {cls.__name__}")
 
 
@@ -441,7 +441,12 @@ def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: in
         lines.append("    " + _globals_unpacking(globals_read))
     if inline:
         lines.append(f"    {', '.join(inline)} = parts")
-    body = [f"a{i} = t{i}.data_ptr()" for i, slot in enumerate(slots) if slot is not None]
+    # a tensor slot given None or another object (no data_ptr) takes the full path, which binds it or
+    # raises naming its parameter
+    body = ["try:", *(f"    a{i} = t{i}.data_ptr()" for i, slot in enumerate(slots) if slot is not None),
+            "except AttributeError:", f"    return fallback({', '.join(names)})"]
+    if len(body) == 3:      # no tensor slot
+        body = []
     if tests:
         body += [f"if {' or '.join(tests)}:", f"    return fallback({', '.join(names)})"]
     pointers = [items[slot] for slot in sorted(slot for slot in slots if slot is not None)]

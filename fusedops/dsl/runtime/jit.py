@@ -144,6 +144,8 @@ class JITFunction:
         functools.update_wrapper(self, fn)
         self.params = _parameters(fn, do_not_specialize)
         self._index = {p.name: i for i, p in enumerate(self.params)}
+        from ..frontend import read_source
+        self._source_text = read_source(fn)     # the file as decorated: parsed at the first compile
         self._source = None
         self._cache: dict = {}      # SpecializationKey -> _Entry
         # Held while an entry is made or compiled: the passes rewrite the entry's IR in place, so two
@@ -161,10 +163,10 @@ class JITFunction:
 
     @property
     def source(self):
-        """The parsed source (frontend.SourceInfo), read on first use."""
+        """The parsed source (frontend.SourceInfo) of the function as it was decorated, parsed on first use."""
         if self._source is None:
             from ..frontend import parse_function
-            self._source = parse_function(self.fn)
+            self._source = parse_function(self.fn, self._source_text)
         return self._source
 
     def __call__(self, *args, **kwargs):
