@@ -3,9 +3,10 @@
 LLVM 22's NVPTX back end drops the ordering and scope of `atomicrmw` (TOOLCHAIN.md), so the
 requested semantics are made explicit with fences around a monotonic atomic: release before,
 acquire after, at the requested scope. Masked-off elements and non-owning copies skip the atomic;
-a masked-off element's result is 0, and copies get their owner's old value (`owners_values`). A
-scalar atomic runs once per program, in thread 0, and its result is broadcast to every thread; with
-release semantics (release, acq_rel, and every compare-and-swap) a CTA barrier comes first, so that
+a masked-off element's result is 0, and copies get their owner's old value (`owners_values`). A compare-and-swap keeps them:
+`cmpxchg` takes its ordering and a syncscope (`.gpu` / `.cta`; none: `.sys`), which llvmlite's builder
+does not write (`_ScopedCmpXchg`). A scalar atomic runs once per program, in thread 0, and its result is
+broadcast to every thread; with release semantics (release, acq_rel) a CTA barrier comes first, so that
 the program's earlier writes, made by all its threads, are released by it (a flag set after storing a
 tile), as its acquire orders the reads of all threads after it (through the broadcast's barriers).
 """
@@ -13,6 +14,7 @@ tile), as its acquire orders the reads of all threads after it (through the broa
 from __future__ import annotations
 
 from llvmlite import ir
+from llvmlite.ir import instructions
 
 from ..ir import OpCode
 from ..language.dtypes import BlockType
@@ -22,6 +24,34 @@ from .registry import lowering
 from .shared import barrier, element_pointer, reserve
 
 _SCOPE = {"gpu": "device", "cta": "block", "sys": ""}
+
+
+# cmpxchg's (success, failure) orderings by `sem` (the failure ordering drops the release, as C++'s default)
+_CAS_ORDERINGS = {"relaxed": ("monotonic", "monotonic"), "acquire": ("acquire", "acquire"),
+                  "release": ("release", "monotonic"), "acq_rel": ("acq_rel", "acquire")}
+
+
+class _ScopedCmpXchg(instructions.CmpXchg):
+    """`cmpxchg` with a syncscope (LLVM LangRef, cmpxchg; llvmlite's writes none, i.e. system scope)."""
+
+    def __init__(self, parent, ptr, cmp, val, ordering, failordering, scope: str):
+        super().__init__(parent, ptr, cmp, val, ordering, failordering, name="")
+        self.scope = scope
+
+    def descr(self, buf):
+        ptr, cmp, val = self.operands
+        scope = f'syncscope("{self.scope}") ' if self.scope else ""
+        buf.append(f"cmpxchg {ptr.type} {ptr.get_reference()}, {cmp.type} {cmp.get_reference()}, {val.type} "
+                   f"{val.get_reference()} {scope}{self.ordering} {self.failordering}"
+                   f"{self._stringify_metadata(leading_comma=True)}\n")
+
+
+def _cmpxchg(b, pointer, compare, value, sem: str, scope: str):
+    """The old value of a compare-and-swap with ordering `sem` at `scope` (an IR struct's field 0)."""
+    ordering, failure = _CAS_ORDERINGS[sem]
+    inst = _ScopedCmpXchg(b.block, pointer, compare, value, ordering, failure, _SCOPE[scope])
+    b._insert(inst)
+    return b.extract_value(inst, 0)
 
 
 def _rmw_name(kind: str, element) -> str:
@@ -127,8 +157,9 @@ def _atomic_cas(ctx, op):
     b = ctx.builder
     element = op.operands[0].type.scalar.element
     ty = T.llvm_type(element)
+    sem, scope = op.attrs["sem"], op.attrs["scope"]
     registers, owned, owner = _registers(ctx, op, False)
-    if registers == [None]:
+    if registers == [None] and sem in ("release", "acq_rel"):
         barrier(ctx)
     out = []
     for r in registers:
@@ -140,10 +171,8 @@ def _atomic_cas(ctx, op):
         def emit(pointer=pointer, compare=compare, value=value):
             if element.is_floating:
                 int_type = ir.IntType(ty.width if hasattr(ty, "width") else element.bits)
-                result = b.cmpxchg(pointer, b.bitcast(compare, int_type), b.bitcast(value, int_type),
-                                   "acq_rel", "monotonic")
-                return b.bitcast(b.extract_value(result, 0), ty)
-            result = b.cmpxchg(pointer, compare, value, "acq_rel", "monotonic")
-            return b.extract_value(result, 0)
+                old = _cmpxchg(b, pointer, b.bitcast(compare, int_type), b.bitcast(value, int_type), sem, scope)
+                return b.bitcast(old, ty)
+            return _cmpxchg(b, pointer, compare, value, sem, scope)
         out.append(_guarded(ctx, owner, emit, ty))
     _set_result(ctx, op, registers, out, element)

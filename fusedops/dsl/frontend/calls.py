@@ -11,7 +11,7 @@ import inspect
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Value
 from ..language import core
-from ..language.dtypes import BlockType, DType, PointerType
+from ..language.dtypes import BlockType, DType, PointerType, pointer_type
 from .expressions import BoundMethod
 from .scope import is_jit_function, is_runtime
 
@@ -49,6 +49,13 @@ class CallsMixin:
             if is_runtime(args[0]):
                 raise CompilationError("dsl.constexpr() needs a compile-time value, got a runtime value")
             return args[0]
+        if function is pointer_type:        # a type built at compile time (for .to(), pointer casts)
+            if any(is_runtime(a) for a in [*args, *kwargs.values()]):
+                raise CompilationError(f"{shown}() needs compile-time arguments (a dsl dtype, an address space)")
+            try:
+                return pointer_type(*args, **kwargs)
+            except TypeError as e:
+                raise CompilationError(f"{shown}(): {e}") from None
         if function is core.static_range or function is builtins.range:
             raise CompilationError(f"{shown}() can only be used as the iterable of a `for` loop")
         handler = _PYTHON_BUILTINS.get(function) if _hashable(function) else None
