@@ -152,9 +152,23 @@ def _print(generator, args, kwargs, shown):
     return generator.semantic.device_print(prefix, *values)
 
 
+def _extremum(function, op: str):
+    # min(a, b, ...) / max(a, b, ...) of kernel values: dsl.minimum / dsl.maximum folded left to right (as
+    # Triton maps them); compile-time arguments run Python's
+    def handler(generator, args, kwargs, shown):
+        if len(args) >= 2 and not kwargs and any(is_runtime(a) for a in args):
+            result = args[0]
+            for arg in args[1:]:
+                result = generator.semantic.binary(op, result, arg)
+            return result
+        return _python(function, f"use dsl.{op}(a, b) on kernel values, or {shown}(a, b, ...) of two or more")(
+            generator, args, kwargs, shown)
+    return handler
+
+
 _PYTHON_BUILTINS = {
-    builtins.min: _python(builtins.min, "use dsl.minimum(a, b) on kernel values"),
-    builtins.max: _python(builtins.max, "use dsl.maximum(a, b) on kernel values"),
+    builtins.min: _extremum(builtins.min, "minimum"),
+    builtins.max: _extremum(builtins.max, "maximum"),
     builtins.int: _python(builtins.int, "convert kernel values with x.to(dsl.int32)"),
     builtins.float: _python(builtins.float, "convert kernel values with x.to(dsl.float32)"),
     builtins.bool: _python(builtins.bool, "compare kernel values with != 0"),

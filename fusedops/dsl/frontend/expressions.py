@@ -259,10 +259,12 @@ class ExpressionsMixin:
             return shape_of(value.type)
         if name == "dtype":
             return value.type.scalar
+        if name == "T":                 # Triton's x.T: the transpose of a 2-D block
+            return self.semantic.trans(value)
         if name in core.VALUE_METHODS:
             return BoundMethod(core.VALUE_METHODS[name], value)
         methods = ", ".join(f".{m}()" for m in core.VALUE_METHODS)
-        raise CompilationError(f"kernel values have no attribute `{name}`; they have .shape, .dtype and {methods}")
+        raise CompilationError(f"kernel values have no attribute `{name}`; they have .shape, .dtype, .T and {methods}")
 
 
 def _class_attribute_table(cls: type, name: str):

@@ -257,6 +257,13 @@ class BlockOps:
         hex = compile_time_flag(hex, "device_print: hex")
         self.builder.create(OpCode.PRINT, operands, [], dict(prefix=prefix, hex=hex))
 
+    def static_assert(self, cond, msg="") -> None:
+        if isinstance(cond, Value):
+            raise CompilationError(f"static_assert needs a compile-time condition, got {shown(cond)}; use "
+                                   "dsl.device_assert for runtime conditions")
+        if not cond:
+            raise CompilationError(f"static_assert failed: {msg}" if msg else "static_assert failed")
+
     def barrier(self) -> None:
         self.builder.create(OpCode.BARRIER, [], [], {})
 

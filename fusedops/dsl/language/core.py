@@ -149,6 +149,13 @@ def maximum(x, y, *, _semantic=None):
     return _semantic.binary("maximum", x, y)
 
 
+@builtin
+def clamp(x, lo, hi, *, _semantic=None):
+    """Elementwise `minimum(maximum(x, lo), hi)` (promoted, broadcast), as Triton's `tl.clamp`; lo <= hi
+    is the caller's to ensure."""
+    return _semantic.binary("minimum", _semantic.binary("maximum", x, lo), hi)
+
+
 def _math(name: str, doc: str):
     def function(x, *, _semantic=None):
         return _semantic.unary(name, x)
@@ -406,6 +413,17 @@ def barrier(*, _semantic=None):
 
 
 @builtin
+def static_assert(cond, msg="", *, _semantic=None):
+    """Fail the compilation with `msg` (CompilationError) where the compile-time `cond` is false (Triton's
+    `tl.static_assert`; for runtime conditions use device_assert).
+
+    Raises:
+        CompilationError: `cond` is false, or a runtime value.
+    """
+    return _semantic.static_assert(cond, msg)
+
+
+@builtin
 def device_assert(cond, msg="", *, _semantic=None):
     """Fail the launch with `msg` where `cond` is false (checked by the interpreter; on the GPU a trap)."""
     return _semantic.device_assert(cond, msg)
@@ -429,5 +447,6 @@ __all__ = [
     "sin", "cos", "sigmoid", "erf", "tanh", "floor", "ceil", "fma", "cdiv", "cast", "sum", "max", "min",
     "argmax", "argmin", "cumsum", "dot", "atomic_add", "atomic_max", "atomic_min", "atomic_and",
     "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas", "reshape", "trans", "broadcast_to",
-    "expand_dims", "multiple_of", "max_contiguous", "device_print", "device_assert", "barrier",
+    "expand_dims", "multiple_of", "max_contiguous", "device_print", "device_assert", "barrier", "clamp",
+    "static_assert",
 ]
