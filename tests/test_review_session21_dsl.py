@@ -393,8 +393,8 @@ _SUPPORTED = {   # body -> expected y for x = arange(8) - 3, n = 3, m = 5
 }
 _UNSUPPORTED = {   # body -> a fragment of the message
     "pow": ("y = x ** 2", "`**` is not supported"),
-    "builtin_min": ("y = x + min(n, m)", "dsl.minimum"),
-    "builtin_max": ("y = max(x, 0.0)", "dsl.maximum"),
+    "builtin_min": ("y = x + min(n)", "dsl.minimum"),
+    "builtin_max": ("y = max(x)", "dsl.maximum"),
     "int_builtin": ("y = x + int(n)", ""),
     "index_int": ("y = x + x[0]", "indexed with None"),
     "slice": ("y = x[2:4]", "indexed"),

@@ -236,19 +236,21 @@ def gqa_heads_differ(query, key, value, enable_gqa) -> bool:
     return bool(enable_gqa) and query.dim() >= 3 and (key.size(-3) != value.size(-3) or query.size(-3) == 0)
 
 
-# The largest |scale| * log2(e) the kernels take: the scale reaches them as float32 (hi, lo) pairs
-# (kernels.attention._float_pair).
+# The range of |scale| * log2(e) whose float32 (hi, lo) pair (kernels.attention._float_pair, how the scale
+# reaches the kernels) keeps float64's 48 bits: hi finite, and lo (~2**-24 hi) a normal float32.
 _FLOAT32_MAX = 3.4028234663852886e38
+_PAIR_MIN = 2.0 ** -100
 
 
 def scale_beyond_kernels(query, scale) -> bool:
-    """A finite float64 `scale` whose base-2 factor is past float32's range: the kernels' (hi, lo) pair would
-    be inf / NaN (NaN output) where torch's float64 softmax stays finite, so torch's op runs it (16-bit and
-    float32 scores overflow the same way in torch)."""
+    """A finite, non-zero float64 `scale` whose base-2 factor is outside _PAIR_MIN.._FLOAT32_MAX: past it the
+    kernels' pair is inf / NaN (NaN output) where torch's float64 softmax stays finite, below it the pair
+    keeps too few bits (a 1e-42 scale of logits ~3 was off by 2e-4), so torch's op runs it (16-bit and
+    float32 scores overflow or round the same way in torch)."""
     if scale is None or query.dtype != torch.float64:
         return False
-    factor = abs(float(scale)) * _kernels.LOG2E
-    return math.isfinite(float(scale)) and factor >= _FLOAT32_MAX
+    factor = abs(float(scale)) * _kernels.LOG2E     # (inf for a finite scale past float64's max / log2(e))
+    return math.isfinite(float(scale)) and factor != 0.0 and not _PAIR_MIN <= factor < _FLOAT32_MAX
 
 
 def dropout_not_implemented(dropout_p: float) -> NotImplementedError:

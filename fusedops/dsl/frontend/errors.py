@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import linecache
 import textwrap
+import tokenize
 from typing import Optional
 
 from ..errors import CompilationError
@@ -60,7 +61,9 @@ class SourceText:
 
 def read_source(fn) -> SourceText:
     """The SourceText of the plain Python function `fn` (linecache's lines of its file: cheap, one read
-    per file)."""
+    per file); of the function it wraps where it has a `__wrapped__` (functools.wraps), as
+    inspect.getsource reads."""
+    fn = inspect.unwrap(fn)
     try:
         file = inspect.getsourcefile(fn) or inspect.getfile(fn)
     except (OSError, TypeError) as e:
@@ -71,7 +74,8 @@ def read_source(fn) -> SourceText:
 
 
 def parse_function(fn, text: Optional[SourceText] = None) -> SourceInfo:
-    """Parse the source of the plain Python function `fn` from `text` (read_source(fn) by default).
+    """Parse the source of the plain Python function `fn` (the one it wraps, see read_source) from `text`
+    (read_source(fn) by default).
 
     Raises:
         CompilationError: the source cannot be found (a function typed into a REPL or built with
@@ -80,6 +84,7 @@ def parse_function(fn, text: Optional[SourceText] = None) -> SourceInfo:
     """
     name = getattr(fn, "__name__", fn)
     text = read_source(fn) if text is None else text
+    fn = inspect.unwrap(fn)     # the function whose body, globals and closure the kernel is
     first = fn.__code__.co_firstlineno      # the first decorator's line, or the def's
     if not text.lines or not 0 < first <= len(text.lines):
         reason = text.error or f"line {first} is past the end of {text.file}"
@@ -87,7 +92,7 @@ def parse_function(fn, text: Optional[SourceText] = None) -> SourceInfo:
                                "`def` in a file")
     try:
         lines = inspect.getblock(list(text.lines[first - 1:]))
-    except (IndexError, SyntaxError):       # tokenizing from a line that no longer starts the function
+    except (IndexError, SyntaxError, tokenize.TokenError):     # from a line that no longer starts the function
         lines = []
     source = "".join(lines)
     dedented = textwrap.dedent(source)

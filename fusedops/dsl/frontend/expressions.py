@@ -19,7 +19,7 @@ from ..ir.ops import SIDE_EFFECTS
 from ..language import core
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
-from .scope import check_global, is_runtime
+from .scope import check_global, class_attribute_reads, is_runtime
 
 _BINARY = {
     ast.Add: ("add", operator.add), ast.Sub: ("sub", operator.sub), ast.Mult: ("mul", operator.mul),
@@ -240,18 +240,18 @@ class ExpressionsMixin:
             raise UnsupportedError(f"cannot read `{name}` in a kernel")
         result = getattr(value, name)
         if isinstance(value, types.ModuleType):
-            table = vars(value)
+            # (a name a module's __getattr__ supplies, PEP 562, is not in its namespace: not recorded)
+            reads = [(vars(value), name, vars(value)[name])] if name in vars(value) else []
         elif isinstance(value, type):
-            table = _class_attribute_table(value, name)
-            if table is None:           # from the metaclass (e.g. an Enum member's lookup): read as it is
-                return result
+            reads = class_attribute_reads(value, name)
         else:
             return result
         checked = check_global(f"{ast.unparse(node)}", result)
         if self.scope.on_global is not None and not isinstance(result, types.FunctionType):
             # `module.NAME` and `Class.NAME` are read like globals: a later rebinding of the attribute (or of
             # a module global to another module) recompiles the kernel
-            self.scope.on_global(table, name, table[name])
+            for table, key, obj in reads:
+                self.scope.on_global(table, key, obj)
         return checked
 
     def value_attribute(self, value: Value, name: str):
@@ -265,17 +265,6 @@ class ExpressionsMixin:
             return BoundMethod(core.VALUE_METHODS[name], value)
         methods = ", ".join(f".{m}()" for m in core.VALUE_METHODS)
         raise CompilationError(f"kernel values have no attribute `{name}`; they have .shape, .dtype, .T and {methods}")
-
-
-def _class_attribute_table(cls: type, name: str):
-    """The namespace (`vars`) of the class in `cls`'s MRO that defines attribute `name`, or None where no
-    class there does (the value comes from the metaclass). A kernel that read the attribute recompiles
-    when that entry is rebound; one shadowing it in a subclass later is not seen (a rare edit)."""
-    for klass in cls.__mro__:
-        table = vars(klass)
-        if name in table:
-            return table
-    return None
 
 
 def _holds_runtime(value) -> bool:

@@ -28,7 +28,7 @@ from .control_flow import ControlFlowMixin
 from .errors import SourceInfo, with_location
 from .expressions import ExpressionsMixin
 from .loops import LoopsMixin
-from .scope import Scope
+from .scope import ClassNamespace, Scope
 from .statements import StatementsMixin
 
 _UNSUPPORTED = {
@@ -52,11 +52,13 @@ class CompilationContext:
 
     builder: Builder
     semantic: Semantics
-    used_globals: dict = dataclasses.field(default_factory=dict)   # (id(table), name) -> (table, name, obj)
+    used_globals: dict = dataclasses.field(default_factory=dict)   # (table key, name) -> (table, name, obj)
     call_stack: list = dataclasses.field(default_factory=list)     # jit functions being compiled
 
-    def record_global(self, table: dict, name: str, obj) -> None:
-        self.used_globals[(id(table), name)] = (table, name, obj)
+    def record_global(self, table, name: str, obj) -> None:
+        # a dict by identity; a ClassNamespace (made anew at each read) by its class
+        key = table if isinstance(table, ClassNamespace) else id(table)
+        self.used_globals[(key, name)] = (table, name, obj)
 
 
 class Returned:

@@ -9,6 +9,7 @@ code paths separately (the two branches of a runtime `if`, a loop body) and merg
 from __future__ import annotations
 
 import builtins
+import enum
 import types
 
 from ..errors import CompilationError
@@ -38,8 +39,8 @@ def check_global(name: str, value):
     """What a kernel sees when it reads global `name` bound to `value`.
 
     Allowed: `dsl.constexpr(...)` globals (seen as their value), plain immutable constants (ints,
-    floats, bools, strings, None, dtypes, tuples of those), modules, dsl builtins, `@dsl.jit`
-    functions, Python functions and classes (a call to one is rejected at the call).
+    floats, bools, strings, None, dtypes, tuples of those, enum members), modules, dsl builtins,
+    `@dsl.jit` functions, Python functions and classes (a call to one is rejected at the call).
 
     Raises:
         CompilationError: anything else (a tensor, an array, a list, a dict...): a kernel cannot
@@ -47,12 +48,49 @@ def check_global(name: str, value):
     """
     if isinstance(value, core.constexpr):
         return value.value
-    if _is_plain_constant(value) or isinstance(value, types.ModuleType) or callable(value):
+    if _is_plain_constant(value) or isinstance(value, (types.ModuleType, enum.Enum)) or callable(value):
         return value
     raise CompilationError(
         f"global `{name}` is a {type(value).__module__}.{type(value).__qualname__}; a kernel can only read "
         "constexpr globals (NAME = dsl.constexpr(value)), constants, modules and functions. Pass tensors and "
         "other data as kernel arguments")
+
+
+class ClassNamespace:
+    """A class's own namespace as a used-globals table (the (table, name, object) triples a kernel records
+    to see later rebindings, checked by `table.get(name, missing) is object`): `get` reads the class's
+    __dict__ and gives ABSENT for a name it does not hold, whatever the default, so that a kernel that
+    read an inherited `Sub.NAME` records (Sub, NAME, ABSENT) and sees NAME set on Sub later. Equal and
+    hashed by class: one class's reads share one entry."""
+
+    __slots__ = ("cls",)
+    ABSENT = object()
+
+    def __init__(self, cls: type):
+        self.cls = cls
+
+    def get(self, name: str, default=None):
+        return self.cls.__dict__.get(name, ClassNamespace.ABSENT)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ClassNamespace) and other.cls is self.cls
+
+    def __hash__(self) -> int:
+        return hash(self.cls)
+
+
+def class_attribute_reads(cls: type, name: str) -> list:
+    """The (table, name, object) triples that keep a kernel's read of `cls.NAME` current: the class in
+    `cls`'s MRO that defines NAME with its entry, and ABSENT for every class before it (where setting
+    NAME later would shadow it). Empty where no class there defines NAME (the metaclass supplies it)."""
+    reads = []
+    for klass in cls.__mro__:
+        namespace = ClassNamespace(klass)
+        value = namespace.get(name)
+        reads.append((namespace, name, value))
+        if value is not ClassNamespace.ABSENT:
+            return reads
+    return []
 
 
 class Scope:

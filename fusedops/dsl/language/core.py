@@ -150,10 +150,11 @@ def maximum(x, y, *, _semantic=None):
 
 
 @builtin
-def clamp(x, lo, hi, *, _semantic=None):
-    """Elementwise `minimum(maximum(x, lo), hi)` (promoted, broadcast), as Triton's `tl.clamp`; lo <= hi
-    is the caller's to ensure."""
-    return _semantic.binary("minimum", _semantic.binary("maximum", x, lo), hi)
+def clamp(x, min, max, *, _semantic=None):
+    """Elementwise `minimum(maximum(x, min), max)` (promoted, broadcast; a NaN propagates, as in
+    dsl.minimum / maximum and torch.clamp), Triton's `tl.clamp(x, min, max)`; min <= max is the caller's
+    to ensure."""
+    return _semantic.binary("minimum", _semantic.binary("maximum", x, min), max)
 
 
 def _math(name: str, doc: str):

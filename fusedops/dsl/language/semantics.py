@@ -155,8 +155,9 @@ class Semantics(ShapeOps, BlockOps):
         if isinstance(x, Value) or not is_literal(x) or isinstance(x, bool):
             return self.to_value(x)
         bits = dtype.bits if isinstance(dtype, DType) else 64
-        if isinstance(x, float):
-            return self.to_value(x, promotion.float_of_bits(bits))
+        if isinstance(x, float):        # a float target of its width takes it as it is (bfloat16 too)
+            same = isinstance(dtype, DType) and dtype.is_floating
+            return self.to_value(x, dtype if same else promotion.float_of_bits(bits))
         for candidate in promotion.ints_of_bits(bits):
             if promotion.literal_fits(x, candidate):
                 return self.constant(x, candidate)
