@@ -29,5 +29,6 @@ __all__ = [
     "ceil", "fma", "cdiv", "cast", "clamp", "sum", "max", "min", "argmax", "argmin", "cumsum", "dot",
     "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg",
     "atomic_cas", "reshape", "trans", "broadcast_to", "expand_dims", "multiple_of", "max_contiguous",
-    "device_print", "device_assert", "static_assert", "launch_bounds", "cluster_dims", "cluster_sum", "barrier", "make_tensor_descriptor", "TensorDescriptor",
+    "device_print", "device_assert", "static_assert", "launch_bounds", "cluster_dims", "cluster_sum", "barrier",
+    "make_tensor_descriptor", "TensorDescriptor",
 ]

@@ -164,7 +164,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask, dropout_p: float,
     _attention.check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale, is_causal)
     mask_grad = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
     if (not attention_runs_kernels(query, value) or mask_grad
-            or _attention.gqa_heads_differ(query, key, value, enable_gqa) or _attention.scale_beyond_kernels(query, scale)):
+            or _attention.gqa_heads_differ(query, key, value, enable_gqa)
+            or _attention.scale_beyond_kernels(query, scale)):
         return _attention.torch_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                           is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     if dropout_p > 0.0:

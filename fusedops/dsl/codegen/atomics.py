@@ -2,13 +2,14 @@
 
 LLVM 22's NVPTX back end drops the ordering and scope of `atomicrmw` (TOOLCHAIN.md), so the
 requested semantics are made explicit with fences around a monotonic atomic: release before,
-acquire after, at the requested scope. Masked-off elements and non-owning copies skip the atomic;
-a masked-off element's result is 0, and copies get their owner's old value (`owners_values`). A compare-and-swap keeps them:
-`cmpxchg` takes its ordering and a syncscope (`.gpu` / `.cta`; none: `.sys`), which llvmlite's builder
-does not write (`_ScopedCmpXchg`). A scalar atomic runs once per program, in thread 0, and its result is
-broadcast to every thread; with release semantics (release, acq_rel) a CTA barrier comes first, so that
-the program's earlier writes, made by all its threads, are released by it (a flag set after storing a
-tile), as its acquire orders the reads of all threads after it (through the broadcast's barriers).
+acquire after, at the requested scope. A compare-and-swap keeps them: `cmpxchg` takes its ordering
+and a syncscope (`.gpu` / `.cta`; none: `.sys`), which llvmlite's builder does not write
+(`_ScopedCmpXchg`). Masked-off elements and non-owning copies skip the atomic; a masked-off
+element's result is 0, and copies get their owner's old value (`owners_values`). A scalar atomic
+runs once per program, in thread 0, and its result is broadcast to every thread; with release
+semantics (release, acq_rel) a CTA barrier comes first, so that the program's earlier writes, made
+by all its threads, are released by it (a flag set after storing a tile), as its acquire orders the
+reads of all threads after it (through the broadcast's barriers).
 """
 
 from __future__ import annotations
