@@ -38,10 +38,14 @@ def bench_settings(config) -> runner.Settings:
     """The runner's Settings for these command-line options (the same as the CLI's flags)."""
     try:
         selected = cases.select(_split(config.getoption("--bench-ops")))
-        dtypes = _split(config.getoption("--bench-dtype"))
-        dtypes = tuple(cases.DTYPE_NAMES[name] for name in dtypes) if dtypes else None
     except KeyError as error:
-        raise pytest.UsageError(f"--bench-ops/--bench-dtype: {error}; dtypes: {', '.join(cases.DTYPE_NAMES)}")
+        raise pytest.UsageError(f"--bench-ops: {error.args[0]}") from None
+    dtypes = _split(config.getoption("--bench-dtype"))
+    unknown = [name for name in dtypes or () if name not in cases.DTYPE_NAMES]
+    if unknown:
+        raise pytest.UsageError(f"--bench-dtype: unknown dtype(s) {', '.join(unknown)}; valid dtypes: "
+                                f"{', '.join(cases.DTYPE_NAMES)}")
+    dtypes = tuple(cases.DTYPE_NAMES[name] for name in dtypes) if dtypes else None
     return runner.Settings(cases=selected, dtypes=dtypes, quick=not config.getoption("--bench-full"),
                            compile=config.getoption("--bench-compile"), triton=config.getoption("--bench-triton"))
 

@@ -294,8 +294,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Returns:
         A contiguous tensor of shape broadcast(batch) + (M, N) (dims of 1-D operands dropped).
     Raises:
-        TypeError: non-tensors, mismatched or non-floating dtypes. ValueError: shapes that do not
-        multiply, a bad bias, an unknown activation, operands on two devices.
+        TypeError: non-tensor operands or bias, mismatched or non-floating operand dtypes, a
+        non-floating bias or out_dtype. ValueError: shapes that do not multiply, a bias that is not a 1-D tensor of N
+        elements on the operands' device, an unknown activation, operands on two devices.
 
     float16/bfloat16 CUDA tensors run the fusedops kernel (tensor cores, fp32 accumulation;
     autograd through fusedops.autograd.matmul.MatmulFunction). Other CUDA dtypes and CPU tensors

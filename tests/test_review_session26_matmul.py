@@ -37,7 +37,7 @@ three gradients); broadcast batches, 1-D operands, the dot product with a (1,) b
 and activation; stride-0, transposed and sliced grad_outputs and operands, strided and expanded bias views;
 out_dtype float32/float16/bfloat16/float64 values and gradients (gradients in the operands' dtype); fp16
 products past 65504 in a float32 output; the bias dtype rules (F.linear's RuntimeError for a mismatched bias,
-ValueError for an integer bias in fusedops.matmul, float32 bias gradients of float16 operands); K = 4096;
+TypeError for an integer bias in fusedops.matmul, float32 bias gradients of float16 operands); K = 4096;
 retain_graph + accumulation; tied weights; in-place checks as torch's (raise when the saved operand changed, no
 error when it is not needed); no_grad / inference_mode / inference tensors; gradcheck in float64 on all routes;
 create_graph=True first-order gradients (a second derivative on the kernel routes raises, as documented).
@@ -397,7 +397,7 @@ def test_bias_dtype_rules(path, seed):
     with pytest.raises(RuntimeError):
         lin(x)
     # fusedops.matmul documents any float bias (added in float32), output in a's dtype; integer bias refused
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError, match="bias must be a floating-point tensor, got torch.int64"):
         fusedops.matmul(x, w.t(), torch.ones(3, dtype=torch.int64))
     for bias_dtype in (torch.float32, torch.float64, torch.bfloat16):
         bias = b32.to(bias_dtype)

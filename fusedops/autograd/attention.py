@@ -29,6 +29,8 @@ class AttentionFunction(torch.autograd.Function):
     (attention_launches). Double backward is not supported (the backward is a kernel): it raises
     RuntimeError."""
 
+    OPS = "fusedops.scaled_dot_product_attention"     # named by the double-backward error
+
     @staticmethod
     def forward(ctx, q, k, v, mask, causal: bool, scale: float, launches):
         o, lse = _kernels.attention_forward(q, k, v, mask, causal, scale, launches=launches)
@@ -132,9 +134,14 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=N
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
 
 
-def _broadcast_shapes(*shapes) -> tuple:
-    """torch.broadcast_shapes of int tuples, without its tracing machinery (tens of microseconds); shapes
-    that do not broadcast get torch's error from torch.broadcast_shapes."""
+def _broadcast_shapes(what: str, query, key, value) -> tuple:
+    """torch.broadcast_shapes of query's, key's and value's int tuples of dims `what` ("batch dims",
+    "heads"), without its tracing machinery (tens of microseconds).
+
+    Raises:
+        RuntimeError: the three do not broadcast, naming them and their sizes.
+    """
+    shapes = (query, key, value)
     ndim = max(map(len, shapes))
     result = [1] * ndim
     for shape in shapes:
@@ -143,7 +150,9 @@ def _broadcast_shapes(*shapes) -> tuple:
                 if result[axis] == 1:
                     result[axis] = size
                 elif result[axis] != size:
-                    return tuple(torch.broadcast_shapes(*shapes))
+                    hint = " (grouped-query attention: pass enable_gqa=True)" if what == "heads" else ""
+                    raise RuntimeError(f"scaled_dot_product_attention: the {what} of query {tuple(query)}, key "
+                                       f"{tuple(key)} and value {tuple(value)} do not broadcast{hint}")
     return tuple(result)
 
 
@@ -166,14 +175,14 @@ def _as_4d(query, key, value, attn_mask, enable_gqa):
     rank = max(query.dim(), key.dim(), value.dim(), 4)
     q, k, v = (t.reshape((1,) * (rank - t.dim()) + tuple(t.shape)) if t.dim() < rank else t
                for t in (query, key, value))
-    batch = _broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    batch = _broadcast_shapes("batch dims", q.shape[:-3], k.shape[:-3], v.shape[:-3])
     heads_q, heads_kv = q.size(-3), k.size(-3)
     if enable_gqa:
         heads = heads_q
         if v.size(-3) != heads_kv or heads_kv == 0 or heads_q % heads_kv:
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
     else:
-        heads = _broadcast_shapes((heads_q,), (heads_kv,), (v.size(-3),))[0]
+        heads = _broadcast_shapes("heads", (heads_q,), (heads_kv,), (v.size(-3),))[0]
         heads_kv = heads
     length_q, length_k = q.size(-2), k.size(-2)
     q = _expand(q, (*batch, heads, length_q, q.size(-1)))

@@ -121,13 +121,14 @@ def once_differentiable(backward: Callable) -> Callable:
     def wrapper(ctx, *grads):
         if not torch.is_grad_enabled():
             return backward(ctx, *grads)
+        message = double_backward_message(ctx)
         if any(vmapped(g) or dual(g) for g in grads if isinstance(g, torch.Tensor)):
             # The backward runs torch's ops (backward_runs_torch), recorded: differentiable in the incoming
             # gradient (vmap, jvp, jacrev over it), and a batched or dual gradient could not be detached and
             # wrapped below. But they read statistics the kernels saved without a graph (mean, rstd, a
             # pre-activation): a derivative in the op's inputs must raise, so every gradient also carries a
             # zero that depends on them through the error node (an empty slice's sum: 0 whatever they hold).
-            return _with_error_anchor(ctx, backward(ctx, *grads))
+            return _with_error_anchor(ctx, backward(ctx, *grads), message)
         with torch.no_grad():
             outputs = backward(ctx, *grads)
         single = not isinstance(outputs, tuple)
@@ -137,7 +138,7 @@ def once_differentiable(backward: Callable) -> Callable:
         # with respect to the op's input (torch.autograd.grad(g, x)) reaches it and raises, rather than
         # finding x unused (None with allow_unused: a silent zero second derivative)
         saved = _saved_requiring_grad(ctx)
-        delayed = _DelayedError(_DOUBLE_BACKWARD, len(outputs) + len(saved))(
+        delayed = _DelayedError(message, len(outputs) + len(saved))(
             *[t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
               for t in outputs], *saved)
         delayed = (delayed if isinstance(delayed, tuple) else (delayed,))[:len(outputs)]
@@ -151,13 +152,13 @@ def _saved_requiring_grad(ctx) -> list:
     return [t for t in ctx.saved_tensors if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def _with_error_anchor(ctx, outputs):
+def _with_error_anchor(ctx, outputs, message: bytes):
     """`outputs` (a backward's gradients), each floating one plus a zero whose gradient in the saved tensors
-    that require grad raises the double-backward error."""
+    that require grad raises the double-backward error `message`."""
     saved = _saved_requiring_grad(ctx)
     if not saved:
         return outputs
-    delayed = _DelayedError(_DOUBLE_BACKWARD, len(saved))(*saved)
+    delayed = _DelayedError(message, len(saved))(*saved)
     delayed = delayed if isinstance(delayed, tuple) else (delayed,)
     zero = sum(t.flatten()[:0].sum() for t in delayed)
     single = not isinstance(outputs, tuple)
@@ -167,6 +168,11 @@ def _with_error_anchor(ctx, outputs):
 
 
 _DelayedError = torch._C._functions.DelayedError
-_DOUBLE_BACKWARD = (b"trying to differentiate twice a fusedops op: its backward is a kernel, which cannot be "
-                    b"differentiated again (double backward, create_graph=True); use the torch op for "
-                    b"higher-order gradients")
+def double_backward_message(ctx) -> bytes:
+    """The error of differentiating the gradients that the backward of `ctx` (an autograd Function's
+    context) returns, naming the ops of that Function (its OPS, e.g. "fusedops.softmax / log_softmax")."""
+    function = getattr(ctx, "_forward_cls", None)
+    ops = getattr(function, "OPS", None) or getattr(function, "__name__", "a fusedops op")
+    return (f"trying to differentiate twice a fusedops op ({ops}): its backward is a kernel, which cannot be "
+            "differentiated again (double backward, create_graph=True); use the torch op for higher-order "
+            "gradients").encode()

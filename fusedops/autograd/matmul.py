@@ -54,11 +54,15 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
                          f"({k_a} != {k_b})")
     n = 1 if b.dim() == 1 else b.shape[-1]
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != n:
-            raise ValueError(f"fusedops.matmul(): bias must be a 1-D tensor of {n} elements, got "
-                             f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
-        if not bias.dtype.is_floating_point or bias.get_device() != device or (device < 0 and bias.device != a.device):
-            raise ValueError(f"fusedops.matmul(): bias must be a floating tensor on {a.device}")
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"fusedops.matmul(): argument 'bias' must be a torch.Tensor or None, not "
+                            f"{type(bias).__name__}")
+        if bias.dim() != 1 or bias.shape[0] != n:
+            raise ValueError(f"fusedops.matmul(): bias must be a 1-D tensor of {n} elements, got {tuple(bias.shape)}")
+        if not bias.dtype.is_floating_point:
+            raise TypeError(f"fusedops.matmul(): bias must be a floating-point tensor, got {bias.dtype}")
+        if bias.get_device() != device or (device < 0 and bias.device != a.device):
+            raise ValueError(f"fusedops.matmul(): bias must be on a's device ({a.device}), got {bias.device}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"fusedops.matmul(): activation must be one of {ACTIVATIONS}, got {activation!r}")
     if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
@@ -276,6 +280,8 @@ class MatmulFunction(torch.autograd.Function):
     product: the _Product of the kernel launch it runs (activation(A @ B + bias) without the activation,
     into out_dtype, or float32 with an activation), when the caller has it (kernel_products).
     """
+
+    OPS = "fusedops.matmul / nn.Linear"     # named by the double-backward error
 
     @staticmethod
     def forward(ctx, a, b, bias, activation, out_dtype, product=None):

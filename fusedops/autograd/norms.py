@@ -226,6 +226,8 @@ class NormFunction(torch.autograd.Function):
     is a kernel): it raises RuntimeError.
     """
 
+    OPS = "fusedops.layer_norm / rms_norm"     # named by the double-backward error
+
     @staticmethod
     def forward(ctx, x, weight, bias, launches, normalized_shape):
         # x is read (and saved) as is: the kernels take its rows through their strides (kernels.norms)

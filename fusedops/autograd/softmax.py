@@ -31,6 +31,8 @@ class SoftmaxFunction(torch.autograd.Function):
     RuntimeError.
     """
 
+    OPS = "fusedops.softmax / log_softmax"     # named by the double-backward error
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, launches: kernels.SoftmaxLaunches) -> torch.Tensor:
         y = launches.forward(x)

@@ -85,6 +85,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.selfcheck or not torch.cuda.is_available():
         if not args.selfcheck:
             print("no CUDA GPU: running the CPU self-check", flush=True)
+        timing = [option for option, given in (("--quick", args.quick), ("--compile", args.compile),
+                                               ("--triton", args.triton), ("--out", args.out != "bench-results"))
+                  if given]
+        if timing:
+            print(f"note: {', '.join(timing)} apply to the GPU benchmark; the self-check writes no files and "
+                  "ignores them", flush=True)
         from . import selfcheck
 
         return selfcheck.run(args.ops, args.dtypes)

@@ -207,8 +207,25 @@ def _ptx_checks(kernel: dsl.JITFunction, keys) -> List[Outcome]:
                            f"{assembled.shared_bytes} bytes static shared memory")
             outcomes.append(Outcome("ptx", what, True, detail))
         except Exception as error:  # report and go on to the next kernel
+            if _libdevice_missing() and "libdevice" in str(error):
+                # an optional part of a CPU-only install (README, "CPU-only install"): not a failure here
+                outcomes.append(Outcome("ptx", what, True, "not compiled: it calls math builtins, which need "
+                                        "libdevice (a CUDA installation, FUSEDOPS_LIBDEVICE_PATH or the "
+                                        "nvidia-cuda-nvcc wheel), not found here"))
+                continue
             outcomes.append(Outcome("ptx", what, False, f"{type(error).__name__}: {str(error)[:2000]}"))
     return outcomes
+
+
+def _libdevice_missing() -> bool:
+    """Whether no libdevice can be found (fusedops.dsl.target.libdevice.find_libdevice raises)."""
+    from fusedops.dsl.errors import BackendError
+    from fusedops.dsl.target.libdevice import find_libdevice
+    try:
+        find_libdevice()
+    except BackendError:
+        return True
+    return False
 
 
 # -- the command ----------------------------------------------------------------------------------------
