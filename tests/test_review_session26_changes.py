@@ -112,39 +112,19 @@ import fusedops.dsl as dsl
 import fusedops.nn as fnn
 from fusedops.dsl import CompilationError
 from fusedops.dsl.runtime import autotune as autotune_module
-from fusedops.dsl.runtime import driver
 from fusedops.dsl.runtime.signature import SpecializationKey, specialize
 from fusedops.dsl.target import assemble, ptxas_available
 from helpers import import_module_from_text
 from kernel_source import jit_from_source
 from test_launch_fast_path import _cuda, gpu  # noqa: F401  (the mocked driver, fake CUDA tensors)
+from test_review_session26_launch import _function_of, tracked  # noqa: F401  (the mocked driver)
+from test_review_session26_modules import _value_passthrough_pair
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-
-
-@pytest.fixture
-def tracked(monkeypatch, tmp_path):
-    """The mocked driver with one token per loaded kernel: the list of the tokens launched."""
-    launched = []
-
-    def cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        launched.append(function)
-        return (0,)
-
-    monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
-    monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
-        name, None, types.SimpleNamespace(ptx=ptx), None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
-    monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))
-    return launched
-
-
-def _function_of(entry):
-    return entry.compiled.launcher(0).kernel.function
 
 
 def _entries(kernel):
@@ -682,18 +662,6 @@ def test_clamp_takes_tritons_keyword_names():
 # =================================================================================================
 # (h) MultiheadAttention masks on 16-bit modules, float64 SDPA scales
 # =================================================================================================
-def _passthrough_pair(dtype):
-    torch.manual_seed(0)
-    theirs = torch.nn.MultiheadAttention(4, 1, bias=False, batch_first=True)
-    with torch.no_grad():
-        theirs.in_proj_weight.copy_(torch.cat([torch.zeros(4, 4), torch.zeros(4, 4), torch.eye(4)]))
-        theirs.out_proj.weight.copy_(torch.eye(4))
-    theirs = theirs.to(dtype)
-    ours = fnn.MultiheadAttention(4, 1, bias=False, batch_first=True).to(dtype)
-    ours.load_state_dict(theirs.state_dict(), strict=True)
-    return ours, theirs
-
-
 _MASKS = [
     (torch.tensor([[200.0, 200.6]], dtype=torch.float64), None),
     (None, torch.tensor([[200.0, 200.6]], dtype=torch.float64)),
@@ -706,7 +674,7 @@ _MASKS = [
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mha_16bit_masks_of_other_float_dtypes(interpret, dtype):
-    ours, theirs = _passthrough_pair(dtype)
+    ours, theirs = _value_passthrough_pair(dtype)
     x = torch.arange(8.0).view(1, 2, 4).to(dtype)
     tol = {torch.bfloat16: 1.2e-2, torch.float16: 1.6e-3}[dtype]
     with warnings.catch_warnings():

@@ -105,7 +105,8 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behav
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSEDOPS_")}
+    # (and not the xdist worker's PYTEST_* variables: pytest-benchmark would take the child for an xdist run)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSEDOPS_", "PYTEST_"))}
     env.update(extra)
     return env
 

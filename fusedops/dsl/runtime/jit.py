@@ -390,13 +390,13 @@ class JITFunction:
         return self._compiled_entry(key, missing_ok=False), runtime, device.index
 
     # -- ahead-of-time compilation and IR ----------------------------------------------------------
-    def compile(self, *args, target: Optional[str] = None, num_warps: int = 4, num_stages: int = 3, **kwargs):
-        """Compile for `target` (default: FUSEDOPS_DEFAULT_ARCH, else sm_90a) with no GPU needed; args may be
-        tensors (any device), Python scalars or dsl types (`dsl.pointer_type(dsl.float16)`, `dsl.int32`).
-        Returns the compiled kernel, whose `.asm["ir"]` is the frontend's IR text (and, with the GPU
-        compiler, more dumps)."""
+    def compile(self, *args, target: str = "", num_warps: int = 4, num_stages: int = 3, **kwargs):
+        """Compile for `target` ("sm_80", "sm_90", "sm_90a"; "", the default: FUSEDOPS_DEFAULT_ARCH, else sm_90a)
+        with no GPU needed; args may be tensors (any device), Python scalars or dsl types
+        (`dsl.pointer_type(dsl.float16)`, `dsl.int32`). Returns the compiled kernel, whose `.asm["ir"]` is the
+        frontend's IR text (and, with the GPU compiler, more dumps)."""
         try:
-            target = target if target is not None else (knobs.current().default_arch or "sm_90a")
+            target = target if target != "" else (knobs.current().default_arch or "sm_90a")
             check_arch(target)
             check_num_warps(num_warps, num_stages, self.__name__)
             specs = specialize(self.__name__, self.params, self._bind(args, kwargs), allow_types=True)
