@@ -125,7 +125,8 @@ class Semantics(ShapeOps, BlockOps):
     def cast(self, x, dtype, bitcast: bool = False) -> Value:
         """Convert `x` to element type `dtype` (a value conversion; `bitcast` reinterprets bits). A literal
         bitcast keeps its own bits: an int literal is the integer of dtype's width that holds it (signed
-        first: 0x7F800000 -> float32 is inf), a float literal float32 / float64 as dtype is 32 / 64 bits."""
+        first: 0x7F800000 -> float32 is inf); a float literal is the float dtype itself (bfloat16 too), or
+        for an int dtype the float16 / float32 / float64 of its width."""
         bitcast = compile_time_flag(bitcast, "cast: bitcast")
         if not isinstance(dtype, (DType, PointerType)):
             raise CompilationError(f"cast target must be a dsl dtype such as dsl.float32, got {shown(dtype)}")
