@@ -117,7 +117,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from helpers import import_module_from_text
 from kernel_source import jit_from_source
 from test_launch_fast_path import _cuda, gpu  # noqa: F401  (the mocked driver, fake CUDA tensors)
-from test_review_session26_launch import _function_of, tracked  # noqa: F401  (the mocked driver)
+from test_review_session26_launch import _function_of, _optional_bias_kernel, tracked  # noqa: F401
 from test_review_session26_modules import _value_passthrough_pair
 
 
@@ -401,16 +401,6 @@ def test_a_kernel_in_a_zipped_module(tmp_path, monkeypatch):
 # =================================================================================================
 # (c) prepared launches and bools
 # =================================================================================================
-def _optional_bias_kernel():
-    def biased(x_ptr, b_ptr, y_ptr, BLOCK: dsl.constexpr = 8):
-        offs = dsl.arange(0, BLOCK)
-        v = dsl.load(x_ptr + offs)
-        if b_ptr is not None:
-            v = v + dsl.load(b_ptr + offs)
-        dsl.store(y_ptr + offs, v)
-    return dsl.jit(biased)
-
-
 @pytest.mark.parametrize("bad", [3, [1.0], np.zeros(8, np.float32), "x"])
 def test_a_prepared_launch_given_a_non_tensor_takes_the_full_path(tracked, bad):
     kernel = _optional_bias_kernel()

@@ -168,6 +168,8 @@ def _with_error_anchor(ctx, outputs, message: bytes):
 
 
 _DelayedError = torch._C._functions.DelayedError
+
+
 def double_backward_message(ctx) -> bytes:
     """The error of differentiating the gradients that the backward of `ctx` (an autograd Function's
     context) returns, naming the ops of that Function (its OPS, e.g. "fusedops.softmax / log_softmax")."""

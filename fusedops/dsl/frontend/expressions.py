@@ -241,7 +241,8 @@ class ExpressionsMixin:
         result = getattr(value, name)
         if isinstance(value, types.ModuleType):
             # (a name a module's __getattr__ supplies, PEP 562, is not in its namespace: not recorded)
-            reads = [(vars(value), name, vars(value)[name])] if name in vars(value) else []
+            namespace = vars(value)
+            reads = [(namespace, name, namespace[name])] if name in namespace else []
         elif isinstance(value, type):
             reads = class_attribute_reads(value, name)
         else:

@@ -443,10 +443,8 @@ def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: in
         lines.append(f"    {', '.join(inline)} = parts")
     # a tensor slot given None or another object (no data_ptr) takes the full path, which binds it or
     # raises naming its parameter
-    body = ["try:", *(f"    a{i} = t{i}.data_ptr()" for i, slot in enumerate(slots) if slot is not None),
-            "except AttributeError:", f"    return fallback({', '.join(names)})"]
-    if len(body) == 3:      # no tensor slot
-        body = []
+    fetches = [f"    a{i} = t{i}.data_ptr()" for i, slot in enumerate(slots) if slot is not None]
+    body = ["try:", *fetches, "except AttributeError:", f"    return fallback({', '.join(names)})"] if fetches else []
     if tests:
         body += [f"if {' or '.join(tests)}:", f"    return fallback({', '.join(names)})"]
     pointers = [items[slot] for slot in sorted(slot for slot in slots if slot is not None)]
