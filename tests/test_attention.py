@@ -461,7 +461,7 @@ def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torc
             HEAD_MAJOR=config.head_major, **options)
     return dsl.jit(at.attention_backward_dq_kernel.fn).compile(
         x, x, x, x, x, stats, stats, mask, *_strides(dim) * 5, *mask_strides,
-        16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, **options)
+        16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, HEAD_MAJOR=config.head_major, **options)
 
 
 def _loop_bodies(ptx: str) -> list:
@@ -585,6 +585,54 @@ def test_sweep_alternatives_assemble_without_spills(dim, tmp_path, monkeypatch):
                     else compile_backward(kernel, dim, True, config=config))
         result = assemble(compiled.asm["ptx"], "sm_90a")
         assert result.spill_bytes == 0, f"{kernel} {config}: {result.log}"
+
+
+@needs_ptxas
+@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, at.NO_MASK), (64, True, at.ADDITIVE_MASK),
+                                                  (128, True, at.NO_MASK)])
+def test_head_major_dq_assembles_like_launch_order(dim, causal, mask_kind, tmp_path, monkeypatch):
+    """The dQ kernel taking its programs head by head (a batch of many heads) differs from launch order
+    only in its program index: the same wgmma loop, no spills."""
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    config = at.backward_configs(dim, dim, mask_kind != at.NO_MASK, query_heads=1 << 20, sms=132)[1]
+    assert config.head_major
+    head_major = compile_backward("dq", dim, causal, mask_kind, config=config)
+    plain = compile_backward("dq", dim, causal, mask_kind, config=dataclasses.replace(config, head_major=False))
+    result = assemble(head_major.asm["ptx"], "sm_90a")
+    assert result.spill_bytes == 0, result.log
+    count = lambda ptx, op: len(re.findall(op, ptx))                                   # noqa: E731
+    for op in (r"wgmma\.mma_async", r"\bbar\.sync", r"cp\.async\.cg"):
+        assert count(head_major.asm["ptx"], op) == count(plain.asm["ptx"], op), op
+
+
+def test_dq_head_major_from_two_query_heads_per_sm():
+    for dim in (64, 128):
+        assert not at.backward_configs(dim, dim, query_heads=2 * 132 - 1, sms=132)[1].head_major
+        kv, q = at.backward_configs(dim, dim, query_heads=2 * 132, sms=132)
+        assert q.head_major and kv == at.backward_configs(dim, dim)[0]
+        assert at.backward_configs(dim, dim, True, 1 << 20, 132)[0] == at.backward_configs(dim, dim, True)[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_major_forward_and_dq_in_the_interpreter(causal):
+    """Head by head, the forward and dQ programs cover every (head, query block) once, GQA included, the
+    last query block of each head first: results as in launch order, both against float64 torch."""
+    generator = torch.Generator().manual_seed(27)
+    q = torch.randn(2, 4, 37, 16, dtype=torch.float64, generator=generator)
+    k, v = (torch.randn(2, 2, 29, 16, dtype=torch.float64, generator=generator) for _ in range(2))
+    do = torch.randn(2, 4, 37, 16, dtype=torch.float64, generator=generator)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=0.3, enable_gqa=True)
+    expected.backward(do)
+    for head_major in (False, True):
+        config = dataclasses.replace(at.INTERPRETER_CONFIG, head_major=head_major)
+        o, lse = at.attention_forward(q, k, v, None, causal, 0.3, interpret=True, config=config)
+        dq, dk, dv = at.attention_backward(do, q, k, v, o, lse, None, causal, 0.3, interpret=True,
+                                           configs=(at.INTERPRETER_CONFIG, config))
+        assert_close(o, expected.detach(), torch.float64, tol=1e-10)
+        for got, leaf in zip((dq, dk, dv), leaves):
+            assert_close(got, leaf.grad, torch.float64, tol=1e-10)
+
 
 # -- GPU tier ----------------------------------------------------------------------------------------------
 

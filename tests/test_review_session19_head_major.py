@@ -59,6 +59,7 @@ from fusedops.dsl.interpreter.context import ProgramContext
 from fusedops.dsl.ir import print_function
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at
+from fusedops.kernels.device_info import INTERPRETER_SMS
 from codegen_helpers import interpret_ir, pipelined_ir
 from helpers import assert_close, poison, random_tensor
 from test_attention import _loop_bodies, _mask_with_dead_rows, _qkv, compile_backward, reference
@@ -397,7 +398,8 @@ def test_gpu_launcher_asks_for_head_major_exactly_for_the_64_entry(dim, dim_v, m
     """attention_backward's GPU launcher (interpret=False, configs=None) prepares the dK/dV kernel with
     HEAD_MAJOR where the padded head dims select BACKWARD_CONFIGS[64] (E, Ev <= 64; with or without an
     attn_mask: MASKED_DKDV_CONFIGS has no 64 entry), on the grid (B * H_kv, cdiv(S, BLOCK_N)); E = 80
-    pads to 128 and keeps the launch order. The forward and dQ kernels take no HEAD_MAJOR."""
+    pads to 128 and keeps the launch order. The dQ kernel takes its programs head by head from
+    DQ_HEAD_MAJOR_PER_SM query heads per SM on (session 27; CPU tensors plan for INTERPRETER_SMS)."""
     spies = {name: _PrepareSpy() for name in ("attention_backward_preprocess_kernel",
                                               "attention_backward_dkdv_kernel", "attention_backward_dq_kernel")}
     for name, spy in spies.items():
@@ -413,13 +415,14 @@ def test_gpu_launcher_asks_for_head_major_exactly_for_the_64_entry(dim, dim_v, m
     kv_config = at.backward_configs(at.head_block(dim), at.head_block(dim_v), masked)[0]
     assert kwargs["HEAD_MAJOR"] is head_major and kv_config.head_major is head_major
     assert grid == (batch * heads_kv, -(-length_k // kv_config.block_n))
-    assert "HEAD_MAJOR" not in spies["attention_backward_dq_kernel"].calls[0][1]
+    many_heads = batch * heads >= at.DQ_HEAD_MAJOR_PER_SM * INTERPRETER_SMS
+    assert spies["attention_backward_dq_kernel"].calls[0][1]["HEAD_MAJOR"] is many_heads
 
 
 def test_sweep_keeps_the_launch_order_twin_of_the_table_entry():
     """The sweep times the E = 64 table entry (head-major) and the same tile in launch order, so one run
-    compares the two; every head-major config in the tables is a dK/dV config (the only kernel with
-    HEAD_MAJOR), and the interpreter's config is not head-major."""
+    compares the two; every head-major config in the tables is a dK/dV config (the dQ kernel's order
+    follows the head count: backward_configs), and the interpreter's config is not head-major."""
     table = at.BACKWARD_CONFIGS[64][0]
     assert table.head_major and not table.kv_ring
     _, backward = at.sweep_configs(64, 64)

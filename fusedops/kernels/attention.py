@@ -60,13 +60,13 @@ Backward. Three kernels, no atomics, deterministic:
 Grids put batch * heads on axis 0 (up to 2**31 - 1 programs) and the query (or key) blocks on axis
 1 (at most 65535, i.e. sequences up to 65535 * BLOCK_M). The E = 64 dK/dV kernel maps its programs head by
 head in launch order instead (`_head_major_program`), so that the programs running at once share one
-head's Q / dO in L2.
+head's Q / dO in L2, and so does the dQ kernel of a batch of many heads, sharing K / V (`backward_configs`).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -76,6 +76,7 @@ from fusedops.dsl.language.dtypes import to_torch
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
+from fusedops.kernels.device_info import sm_count
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -141,11 +142,17 @@ def _head_major_program():
 
 
 @dsl.jit
-def _query_program(H, GROUP):
+def _query_program(H, GROUP, HEAD_MAJOR: dsl.constexpr):
     """(batch * heads index, batch, head, kv head, query block) of a program on the grid
-    (B * H, cdiv(L, BLOCK_M)); batch and heads as int64 offsets. The last query blocks have the most keys under a causal mask: they run first."""
-    bh = dsl.program_id(0)
-    pid_m = dsl.num_programs(1) - 1 - dsl.program_id(1)
+    (B * H, cdiv(L, BLOCK_M)); batch and heads as int64 offsets. The last query blocks have the most keys
+    under a causal mask: they run first (HEAD_MAJOR: the blocks of a head one after the other in launch
+    order, `_head_major_program`, the last first; else every head's last block first)."""
+    if HEAD_MAJOR:
+        bh, block = _head_major_program()
+    else:
+        bh = dsl.program_id(0)
+        block = dsl.program_id(1)
+    pid_m = dsl.num_programs(1) - 1 - block
     b = (bh // H).to(dsl.int64)
     h = bh % H
     kvh = (h // GROUP).to(dsl.int64)
@@ -226,7 +233,7 @@ def attention_forward_kernel(
         stride_mb, stride_mh, stride_mm, stride_mn,
         H, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
-        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr):
+        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, HEAD_MAJOR: dsl.constexpr = False):
     # o_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L) contiguous ACC; q_ptr: (B, H, L, E);
     # k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV); mask_ptr: (B, H, L, S) strides
     # (0 on broadcast dims) or unused. Grid: (B * H, cdiv(L, BLOCK_M)).
@@ -234,7 +241,7 @@ def attention_forward_kernel(
     # the layout of the logits' row reductions (a loop carries its initial value's layout); then the
     # interior blocks without any mask; then the ragged / diagonal tail blocks with the masks.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
-    bh, b, h, kvh, pid_m = _query_program(H, GROUP)
+    bh, b, h, kvh, pid_m = _query_program(H, GROUP, HEAD_MAJOR)
 
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
@@ -498,13 +505,13 @@ def attention_backward_dq_kernel(
         stride_mb, stride_mh, stride_mm, stride_mn,
         H, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo, scale_hi, scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
-        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr):
+        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, HEAD_MAJOR: dsl.constexpr = False):
     # dq_ptr, q_ptr: (B, H, L, E); k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV);
     # do_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L), delta_ptr: (B * H, L) contiguous ACC. Grid: (B * H,
     # cdiv(L, BLOCK_M)).
     # Key blocks: the interior ones without any mask, then the ragged / diagonal tail with the masks.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
-    bh, b, h, kvh, pid_m = _query_program(H, GROUP)
+    bh, b, h, kvh, pid_m = _query_program(H, GROUP, HEAD_MAJOR)
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
     re = dsl.arange(0, BLOCK_E)
@@ -637,6 +644,16 @@ BACKWARD_CONFIGS = {
     128: (AttentionConfig(32, 128, 8, 2), AttentionConfig(128, 64, 8, 2)),
     256: (AttentionConfig(32, 32, 8, 1), AttentionConfig(32, 32, 8, 1)),
 }
+# The dQ kernel reads every key block of its head for each query block. In launch order (heads fastest) the
+# programs in flight at once are one query block of as many heads, each streaming its own head's K and V
+# (past the L2 at B * S = 16k tokens); head by head (`_query_program`'s HEAD_MAJOR) they are the query blocks
+# of a few heads, sharing them. That pays where the batch has at least two query heads per SM. Session 27 (H200,
+# .scratch/hm_probe.py, interleaved, whole backward x torch's flash, fp16, launch order -> head major), E = 64:
+# S = 1k (B * H = 512) 0.926 -> 0.963, causal 1.016 -> 1.052; S = 2k (256) 0.895 -> 0.895, causal 0.961 ->
+# 0.961; S = 4k / 8k 0.88 / 0.87 -> 0.88 / 0.865, causal 0.93 / 0.89 -> 0.92 / 0.87; E = 128: S = 1k (256)
+# 1.094 -> 1.099, causal 1.100 -> 1.110; S = 4k / 8k 1.05 / 1.01 -> 1.01 / 1.00, causal 1.04 / 1.03 -> 1.01 /
+# 0.99. The forward, head major: E = 64 S = 1k 0.902 -> 0.919, slower elsewhere (by up to 9% with causal).
+DQ_HEAD_MAJOR_PER_SM = 2
 # The dK/dV config of a backward with an attn_mask, where it differs from BACKWARD_CONFIGS'.
 MASKED_DKDV_CONFIGS = {128: AttentionConfig(32, 64, 8, 2)}
 # Alternatives the sweep times (besides the table's entry), by padded head dim.
@@ -674,11 +691,14 @@ def forward_config(block_e: int, block_ev: int) -> AttentionConfig:
     return FORWARD_CONFIGS[_table_key(block_e, block_ev)]
 
 
-def backward_configs(block_e: int, block_ev: int, masked: bool = False) -> tuple:
+def backward_configs(block_e: int, block_ev: int, masked: bool = False, query_heads: int = 0, sms: int = 1) -> tuple:
     """(dK/dV kernel config, dQ kernel config) for padded head dims (BACKWARD_CONFIGS), with an attn_mask
-    where `masked` (MASKED_DKDV_CONFIGS)."""
+    where `masked` (MASKED_DKDV_CONFIGS); the dQ kernel takes its programs head by head where the batch
+    has at least DQ_HEAD_MAJOR_PER_SM query heads (B * H, `query_heads`) per SM (`sms`)."""
     key = _table_key(block_e, block_ev)
     kv, q = BACKWARD_CONFIGS[key]
+    if query_heads >= DQ_HEAD_MAJOR_PER_SM * sms:
+        q = replace(q, head_major=True)
     return (MASKED_DKDV_CONFIGS.get(key, kv) if masked else kv), q
 
 
@@ -837,7 +857,7 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
         (batch * heads, blocks), o, lse, q, k, v, mask_arg, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
         *mask_strides, heads, heads // heads_kv, length_q, length_k, dim, dim_v, *_float_pair(float(scale) * LOG2E),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block_e, BLOCK_EV=block_ev,
-        CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc,
+        CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc, HEAD_MAJOR=config.head_major,
         num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret)
     mask_argument = _mask_argument(mask)
 
@@ -889,7 +909,8 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
         return lambda do, q, k, v, o, lse, mask: (new_dq().zero_(), new_dk().zero_(), new_dv().zero_())
     block_e, block_ev = head_block(dim), head_block(dim_v)
     if configs is None:
-        configs = (INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(block_e, block_ev, mask is not None)
+        configs = (INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(
+            block_e, block_ev, mask is not None, batch * heads, sm_count(q.device))
     kv_config, q_config = configs
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")
@@ -917,7 +938,7 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,
         heads, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=q_config.block_m, BLOCK_N=q_config.block_n, num_warps=q_config.num_warps,
-        num_stages=q_config.num_stages, **common)
+        num_stages=q_config.num_stages, HEAD_MAJOR=q_config.head_major, **common)
     mask_argument = _mask_argument(mask)
 
     def launch(do, q, k, v, o, lse, mask):
