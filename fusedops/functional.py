@@ -139,7 +139,9 @@ def log_softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype]
 
 
 def _softmax(name: str, input, dim, dtype: Optional[torch.dtype], *, log: bool) -> torch.Tensor:
-    if _transforms_active() or needs_torch(input):
+    if _transforms_active() or needs_torch(input) or (type(dim) is not int and torch.compiler.is_compiling()):
+        # (under torch.compile a NumPy integer made in the compiled code is a traced tensor, which the checks
+        # below would read back into an int: a graph break; torch's op takes it in the graph)
         return (torch.log_softmax if log else torch.softmax)(input, dim, dtype=dtype)
     # Arguments laid out like ones that took the kernel path before (without autocast, an int dim) need
     # neither checks nor routing.
@@ -280,28 +282,32 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
 # ------------------------------------------------------------------------------------------------
 # matmul (with a fused epilogue)
 # ------------------------------------------------------------------------------------------------
-def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None,
-           out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """activation(a @ b + bias) in one kernel, with torch.matmul's shape rules.
+def matmul(input: torch.Tensor, other: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """activation(input @ other + bias) in one kernel, with torch.matmul's arguments and shape rules.
 
     Args:
-        a: (..., M, K) or (K,); b: (..., K, N) or (K,); one floating dtype; the batch dims broadcast
+        input: (..., M, K) or (K,); other: (..., K, N) or (K,); one dtype; the batch dims broadcast
             (a 2-D operand is shared by every batch without a copy); any strides: transposed and
             strided views are read in place. Any M, N, K >= 0 (K = 0 gives activation(bias), or 0).
         bias: (N,) tensor of any floating dtype, added in float32, or None.
         activation: None, "relu", "gelu" (erf), "gelu_tanh" or "silu", applied in float32.
-        out_dtype: the result dtype (default a's): float16, bfloat16 or float32.
+        out_dtype: the result dtype (default input's): float16, bfloat16 or float32.
     Returns:
         A contiguous tensor of shape broadcast(batch) + (M, N) (dims of 1-D operands dropped).
     Raises:
-        TypeError: non-tensor operands or bias, mismatched or non-floating operand dtypes, a
-        non-floating bias or out_dtype. ValueError: shapes that do not multiply, a bias that is not a 1-D tensor of N
-        elements on the operands' device, an unknown activation, operands on two devices.
+        TypeError: non-tensor operands or bias, mismatched operand dtypes, bool operands, a bias,
+        activation or out_dtype with integer or complex operands, a non-floating bias or out_dtype.
+        ValueError: shapes that do not multiply (K, or batch dims that do not broadcast), a bias that is
+        not a 1-D tensor of N elements on the operands' device, an unknown activation, operands on two
+        devices.
 
     float16/bfloat16 CUDA tensors run the fusedops kernel (tensor cores, fp32 accumulation;
     autograd through fusedops.autograd.matmul.MatmulFunction). Other CUDA dtypes and CPU tensors
-    run torch ops, unless FUSEDOPS_INTERPRET=1 runs the kernel in the interpreter (any float dtype).
+    run torch ops, unless FUSEDOPS_INTERPRET=1 runs the kernel in the interpreter (any float dtype);
+    integer and complex operands take torch.matmul's product in their own dtype.
     """
+    a, b = input, other
     if _transforms_active() or needs_torch(a, b, bias):
         if not (isinstance(a, torch.Tensor) and a.is_nested):     # (the checks read a's shape)
             _matmul.check_arguments(a, b, bias, activation, out_dtype)
@@ -319,8 +325,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
             return _library.matmul(a, b, bias, activation, out_dtype)
         products = _matmul.kernel_products(a, b, bias, activation, out_dtype)
     return _matmul.multiply(a, b, bias, activation, out_dtype, products)
-
-
 
 
 # ------------------------------------------------------------------------------------------------

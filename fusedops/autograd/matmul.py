@@ -36,22 +36,35 @@ ACTIVATIONS = kernels.ACTIVATIONS
 
 def check_arguments(a, b, bias, activation, out_dtype) -> None:
     """Raise TypeError / ValueError the way torch.matmul would for bad operands (named in messages)."""
-    for name, value in (("a", a), ("b", b)):
+    for name, value in (("input", a), ("other", b)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"fusedops.matmul(): argument '{name}' must be a torch.Tensor, not {type(value).__name__}")
         if value.dim() == 0:
             raise ValueError(f"fusedops.matmul(): both arguments need at least 1 dimension, '{name}' is 0-d")
     if a.dtype != b.dtype:
-        raise TypeError(f"fusedops.matmul(): expected a and b to have the same dtype, got {a.dtype} and {b.dtype}")
+        raise TypeError(f"fusedops.matmul(): expected input and other to have the same dtype, got {a.dtype} and "
+                        f"{b.dtype}")
     if not a.dtype.is_floating_point:
-        raise TypeError(f"fusedops.matmul(): expected floating-point operands, got {a.dtype}")
+        if a.dtype == torch.bool:
+            raise TypeError(f"fusedops.matmul(): expected floating-point, integer or complex operands, got {a.dtype}")
+        extras = [name for name, value in (("bias", bias), ("activation", activation), ("out_dtype", out_dtype))
+                  if value is not None]
+        if extras:
+            raise TypeError(f"fusedops.matmul(): {' and '.join(extras)} need floating-point operands, got {a.dtype} "
+                            f"(integer and complex operands take torch.matmul's product alone)")
     device = a.get_device()     # cheaper than .device, but -1 for every non-CUDA device
     if device != b.get_device() or (device < 0 and a.device != b.device):
-        raise ValueError(f"fusedops.matmul(): a is on {a.device} but b is on {b.device}")
+        raise ValueError(f"fusedops.matmul(): input is on {a.device} but other is on {b.device}")
     k_a, k_b = a.shape[-1], (b.shape[0] if b.dim() == 1 else b.shape[-2])
     if k_a != k_b:
         raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
                          f"({k_a} != {k_b})")
+    if a.dim() > 2 and b.dim() > 2:
+        try:
+            torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except RuntimeError:
+            raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
+                             f"(batch dims {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])} do not broadcast)") from None
     n = 1 if b.dim() == 1 else b.shape[-1]
     if bias is not None:
         if not isinstance(bias, torch.Tensor):
@@ -62,7 +75,7 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
         if not bias.dtype.is_floating_point:
             raise TypeError(f"fusedops.matmul(): bias must be a floating-point tensor, got {bias.dtype}")
         if bias.get_device() != device or (device < 0 and bias.device != a.device):
-            raise ValueError(f"fusedops.matmul(): bias must be on a's device ({a.device}), got {bias.device}")
+            raise ValueError(f"fusedops.matmul(): bias must be on input's device ({a.device}), got {bias.device}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"fusedops.matmul(): activation must be one of {ACTIVATIONS}, got {activation!r}")
     if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
@@ -103,7 +116,10 @@ def reference(a, b, bias=None, activation=None, out_dtype=None) -> torch.Tensor:
     numerics: 16-bit operands multiplied and summed in float32 (float64 where one is float64), the bias
     added and the activation applied there, then one rounding to out_dtype (default a's dtype), as
     torch.nn.Linear's addmm does. (A 16-bit torch.matmul rounds A @ B first: 100 x 200 summed over 4
-    is inf in float16 before a bias of -40000 could bring it back to 40000.)"""
+    is inf in float16 before a bias of -40000 could bring it back to 40000.) Integer and complex operands
+    (check_arguments: no bias, activation or out_dtype) take torch.matmul in their own dtype."""
+    if not a.dtype.is_floating_point:
+        return torch.matmul(a, b)
     acc = torch.promote_types(_wide(a.dtype), _wide(b.dtype))
     z = torch.matmul(a.to(acc), b.to(acc))
     if bias is not None:

@@ -51,7 +51,8 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         (..., out_features).
     Raises:
         RuntimeError, as torch.nn.functional.linear: a 0-d input, an input whose last dim is not
-            in_features, an input of another dtype than weight's. TypeError: input is not a tensor.
+            in_features, an input of another dtype than weight's. TypeError: input, weight or bias (but None)
+            is not a tensor (torch.nn.functional.linear's error).
 
     Nested and sparse tensors (no (rows, in_features) view), a weight that is not 2-D, complex dtypes, a bias
     of another dtype than the weight's (torch raises there, outside autocast) and a bias of another shape than
@@ -59,7 +60,8 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     broadcast) run torch.nn.functional.linear. Under torch.jit.trace fusedops.matmul runs torch's ops (see
     functional.needs_torch), and the row count and the reshapes follow the input's sizes in the trace.
     """
-    if (not isinstance(input, torch.Tensor) or input.is_nested or input.layout is not torch.strided
+    if (not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor)
+            or not isinstance(bias, (torch.Tensor, type(None))) or input.is_nested or input.layout is not torch.strided
             or weight.layout is not torch.strided or weight.dim() != 2 or input.is_complex() or weight.is_complex()
             or (bias is not None and (bias.dtype != weight.dtype or bias.shape != weight.shape[:1]))):
         return apply_activation(torch.nn.functional.linear(input, weight, bias), activation)

@@ -21,21 +21,31 @@ def _legacy_dim(name: str, ndim: int) -> int:
     # torch.compile traces: dynamo cannot trace warnings.warn, and a fullgraph compile would fail).
     if not torch.compiler.is_compiling():
         warnings.warn(f"Implicit dimension choice for {name} has been deprecated. "
-                      "Change the call to include dim=X as an argument.", stacklevel=5)
+                      "Change the call to include dim=X as an argument.", stacklevel=6)
     return 0 if ndim in (0, 1, 3) else 1
+
+
+@torch.fx.wrap      # a leaf of torch.fx.symbolic_trace: the legacy rule needs the input's rank, a Proxy has none
+def _implicit_dim_softmax(input: torch.Tensor, log: bool) -> torch.Tensor:
+    """fusedops.softmax (log_softmax) of `input` over the dim torch's legacy rule picks for dim=None."""
+    name = "log_softmax" if log else "softmax"
+    dim = _legacy_dim(name, input.dim())
+    return functional.log_softmax(input, dim) if log else functional.softmax(input, dim)
 
 
 class Softmax(torch.nn.Softmax):
     """Softmax over `dim` (see torch.nn.Softmax), computed by `fusedops.softmax`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        dim = self.dim if self.dim is not None else _legacy_dim("softmax", input.dim())
-        return functional.softmax(input, dim)
+        if self.dim is None:
+            return _implicit_dim_softmax(input, False)
+        return functional.softmax(input, self.dim)
 
 
 class LogSoftmax(torch.nn.LogSoftmax):
     """Log-softmax over `dim` (see torch.nn.LogSoftmax), computed by `fusedops.log_softmax`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        dim = self.dim if self.dim is not None else _legacy_dim("log_softmax", input.dim())
-        return functional.log_softmax(input, dim)
+        if self.dim is None:
+            return _implicit_dim_softmax(input, True)
+        return functional.log_softmax(input, self.dim)
