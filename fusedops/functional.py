@@ -11,7 +11,7 @@ While torch.compile traces (`torch.compiler.is_compiling()`), the kernel path ca
 operators of fusedops/library.py (`torch.ops.fusedops.*`) instead, so the graph has no breaks; eager
 calls launch the kernels directly (a custom-op dispatch costs ~20 us of host time). Autocast follows
 torch's lists (`library.autocast_dtype`): under CUDA autocast softmax, log_softmax, layer_norm and
-rms_norm run in float32 and matmul and scaled_dot_product_attention in the autocast dtype.
+(with torch 2.12 or later, as torch) rms_norm run in float32 and matmul and scaled_dot_product_attention in the autocast dtype.
 """
 
 from __future__ import annotations

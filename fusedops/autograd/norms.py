@@ -37,19 +37,21 @@ _HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
 
 
 def _is_size(d) -> bool:
-    """An entry of a shape as torch's parser takes it: an integer (not a bool) or a 0-d integer tensor."""
+    """An entry of a shape as torch's parser takes it: an integer (not a bool), a symbolic one (torch.SymInt,
+    a size while torch.export or make_fx traces) or a 0-d integer tensor."""
     if isinstance(d, torch.Tensor):
         return d.dim() == 0 and not d.is_floating_point() and not d.is_complex() and d.dtype != torch.bool
-    return isinstance(d, numbers.Integral) and not isinstance(d, bool)
+    return (isinstance(d, numbers.Integral) and not isinstance(d, bool)) or isinstance(d, torch.SymInt)
 
 
 def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
-    """`normalized_shape` (an int or a sequence of ints, as torch.nn.LayerNorm accepts) as a tuple."""
+    """`normalized_shape` (an int or a sequence of ints, as torch.nn.LayerNorm accepts) as a tuple of ints
+    (symbolic sizes specialized to their values: the kernels' launches are planned for concrete sizes)."""
     if type(normalized_shape) is tuple and len(normalized_shape) == 1 and type(normalized_shape[0]) is int:
         return normalized_shape     # what torch.nn.LayerNorm holds, checked without the ABCs below
     if type(normalized_shape) is int:
         return (normalized_shape,)
-    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
+    if _is_size(normalized_shape) and not isinstance(normalized_shape, torch.Tensor):
         return (int(normalized_shape),)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
         shape = tuple(normalized_shape)

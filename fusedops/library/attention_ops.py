@@ -21,17 +21,24 @@ import torch
 
 from fusedops.autograd import attention as _attention
 from fusedops.kernels import attention as _attention_kernels
-from fusedops.library.common import INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled
+from fusedops.library.common import INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled, refuse_dual
 
 
 def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
     """The routing rule of fusedops.scaled_dot_product_attention: float16/bfloat16 CUDA tensors (CPU
-    tensors of any float dtype under FUSEDOPS_INTERPRET=1) with head dims up to the kernels' maximum."""
+    tensors of any float dtype under FUSEDOPS_INTERPRET=1) with head dims up to the kernels' maximum
+    (and a scale they take: `_op_runs_kernels`)."""
     if max(query.size(-1), value.size(-1)) > _attention_kernels.MAX_HEAD_DIM:
         return False
     if query.is_cuda:
         return query.dtype in (torch.float16, torch.bfloat16)
     return query.device.type == "cpu" and query.dtype in INTERPRETER_DTYPES and interpret_enabled()
+
+
+def _op_runs_kernels(query: torch.Tensor, value: torch.Tensor, scale: Optional[float]) -> bool:
+    """The operators' routing: attention_runs_kernels, and a scale the kernels take (a float64 scale past
+    float32's range runs the math attention: autograd.attention.scale_beyond_kernels)."""
+    return attention_runs_kernels(query, value) and not _attention.scale_beyond_kernels(query, scale)
 
 
 def _attention_batch(query, key, value) -> tuple:
@@ -86,9 +93,11 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     fusedops/kernels/attention.py). Checks its arguments as fusedops.scaled_dot_product_attention does (the op
     may be called directly)."""
     _attention.check_arguments(query, key, value, attn_mask, 0.0, enable_gqa, scale, is_causal)
+    refuse_dual("scaled_dot_product_attention", query, key, value, attn_mask)
+    runs_kernels = _op_runs_kernels(query, value, scale)
     q, k, v, mask, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
     scale = _attention.attention_scale(query, scale)
-    if attention_runs_kernels(query, value):
+    if runs_kernels:
         o, lse = _attention_kernels.attention_forward(q, k, v, mask, is_causal, scale)
     else:       # math attention in the accumulation dtype (the L x S logits are materialized)
         p, _, v_heads, lse = _attention_probabilities(q, k, v, mask, is_causal, scale)
@@ -103,11 +112,12 @@ def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: 
                            enable_gqa: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dquery, dkey, dvalue), contiguous, shaped and typed like query, key, value (gradients of
     broadcast dims summed), from the output gradient and the forward's output and lse."""
+    runs_kernels = _op_runs_kernels(query, value, scale)
     q, k, v, mask, _ = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
     scale = _attention.attention_scale(query, scale)
     rows = (q.size(0), q.size(1), q.size(2))
     o, do = output.reshape(*rows, v.size(-1)), grad_output.reshape(*rows, v.size(-1))   # (no -1: 0 elements)
-    if attention_runs_kernels(query, value):
+    if runs_kernels:
         dq, dk, dv = _attention_kernels.attention_backward(do, q, k, v, o, lse.reshape(*rows[:2], 2, rows[2]), mask,
                                                            is_causal, scale)
     else:       # dS = P * (dP - rowsum(dO * O)), dP = dO V^T (Dao 2023, Algorithm 2)
@@ -148,9 +158,25 @@ def _setup_attention(ctx, inputs, output):
 
 def _attention_backward(ctx, grad_output, grad_lse):
     query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    if ctx.needs_input_grad[3]:
+        return _recomputed_gradients(ctx, grad_output, query, key, value, attn_mask)
     dq, dk, dv = torch.ops.fusedops.scaled_dot_product_attention_backward(
         grad_output, query, key, value, out, lse, attn_mask, ctx.is_causal, ctx.scale, ctx.enable_gqa)
-    return dq, dk, dv, None, None, None, None       # no gradient for the mask (see the functional)
+    return dq, dk, dv, None, None, None, None
+
+
+def _recomputed_gradients(ctx, grad_output, query, key, value, attn_mask) -> tuple:
+    """The gradients of a call whose float attn_mask requires grad (a learned bias; the public function runs
+    torch's op for it, a direct call of the operator comes here): torch's attention recomputed, and its
+    gradients, the mask's (dS, summed over the dims it broadcasts) among them."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(need) for t, need in zip((query, key, value, attn_mask),
+                                                                      ctx.needs_input_grad)]
+        out = _attention.torch_attention(*leaves[:3], attn_mask=leaves[3], dropout_p=0.0, is_causal=ctx.is_causal,
+                                         scale=ctx.scale, enable_gqa=ctx.enable_gqa)
+        wanted = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad_output))
+    return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None)
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_setup_attention)

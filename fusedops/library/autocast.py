@@ -1,8 +1,8 @@
 """torch's autocast policy for the fusedops operators, and its registration for direct callers.
 
 `autocast_dtype(op, device_type)` states torch's autocast policy for each op (softmax, log_softmax,
-layer_norm: float32 on CUDA; rms_norm: not cast; matmul and scaled_dot_product_attention: the autocast
-dtype on CUDA and CPU); fusedops.functional applies it in eager mode and under tracing, and
+layer_norm: float32 on CUDA; rms_norm: float32 on CUDA where the installed torch casts it (2.12 on), else
+not cast; matmul and scaled_dot_product_attention: the autocast dtype on CUDA and CPU); fusedops.functional applies it in eager mode and under tracing, and
 `register_autocast()` registers the same policy with `torch.library.register_autocast` for callers of
 `torch.ops.fusedops.*` (fusedops.functional casts before calling).
 """
@@ -18,12 +18,15 @@ from fusedops.library.common import NAMESPACE
 # op -> {device type: "float32" | "lower"}, as torch's autocast lists (aten/src/ATen/autocast_mode.cpp):
 # on CUDA softmax/log_softmax/layer_norm run in float32 and matmul/linear and scaled_dot_product_attention
 # in the autocast dtype; on the CPU only matmul/linear and scaled_dot_product_attention are autocast.
-# rms_norm is on no list: torch runs it in the input's dtype (seen on the H200 with torch 2.11: an fp16
-# input under fp16 autocast gives an fp16 output).
+# rms_norm joined the CUDA float32 list in torch 2.12 (pytorch#188955); before, torch ran it in the input's
+# dtype (seen on the H200 with torch 2.11: an fp16 input under fp16 autocast gives an fp16 output). Which one
+# the installed torch does shows as an AutocastCUDA kernel of aten::rms_norm.
+_TORCH_CASTS_RMS_NORM = torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA")
 AUTOCAST_POLICY = {
     "softmax": {"cuda": "float32"},
     "log_softmax": {"cuda": "float32"},
     "layer_norm": {"cuda": "float32"},
+    **({"rms_norm": {"cuda": "float32"}} if _TORCH_CASTS_RMS_NORM else {}),
     "matmul": {"cuda": "lower", "cpu": "lower"},
     "scaled_dot_product_attention": {"cuda": "lower", "cpu": "lower"},
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from fusedops.dsl.runtime import knobs
 
@@ -62,3 +63,16 @@ def wrap_dim(dim: int, ndim: int) -> int:
     if not -rank <= dim < rank:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
     return dim % rank
+
+
+def refuse_dual(op: str, *tensors: Optional[torch.Tensor]) -> None:
+    """Raise RuntimeError where one of `tensors` is a dual tensor of forward-mode AD (a tangent at the current
+    level): the custom operators have no forward-mode formula, and their outputs would carry no tangent (read
+    as zero downstream: an exported program or a direct call of torch.ops.fusedops.*). The public functions
+    run torch's ops for dual tensors (functional.needs_torch)."""
+    if _forward_ad._current_level < 0:
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
+            raise RuntimeError(f"torch.ops.{NAMESPACE}.{op}: a dual tensor of forward-mode AD; the operator has no "
+                               f"forward-mode formula (fusedops.{op} runs torch's op for dual tensors)")

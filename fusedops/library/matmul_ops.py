@@ -13,7 +13,7 @@ from typing import List, Optional
 import torch
 
 from fusedops.autograd import matmul as _matmul
-from fusedops.library.common import accumulation_dtype, matmul_runs_kernels
+from fusedops.library.common import accumulation_dtype, matmul_runs_kernels, refuse_dual
 
 
 @torch.library.custom_op("fusedops::matmul", mutates_args=())
@@ -22,6 +22,7 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = 
     """activation(a @ b + bias) with torch.matmul's shapes (see fusedops.matmul); a new contiguous tensor.
     Checks its arguments as fusedops.matmul does (the op may be called directly)."""
     _matmul.check_arguments(a, b, bias, activation, out_dtype)
+    refuse_dual("matmul", a, b, bias)
     out = out_dtype or a.dtype
     if matmul_runs_kernels(a, out_dtype, bias):
         return _matmul.forward_kernel(a, b, bias, activation, out)

@@ -21,7 +21,7 @@ import torch
 
 from fusedops.autograd import norms as _autograd_norms
 from fusedops.kernels import norms as _norm_kernels
-from fusedops.library.common import accumulation_dtype, runs_kernels
+from fusedops.library.common import accumulation_dtype, refuse_dual, runs_kernels
 
 
 def _rows_and_columns(x: torch.Tensor, normalized_shape: Sequence[int]) -> Tuple[int, int]:
@@ -30,6 +30,7 @@ def _rows_and_columns(x: torch.Tensor, normalized_shape: Sequence[int]) -> Tuple
 
 def _norm_forward(x, normalized_shape, weight, bias, eps, subtract_mean: bool):
     """(y, mean or None, rstd): y contiguous like x; mean, rstd (rows,) in the accumulation dtype."""
+    refuse_dual("layer_norm" if subtract_mean else "rms_norm", x, weight, bias)
     n_rows, n_cols = _rows_and_columns(x, normalized_shape)
     dtypes = (x.dtype,) + tuple(p.dtype for p in (weight, bias) if p is not None)
     if runs_kernels(x, *dtypes):

@@ -18,7 +18,7 @@ import torch
 
 from fusedops.autograd import softmax as _autograd_softmax
 from fusedops.kernels import softmax as _softmax_kernels
-from fusedops.library.common import accumulation_dtype, runs_kernels, wrap_dim
+from fusedops.library.common import accumulation_dtype, refuse_dual, runs_kernels, wrap_dim
 
 _EXACT_UPCASTS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
                   (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
@@ -29,6 +29,7 @@ def _softmax_output_dtype(input: torch.Tensor, dtype: Optional[torch.dtype]) -> 
 
 
 def _softmax_forward(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
+    refuse_dual("log_softmax" if log else "softmax", input)
     dim = wrap_dim(dim, input.dim())
     x = input.contiguous()
     if dtype is not None and dtype != x.dtype and (x.dtype, dtype) not in _EXACT_UPCASTS:
