@@ -106,7 +106,7 @@ import fusedops.library  # noqa: F401  (registers torch.ops.fusedops.*)
 import fusedops.nn as fnn
 from fusedops.nn.linear import linear as flinear
 from helpers import assert_close
-from test_review_session26_matmul import prepared  # noqa: F401  (the GPU-path stand-in fixture)
+from test_review_session26_matmul import _gen, _randn, path, prepared  # noqa: F401  (path, prepared: fixtures)
 
 D = torch.float64
 ACT = {None: lambda z: z, "relu": F.relu, "gelu": F.gelu,
@@ -120,25 +120,6 @@ def route(request, monkeypatch):
     else:
         monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
     return request.param
-
-
-@pytest.fixture(params=["interpret", "fallback", "prepared"])
-def path(request, monkeypatch):
-    if request.param == "prepared":
-        request.getfixturevalue("prepared")     # sets FUSEDOPS_INTERPRET=1 itself
-    elif request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(g, *shape, dtype=D):
-    return torch.randn(shape, generator=g, dtype=D).to(dtype)
 
 
 def _reference(a, b, bias, activation):

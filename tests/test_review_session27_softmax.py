@@ -89,9 +89,9 @@ import torch
 
 import fusedops
 import fusedops.nn as fnn
-from fusedops.autograd import softmax as softmax_autograd
 from fusedops.kernels import softmax as K
-from helpers import assert_close, poison
+from helpers import assert_close
+from test_softmax import poisoned_outputs  # noqa: F401  (a fixture)
 
 OPS = {
     "softmax": (fusedops.softmax, torch.softmax),
@@ -101,20 +101,10 @@ NAMES = list(OPS)
 
 
 @pytest.fixture
-def interpreted(monkeypatch):
+def interpreted(monkeypatch, poisoned_outputs):
     """The kernels run in the interpreter, every output they allocate starts as NaN (a missed element cannot
-    pass), and the launch caches start empty (no earlier test's layouts)."""
+    pass), and the launch caches start empty (no earlier test's layouts: test_softmax's poisoned_outputs)."""
     monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    allocate, allocator = K.empty_in_order_of, K._dense_allocator
-    monkeypatch.setattr(K, "empty_in_order_of", lambda x, dtype: poison(allocate(x, dtype)))
-    monkeypatch.setattr(K, "_dense_allocator", lambda x, dtype: (lambda new: lambda t: poison(new(t)))(
-        allocator(x, dtype)))
-    caches = (K._FORWARD_LAUNCHES, K._BACKWARD_LAUNCHES, softmax_autograd._KNOWN_LAUNCHES)
-    for cache in caches:
-        cache.clear()
-    yield
-    for cache in caches:
-        cache.clear()
 
 
 @pytest.fixture
