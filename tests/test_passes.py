@@ -125,8 +125,8 @@ def _int_pairs(dtype):
 def _foldable_int(op, dtype, a, b) -> bool:
     if op in ("floordiv", "mod"):
         return b != 0 and not (dtype.is_signed and b == -1 and a == -(1 << (dtype.bits - 1)))
-    if op in ("lshift", "rshift"):
-        return 0 <= b < dtype.bits
+    if op in ("lshift", "rshift"):     # (int1 operands shift in int32, as C promotes them: True << 1 is 2)
+        return 0 <= b < (32 if dtype == dt.int1 else dtype.bits)
     return True
 
 

@@ -5,10 +5,11 @@ Rules (tests in tests/test_control_flow.py):
 - `if` on a compile-time value compiles only the taken branch, in place.
 - `if` on a runtime scalar builds an IF op. Each branch is compiled from a copy of the scope; a
   name assigned in either branch (and defined in both, or before the `if`) becomes an IF result,
-  with one type in both branches (a literal adopts the other branch's type). A name defined in
-  only one branch is not defined after the `if`. An `if` containing a `return` takes the
-  statements after it into both branches, so each path ends in a return; the IF merges the
-  returned values.
+  with one type in both branches (a literal adopts the other branch's type; numbers in every
+  branch, as in an `elif` chain of literals, promote together as literals do). A tuple must have
+  one length in both branches. A name defined in only one branch is not defined after the `if`.
+  An `if` containing a `return` takes the statements after it into both branches, so each path
+  ends in a return; the IF merges the returned values.
 - `for i in range(a, b, step)` builds a FOR op (even with constexpr bounds), following Python's
   `range`: no iteration when the range is empty, negative steps count down; a constexpr step of 0
   is a CompilationError, a runtime one an error in the interpreter (undefined on the GPU). The
@@ -18,9 +19,12 @@ Rules (tests in tests/test_control_flow.py):
   are not supported.
 - Loop-carried values: a name assigned in the body, defined before the loop and read at or after
   the loop's start (in this loop, an enclosing loop, or after). Its type must stay the same:
-  a literal initial value (`acc = 0`) adopts the type the body gives it; a body value whose type
-  changed only because a literal won the promotion (`x = x + 1.5` with x an int32) is converted
-  back, as C's `x += 1.5` would; any other change is a CompilationError naming the variable.
+  a literal initial value (`acc = 0`) adopts the type the body gives it, and so does a nested
+  loop's initial value computed from such a literal, converted (`for i: for j: acc += 0.5` promotes
+  as one loop does, in a helper's loop too); a body value whose type changed only because a
+  literal won the promotion (`x = x + 1.5` with x an int32) is converted back, as C's
+  `x += 1.5` would (not `x = load_f32 + 1`: the load, not the literal, made it a float); any other
+  change is a CompilationError naming the variable.
   A tuple of kernel values and numbers is carried item by item (`name[i]` in errors); its length
   must not change. Names first assigned inside a loop are not defined after it.
 - `while cond:` builds a WHILE op whose before-region evaluates `cond` on the carried values; a
@@ -37,6 +41,7 @@ from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from ..language import promotion
 from ..language.dtypes import BlockType, DType, shape_of
+from ..language.shape_ops import holds_runtime, shown
 from .scope import is_runtime
 
 _MISSING = object()
@@ -48,6 +53,17 @@ def _is_number(value) -> bool:
 
 def _element(type_):
     return type_.element if isinstance(type_, BlockType) else type_
+
+
+def described(value) -> str:
+    """`value` as an error about control flow shows it: a tuple that holds runtime values by its length (the
+    repr of an IR value is the compiler's internal `Value(...)`), a runtime value by its type, a compile-time
+    one as `shown` gives it."""
+    if holds_runtime(value):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if is_runtime(value):
+        return f"a {value.type} value"
+    return shown(value)
 
 
 def _same_constant(a, b) -> bool:
@@ -76,6 +92,15 @@ def _assigned_names(statements) -> list:
     return sorted(found, key=found.get)
 
 
+# Where the two values `_merge` joins come from, when the `if` has both branches.
+_BRANCHES = ("in the `if` branch", "in the `else` branch")
+
+
+def _item(what: str, index: int) -> str:
+    """How errors name item `index` of `what`: `t[0]` for `t`, as the loops name a carried tuple's items."""
+    return f"{what[:-1]}[{index}]`" if what.endswith("`") else f"{what}[{index}]"
+
+
 class _Constant:
     """A name whose compile-time value is the same after both branches."""
 
@@ -84,10 +109,11 @@ class _Constant:
 
 
 class _Leaf:
-    """One value an IF op yields: its value in each branch and its type."""
+    """One value an IF op yields: its value in each branch and its type; `literals`: the numbers it can be
+    when every branch gives a literal (an `elif` chain of them), else None."""
 
-    def __init__(self, values, type_):
-        self.values, self.type = values, type_
+    def __init__(self, values, type_, literals=None):
+        self.values, self.type, self.literals = values, type_, literals
 
 
 class ControlFlowMixin:
@@ -119,8 +145,10 @@ class ControlFlowMixin:
             scopes.append(scope)
         if returns:
             values = [o.value if isinstance(o, Returned) else None for o in outcomes]
-            plan = self._merge("the returned value", values[0], values[1])
+            sides = _BRANCHES if node.orelse else ("in the `if` branch", "after the `if`")
+            plan = self._merge("the returned value", values[0], values[1], sides)
             return Returned(self._emit_if(condition, blocks, [plan])[0])
+        sides = _BRANCHES if node.orelse else ("in the `if` branch", "before the `if` (which has no `else`)")
         names, plans = [], []
         for name in dict.fromkeys(list(scopes[0].names) + list(scopes[1].names)):
             old = before.names.get(name, _MISSING)
@@ -133,7 +161,7 @@ class ControlFlowMixin:
                                   "before the `if` or in both branches")
                 continue
             names.append(name)
-            plans.append(self._merge(f"`{name}`", new[0], new[1]))
+            plans.append(self._merge(f"`{name}`", new[0], new[1], sides))
         for scope in scopes:
             for name, reason in scope.hidden.items():
                 if name not in before.names and name not in before.hidden:
@@ -142,30 +170,48 @@ class ControlFlowMixin:
             before.assign(name, value)
         return None
 
-    def _merge(self, what: str, a, b):
+    def _merge(self, what: str, a, b, sides: tuple):
         """How one name's values at the end of the two branches become one value after the `if`: a
-        `_Constant`, a tuple of plans, or a `_Leaf` the IF yields."""
+        `_Constant`, a tuple of plans, or a `_Leaf` the IF yields. `sides` names where `a` and `b` come
+        from, for the errors."""
         if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-            return tuple(self._merge(f"{what}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b)))
+            return tuple(self._merge(_item(what, i), x, y, sides) for i, (x, y) in enumerate(zip(a, b)))
+        where = f"{described(a)} {sides[0]} but {described(b)} {sides[1]}"
+        if isinstance(a, tuple) or isinstance(b, tuple):
+            raise CompilationError(f"{what} is {where}; after a runtime `if` it must be a tuple of one length in "
+                                   "both branches, or a single value in both")
         if not is_runtime(a) and not is_runtime(b):
             if _same_constant(a, b):
                 return _Constant(a)
             if _is_number(a) and _is_number(b):
-                dtype = promotion.promote(promotion.literal_dtype(a), promotion.literal_dtype(b))
-                return _Leaf((a, b), dtype)
-            raise CompilationError(f"{what} is the compile-time value {a!r} in one branch of a runtime `if` and "
-                                   f"{b!r} in the other; only numbers can differ between the branches")
+                return self._literal_leaf(a, b)
+            raise CompilationError(f"{what} is the compile-time value {shown(a)} {sides[0]} but {shown(b)} "
+                                   f"{sides[1]}; only numbers can differ between the branches of a runtime "
+                                   "`if`")
         if is_runtime(a) and is_runtime(b):
+            if a in self.context.literal_results and b in self.context.literal_results:
+                return self._literal_leaf(a, b)
             if a.type != b.type:
-                raise CompilationError(f"{what} has type {a.type} in the `if` branch and {b.type} in the `else` "
-                                       "branch; convert one with .to(dtype) (or broadcast it) so that both agree")
+                raise CompilationError(f"{what} has type {a.type} {sides[0]} and {b.type} {sides[1]}; "
+                                       "convert one with .to(dtype) (or broadcast it) so that both agree")
             return _Leaf((a, b), a.type)
         value, other = (a, b) if is_runtime(a) else (b, a)
+        if _is_number(other) and value in self.context.literal_results:
+            return self._literal_leaf(a, b)
         if _is_number(other) and isinstance(_element(value.type), DType) \
                 and promotion.literal_fits(other, _element(value.type)):
             return _Leaf((a, b), value.type)
-        raise CompilationError(f"{what} is a {value.type} value in one branch of the `if` and {other!r} in the "
-                               "other; give it one type in both branches")
+        raise CompilationError(f"{what} is {where}; give it one type in both branches")
+
+    def _literal_leaf(self, a, b) -> _Leaf:
+        """The `_Leaf` of two branches that each give a number, or an earlier `if`'s result made of numbers
+        only (`literal_results`): typed as those numbers promote together, as one `if` of two literals is."""
+        known = self.context.literal_results
+        literals = tuple(n for v in (a, b) for n in (known.get(v, ()) if is_runtime(v) else (v,)))
+        dtype = promotion.literal_dtype(literals[0])
+        for literal in literals[1:]:
+            dtype = promotion.promote(dtype, promotion.literal_dtype(literal))
+        return _Leaf((a, b), dtype, literals)
 
     def _emit_if(self, condition: Value, blocks: list, plans: list) -> list:
         leaves = []
@@ -182,13 +228,19 @@ class ControlFlowMixin:
         for index, block in enumerate(blocks):
             with self.builder.insert_into(block):
                 operands = [self.materialize(leaf.values[index], leaf.type) for leaf in leaves]
+                # an earlier `if`'s result made of literals converts to the type they promote to with this one's
+                operands = [self.semantic.cast(value, leaf.type) if leaf.literals is not None else value
+                            for value, leaf in zip(operands, leaves)]
                 self.builder.create(OpCode.YIELD, operands, [])
         op = self.builder.create(OpCode.IF, [condition], [leaf.type for leaf in leaves], regions=blocks)
         results = iter(op.results)
 
         def rebuild(plan):
             if isinstance(plan, _Leaf):
-                return next(results)
+                result = next(results)
+                if plan.literals is not None:
+                    self.context.literal_results[result] = plan.literals
+                return result
             if isinstance(plan, _Constant):
                 return plan.value
             return tuple(rebuild(item) for item in plan)

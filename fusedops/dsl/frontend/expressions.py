@@ -19,6 +19,8 @@ from ..ir.ops import SIDE_EFFECTS
 from ..language import core
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
+from ..language.shape_ops import holds_runtime
+from .control_flow import described
 from .scope import check_global, class_attribute_reads, is_runtime
 
 _BINARY = {
@@ -101,7 +103,8 @@ class ExpressionsMixin:
         if isinstance(value, core.constexpr):
             value = value.value
         if not isinstance(value, Value) and not isinstance(value, (bool, int, float)):
-            raise CompilationError(f"{type(value).__name__} {value!r} cannot be combined with a kernel value")
+            shown = described(value) if holds_runtime(value) else f"{type(value).__name__} {value!r}"
+            raise CompilationError(f"{shown} cannot be combined with a kernel value")
         return value
 
     def visit_UnaryOp(self, node: ast.UnaryOp):

@@ -20,15 +20,16 @@ from typing import Optional
 
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, Builder, Function, Value, verify
+from ..language import core
 from ..language.dtypes import int32
 from ..language.semantics import Semantics
 from ..runtime.signature import bind_parameters
 from .calls import CallsMixin
-from .control_flow import ControlFlowMixin
+from .control_flow import ControlFlowMixin, described
 from .errors import SourceInfo, with_location
 from .expressions import ExpressionsMixin
 from .loops import LoopsMixin
-from .scope import ClassNamespace, Scope
+from .scope import ClassNamespace, Scope, is_runtime
 from .statements import StatementsMixin
 
 _UNSUPPORTED = {
@@ -54,6 +55,10 @@ class CompilationContext:
     semantic: Semantics
     used_globals: dict = dataclasses.field(default_factory=dict)   # (table key, name) -> (table, name, obj)
     call_stack: list = dataclasses.field(default_factory=list)     # jit functions being compiled
+    # a loop's block argument -> its initial value (a number or an IR value), while the loop body compiles
+    carry_inits: dict = dataclasses.field(default_factory=dict)
+    # an IF result made of numbers only -> those numbers (control_flow._Leaf)
+    literal_results: dict = dataclasses.field(default_factory=dict)
 
     def record_global(self, table, name: str, obj) -> None:
         # a dict by identity; a ClassNamespace (made anew at each read) by its class
@@ -158,7 +163,8 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
 
     # -- calls to other @dsl.jit functions --------------------------------------------------------
     def inline_call(self, callee, args: list, kwargs: dict):
-        """Compile `callee(*args, **kwargs)` in place and return what it returns."""
+        """Compile `callee(*args, **kwargs)` in place and return what it returns. A parameter annotated with
+        a dsl dtype converts its argument to it (`_annotated_argument`)."""
         if callee in self.context.call_stack:
             raise UnsupportedError(f"recursive call to `{callee.__name__}`: kernels cannot recurse")
         names = bind_arguments(callee, args, kwargs)
@@ -168,6 +174,8 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
             if param.is_constexpr and isinstance(value, Value):
                 raise CompilationError(f"argument `{param.name}` of `{callee.__name__}` is a dsl.constexpr "
                                        "parameter, but a runtime value was passed")
+            if param.annotation is not None and not param.is_constexpr:
+                value = self._annotated_argument(callee, param, value)
             scope.assign(param.name, value)
         self.context.call_stack.append(callee)
         try:
@@ -175,6 +183,22 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
             return generator.compile_body()
         finally:
             self.context.call_stack.pop()
+
+
+    def _annotated_argument(self, callee, param, value):
+        """`value` converted to the dsl dtype `param` is annotated with (`def helper(n: dsl.int64)`), as
+        `n: dsl.int64 = value` converts it; None and dsl.constexpr(...) values stay compile-time values, as
+        they do for an annotated kernel parameter. Raises CompilationError for any other compile-time value
+        (a tuple, a string, a dtype) and for a conversion that does not exist (a pointer to int32)."""
+        if value is None or isinstance(value, core.constexpr):
+            return value
+        where = f"argument `{param.name}` of `{callee.__name__}` is annotated {param.annotation.name}"
+        if not is_runtime(value) and not isinstance(value, (bool, int, float)):
+            raise CompilationError(f"{where}, which takes a number or a kernel value, but got {described(value)}")
+        try:
+            return self.semantic.cast(value, param.annotation)
+        except CompilationError as error:
+            raise CompilationError(f"{where}: {error.message}") from None
 
 
 def _name_loads(tree: ast.AST) -> list:

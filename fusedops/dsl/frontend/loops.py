@@ -7,23 +7,15 @@ import ast
 import builtins
 
 from ..errors import CompilationError, UnsupportedError
-from ..ir import Block, OpCode, Value
-from ..ir.ops import BINARY_ARITH
+from ..ir import Block, OpCode
 from ..language import core, promotion
 from ..language.dtypes import BlockType, DType, int64, shape_of
-from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant
+from .carried_types import is_literal_promotion, literals_reaching
+from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant, described
 from .scope import is_runtime
 
 # The most iterations a dsl.static_range loop unrolls: each is compiled as its own copy of the body.
 MAX_UNROLL = 4096
-
-
-def _is_literal_promotion(value: Value, carried_type) -> bool:
-    """Whether `value` is `x <op> literal` whose type differs from x's only because the literal won."""
-    op = value.defining_op
-    if op is None or op.opcode not in BINARY_ARITH or shape_of(value.type) != shape_of(carried_type):
-        return False
-    return any(o.defining_op is not None and o.defining_op.opcode == OpCode.CONSTANT for o in op.operands)
 
 
 class LoopsMixin:
@@ -138,7 +130,7 @@ class LoopsMixin:
             carried = [n for n in names if n not in fixed and n not in dropped]
             init_values = [self._loop_init(inits[n], retype.get(n)) for n in carried]
             types = [v.type for v in init_values]
-            attempt = self._loop_attempt(node, header, target, carried, types, tuples)
+            attempt = self._loop_attempt(node, header, target, carried, types, tuples, [inits[n] for n in carried])
             if attempt is None:      # a while whose condition is a compile-time False
                 del outer.ops[mark:]
                 return
@@ -163,9 +155,9 @@ class LoopsMixin:
                                                "reassigned in the loop body; only tuples of kernel values and "
                                                "numbers can be loop-carried: carry its items as separate variables "
                                                f"(e.g. `a, b = {name}`)")
-                    raise CompilationError(f"`{name}` is the compile-time value {inits[name]!r} before the loop but "
-                                           "is reassigned in the loop body; only numbers and kernel values can be "
-                                           "loop-carried")
+                    raise CompilationError(f"`{name}` is the compile-time value {described(inits[name])} before the "
+                                           "loop but is reassigned in the loop body; only numbers and kernel values "
+                                           "can be loop-carried")
             if retry:
                 del outer.ops[mark:]
                 continue
@@ -173,9 +165,28 @@ class LoopsMixin:
             return
         raise CompilationError("the types of the loop-carried variables do not settle")
 
+    def _adopts(self, init, type_) -> bool:
+        """Whether a carried variable whose initial value is `init` takes the type `type_` the body gives it:
+        `init` is a literal that fits it, or a value that an enclosing loop's such literal flows into (a
+        loop nested in that loop's body then converts `init`, as the literal would have adopted the type)."""
+        element = _element(type_)
+        if not isinstance(element, DType):
+            return False
+        if _is_number(init):
+            return promotion.literal_fits(init, element)
+        try:
+            if promotion.broadcast_shapes(shape_of(init.type), shape_of(type_)) != shape_of(type_):
+                return False
+        except promotion.PromotionError:
+            return False
+        return any(promotion.literal_fits(literal, element)
+                   for literal in literals_reaching(self.context.carry_inits, init))
+
     def _loop_init(self, init, type_):
         if is_runtime(init):
-            return init
+            if type_ is None or init.type == type_:
+                return init
+            return self.semantic.broadcast_to(self.semantic.cast(init, _element(type_)), shape_of(type_))
         if type_ is None:
             return self.semantic.to_value(init)
         return self.semantic.constant(init, _element(type_), shape_of(type_))
@@ -186,11 +197,10 @@ class LoopsMixin:
         if is_runtime(end):
             if end.type == arg.type:
                 return True
-            if _is_number(init) and isinstance(_element(end.type), DType) \
-                    and promotion.literal_fits(init, _element(end.type)) and retype.get(name) != end.type:
+            if self._adopts(init, end.type) and retype.get(name) != end.type:
                 retype[name] = end.type           # a literal initial value adopts the body's type
                 return False
-            if _is_literal_promotion(end, arg.type):
+            if is_literal_promotion(end, arg.type):
                 cast_back.add(name)
                 return True
             raise CompilationError(
@@ -201,11 +211,12 @@ class LoopsMixin:
         if _is_number(end) and isinstance(_element(arg.type), DType) and promotion.literal_fits(end, _element(arg.type)):
             return True
         raise CompilationError(f"loop-carried variable `{name}` has type {arg.type} before the loop but becomes "
-                               f"{end!r} in the loop body", scope.locations.get(name))
+                               f"{described(end)} in the loop body", scope.locations.get(name))
 
-    def _loop_attempt(self, node, header, target, carried, types, tuples):
+    def _loop_attempt(self, node, header, target, carried, types, tuples, inits):
         """Compile the loop's regions with the carried names typed `types` (`tuples`: the carried tuples'
-        slots); None when a `while` condition is a compile-time False."""
+        slots; `inits`: their initial values before any conversion); None when a `while` condition is a
+        compile-time False."""
         regions = []
         if header is None:
             before = Block(types, carried)
@@ -239,7 +250,12 @@ class LoopsMixin:
         for name, arg in zip(carried, body_args):
             scope.assign(name, arg)
         tuples.bind(scope, dict(zip(carried, body_args)))
-        self.compile_region(body, scope, node.body)
+        self.context.carry_inits.update(zip(body_args, inits))     # for loops nested in the body (_adopts)
+        try:
+            self.compile_region(body, scope, node.body)
+        finally:
+            for arg in body_args:
+                del self.context.carry_inits[arg]
         regions.append(body)
         return regions, body_args, scope
 
@@ -309,7 +325,7 @@ class _TupleSlots:
         count = len(self.slots[parent])
         if not isinstance(value, tuple) or len(value) != count:
             raise CompilationError(f"`{parent}` is a tuple of {count} items before the loop but "
-                                   f"{_describe(value)} at the end of the loop body; a loop-carried tuple must keep "
+                                   f"{described(value)} at the end of the loop body; a loop-carried tuple must keep "
                                    "its length", scope.locations.get(parent))
         if parent in scope.locations:       # errors about the item point at the tuple's last assignment
             scope.locations[name] = scope.locations[parent]
@@ -319,14 +335,6 @@ class _TupleSlots:
         for slot in self.parent:
             scope.names.pop(slot, None)
             scope.locations.pop(slot, None)
-
-
-def _describe(value) -> str:
-    if isinstance(value, tuple):
-        return f"a tuple of {len(value)} items"
-    if is_runtime(value):
-        return f"a {value.type}"
-    return f"{value!r}"
 
 
 def _may_be_negative(value) -> bool:

@@ -6,9 +6,10 @@ Promotion of two operand element types for arithmetic:
   float32.
 - float with integer: the float type.
 - integer with integer: int1 yields to any other integer; otherwise the wider type; at equal width a
-  signed and an unsigned type give the unsigned one (C's rule). Arithmetic (+ - * // %) of two int1
-  operands computes in int32 (C's integer promotion: True + True is 2); bitwise ops, min/max and
-  comparisons keep int1.
+  signed and an unsigned type give the unsigned one (C's rule). Arithmetic (+ - * // %) and shifts
+  (<< >>) of two int1 operands compute in int32 (C's integer promotion: True + True is 2, True << 1 is
+  2); the bitwise & | ^, min/max and comparisons keep int1. Unary `~` of an int1 is logical not, `-`
+  of one is an error (as in NumPy and torch).
 Python literals are *weak*: a literal adopts the other operand's type when that type can hold its kind
 (an int literal with an integer or float operand, a float literal with a float operand); alone, an int
 literal is int32 (int64 if it does not fit, uint64 beyond that) and a float literal float32.

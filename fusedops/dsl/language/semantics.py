@@ -27,6 +27,9 @@ _BINARY = {
     "lshift": OpCode.SHL, "rshift": OpCode.SHR, "minimum": OpCode.MINIMUM, "maximum": OpCode.MAXIMUM,
     "eq": OpCode.EQ, "ne": OpCode.NE, "lt": OpCode.LT, "le": OpCode.LE, "gt": OpCode.GT, "ge": OpCode.GE,
 }
+# The ops that compute int1 operands in int32, as C's integer promotion does (arithmetic and shifts); the
+# bitwise & | ^, min / max and comparisons keep int1, whose values they cannot take out of {0, 1}.
+_INT1_PROMOTED = frozenset({"add", "sub", "mul", "floordiv", "mod", "lshift", "rshift"})
 _MATH = {
     "exp": OpCode.EXP, "exp2": OpCode.EXP2, "log": OpCode.LOG, "log2": OpCode.LOG2, "sqrt": OpCode.SQRT,
     "rsqrt": OpCode.RSQRT, "sin": OpCode.SIN, "cos": OpCode.COS, "erf": OpCode.ERF, "tanh": OpCode.TANH,
@@ -188,8 +191,8 @@ class Semantics(ShapeOps, BlockOps):
             raise CompilationError(str(e)) from None
         if op == "truediv" and not dtype.is_floating:
             dtype = float32
-        if dtype == int1 and op in ("add", "sub", "mul", "floordiv", "mod"):
-            dtype = int32       # C's integer promotion: True + True is 2, not a wrapped 0
+        if dtype == int1 and op in _INT1_PROMOTED:
+            dtype = int32       # C's integer promotion: True + True is 2 and True << 1 is 2, not a wrapped 0
         if op in ("and", "or", "xor", "lshift", "rshift") and not dtype.is_integer:
             raise CompilationError(f"bitwise `{op}` needs integer operands, got {ea} and {eb}")
         if op == "floordiv" and dtype.is_floating:

@@ -37,9 +37,14 @@ def shown(value) -> str:
     if isinstance(value, Value):
         return (f"a runtime {value.type} value (it must be known at compile time: a dsl.constexpr parameter "
                 "or a Python constant)")
-    if isinstance(value, (tuple, list)) and any(isinstance(item, Value) for item in value):
+    if holds_runtime(value):
         return "(" + ", ".join(shown(item) for item in value) + ")"
     return repr(value)
+
+
+def holds_runtime(value) -> bool:
+    """Whether `value` is a tuple or list with an IR value among its items (or theirs)."""
+    return isinstance(value, (tuple, list)) and any(isinstance(item, Value) or holds_runtime(item) for item in value)
 
 
 def _check_shape(shape, what: str) -> tuple:

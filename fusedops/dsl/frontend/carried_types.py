@@ -1,0 +1,77 @@
+"""How the type of a loop-carried value may change in the loop body (the rules are in control_flow.py's
+docstring; loops.py applies them): a body value whose type changed only because a literal won the promotion
+is converted back (`is_literal_promotion`), and a literal initial value adopts the type the body gives it.
+So does a nested loop's initial value computed from an enclosing loop's literal (`literals_reaching`): the
+nested loop takes its body's type as the literal would, and the enclosing loop then sees the change, so that
+nested loops promote as one loop does."""
+
+from __future__ import annotations
+
+from ..ir import OpCode, Value
+from ..ir.ops import BINARY_ARITH
+from ..language import promotion
+from ..language.dtypes import DType, shape_of
+from .control_flow import _element
+from .scope import is_runtime
+
+# Ops that reshape a value without changing its elements (broadcasting an operand inserts them).
+_RESHAPES = frozenset({OpCode.SPLAT, OpCode.BROADCAST, OpCode.EXPAND_DIMS})
+
+
+def _without_reshapes(value: Value) -> Value:
+    while value.defining_op is not None and value.defining_op.opcode in _RESHAPES:
+        value = value.defining_op.operands[0]
+    return value
+
+
+def _constant(value: Value):
+    """The CONSTANT op `value` is (possibly broadcast), else None."""
+    op = _without_reshapes(value).defining_op
+    return op if op is not None and op.opcode == OpCode.CONSTANT else None
+
+
+def is_literal_promotion(value: Value, carried_type) -> bool:
+    """Whether `value` is `x <op> literal` (either order) whose type differs from the carried type only
+    because the literal won the promotion: x, before the conversion the promotion inserted, has the carried
+    element type, and the result's type is the literal's own (a float literal's float32, a large int's
+    int64 / uint64), which wins the promotion against the carried type. Not one: `load_f32 + 1` into an
+    int32 carry (the load made it float, not the literal), `x.to(dsl.int32) + 1` into a float32 carry (the
+    conversion did) and `x + dsl.full((), 1, dsl.int64)` (a typed constant, not a literal)."""
+    op = value.defining_op
+    if op is None or op.opcode not in BINARY_ARITH or shape_of(value.type) != shape_of(carried_type):
+        return False
+    constants = [c for c in map(_constant, op.operands) if c is not None]
+    others = [_without_reshapes(o) for o in op.operands if _constant(o) is None]
+    if len(constants) != 1 or len(others) != 1:
+        return False
+    carried, result = _element(carried_type), _element(value.type)
+    literal = promotion.literal_dtype(constants[0].attrs["value"])
+    if literal != result or not isinstance(carried, DType) or promotion.promote(carried, literal) != result:
+        return False
+    converted = others[0].defining_op
+    return converted is not None and converted.opcode == OpCode.CAST \
+        and _element(converted.operands[0].type) == carried
+
+
+def literals_reaching(carry_inits: dict, value) -> list:
+    """The literal initial values (`acc = 0`) of the loops being compiled that `value` is computed from,
+    through any ops, `if`s and loops (`carry_inits`: each loop's block argument -> its initial value, a
+    number or an IR value, while the loop's body compiles)."""
+    found, pending, seen = [], [value], set()
+    while pending:
+        value = pending.pop()
+        if not is_runtime(value):
+            found.append(value)
+            continue
+        if value in seen:
+            continue
+        seen.add(value)
+        if value in carry_inits:
+            pending.append(carry_inits[value])
+            continue
+        op = value.defining_op
+        if op is not None:
+            pending.extend(op.operands)
+            pending.extend(v for region in op.regions if region.terminator is not None
+                           for v in region.terminator.operands)
+    return found
