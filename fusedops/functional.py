@@ -11,7 +11,8 @@ While torch.compile traces (`torch.compiler.is_compiling()`), the kernel path ca
 operators of fusedops/library.py (`torch.ops.fusedops.*`) instead, so the graph has no breaks; eager
 calls launch the kernels directly (a custom-op dispatch costs ~20 us of host time). Autocast follows
 torch's lists (`library.autocast_dtype`): under CUDA autocast softmax, log_softmax, layer_norm and
-(with torch 2.12 or later, as torch) rms_norm run in float32 and matmul and scaled_dot_product_attention in the autocast dtype.
+(with torch 2.12 or later, as torch) rms_norm run in float32 and matmul and scaled_dot_product_attention
+in the autocast dtype.
 """
 
 from __future__ import annotations
@@ -248,12 +249,15 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: Optional[torch.Tenso
     Returns:
         A contiguous tensor shaped and typed like input (whatever weight's dtype).
     Raises:
-        TypeError: input not floating, or a complex weight. ValueError: as for layer_norm.
+        TypeError: input neither floating nor complex, or a complex weight of a real input. ValueError: as
+        for layer_norm.
 
     Dispatch as for layer_norm (a float64 weight of a float16/bfloat16/float32 input runs torch's op on
-    every device, the interpreter's included: its weight gradient is summed in float64).
+    every device, the interpreter's included: its weight gradient is summed in float64); a complex input runs
+    torch's op (which takes it).
     """
-    if _transforms_active() or needs_torch(input, weight):
+    if (_transforms_active() or needs_torch(input, weight)
+            or (isinstance(input, torch.Tensor) and input.is_complex())):
         return torch.nn.functional.rms_norm(input, _norms.normalized_shape_tuple(normalized_shape), weight, eps)
     # float32 under CUDA autocast, as torch
     autocast = _autocast_dtype("rms_norm", input) if isinstance(input, torch.Tensor) else None

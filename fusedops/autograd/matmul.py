@@ -34,6 +34,10 @@ from fusedops.kernels.allocation import contiguous_allocator
 ACTIVATIONS = kernels.ACTIVATIONS
 
 
+# Integer operands take torch.matmul's product (as complex ones do); bool and quantized ones are refused.
+_INTEGER_DTYPES = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
+
+
 def check_arguments(a, b, bias, activation, out_dtype) -> None:
     """Raise TypeError / ValueError the way torch.matmul would for bad operands (named in messages)."""
     for name, value in (("input", a), ("other", b)):
@@ -45,7 +49,7 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
         raise TypeError(f"fusedops.matmul(): expected input and other to have the same dtype, got {a.dtype} and "
                         f"{b.dtype}")
     if not a.dtype.is_floating_point:
-        if a.dtype == torch.bool:
+        if not (a.dtype.is_complex or a.dtype in _INTEGER_DTYPES):        # bool, quantized
             raise TypeError(f"fusedops.matmul(): expected floating-point, integer or complex operands, got {a.dtype}")
         extras = [name for name, value in (("bias", bias), ("activation", activation), ("out_dtype", out_dtype))
                   if value is not None]

@@ -373,8 +373,14 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     lanes = dsl.arange(0, BLOCK_N)
     n_chunks = dsl.cdiv(n_cols, BLOCK_N)
     # Pass 1. LayerNorm: lane j runs Welford's update over the columns j, j + BLOCK_N, ... it owns;
-    # every chunk but the last is full, so a lane valid in chunk k has seen exactly k + 1 values.
+    # every chunk but the last is full, so a lane valid in chunk k has seen exactly k + 1 values. The
+    # values are taken relative to the row's first one (shift): the merged mean's rounding, which rstd
+    # multiplies, is then relative to the row's spread, not its magnitude (a constant row gives exactly
+    # the bias; without it a float32 row of 16385 x 12345.678 gave |y| = 0.5).
     # RMSNorm: lane-wise sums of squares.
+    shift = 0.0
+    if SUBTRACT_MEAN:
+        shift = dsl.load(x_row, mask=n_cols > 0, other=0.0).to(acc_dtype)
     count = dsl.zeros((BLOCK_N,), acc_dtype)
     lane_mean = dsl.zeros((BLOCK_N,), acc_dtype)
     lane_m2 = dsl.zeros((BLOCK_N,), acc_dtype)
@@ -383,6 +389,7 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         mask = cols < n_cols
         x = dsl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(acc_dtype)
         if SUBTRACT_MEAN:
+            x = x - shift
             count += dsl.where(mask, 1.0, 0.0)
             delta = x - lane_mean
             # one division per chunk, not per element (the loop is otherwise ALU-bound on divisions)
@@ -398,7 +405,7 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         mean = dsl.sum(count * lane_mean, axis=0) / n_cols
         spread = lane_mean - mean
         variance = (dsl.sum(lane_m2, axis=0) + dsl.sum(count * spread * spread, axis=0)) / n_cols
-        dsl.store(mean_ptr + row, mean)
+        dsl.store(mean_ptr + row, shift + mean)
     else:
         variance = dsl.sum(lane_m2, axis=0) / n_cols
     rstd = 1.0 / dsl.sqrt(variance + eps)
@@ -409,7 +416,7 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         mask = cols < n_cols
         x = dsl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(acc_dtype)
         if SUBTRACT_MEAN:
-            x = x - mean
+            x = (x - shift) - mean
         y = x * rstd
         if weight_ptr is not None:
             y = y * dsl.load(weight_ptr + cols, mask=mask, other=0.0).to(acc_dtype)

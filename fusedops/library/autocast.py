@@ -2,9 +2,10 @@
 
 `autocast_dtype(op, device_type)` states torch's autocast policy for each op (softmax, log_softmax,
 layer_norm: float32 on CUDA; rms_norm: float32 on CUDA where the installed torch casts it (2.12 on), else
-not cast; matmul and scaled_dot_product_attention: the autocast dtype on CUDA and CPU); fusedops.functional applies it in eager mode and under tracing, and
-`register_autocast()` registers the same policy with `torch.library.register_autocast` for callers of
-`torch.ops.fusedops.*` (fusedops.functional casts before calling).
+not cast; matmul and scaled_dot_product_attention: the autocast dtype on CUDA and CPU); fusedops.functional
+applies it in eager mode and under tracing, and `register_autocast()` registers the same policy with
+`torch.library.register_autocast` for callers of `torch.ops.fusedops.*` (fusedops.functional casts before
+calling).
 """
 
 from __future__ import annotations

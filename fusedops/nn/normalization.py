@@ -11,13 +11,16 @@ ValueError / TypeError, naming the argument).
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from fusedops import functional
 
 
 def _as_torch_error(input, call):
-    """call(), with the ValueError / TypeError it raises for a tensor `input` raised as RuntimeError."""
+    """call(), with the ValueError / TypeError it raises about a tensor `input` raised as RuntimeError, as
+    torch's modules raise them (the module's own settings are checked before: `_check_settings`)."""
     try:
         return call()
     except (ValueError, TypeError) as error:
@@ -26,11 +29,22 @@ def _as_torch_error(input, call):
         raise RuntimeError(str(error)) from error
 
 
+def _check_settings(name: str, normalized_shape, eps, eps_optional: bool) -> None:
+    """TypeError, as torch's argument parser raises it, for an eps that is not a number (None where
+    `eps_optional`) or a normalized_shape that is not a tuple of ints (settings of the module, not errors
+    about its input, which torch raises as RuntimeError)."""
+    if not (isinstance(eps, numbers.Real) or (eps is None and eps_optional)):
+        raise TypeError(f"{name}(): argument 'eps' must be float, not {type(eps).__name__}")
+    if not all(isinstance(d, (int, torch.SymInt)) and not isinstance(d, bool) for d in normalized_shape):
+        raise TypeError(f"{name}(): argument 'normalized_shape' must be tuple of ints, got {normalized_shape!r}")
+
+
 class LayerNorm(torch.nn.LayerNorm):
     """Layer normalization over the trailing `normalized_shape` dims (see torch.nn.LayerNorm),
     computed by `fusedops.layer_norm`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        _check_settings("layer_norm", self.normalized_shape, self.eps, False)
         return _as_torch_error(input, lambda: functional.layer_norm(input, self.normalized_shape, self.weight,
                                                                      self.bias, self.eps))
 
@@ -40,5 +54,10 @@ class RMSNorm(torch.nn.RMSNorm):
     computed by `fusedops.rms_norm`; eps=None is torch's default (see fusedops.rms_norm)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        _check_settings("rms_norm", self.normalized_shape, self.eps, True)
+        if isinstance(input, torch.Tensor) and input.dim() < len(self.normalized_shape):
+            # torch.nn.RMSNorm's ValueError (LayerNorm's is a RuntimeError, as _as_torch_error raises it)
+            raise ValueError(f"Input tensor must have at least {len(self.normalized_shape)} dimensions, but got "
+                             f"{input.dim()}")
         return _as_torch_error(input, lambda: functional.rms_norm(input, self.normalized_shape, self.weight,
                                                                    self.eps))

@@ -111,6 +111,7 @@ class Autotuner:
         from .jit import JITFunction
         if not isinstance(fn, JITFunction):
             raise TypeError(f"dsl.autotune decorates a @dsl.jit kernel, got {fn!r}")
+        configs = tuple(configs)        # (read once: a generator would be used up by the checks below)
         if not configs:
             raise ValueError("autotune needs at least one Config")
         wrong = [c for c in configs if not isinstance(c, Config)]
@@ -118,7 +119,7 @@ class Autotuner:
             raise TypeError(f"autotune configs must be dsl.Config objects, got {wrong[0]!r}")
         names = [p.name for p in fn.params]
         self.fn = fn
-        self.configs = tuple(configs)
+        self.configs = configs
         self.key = _argument_names("key", key, fn, names)
         self._tuned = frozenset({"num_warps", "num_stages"}.union(*(c.constexprs for c in self.configs)))
         tuned_keys = [name for name in self.key if name in self._tuned]

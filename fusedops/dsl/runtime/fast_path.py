@@ -62,6 +62,8 @@ def _other_key(value, tensor_type, low: Optional[int] = None, high: Optional[int
         if value.is_neg():
             raise _Miss("a negated view")
         address = value.data_ptr()
+        if not address and value.numel():
+            raise _Miss("a tensor without data (a wrapper subclass)")
         device = value.get_device()
         return address, value.dtype, device if address & 15 else -3 - device
     cls = type(value)
@@ -441,10 +443,11 @@ def _prepared_factory(count: int, slots: tuple, checked: tuple, globals_read: in
         lines.append("    " + _globals_unpacking(globals_read))
     if inline:
         lines.append(f"    {', '.join(inline)} = parts")
-    # a tensor slot given None or another object (no data_ptr) takes the full path, which binds it or
-    # raises naming its parameter
+    # a tensor slot given None or another object (no data_ptr), or a tensor without storage, takes the full
+    # path, which binds it or raises naming its parameter
     fetches = [f"    a{i} = t{i}.data_ptr()" for i, slot in enumerate(slots) if slot is not None]
-    body = ["try:", *fetches, "except AttributeError:", f"    return fallback({', '.join(names)})"] if fetches else []
+    body = ["try:", *fetches, "except (AttributeError, RuntimeError):", f"    return fallback({', '.join(names)})"] \
+        if fetches else []
     if tests:
         body += [f"if {' or '.join(tests)}:", f"    return fallback({', '.join(names)})"]
     pointers = [items[slot] for slot in sorted(slot for slot in slots if slot is not None)]

@@ -90,6 +90,10 @@ _DTYPES_BY_NAME = {dtype.name: dtype for dtype in ALL_DTYPES}
 def _parameters(fn, do_not_specialize) -> tuple:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
+    if isinstance(do_not_specialize, (str, bytes)) or not all(
+            isinstance(i, (str, int)) and not isinstance(i, bool) for i in do_not_specialize):
+        raise TypeError(f"do_not_specialize must be a list of parameter names or indices of `{fn.__name__}`, "
+                        f"got {do_not_specialize!r}")
     bad = [i for i in do_not_specialize if isinstance(i, int) and not -len(names) <= i < len(names)]
     if bad:
         raise TypeError(f"do_not_specialize indices {bad} are out of range for the {len(names)} parameters of "
@@ -105,8 +109,12 @@ def _parameters(fn, do_not_specialize) -> tuple:
         if p.name in _RESERVED:
             raise TypeError(f"`{fn.__name__}`: the parameter name `{p.name}` is reserved for launch options")
         default = p.default if p.default is not p.empty else NO_DEFAULT
-        params.append(Parameter(p.name, _is_constexpr_annotation(p.annotation), default, p.name in skip,
-                                _scalar_annotation(p.annotation), _KINDS[p.kind]))
+        constexpr = _is_constexpr_annotation(p.annotation)
+        if constexpr and p.name in skip:
+            raise TypeError(f"do_not_specialize names `{p.name}`, a dsl.constexpr parameter of `{fn.__name__}` "
+                            "(each of its values compiles a kernel of its own)")
+        params.append(Parameter(p.name, constexpr, default, p.name in skip, _scalar_annotation(p.annotation),
+                                _KINDS[p.kind]))
     return tuple(params)
 
 
@@ -262,6 +270,10 @@ class JITFunction:
         template = [None if i in positions else value for i, value in enumerate(values)]
 
         def fallback(*tensors):
+            if len(tensors) != len(positions):     # as the GPU's prepared(t0, t1, ...) refuses another count
+                taken = ", ".join(self.params[i].name for i in positions)
+                raise TypeError(f"the prepared launch of `{self.__name__}` takes {len(positions)} tensors ({taken}), "
+                                f"got {len(tensors)}")
             call = list(template)
             for position, tensor in zip(positions, tensors):
                 call[position] = tensor

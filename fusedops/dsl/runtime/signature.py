@@ -192,6 +192,22 @@ def _int_spec(param: Parameter, type_: DType, value: int) -> ArgSpec:
                    divisible_by_8=special and value % 16 == 8, positive=special and value % 8 == 0 and value > 0)
 
 
+def _address(kernel: str, name: str, value) -> int:
+    """The data pointer of tensor argument `name`. Raises TypeError naming it for a tensor without memory a
+    kernel could read: one of torch.func's transforms (vmap, grad: no storage, pytorch#105301), a wrapper
+    subclass without data (address 0 with elements, pytorch#121412) or a tensor whose storage was freed
+    (`untyped_storage().resize_(0)`)."""
+    try:
+        address = value.data_ptr()
+        readable = address != 0 or value.numel() == 0 or value.is_meta     # (meta: refused where it runs)
+    except RuntimeError:
+        readable = False
+    if not readable:
+        raise TypeError(f"argument `{name}` of kernel `{kernel}` is a tensor without memory a kernel can read (a "
+                        f"tensor of torch.func's vmap / grad, or a wrapper subclass): pass a plain tensor")
+    return address
+
+
 def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = False) -> tuple:
     """One `ArgSpec` per parameter for the bound argument `values`.
 
@@ -227,7 +243,7 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
                 raise TypeError(f"argument `{param.name}` of kernel `{kernel}` has its negative bit set (a lazily "
                                 f"negated view, e.g. z.conj().imag), which a kernel would read un-negated: pass "
                                 f"`.resolve_neg()` of it")
-            aligned = not param.do_not_specialize and value.data_ptr() % 16 == 0
+            aligned = not param.do_not_specialize and _address(kernel, param.name, value) % 16 == 0
             specs.append(ArgSpec(param.name, PointerType(element), divisible_by_16=aligned))
         elif isinstance(value, bool):
             specs.append(ArgSpec(param.name, dtypes.int1))
