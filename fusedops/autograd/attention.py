@@ -90,8 +90,9 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=N
     TypeError naming it, as torch's (a truthy string must not turn causal masking on)."""
     for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
         if type(flag) is not bool:
-            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be bool, not "
-                            f"{type(flag).__name__}")
+            kind = type(flag)       # (numpy's bool is named bool too: its module says which)
+            shown = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be bool, not {shown}")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, not {type(t).__name__}")
@@ -132,6 +133,24 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=N
         heads = query.size(-3)      # 0 query heads: an empty result, as torch (whatever key's and value's)
         if heads and any(h == 0 or heads % h != 0 for h in (key.size(-3), value.size(-3))):
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
+    _check_broadcasting(query, key, value, attn_mask, enable_gqa)
+
+
+def _check_broadcasting(query, key, value, attn_mask, enable_gqa) -> None:
+    """RuntimeError naming them where the batch dims (or, without enable_gqa, the heads) of query, key and
+    value do not broadcast, or where attn_mask does not broadcast to the attention weights' shape
+    (*batch, heads, L, S) in the rank of the highest-rank input (a mask of more dims neither)."""
+    rank = max(query.dim(), key.dim(), value.dim())
+    shapes = [(1,) * (max(rank, 4) - t.dim()) + tuple(t.shape) for t in (query, key, value)]
+    batch = _broadcast_shapes("batch dims", *(shape[:-3] for shape in shapes))
+    heads = shapes[0][-3] if enable_gqa else _broadcast_shapes("heads", *(shape[-3:-2] for shape in shapes))[0]
+    if attn_mask is None:
+        return
+    weights = (*batch, heads, shapes[0][-2], shapes[1][-2])[-rank:]
+    mask = tuple(attn_mask.shape)
+    if len(mask) > rank or any(m != 1 and m != w for m, w in zip(reversed(mask), reversed(weights))):
+        raise RuntimeError(f"scaled_dot_product_attention: attn_mask of shape {mask} does not broadcast to the "
+                           f"attention weights' shape {weights} (batch dims, heads, L, S)")
 
 
 def _broadcast_shapes(what: str, query, key, value) -> tuple:
@@ -252,13 +271,15 @@ _PAIR_MIN = 2.0 ** -100
 
 
 def scale_beyond_kernels(query, scale) -> bool:
-    """A finite, non-zero float64 `scale` whose base-2 factor is outside _PAIR_MIN.._FLOAT32_MAX: past it the
-    kernels' pair is inf / NaN (NaN output) where torch's float64 softmax stays finite, below it the pair
-    keeps too few bits (a 1e-42 scale of logits ~3 was off by 2e-4), so torch's op runs it (16-bit and
-    float32 scores overflow or round the same way in torch)."""
-    if scale is None or query.dtype != torch.float64:
+    """A finite `scale` the kernels cannot take, so torch's op runs it: one whose base-2 factor is past
+    float32's range (the kernels' pair is inf / NaN: NaN output, where torch's softmax stays finite, for every
+    dtype: a float32 scale of 2.5e38 gives torch one-hot rows); for float64 also a non-zero one below
+    _PAIR_MIN, where the pair keeps too few bits (a 1e-42 scale of logits ~3 was off by 2e-4)."""
+    if scale is None:
         return False
     factor = abs(float(scale)) * _kernels.LOG2E     # (inf for a finite scale past float64's max / log2(e))
+    if query.dtype != torch.float64:    # float32 / 16-bit: only a factor past float32's range (scale > 2.4e38)
+        return math.isfinite(float(scale)) and factor >= _FLOAT32_MAX
     return math.isfinite(float(scale)) and factor != 0.0 and not _PAIR_MIN <= factor < _FLOAT32_MAX
 
 
