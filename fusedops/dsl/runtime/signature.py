@@ -199,7 +199,8 @@ def _address(kernel: str, name: str, value) -> int:
     (`untyped_storage().resize_(0)`)."""
     try:
         address = value.data_ptr()
-        readable = address != 0 or value.numel() == 0 or value.is_meta     # (meta: refused where it runs)
+        # (meta tensors are refused where they run; a freed storage's views have addresses past 0)
+        readable = value.numel() == 0 or value.is_meta or value.untyped_storage().data_ptr() != 0
     except RuntimeError:
         readable = False
     if not readable:
@@ -243,7 +244,8 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
                 raise TypeError(f"argument `{param.name}` of kernel `{kernel}` has its negative bit set (a lazily "
                                 f"negated view, e.g. z.conj().imag), which a kernel would read un-negated: pass "
                                 f"`.resolve_neg()` of it")
-            aligned = not param.do_not_specialize and _address(kernel, param.name, value) % 16 == 0
+            address = _address(kernel, param.name, value)
+            aligned = not param.do_not_specialize and address % 16 == 0
             specs.append(ArgSpec(param.name, PointerType(element), divisible_by_16=aligned))
         elif isinstance(value, bool):
             specs.append(ArgSpec(param.name, dtypes.int1))
