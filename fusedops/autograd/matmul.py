@@ -63,12 +63,10 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
     if k_a != k_b:
         raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
                          f"({k_a} != {k_b})")
-    if a.dim() > 2 and b.dim() > 2:
-        try:
-            torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        except RuntimeError:
-            raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
-                             f"(batch dims {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])} do not broadcast)") from None
+    # (compared here, not by torch.broadcast_shapes: under torch.compile its error is dynamo's, not this one)
+    if any(x != y and x != 1 and y != 1 for x, y in zip(reversed(a.shape[:-2]), reversed(b.shape[:-2]))):
+        raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
+                         f"(batch dims {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])} do not broadcast)")
     n = 1 if b.dim() == 1 else b.shape[-1]
     if bias is not None:
         if not isinstance(bias, torch.Tensor):

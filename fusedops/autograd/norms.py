@@ -36,7 +36,7 @@ _FLOATING = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float
 _HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
 
 
-def _is_size(d) -> bool:
+def is_size(d) -> bool:
     """An entry of a shape as torch's parser takes it: an integer (not a bool), a symbolic one (torch.SymInt,
     a size while torch.export or make_fx traces) or a 0-d integer tensor."""
     if isinstance(d, torch.Tensor):
@@ -51,11 +51,11 @@ def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
         return normalized_shape     # what torch.nn.LayerNorm holds, checked without the ABCs below
     if type(normalized_shape) is int:
         return (normalized_shape,)
-    if _is_size(normalized_shape) and not isinstance(normalized_shape, torch.Tensor):
+    if is_size(normalized_shape) and not isinstance(normalized_shape, torch.Tensor):
         return (int(normalized_shape),)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
         shape = tuple(normalized_shape)
-        if all(_is_size(d) for d in shape):
+        if all(is_size(d) for d in shape):
             return tuple(int(d) for d in shape)
     raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
 

@@ -112,6 +112,7 @@ def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: 
                            enable_gqa: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dquery, dkey, dvalue), contiguous, shaped and typed like query, key, value (gradients of
     broadcast dims summed), from the output gradient and the forward's output and lse."""
+    refuse_dual("scaled_dot_product_attention_backward", grad_output, query, key, value, output, lse, attn_mask)
     runs_kernels = _op_runs_kernels(query, value, scale)
     q, k, v, mask, _ = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
     scale = _attention.attention_scale(query, scale)
@@ -169,14 +170,22 @@ def _recomputed_gradients(ctx, grad_output, query, key, value, attn_mask) -> tup
     """The gradients of a call whose float attn_mask requires grad (a learned bias; the public function runs
     torch's op for it, a direct call of the operator comes here): torch's attention recomputed, and its
     gradients, the mask's (dS, summed over the dims it broadcasts) among them."""
+    create_graph = torch.is_grad_enabled()      # (a backward with create_graph=True: a Hessian)
+    inputs = (query, key, value, attn_mask)
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(need) for t, need in zip((query, key, value, attn_mask),
-                                                                      ctx.needs_input_grad)]
+        leaves = [t if create_graph else t.detach().requires_grad_(need)
+                  for t, need in zip(inputs, ctx.needs_input_grad)]
         out = _attention.torch_attention(*leaves[:3], attn_mask=leaves[3], dropout_p=0.0, is_causal=ctx.is_causal,
                                          scale=ctx.scale, enable_gqa=ctx.enable_gqa)
-        wanted = [t for t in leaves if t.requires_grad]
-        grads = iter(torch.autograd.grad(out, wanted, grad_output))
-    return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None)
+        wanted = [t for t, need in zip(leaves, ctx.needs_input_grad) if need]
+        grads = iter(torch.autograd.grad(out, wanted, grad_output, create_graph=create_graph, allow_unused=True))
+    # (L or S of 0: an input the output does not use gets a zero gradient)
+    return (*((_or_zeros(next(grads), t) if need else None) for t, need in zip(leaves, ctx.needs_input_grad)),
+            None, None, None)
+
+
+def _or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if grad is None else grad
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_setup_attention)

@@ -57,6 +57,12 @@ def _matmul_backward(ctx, dc):
     dbias = the column sums of dZ (fusedops.autograd.matmul.input_gradients, with the custom op)."""
     a, b, bias = ctx.saved_tensors
     mm = torch.ops.fusedops.matmul
+    if a.is_complex():          # torch.matmul's product (the only one complex operands take): its gradients
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip((a, b), ctx.needs_input_grad)]
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(torch.matmul(*leaves), wanted, dc))
+        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None)
     if dc.dtype != a.dtype:     # an out_dtype other than a's: dZ kept wide (exact_input_gradients)
         z = None if ctx.activation is None else mm(a, b, bias, None, accumulation_dtype(a.dtype))
         da, db, dbias = _matmul.exact_input_gradients(dc, a, b, z, ctx.activation, ctx.needs_input_grad,

@@ -84,6 +84,7 @@ def _norm_backward_op(grad_output, input, normalized_shape, weight, mean, rstd, 
                       bias_dtype):
     """Gradients of layer_norm (mean given) or rms_norm (mean None) from the saved statistics:
     (dinput or None, dweight or None, dbias or None), contiguous, in input's, weight's and bias_dtype."""
+    refuse_dual("norm_backward", grad_output, input, weight, mean, rstd)
     normalized_shape = tuple(normalized_shape)
     n_rows, n_cols = _rows_and_columns(input, normalized_shape)
     dtypes = (input.dtype, grad_output.dtype) + (() if weight is None else (weight.dtype,))

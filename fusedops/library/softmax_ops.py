@@ -61,6 +61,7 @@ def _softmax_backward_op(grad_output: torch.Tensor, output: torch.Tensor, dim: i
                          input_dtype: torch.dtype) -> torch.Tensor:
     """The input gradient of (log_)softmax from the output gradient and the output (any strides):
     softmax: y * (dy - sum(dy * y)); log_softmax: dy - exp(y) * sum(dy); a contiguous tensor of input_dtype."""
+    refuse_dual("log_softmax_backward" if log else "softmax_backward", grad_output, output)
     dim = dim % max(output.dim(), 1)
     y = output.contiguous()
     if not runs_kernels(y, y.dtype, grad_output.dtype, input_dtype):

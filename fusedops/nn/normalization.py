@@ -16,6 +16,7 @@ import numbers
 import torch
 
 from fusedops import functional
+from fusedops.autograd import norms as _norms
 
 
 def _as_torch_error(input, call):
@@ -33,9 +34,11 @@ def _check_settings(name: str, normalized_shape, eps, eps_optional: bool) -> Non
     """TypeError, as torch's argument parser raises it, for an eps that is not a number (None where
     `eps_optional`) or a normalized_shape that is not a tuple of ints (settings of the module, not errors
     about its input, which torch raises as RuntimeError)."""
-    if not (isinstance(eps, numbers.Real) or (eps is None and eps_optional)):
+    # (as torch's parser: a 0-d real tensor is a float, a 0-d integer tensor or a NumPy integer a size)
+    number = isinstance(eps, numbers.Real) or (isinstance(eps, torch.Tensor) and eps.dim() == 0 and not eps.is_complex())
+    if not (number or (eps is None and eps_optional)):
         raise TypeError(f"{name}(): argument 'eps' must be float, not {type(eps).__name__}")
-    if not all(isinstance(d, (int, torch.SymInt)) and not isinstance(d, bool) for d in normalized_shape):
+    if not all(_norms.is_size(d) for d in normalized_shape):
         raise TypeError(f"{name}(): argument 'normalized_shape' must be tuple of ints, got {normalized_shape!r}")
 
 

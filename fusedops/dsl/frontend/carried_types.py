@@ -16,6 +16,8 @@ from .scope import is_runtime
 
 # Ops that reshape a value without changing its elements (broadcasting an operand inserts them).
 _RESHAPES = frozenset({OpCode.SPLAT, OpCode.BROADCAST, OpCode.EXPAND_DIMS})
+# Ops whose value memory gives, not their operands: a literal in an address does not reach what is loaded.
+_MEMORY_READS = frozenset({OpCode.LOAD, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.DESCRIPTOR_LOAD})
 
 
 def _without_reshapes(value: Value) -> Value:
@@ -55,8 +57,9 @@ def is_literal_promotion(value: Value, carried_type) -> bool:
 
 def literals_reaching(carry_inits: dict, value) -> list:
     """The literal initial values (`acc = 0`) of the loops being compiled that `value` is computed from,
-    through any ops, `if`s and loops (`carry_inits`: each loop's block argument -> its initial value, a
-    number or an IR value, while the loop's body compiles)."""
+    through any ops but memory reads (a literal in an address is not in the value loaded), `if`s and loops
+    (`carry_inits`: each loop's block argument -> its initial value, a number or an IR value, while the
+    loop's body compiles)."""
     found, pending, seen = [], [value], set()
     while pending:
         value = pending.pop()
@@ -70,7 +73,7 @@ def literals_reaching(carry_inits: dict, value) -> list:
             pending.append(carry_inits[value])
             continue
         op = value.defining_op
-        if op is not None:
+        if op is not None and op.opcode not in _MEMORY_READS:
             pending.extend(op.operands)
             pending.extend(v for region in op.regions if region.terminator is not None
                            for v in region.terminator.operands)

@@ -110,10 +110,12 @@ class _Constant:
 
 class _Leaf:
     """One value an IF op yields: its value in each branch and its type; `literals`: the numbers it can be
-    when every branch gives a literal (an `elif` chain of them), else None."""
+    when every branch gives a literal (an `elif` chain of them), else None; `cast`: the branches' values are
+    converted to the type (an earlier `if`'s result made of literals, typed as they alone promote)."""
 
-    def __init__(self, values, type_, literals=None):
+    def __init__(self, values, type_, literals=None, cast=False):
         self.values, self.type, self.literals = values, type_, literals
+        self.cast = cast or literals is not None
 
 
 class ControlFlowMixin:
@@ -189,8 +191,14 @@ class ControlFlowMixin:
                                    f"{sides[1]}; only numbers can differ between the branches of a runtime "
                                    "`if`")
         if is_runtime(a) and is_runtime(b):
-            if a in self.context.literal_results and b in self.context.literal_results:
+            known = self.context.literal_results
+            if a in known and b in known:
                 return self._literal_leaf(a, b)
+            for value, other in ((a, b), (b, a)):       # literals (an elif chain) and a runtime value
+                if other in known and other.type != value.type and shape_of(other.type) == shape_of(value.type) \
+                        and isinstance(_element(value.type), DType) \
+                        and all(promotion.literal_fits(n, _element(value.type)) for n in known[other]):
+                    return _Leaf((a, b), value.type, cast=True)
             if a.type != b.type:
                 raise CompilationError(f"{what} has type {a.type} {sides[0]} and {b.type} {sides[1]}; "
                                        "convert one with .to(dtype) (or broadcast it) so that both agree")
@@ -228,8 +236,8 @@ class ControlFlowMixin:
         for index, block in enumerate(blocks):
             with self.builder.insert_into(block):
                 operands = [self.materialize(leaf.values[index], leaf.type) for leaf in leaves]
-                # an earlier `if`'s result made of literals converts to the type they promote to with this one's
-                operands = [self.semantic.cast(value, leaf.type) if leaf.literals is not None else value
+                # an earlier `if`'s result made of literals converts to the type of this one's
+                operands = [self.semantic.cast(value, leaf.type) if leaf.cast else value
                             for value, leaf in zip(operands, leaves)]
                 self.builder.create(OpCode.YIELD, operands, [])
         op = self.builder.create(OpCode.IF, [condition], [leaf.type for leaf in leaves], regions=blocks)

@@ -90,10 +90,18 @@ _DTYPES_BY_NAME = {dtype.name: dtype for dtype in ALL_DTYPES}
 def _parameters(fn, do_not_specialize) -> tuple:
     signature = inspect.signature(fn)
     names = list(signature.parameters)
-    if isinstance(do_not_specialize, (str, bytes)) or not all(
+    given = do_not_specialize
+    if given is None:           # (Triton's default spelling of none)
+        do_not_specialize = ()
+    elif not isinstance(given, (str, bytes)):
+        try:
+            do_not_specialize = tuple(given)       # (read once: a generator would be used up by the checks)
+        except TypeError:
+            do_not_specialize = None
+    if not isinstance(do_not_specialize, tuple) or not all(
             isinstance(i, (str, int)) and not isinstance(i, bool) for i in do_not_specialize):
         raise TypeError(f"do_not_specialize must be a list of parameter names or indices of `{fn.__name__}`, "
-                        f"got {do_not_specialize!r}")
+                        f"got {given!r}")
     bad = [i for i in do_not_specialize if isinstance(i, int) and not -len(names) <= i < len(names)]
     if bad:
         raise TypeError(f"do_not_specialize indices {bad} are out of range for the {len(names)} parameters of "
