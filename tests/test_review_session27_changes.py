@@ -227,6 +227,8 @@ from fusedops.library import autocast as library_autocast
 from fusedops.nn.linear import linear as flinear
 from kernel_source import jit_from_source
 from test_launch_fast_path import _cuda, gpu  # noqa: F401  (the mocked driver: a fixture, fake CUDA tensors)
+from test_review_session27_matmul import route  # noqa: F401  (a fixture)
+from test_review_session27_runtime import _load_one
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -238,13 +240,6 @@ def _private_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
 
 
-@pytest.fixture(params=["interpret", "fallback"])
-def route(request, monkeypatch):
-    if request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -761,12 +756,6 @@ class _NoStorage(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise NotImplementedError(f"_NoStorage does not run {func}")
-
-
-def _load_one():
-    def load_one(o_ptr, x_ptr):
-        dsl.store(o_ptr, dsl.load(x_ptr))
-    return dsl.jit(load_one)
 
 
 def _masked_copy():
