@@ -54,15 +54,15 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
             in_features, an input of another dtype than weight's. TypeError: input, weight or bias (but None)
             is not a tensor (torch.nn.functional.linear's error).
 
-    Nested and sparse tensors (no (rows, in_features) view), a weight that is not 2-D, integer and complex dtypes,
-    a bias of another dtype than the weight's (torch raises there, outside autocast) and a bias of another shape than
-    (out_features,) (torch broadcasts a (1,) or 0-d one onto the output, and raises where it does not
+    Nested and sparse tensors (no (rows, in_features) view), a weight that is not 2-D, an integer or complex weight
+    (or complex input), a bias of another dtype than the weight's (torch raises there, outside autocast) and a bias
+    of another shape than (out_features,) (torch broadcasts a (1,) or 0-d one onto the output, and raises where it does not
     broadcast) run torch.nn.functional.linear. Under torch.jit.trace fusedops.matmul runs torch's ops (see
     functional.needs_torch), and the row count and the reshapes follow the input's sizes in the trace.
     """
     if (not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor)
             or not isinstance(bias, (torch.Tensor, type(None))) or input.is_nested or input.layout is not torch.strided
-            or weight.layout is not torch.strided or weight.dim() != 2 or not input.is_floating_point()
+            or weight.layout is not torch.strided or weight.dim() != 2 or input.is_complex()
             or not weight.is_floating_point()
             or (bias is not None and (bias.dtype != weight.dtype or bias.shape != weight.shape[:1]))):
         return apply_activation(torch.nn.functional.linear(input, weight, bias), activation)
