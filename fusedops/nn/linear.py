@@ -56,8 +56,8 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
     Nested and sparse tensors (no (rows, in_features) view), a weight that is not 2-D, an integer or complex weight
     (or complex input), a bias of another dtype than the weight's (torch raises there, outside autocast) and a bias
-    of another shape than (out_features,) (torch broadcasts a (1,) or 0-d one onto the output, and raises where it does not
-    broadcast) run torch.nn.functional.linear. Under torch.jit.trace fusedops.matmul runs torch's ops (see
+    of another shape than (out_features,) (torch broadcasts a (1,) or 0-d one onto the output, and raises where it
+    does not broadcast) run torch.nn.functional.linear. Under torch.jit.trace fusedops.matmul runs torch's ops (see
     functional.needs_torch), and the row count and the reshapes follow the input's sizes in the trace.
     """
     if (not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor)
