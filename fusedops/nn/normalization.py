@@ -35,7 +35,8 @@ def _check_settings(name: str, normalized_shape, eps, eps_optional: bool) -> Non
     `eps_optional`) or a normalized_shape that is not a tuple of ints (settings of the module, not errors
     about its input, which torch raises as RuntimeError)."""
     # (as torch's parser: a 0-d real tensor is a float, a 0-d integer tensor or a NumPy integer a size)
-    number = isinstance(eps, numbers.Real) or (isinstance(eps, torch.Tensor) and eps.dim() == 0 and not eps.is_complex())
+    number = isinstance(eps, numbers.Real) or (isinstance(eps, torch.Tensor) and eps.dim() == 0
+                                                and not eps.is_complex())
     if not (number or (eps is None and eps_optional)):
         raise TypeError(f"{name}(): argument 'eps' must be float, not {type(eps).__name__}")
     if not all(_norms.is_size(d) for d in normalized_shape):
