@@ -21,7 +21,8 @@ import torch
 
 from fusedops.autograd import attention as _attention
 from fusedops.kernels import attention as _attention_kernels
-from fusedops.library.common import INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled, refuse_dual
+from fusedops.library.common import (INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled, recomputed_gradients,
+                                      refuse_dual)
 
 
 def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
@@ -170,22 +171,11 @@ def _recomputed_gradients(ctx, grad_output, query, key, value, attn_mask) -> tup
     """The gradients of a call whose float attn_mask requires grad (a learned bias; the public function runs
     torch's op for it, a direct call of the operator comes here): torch's attention recomputed, and its
     gradients, the mask's (dS, summed over the dims it broadcasts) among them."""
-    create_graph = torch.is_grad_enabled()      # (a backward with create_graph=True: a Hessian)
-    inputs = (query, key, value, attn_mask)
-    with torch.enable_grad():
-        leaves = [t if create_graph else t.detach().requires_grad_(need)
-                  for t, need in zip(inputs, ctx.needs_input_grad)]
-        out = _attention.torch_attention(*leaves[:3], attn_mask=leaves[3], dropout_p=0.0, is_causal=ctx.is_causal,
-                                         scale=ctx.scale, enable_gqa=ctx.enable_gqa)
-        wanted = [t for t, need in zip(leaves, ctx.needs_input_grad) if need]
-        grads = iter(torch.autograd.grad(out, wanted, grad_output, create_graph=create_graph, allow_unused=True))
-    # (L or S of 0: an input the output does not use gets a zero gradient)
-    return (*((_or_zeros(next(grads), t) if need else None) for t, need in zip(leaves, ctx.needs_input_grad)),
-            None, None, None)
-
-
-def _or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(like) if grad is None else grad
+    def forward(query, key, value, attn_mask):
+        return _attention.torch_attention(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
+                                          is_causal=ctx.is_causal, scale=ctx.scale, enable_gqa=ctx.enable_gqa)
+    grads = recomputed_gradients(forward, (query, key, value, attn_mask), ctx.needs_input_grad[:4], grad_output)
+    return (*grads, None, None, None)
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_setup_attention)

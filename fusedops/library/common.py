@@ -4,7 +4,7 @@ as fusedops.functional's)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, List, Optional, Sequence
 
 import torch
 from torch.autograd import forward_ad as _forward_ad
@@ -76,3 +76,23 @@ def refuse_dual(op: str, *tensors: Optional[torch.Tensor]) -> None:
         if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
             raise RuntimeError(f"torch.ops.{NAMESPACE}.{op}: a dual tensor of forward-mode AD; the operator has no "
                                "forward-mode formula (the public fusedops functions run torch's ops for dual tensors)")
+
+
+def recomputed_gradients(forward: Callable, inputs: Sequence[Optional[torch.Tensor]], needs: Sequence[bool],
+                         grad_output: torch.Tensor) -> List[Optional[torch.Tensor]]:
+    """The gradients of `forward(*inputs)` (torch's ops, recomputed inside an operator's backward) in the
+    inputs whose `needs` holds, None for the others: for what the kernels' backward does not cover (a complex
+    product, an attention mask that requires grad). Under create_graph (grad mode on in the backward) the
+    gradients keep a graph to the inputs (a Hessian); an input the output does not use (an empty dim) gets
+    zeros."""
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        leaves = [t if t is None or create_graph else t.detach().requires_grad_(need) for t, need in zip(inputs, needs)]
+        wanted = [t for t, need in zip(leaves, needs) if need]
+        grads = iter(torch.autograd.grad(forward(*leaves), wanted, grad_output, create_graph=create_graph,
+                                         allow_unused=True))
+    return [(_or_zeros(next(grads), t) if need else None) for t, need in zip(leaves, needs)]
+
+
+def _or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if grad is None else grad

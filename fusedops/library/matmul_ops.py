@@ -13,7 +13,7 @@ from typing import List, Optional
 import torch
 
 from fusedops.autograd import matmul as _matmul
-from fusedops.library.common import accumulation_dtype, matmul_runs_kernels, refuse_dual
+from fusedops.library.common import accumulation_dtype, matmul_runs_kernels, recomputed_gradients, refuse_dual
 
 
 @torch.library.custom_op("fusedops::matmul", mutates_args=())
@@ -58,11 +58,7 @@ def _matmul_backward(ctx, dc):
     a, b, bias = ctx.saved_tensors
     mm = torch.ops.fusedops.matmul
     if a.is_complex():          # torch.matmul's product (the only one complex operands take): its gradients
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(need) for t, need in zip((a, b), ctx.needs_input_grad)]
-            wanted = [t for t in leaves if t.requires_grad]
-            grads = iter(torch.autograd.grad(torch.matmul(*leaves), wanted, dc))
-        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None)
+        return (*recomputed_gradients(torch.matmul, (a, b), ctx.needs_input_grad[:2], dc), None, None, None)
     if dc.dtype != a.dtype:     # an out_dtype other than a's: dZ kept wide (exact_input_gradients)
         z = None if ctx.activation is None else mm(a, b, bias, None, accumulation_dtype(a.dtype))
         da, db, dbias = _matmul.exact_input_gradients(dc, a, b, z, ctx.activation, ctx.needs_input_grad,
