@@ -98,6 +98,7 @@ import torch
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.runtime import knobs
+from test_review_session24_docs import softmax_kernel     # the README's softmax example
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -133,16 +134,6 @@ def _load_kernel_module(tmp_path: Path, name: str, source: str):
 
 
 # -- kernels of the README ------------------------------------------------------------------------------
-@dsl.jit
-def softmax_kernel(y_ptr, x_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: dsl.constexpr):
-    row = dsl.program_id(0)                      # one program instance per row
-    cols = dsl.arange(0, BLOCK)                  # a block of BLOCK column indices
-    x = dsl.load(x_ptr + row * x_row_stride + cols, mask=cols < n_cols, other=-float("inf"))
-    x = x.to(dsl.float32)
-    num = dsl.exp(x - dsl.max(x, axis=0))
-    dsl.store(y_ptr + row * y_row_stride + cols, num / dsl.sum(num, axis=0), mask=cols < n_cols)
-
-
 @dsl.jit
 def unmasked_copy_kernel(y_ptr, x_ptr, n, BLOCK: dsl.constexpr):
     offs = dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK)

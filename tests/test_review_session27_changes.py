@@ -228,7 +228,7 @@ from fusedops.nn.linear import linear as flinear
 from kernel_source import jit_from_source
 from test_launch_fast_path import _cuda, gpu  # noqa: F401  (the mocked driver: a fixture, fake CUDA tensors)
 from test_review_session27_matmul import route  # noqa: F401  (a fixture)
-from test_review_session27_runtime import _load_one
+from test_review_session27_runtime import _load_one, _NoStorage
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -746,18 +746,6 @@ def test_looped_layer_norm_shift_with_small_chunks(n_cols):
 # ================================================================================================
 # Runtime: tensors without memory, do_not_specialize
 # ================================================================================================
-class _NoStorage(torch.Tensor):
-    """A __torch_dispatch__ wrapper subclass without storage of its own (data_ptr() is 0)."""
-
-    @staticmethod
-    def __new__(cls, shape, device):
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device=torch.device(device))
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise NotImplementedError(f"_NoStorage does not run {func}")
-
-
 def _masked_copy():
     def masked_copy(o_ptr, x_ptr, n, B: dsl.constexpr):
         i = dsl.arange(0, B)
