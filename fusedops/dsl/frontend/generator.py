@@ -184,7 +184,6 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
         finally:
             self.context.call_stack.pop()
 
-
     def _annotated_argument(self, callee, param, value):
         """`value` converted to the dsl dtype `param` is annotated with (`def helper(n: dsl.int64)`), as
         `n: dsl.int64 = value` converts it; None and dsl.constexpr(...) values stay compile-time values, as
