@@ -156,7 +156,8 @@ def plot(rows, path):
 
 def _config_name(config) -> str:
     name = f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
-    return name + ("kvring" if config.kv_ring else "") + ("hm" if config.head_major else "")
+    return (name + ("kvring" if config.kv_ring else "") + ("dqa" if config.dq_atomic else "")
+            + ("hm" if config.head_major else ""))
 
 
 def _sweep_timings(run, reference, repeats):

@@ -444,11 +444,11 @@ def compile_forward(dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16
 
 
 def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a",
-                     config=None):
+                     config=None, deterministic=False):
     x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
     mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
     block = at.head_block(dim)
-    kv_config, q_config = at.backward_configs(block, block, mask_kind != at.NO_MASK)
+    kv_config, q_config = at.backward_configs(block, block, mask_kind != at.NO_MASK, deterministic=deterministic)
     config = config or (kv_config if kernel == "dkdv" else q_config)
     options = dict(target=arch, num_warps=config.num_warps, num_stages=config.num_stages, BLOCK_M=config.block_m,
                    BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal, MASK_KIND=mask_kind,
@@ -458,7 +458,8 @@ def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torc
         return dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
             x, x, x, x, x, x, stats, stats, mask, *_strides(dim) * 6, *mask_strides,
             16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, KV_RING=config.kv_ring, EARLY_DP=config.early_dp,
-            HEAD_MAJOR=config.head_major, **options)
+            HEAD_MAJOR=config.head_major, DQ_ATOMIC=config.dq_atomic, dq_ptr=stats if config.dq_atomic else None,
+            **options)
     return dsl.jit(at.attention_backward_dq_kernel.fn).compile(
         x, x, x, x, x, stats, stats, mask, *_strides(dim) * 5, *mask_strides,
         16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, HEAD_MAJOR=config.head_major, **options)
@@ -524,7 +525,7 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
     shared memory once, before the loops (its fragment would not fit beside dk, dv and K's), K, P^T
     and dS^T from registers; E = 256 keeps mma.sync."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    compiled = compile_backward(kernel, dim, causal)
+    compiled = compile_backward(kernel, dim, causal, deterministic=True)
     ptx = compiled.asm["ptx"]
     assert not re.search(r"\b(atom|red)\.", ptx)                   # deterministic: no atomics
     on_wgmma = dim <= 128

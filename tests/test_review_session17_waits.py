@@ -110,8 +110,12 @@ def _wait_violations(function) -> list:
                 if op.attrs.get("deferred"):
                     for operand in op.operands[:2]:
                         producer = operand.defining_op
-                        if is_shared_layout(operand.layout) and (producer is None or producer.opcode != OpCode.LOCAL_LOAD):
-                            problems.append(f"{where}: a deferred dot reads a shared tile that is not a ring slot")
+                        staged = producer is None or producer.opcode != OpCode.LOCAL_LOAD
+                        if is_shared_layout(operand.layout) and staged and deferred:
+                            # (session 28: a dot staging a tile may stay in flight, but its st.shared must
+                            # not run beside other in-flight dots, nor a later staging overwrite its tile)
+                            problems.append(f"{where}: a dot staging a shared tile is issued with deferred dots "
+                                            f"in flight")
                     queue.append(op)
                     raw.add(id(op.result))
                 else:

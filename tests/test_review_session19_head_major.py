@@ -400,8 +400,8 @@ def test_gpu_launcher_asks_for_head_major_exactly_for_the_64_entry(dim, dim_v, m
     attn_mask: MASKED_DKDV_CONFIGS has no 64 entry), on the grid (B * H_kv, cdiv(S, BLOCK_N)); E = 80
     pads to 128 and keeps the launch order. The dQ kernel takes its programs head by head from
     DQ_HEAD_MAJOR_PER_SM query heads per SM on (session 27; CPU tensors plan for INTERPRETER_SMS)."""
-    spies = {name: _PrepareSpy() for name in ("attention_backward_preprocess_kernel",
-                                              "attention_backward_dkdv_kernel", "attention_backward_dq_kernel")}
+    spies = {name: _PrepareSpy() for name in ("attention_backward_preprocess_kernel", "attention_backward_dkdv_kernel",
+                                              "attention_backward_dq_kernel", "attention_backward_dq_convert_kernel")}
     for name, spy in spies.items():
         monkeypatch.setattr(getattr(at, name), "prepare", spy)
     batch, heads, heads_kv, length_q, length_k = 3, 4, 2, 50, 300
@@ -416,7 +416,11 @@ def test_gpu_launcher_asks_for_head_major_exactly_for_the_64_entry(dim, dim_v, m
     assert kwargs["HEAD_MAJOR"] is head_major and kv_config.head_major is head_major
     assert grid == (batch * heads_kv, -(-length_k // kv_config.block_n))
     many_heads = batch * heads >= at.DQ_HEAD_MAJOR_PER_SM * INTERPRETER_SMS
-    assert spies["attention_backward_dq_kernel"].calls[0][1]["HEAD_MAJOR"] is many_heads
+    if kv_config.dq_atomic:     # (session 28: dQ added by the dK/dV kernel, then scaled by the conversion kernel)
+        assert kwargs["DQ_ATOMIC"] and not masked and max(dim, dim_v) <= 64
+        assert spies["attention_backward_dq_convert_kernel"].calls and not spies["attention_backward_dq_kernel"].calls
+    else:
+        assert spies["attention_backward_dq_kernel"].calls[0][1]["HEAD_MAJOR"] is many_heads
 
 
 def test_sweep_keeps_the_launch_order_twin_of_the_table_entry():
@@ -426,7 +430,7 @@ def test_sweep_keeps_the_launch_order_twin_of_the_table_entry():
     table = at.BACKWARD_CONFIGS[64][0]
     assert table.head_major and not table.kv_ring
     _, backward = at.sweep_configs(64, 64)
-    assert backward[0][0] == table
+    assert backward[0][0] == at.backward_configs(64, 64)[0] and (table, at.BACKWARD_CONFIGS[64][1]) in backward
     assert (dataclasses.replace(table, head_major=False), at.BACKWARD_CONFIGS[64][1]) in backward
     for dim in (64, 128, 256):
         forward, pairs = at.sweep_configs(dim, dim)
@@ -479,7 +483,8 @@ def test_format_sweep_gives_head_major_and_launch_order_their_own_lines():
     text = bench.format_sweep(rows)
     lines = [line for line in text.splitlines() if line.startswith("backward")]
     assert len(lines) == len(backward) + 1           # one per config and the "best" line
-    assert "*kv64x128w8s2hm/q64x32w4s2" in lines[0] and "kv64x128w8s2/q64x32w4s2 " in text
+    assert "*kv64x128w8s3dqahm/q64x32w4s2" in lines[0] and "kv64x128w8s2/q64x32w4s2 " in text
+    assert "kv64x128w8s2hm/q64x32w4s2 " in text
 
 
 # -- ptxas ----------------------------------------------------------------------------------------------------

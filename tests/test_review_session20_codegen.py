@@ -4,7 +4,7 @@ transposed view), and every 2-D tile conversion of 16/32-bit elements through th
 Neither change runs in the interpreter (it runs the IR, not codegen), so the CPU tier checks codegen's own plans
 against ground truth:
 - global accesses: the kernel's IR after the passes runs in the interpreter with the load/store rules wrapped;
-  for every thread (lane, warp) and every vector group codegen forms (`memory._widths` / `_contiguous_registers`,
+  for every thread (lane, warp) and every vector group codegen forms (`memory.vector_widths` / `_contiguous_registers`,
   the very functions `_load` / `_store` call) the concrete addresses of the group must be consecutive elements,
   the first aligned to the vector's size, and the mask uniform over the vector (over each sub-group where the
   mask is narrower). Adversarial index expressions: ragged and odd sizes, misaligned views, strides 0 and 2,
@@ -185,7 +185,7 @@ def _memory_plans(function, axis_info) -> dict:
         if op.attrs.get("masked"):
             mask = op.operands[1] if op.opcode == OpCode.LOAD else op.operands[2]
         ctx = types.SimpleNamespace(axis_info=axis_info)
-        width, mask_width = codegen_memory._widths(ctx, pointer, mask, pointer.type.element.element.itemsize)
+        width, mask_width = codegen_memory.vector_widths(ctx, pointer, mask, pointer.type.element.element.itemsize)
         dim, _ = codegen_memory._contiguous_registers(pointer.layout)
         plans[id(op)] = (op, pointer.layout, width, mask_width, dim)
     return plans
@@ -385,7 +385,7 @@ def test_loop_carried_transposed_pointers_join_their_alignment(step, offset, exp
 def test_the_oracle_catches_a_wrong_vector_width(monkeypatch):
     # the checks above can fail: claim 16-byte vectors where the stride (37) leaves columns 2-byte aligned
     x, out = torch.zeros(4096, dtype=torch.float16), torch.zeros(4096, dtype=torch.float16)
-    monkeypatch.setattr(codegen_memory, "_widths", lambda ctx, pointer, mask, size: (8, 8))
+    monkeypatch.setattr(codegen_memory, "vector_widths", lambda ctx, pointer, mask, size: (8, 8))
     _, problems = check_vector_groups(tile_kernel, (2, 1), (out, x, 61, 32, 37), dict(MODE=0, BM=32, BN=32), 4)
     kinds = {p[0] for p in problems}
     assert kinds == {"mask not uniform over a (sub-)vector", "vector not consecutive/aligned"}, kinds

@@ -23,6 +23,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.ir import OpCode
 from fusedops.dsl.passes.manager import run_pipeline
 from fusedops.dsl.passes.pipeline import default_pipeline
+from fusedops.dsl.passes import wgmma_waits as ww
 from fusedops.dsl.target import assemble, ptxas_available
 from helpers import assert_close, poison
 
@@ -134,14 +135,23 @@ def test_sm90a_waits_move_to_the_first_read(variant):
         assert first_wait == branch - 1, "the in-flight dots are retired right before the `if`"
 
 
-def test_sm80_and_staged_operands_are_not_deferred():
+def test_sm80_dots_are_not_deferred_and_a_staging_dot_retires_the_dots_before_it():
+    """A dot whose operand is staged from registers (st.shared into scratch) may stay in flight, but only
+    across ops that write no shared memory, and it retires every in-flight dot before it (ptxas
+    serializes wgmmas beside st.shared; a later staging would overwrite its tile): session 28."""
     body = _loop_body("sm_80", "x_first")
     assert not any(op.opcode == OpCode.WGMMA_WAIT or op.attrs.get("deferred") for op in body.walk())
     o, a, b = torch.empty(64, 64), torch.empty(64, 32, dtype=torch.float16), torch.empty(32, 64, dtype=torch.float16)
     function = dsl.jit(staged_product_kernel.fn).ir(o, a, b, 64, **TILE)
     run_pipeline(function, default_pipeline(4, "sm_90a"))
     dot = next(op for op in function.body.walk() if op.opcode == OpCode.DOT)
-    assert dot.attrs.get("engine") == "wgmma" and not dot.attrs.get("deferred")
+    assert dot.attrs.get("engine") == "wgmma"
+    block = dot.parent
+    ops = block.ops[block.ops.index(dot) + 1:]
+    wait = next((op for op in ops if op.opcode == OpCode.WGMMA_WAIT), None)
+    between = ops[:ops.index(wait)] if wait is not None else []
+    assert dot.attrs.get("deferred") == (wait is not None)
+    assert all(ww._passable(op) for op in between)
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")

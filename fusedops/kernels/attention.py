@@ -48,7 +48,7 @@ Masks.
   - fully masked rows (every key masked by attn_mask): the output row is 0 (torch's behaviour) and
     lse = (+inf, 0), which makes the recomputed P of that row 0, so its gradients are 0 and finite.
 
-Backward. Three kernels, no atomics, deterministic:
+Backward. Three kernels:
   1. `attention_backward_preprocess_kernel`: delta_i = rowsum(dO * O) (float32).
   2. `attention_backward_dkdv_kernel`: one program per (key block, batch, kv head); loops over the
      query heads of its group and over the query blocks, recomputing P^T from K, Q and lse:
@@ -56,6 +56,12 @@ Backward. Three kernels, no atomics, deterministic:
   3. `attention_backward_dq_kernel`: one program per (query block, batch, head); loops over the key
      blocks: dQ += dS K.
   (dK and dQ are multiplied by `scale` at the end; ds is the gradient of the natural-log logits.)
+  Deterministic: dK/dV of a key/value head are summed over the query heads of its group inside one
+  program, and dQ over the key blocks inside one program. Where ATOMIC_DKDV_CONFIGS has an entry (head
+  dims <= 64), without an attn_mask and unless torch.use_deterministic_algorithms(True) is in force,
+  kernel 2 also adds each step's dQ[rows] += dS K into a zeroed float32 buffer with atomic reductions
+  (FlashAttention-2's default), whose order differs run to run (the result by float32 rounding, ~1e-7
+  relative), and `attention_backward_dq_convert_kernel` scales it into dQ instead of kernel 3.
 
 Grids put batch * heads on axis 0 (up to 2**31 - 1 programs) and the query (or key) blocks on axis
 1 (at most 65535, i.e. sequences up to 65535 * BLOCK_M). The E = 64 dK/dV kernel maps its programs head by
@@ -318,9 +324,10 @@ def attention_backward_preprocess_kernel(
 
 @dsl.jit
 def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row, m0, rm0, rn, re,
-               rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
-               BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, ACC: dsl.constexpr,
-               MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, KV_RING: dsl.constexpr, EARLY_DP: dsl.constexpr):
+               rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale, k_tile, dq_base,
+               BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, ACC: dsl.constexpr,
+               MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, KV_RING: dsl.constexpr, EARLY_DP: dsl.constexpr,
+               DQ_ATOMIC: dsl.constexpr):
     """dK, dV += the contributions of the query block at m0 (P^T recomputed from lse). EARLY_DP: dP^T = V dO^T
     is issued right after S^T (head dims <= 128, where sm_90a runs the dots on wgmma, without attn_mask: with
     both logit tiles live at once the mma.sync tiles of E = 256 spill 44 bytes, the masked E = 64 tiles 4).
@@ -364,8 +371,15 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
         dpt = _transposed_dp(v, dot_base, rm, rows_ok, rev, EV, stride_dom, BLOCK_N, BLOCK_M, ACC)
     delta = dsl.load(delta_row + rm, mask=rows_ok, other=0.0)
     dst = pt * (dpt - delta[None, :])
+    if DQ_ATOMIC:
+        # dQ[rows] += dS K, issued before dK's dot so that both run while the reductions wait for dQ's
+        kb = dsl.load(k_tile, mask=(rn[:, None] < S) & (re[None, :] < E), other=0.0)
+        dq = dsl.dot(dsl.trans(dst.to(qt_base.dtype.element)), kb, dsl.zeros((BLOCK_M, BLOCK_E), ACC))
     q = dsl.load(q_base + rm.to(dsl.int64)[:, None] * stride_qm, mask=rows_ok[:, None] & (re[None, :] < E), other=0.0)
     dk = dsl.dot(dst.to(qt_base.dtype.element), q, dk)
+    if DQ_ATOMIC:
+        # into the float32 sums at dq_base (rows padded to BLOCK_M, columns to BLOCK_E: no mask)
+        dsl.atomic_add(dq_base + m0 * BLOCK_E, dq, sem="relaxed")
     return dk, dv
 
 
@@ -391,8 +405,11 @@ def attention_backward_dkdv_kernel(
         H_KV, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo, scale_hi, scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
         CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, KV_RING: dsl.constexpr = False,
-        EARLY_DP: dsl.constexpr = True, HEAD_MAJOR: dsl.constexpr = False):
+        EARLY_DP: dsl.constexpr = True, HEAD_MAJOR: dsl.constexpr = False, DQ_ATOMIC: dsl.constexpr = False,
+        dq_ptr=None):
     # dk_ptr, k_ptr: (B, H_KV, S, E); dv_ptr, v_ptr: (B, H_KV, S, EV); q_ptr: (B, H, L, E);
+    # DQ_ATOMIC: dq_ptr is a zeroed ACC (B * H, cdiv(L, BLOCK_M) * BLOCK_M, BLOCK_E) buffer to which every
+    # query block's step adds its dS K (unscaled); else dq_ptr is not read (None);
     # do_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L), delta_ptr: (B * H, L) contiguous ACC. H = H_KV * GROUP.
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
     # KV_RING: K and V are loaded in every query block's step instead of once; EARLY_DP: dP^T issued right
@@ -413,8 +430,9 @@ def attention_backward_dkdv_kernel(
     re = dsl.arange(0, BLOCK_E)
     rev = dsl.arange(0, BLOCK_EV)
     rows_n = rn.to(dsl.int64)[:, None]
-    k = (k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn
-         + re.to(dsl.int64)[None, :] * stride_ke)
+    k_tile = (k_ptr + b * stride_kb + kvh.to(dsl.int64) * stride_kh + rows_n * stride_kn
+              + re.to(dsl.int64)[None, :] * stride_ke)
+    k = k_tile
     v = (v_ptr + b * stride_vb + kvh.to(dsl.int64) * stride_vh + rows_n * stride_vn
          + rev.to(dsl.int64)[None, :] * stride_ve)
     if not KV_RING:
@@ -435,11 +453,16 @@ def attention_backward_dkdv_kernel(
         do_base = do_head + rev.to(dsl.int64)[None, :] * stride_doe
         dot_base = do_head + rev.to(dsl.int64)[:, None] * stride_doe
         mask_base = mask_ptr + b * stride_mb + h * stride_mh
+        dq_base = dq_ptr
+        if DQ_ATOMIC:
+            dq_base = dq_ptr + bh * (dsl.cdiv(L, BLOCK_M) * BLOCK_M * BLOCK_E) + rm0.to(dsl.int64)[:, None] * BLOCK_E \
+                + re[None, :]
         for m0 in range(start_m, L, BLOCK_M):
             dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * (2 * L),
                                 delta_ptr + bh * L, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm,
-                                stride_dom, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
-                                KV_RING, EARLY_DP and MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128)
+                                stride_dom, stride_mm, stride_mn, qk_scale, k_tile, dq_base, BLOCK_M, BLOCK_N, BLOCK_E,
+                                ACC, MASK_KIND, CAUSAL,
+                                KV_RING, EARLY_DP and MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128, DQ_ATOMIC)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn
               + re.to(dsl.int64)[None, :] * stride_dke,
@@ -546,6 +569,25 @@ def attention_backward_dq_kernel(
               dq.to(dq_ptr.dtype.element), mask=(rm[:, None] < L) & (re[None, :] < E))
 
 
+@dsl.jit
+def attention_backward_dq_convert_kernel(
+        dq_ptr, acc_ptr, stride_dqb, stride_dqh, stride_dqm, stride_dqe, H, L, E, ROWS, scale_hi, scale_lo,
+        BLOCK_M: dsl.constexpr, BLOCK_E: dsl.constexpr, ACC: dsl.constexpr):
+    # dq = acc * scale in dq's dtype. dq_ptr: (B, H, L, E); acc_ptr: (B * H, ROWS, BLOCK_E) contiguous ACC,
+    # the dK/dV kernel's DQ_ATOMIC sums (ROWS >= L). Grid: (B * H, cdiv(L, BLOCK_M)).
+    bh = dsl.program_id(0)
+    b = (bh // H).to(dsl.int64)
+    h = (bh % H).to(dsl.int64)
+    rm = dsl.program_id(1) * BLOCK_M + dsl.arange(0, BLOCK_M)
+    re = dsl.arange(0, BLOCK_E)
+    mask = (rm[:, None] < L) & (re[None, :] < E)
+    acc = dsl.load(acc_ptr + bh.to(dsl.int64) * ROWS * BLOCK_E + rm.to(dsl.int64)[:, None] * BLOCK_E + re[None, :],
+                   mask=mask, other=0.0)
+    dq = acc * (scale_hi.to(ACC) + scale_lo.to(ACC))
+    dsl.store(dq_ptr + b * stride_dqb + h * stride_dqh + rm.to(dsl.int64)[:, None] * stride_dqm
+              + re.to(dsl.int64)[None, :] * stride_dqe, dq.to(dq_ptr.dtype.element), mask=mask)
+
+
 # ------------------------------------------------------------------------------------------------
 # launchers
 # ------------------------------------------------------------------------------------------------
@@ -560,6 +602,7 @@ class AttentionConfig:
     kv_ring: bool = False
     early_dp: bool = True
     head_major: bool = False
+    dq_atomic: bool = False
 
 
 # Interpreter: small tiles keep the per-program op count (and so CPU test time) low.
@@ -654,6 +697,20 @@ BACKWARD_CONFIGS = {
 # 1.094 -> 1.099, causal 1.100 -> 1.110; S = 4k / 8k 1.05 / 1.01 -> 1.01 / 1.00, causal 1.04 / 1.03 -> 1.01 /
 # 0.99. The forward, head major: E = 64 S = 1k 0.902 -> 0.919, slower elsewhere (by up to 9% with causal).
 DQ_HEAD_MAJOR_PER_SM = 2
+# The dK/dV kernel that also adds each step's dS K into a float32 dQ (DQ_ATOMIC: `red.global.add.v2.f32`, run
+# to run the sums' order differs), where it pays: 5 dots per block pair instead of the two kernels' 7 (the
+# dQ kernel recomputes S and dP), as FlashAttention-2's default backward does. Not under
+# torch.use_deterministic_algorithms(True), nor with an attn_mask (the masked tiles keep mma.sync). Its
+# dQ dot (64 x 64 on 2 warpgroups, which split N) reads dS from shared memory, staged each step
+# (dot_layouts.wgmma_staged_computed_a), issued before dK's dot so that both run while the reductions wait
+# (passes/wgmma_waits.py), and the reductions run from the accumulator's registers, pairs of floats per
+# instruction (codegen/atomics.py). Session 28 (H200, interleaved, whole backward x torch's flash, E = 64,
+# S = 1k / 4k, not causal | causal): the two kernels 0.964 / 0.882 | 1.053 / 0.916; one kernel with its
+# reductions converted to a blocked layout (4 floats per thread: every lane on another 32-byte sector)
+# 0.46 / 0.40 | 0.58 / 0.45, from the accumulator's registers 0.835 / 0.746 | 0.900 / 0.770, as pairs
+# 0.982 / 0.903 | 1.037 / 0.908, dQ's dot issued first and left in flight 1.024 / 0.952 | 1.054 / 0.918,
+# 3 stages 1.016 / 0.947 | 1.071 / 0.948.
+ATOMIC_DKDV_CONFIGS = {64: AttentionConfig(64, 128, 8, 3, head_major=True, dq_atomic=True)}
 # The dK/dV config of a backward with an attn_mask, where it differs from BACKWARD_CONFIGS'.
 MASKED_DKDV_CONFIGS = {128: AttentionConfig(32, 64, 8, 2)}
 # Alternatives the sweep times (besides the table's entry), by padded head dim.
@@ -691,24 +748,31 @@ def forward_config(block_e: int, block_ev: int) -> AttentionConfig:
     return FORWARD_CONFIGS[_table_key(block_e, block_ev)]
 
 
-def backward_configs(block_e: int, block_ev: int, masked: bool = False, query_heads: int = 0, sms: int = 1) -> tuple:
+def backward_configs(block_e: int, block_ev: int, masked: bool = False, query_heads: int = 0, sms: int = 1,
+                     deterministic: bool = False) -> tuple:
     """(dK/dV kernel config, dQ kernel config) for padded head dims (BACKWARD_CONFIGS), with an attn_mask
     where `masked` (MASKED_DKDV_CONFIGS); the dQ kernel takes its programs head by head where the batch
-    has at least DQ_HEAD_MAJOR_PER_SM query heads (B * H, `query_heads`) per SM (`sms`)."""
+    has at least DQ_HEAD_MAJOR_PER_SM query heads (B * H, `query_heads`) per SM (`sms`). Without a mask
+    and unless `deterministic`, the dK/dV kernel of ATOMIC_DKDV_CONFIGS adds dQ itself where there is
+    one (the dQ kernel's config then gives only the preprocessing's and dQ conversion's BLOCK_M)."""
     key = _table_key(block_e, block_ev)
     kv, q = BACKWARD_CONFIGS[key]
     if query_heads >= DQ_HEAD_MAJOR_PER_SM * sms:
         q = replace(q, head_major=True)
-    return (MASKED_DKDV_CONFIGS.get(key, kv) if masked else kv), q
+    if masked:
+        return MASKED_DKDV_CONFIGS.get(key, kv), q
+    return (kv if deterministic else ATOMIC_DKDV_CONFIGS.get(key, kv)), q
 
 
 def sweep_configs(block_e: int, block_ev: int) -> tuple:
     """(forward configs, backward config pairs) that `bench/attention.py --sweep` times: the table's
     entries first, then each alternative with the other backward kernel's table entry."""
     key = _table_key(block_e, block_ev)
-    kv, q = BACKWARD_CONFIGS[key]
+    kv, q = backward_configs(block_e, block_ev)
+    deterministic = BACKWARD_CONFIGS[key][0]
+    alternatives = DKDV_ALTERNATIVES[key] + ((deterministic,) if deterministic != kv else ())
     forward = (FORWARD_CONFIGS[key],) + FORWARD_ALTERNATIVES[key]
-    backward = ((kv, q),) + tuple((a, q) for a in DKDV_ALTERNATIVES[key]) + tuple((kv, a) for a in DQ_ALTERNATIVES[key])
+    backward = ((kv, q),) + tuple((a, q) for a in alternatives) + tuple((deterministic, a) for a in DQ_ALTERNATIVES[key])
     return forward, backward
 
 
@@ -829,7 +893,7 @@ class AttentionLaunches:
         # the saved tensors' strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may lay
         # them out anew (it makes an expanded mask contiguous)
         key = (do.stride(), do.dtype, q.stride(), k.stride(), v.stride(), o.stride(), lse.stride(),
-               None if mask is None else mask.stride())
+               None if mask is None else mask.stride(), torch.are_deterministic_algorithms_enabled())
         launch = self._backward.get(key)
         if launch is None:
             launch = self._backward.put(key, _backward_launcher(do, q, k, v, o, lse, mask, self._causal, self._scale,
@@ -876,8 +940,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     """Flash attention backward: returns (dq, dk, dv), contiguous, shaped and typed like q, k, v.
 
     do: (B, H, L, Ev), any strides; q, k, v, mask, causal, scale as given to `attention_forward`;
-    o and lse are its results. Deterministic (no atomics): dK/dV of a key/value head are summed over
-    the query heads of its group inside one program. `configs`: (dK/dV config, dQ config) to force.
+    o and lse are its results. dK and dV are deterministic; so is dQ where the backward runs the dQ kernel
+    (see the module docstring: head dims > 64, an attn_mask, torch.use_deterministic_algorithms(True) or
+    a forced config without dq_atomic), else its float32 sums take atomic reductions in a varying order.
+    `configs`: (dK/dV config, dQ config) to force.
     With the default interpret the launches are prepared once per layouts and configs; `launches`: the
     AttentionLaunches of the forward that gave o and lse, whose backward launches are found by the
     tensors' strides alone (see there).
@@ -887,7 +953,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     cached = interpret is None
     if cached:
         key = (_layout_key(do), _layout_key(q), _layout_key(k), _layout_key(v), _layout_key(o), _layout_key(lse),
-               _layout_key(mask), causal, scale, _interpret_enabled(), configs)
+               _layout_key(mask), causal, scale, _interpret_enabled(), configs,
+               torch.are_deterministic_algorithms_enabled())
         launch = _BACKWARD_LAUNCHES.get(key)
         if launch is not None:
             return launch(do, q, k, v, o, lse, mask)
@@ -910,7 +977,8 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
     block_e, block_ev = head_block(dim), head_block(dim_v)
     if configs is None:
         configs = (INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(
-            block_e, block_ev, mask is not None, batch * heads, sm_count(q.device))
+            block_e, block_ev, mask is not None, batch * heads, sm_count(q.device),
+            torch.are_deterministic_algorithms_enabled())
     kv_config, q_config = configs
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")
@@ -926,19 +994,28 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
         (batch * heads, blocks_m), delta, o, do, *_strides(o), *_strides(do), heads, length_q, dim_v,
         BLOCK_M=q_config.block_m, BLOCK_EV=block_ev, ACC=acc, num_warps=4, interpret=interpret)
     scales = (*_float_pair(float(scale) * LOG2E), *_float_pair(float(scale)))
+    dq_rows = -(-length_q // kv_config.block_m) * kv_config.block_m
+    dq_atomic = kv_config.dq_atomic and mask_kind == NO_MASK
+    new_dq_acc = contiguous_allocator((batch * heads, dq_rows, block_e), to_torch(acc), q.device)
+    dq_acc = new_dq_acc() if dq_atomic else None
     dkdv = attention_backward_dkdv_kernel.prepare(
         (batch * heads_kv, blocks_n), dk, dv, q, k, v, do, lse, delta, mask_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *mask_strides,
         heads_kv, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=kv_config.block_m, BLOCK_N=kv_config.block_n, num_warps=kv_config.num_warps,
         num_stages=kv_config.num_stages, KV_RING=kv_config.kv_ring, EARLY_DP=kv_config.early_dp,
-        HEAD_MAJOR=kv_config.head_major, **common)
-    dq_kernel = attention_backward_dq_kernel.prepare(
-        (batch * heads, blocks_m), dq, q, k, v, do, lse, delta, mask_arg,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,
-        heads, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
-        BLOCK_M=q_config.block_m, BLOCK_N=q_config.block_n, num_warps=q_config.num_warps,
-        num_stages=q_config.num_stages, HEAD_MAJOR=q_config.head_major, **common)
+        HEAD_MAJOR=kv_config.head_major, DQ_ATOMIC=dq_atomic, dq_ptr=dq_acc, **common)
+    if dq_atomic:
+        dq_kernel = attention_backward_dq_convert_kernel.prepare(
+            (batch * heads, blocks_m), dq, dq_acc, *_strides(dq), heads, length_q, dim, dq_rows, *scales[2:],
+            BLOCK_M=q_config.block_m, BLOCK_E=block_e, ACC=acc, num_warps=4, interpret=interpret)
+    else:
+        dq_kernel = attention_backward_dq_kernel.prepare(
+            (batch * heads, blocks_m), dq, q, k, v, do, lse, delta, mask_arg,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,
+            heads, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
+            BLOCK_M=q_config.block_m, BLOCK_N=q_config.block_n, num_warps=q_config.num_warps,
+            num_stages=q_config.num_stages, HEAD_MAJOR=q_config.head_major, **common)
     mask_argument = _mask_argument(mask)
 
     def launch(do, q, k, v, o, lse, mask):
@@ -947,8 +1024,13 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
             lse = lse.contiguous()
         mask_arg = mask_argument(q, mask)
         preprocess(delta, o, do)
-        dkdv(dk, dv, q, k, v, do, lse, delta, mask_arg)
-        dq_kernel(dq, q, k, v, do, lse, delta, mask_arg)
+        if dq_atomic:
+            dq_acc = new_dq_acc().zero_()
+            dkdv(dk, dv, q, k, v, do, lse, delta, mask_arg, dq_acc)
+            dq_kernel(dq, dq_acc)
+        else:
+            dkdv(dk, dv, q, k, v, do, lse, delta, mask_arg, None)
+            dq_kernel(dq, q, k, v, do, lse, delta, mask_arg)
         return dq, dk, dv
 
     return launch

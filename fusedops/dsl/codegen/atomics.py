@@ -18,8 +18,9 @@ from llvmlite import ir
 from llvmlite.ir import instructions
 
 from ..ir import OpCode
-from ..language.dtypes import BlockType
+from ..language.dtypes import BlockType, float32
 from ..target import llvm_types as T
+from .memory import vector_widths
 from .ownership import owned_registers, owner_predicate, owners_values
 from .registry import lowering
 from .shared import barrier, element_pointer, reserve
@@ -123,12 +124,60 @@ def _get(ctx, value, r):
     return lowered if r is None else lowered[r]
 
 
+def _reduction_width(ctx, op) -> int:
+    """The elements per vector reduction (`red.global.add.v2/.v4.f32`, sm_90) for a relaxed float32 add
+    of a block whose old values nobody reads (dce's `result_unused`) and whose consecutive registers
+    address consecutive elements (memory.vector_widths); 1: one atomic per element."""
+    pointer = op.operands[0]
+    if not (op.attrs.get("result_unused") and op.attrs["kind"] == "add" and op.attrs["sem"] == "relaxed"
+            and op.attrs["scope"] in ("gpu", "cta") and pointer.type.scalar.element == float32
+            and isinstance(pointer.type, BlockType) and ctx.arch_at_least(90)):
+        return 1
+    mask = op.operands[2] if op.attrs.get("masked") else None
+    return min(_VECTOR_REDUCTION_MAX, vector_widths(ctx, pointer, mask, 4)[1])
+
+
+_VECTOR_REDUCTION_MAX = 4
+
+
+def _vector_reductions(ctx, op, width: int) -> None:
+    """`red.relaxed.<scope>.global.add.v<width>.f32` per group of `width` registers (owners only, under
+    the mask): a warp's lanes then cover whole 32-byte sectors with a quarter or half the instructions."""
+    b = ctx.builder
+    owned = owned_registers(op.operands[0].layout)
+    owner = owner_predicate(ctx, op.operands[0].layout)
+    pointers, values = ctx.get(op.operands[0]), ctx.get(op.operands[1])
+    masks = ctx.get(op.operands[2]) if op.attrs.get("masked") else None
+    names = ", ".join(f"${i + 1}" for i in range(width))
+    asm = f"red.relaxed.{op.attrs['scope']}.global.add.v{width}.f32 [$0], {{{names}}};"
+    constraints = ",".join(["l"] + ["f"] * width)
+    for start in range(0, len(pointers), width):
+        if start not in owned:
+            continue
+        predicate = masks[start] if masks is not None else None
+        if owner is not None:
+            predicate = owner if predicate is None else b.and_(predicate, owner)
+
+        def emit(start=start):
+            T.inline_asm(b, asm, constraints, [pointers[start]] + list(values[start:start + width]))
+        if predicate is None:
+            emit()
+        else:
+            with b.if_then(predicate):
+                emit()
+    ctx.set(op.result, [ir.Constant(T.f32, None)] * len(pointers))
+
+
 @lowering(OpCode.ATOMIC_RMW)
 def _atomic_rmw(ctx, op):
     b = ctx.builder
     element = op.operands[0].type.scalar.element
     ty = T.llvm_type(element)
     kind, sem, scope = op.attrs["kind"], op.attrs["sem"], op.attrs["scope"]
+    width = _reduction_width(ctx, op)
+    if width > 1:
+        _vector_reductions(ctx, op, width)
+        return
     registers, owned, owner = _registers(ctx, op, True)
     if registers == [None] and sem in ("release", "acq_rel"):
         barrier(ctx)

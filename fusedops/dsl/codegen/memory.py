@@ -46,7 +46,7 @@ def _contiguous_registers(layout) -> tuple:
     return dim, count
 
 
-def _widths(ctx, pointer, mask, element_bytes: int) -> tuple:
+def vector_widths(ctx, pointer, mask, element_bytes: int) -> tuple:
     """(vector width the pointer allows, width over which the mask is also constant), along the dim
     the layout's leading registers step in."""
     if not isinstance(pointer.type, BlockType):
@@ -102,7 +102,7 @@ def _load(ctx, op):
     pointers = ctx.get(pointer)
     masks = ctx.get(mask) if mask is not None else None
     others = ctx.get(other) if other is not None else [None] * len(pointers)
-    width, mask_width = _widths(ctx, pointer, mask, size)
+    width, mask_width = vector_widths(ctx, pointer, mask, size)
     out = []
     for start in range(0, len(pointers), width):
         group_others = others[start:start + width]
@@ -151,7 +151,7 @@ def _store(ctx, op):
     if not isinstance(pointer.type, BlockType):
         _store_vector(ctx, ctx.get(pointer), [ctx.get(value)], ctx.get(mask) if mask else None, element, hint)
         return
-    width, mask_width = _widths(ctx, pointer, mask, element.itemsize)
+    width, mask_width = vector_widths(ctx, pointer, mask, element.itemsize)
     pointers, values = ctx.get(pointer), ctx.get(value)
     masks = ctx.get(mask) if mask is not None else None
     owned = owned_registers(pointer.layout)

@@ -9,6 +9,9 @@ effect: an unused load is removed.
 Loop-carried values of a FOR that nothing outside the loop reads, and that the loop's live
 computation does not read either, are removed from the loop (its init operand, body argument,
 yield operand and result), which makes the ops computing them dead as well.
+
+An atomic read-modify-write whose old values nobody reads gets attr `result_unused` (codegen/atomics.py
+may then issue vector reductions, which return nothing).
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ def eliminate_dead_code(function: Function) -> bool:
     for op in function.walk():
         for operand in op.operands:
             counts[id(operand)] = counts.get(id(operand), 0) + 1
-    return _sweep(function.body, counts)
+    changed = _sweep(function.body, counts)
+    for op in function.walk():
+        if op.opcode == OpCode.ATOMIC_RMW:
+            op.attrs["result_unused"] = counts.get(id(op.result), 0) == 0
+    return changed
 
 
 def _has_side_effects(op: Operation) -> bool:

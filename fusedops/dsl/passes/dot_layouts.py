@@ -54,7 +54,7 @@ from ..language.dtypes import bfloat16, float16, float32, shape_of
 from ..layouts.mma import (MMA_K, MMA_M, MMA_N, WARPGROUP_WARPS, WGMMA_M, WGMMA_MAX_N, mma_accumulator,
                            mma_operand_a, mma_operand_b, wgmma_accumulator, wgmma_operand_a,
                            wgmma_warpgroups_per_cta)
-from ..layouts.mma_shared import WGMMA_K, wgmma_operand_shared, wgmma_swizzle_bytes
+from ..layouts.mma_shared import WGMMA_K, is_shared_layout, wgmma_operand_shared, wgmma_swizzle_bytes
 from ..layouts.swizzle import contiguous_dim
 
 TENSOR_CORE_INPUTS = (float16, bfloat16)
@@ -197,7 +197,30 @@ def _wgmma_neighbour(op: Operation, arch: Optional[str], num_warps: int) -> bool
         return op.attrs["engine"] == "wgmma"
     return _fits_wgmma(op, arch, num_warps) and (
         _loaded_beside(op.operands[0], op) or _loop_invariant_load(op.operands[0], op) is not None
-        or (_warpgroups_tile_m(op, num_warps) and not _near_runtime_branch(op)))     # (register A's conditions)
+        or (_warpgroups_tile_m(op, num_warps) and not _near_runtime_branch(op))     # (register A's conditions)
+        or wgmma_staged_computed_a(op, arch, num_warps))
+
+
+def wgmma_staged_computed_a(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether `dot` op runs on wgmma with A computed in its own block and staged into shared memory
+    with st.shared at every iteration (see the module docstring): A is not a load, its warpgroups tile
+    N (so no register A fragment holds it), and another dot of the block takes A from registers,
+    which one dot left on mma.sync beside it would prevent."""
+    a = op.operands[0]
+    source = _through_conversions(a).defining_op
+    if source is None or source.parent is not op.parent or _loaded_beside(a, op):
+        return False
+    if not _fits_wgmma(op, arch, num_warps) or _warpgroups_tile_m(op, num_warps) or _near_runtime_branch(op):
+        return False
+    return any(nested.opcode == OpCode.DOT and nested is not op and _takes_register_a(nested, arch, num_warps)
+               for other in op.parent.ops for nested in other.walk())
+
+
+def _takes_register_a(op: Operation, arch: Optional[str], num_warps: int) -> bool:
+    """Whether `dot` op takes (or, before the layout pass assigned it, qualifies to take) A from registers."""
+    if "engine" in op.attrs:
+        return op.attrs["engine"] == "wgmma" and not is_shared_layout(op.operands[0].layout)
+    return _register_a_candidate(op, arch, num_warps) and not _loaded_beside(op.operands[0], op)
 
 
 def wgmma_register_a(op: Operation, arch: Optional[str], num_warps: int, copyable=None) -> bool:
@@ -265,7 +288,7 @@ def uses_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
     if not _fits_wgmma(op, arch, num_warps):
         return False
     return (_loaded_beside(op.operands[0], op) or wgmma_register_a(op, arch, num_warps)
-            or wgmma_staged_a(op, arch, num_warps))
+            or wgmma_staged_a(op, arch, num_warps) or wgmma_staged_computed_a(op, arch, num_warps))
 
 
 def wgmma_operand_layout(shape, element_bits: int, operand: int, source_layout, instr_mn: int):

@@ -285,6 +285,20 @@ def _stores_in_place(state: _State, op: Operation) -> bool:
     return pairs and _contiguous_dim(state, op.operands[0]) == rank - 1
 
 
+def _adds_in_place(state: _State, op: Operation) -> bool:
+    """An atomic read-modify-write of a computed block whose layout holds every element once (e.g. a
+    dot's accumulator added into a float32 buffer): it runs in that layout. An atomic moves one element
+    per instruction in any layout, so the blocked layout's vectors gain nothing (its consecutive
+    elements per thread put every lane of a warp on another 32-byte sector: 4x the accumulator's
+    sectors), and moving the block there would cost a shared-memory trip."""
+    if op.opcode != OpCode.ATOMIC_RMW:
+        return False
+    value = op.operands[1]
+    if not _is_block(value) or id(value) in state.flexible or value.layout is None:
+        return False
+    return all(any(v) for name in value.layout.in_dims for v in value.layout.bases_of(name))
+
+
 def _mark_swizzled_store(state: _State, op: Operation) -> None:
     """A store of a wgmma accumulator (or a value computed from it elementwise, in its layout)
     converted to the store's blocked layout: mark the conversion `swizzled` (codegen moves it
@@ -303,7 +317,7 @@ def _anchor_memory(state: _State, op: Operation):
     to the stored value's layout, see `_stores_in_place`)."""
     pointer = op.operands[0]
     if id(pointer) in state.flexible and pointer.layout is None:
-        if _stores_in_place(state, op):
+        if _stores_in_place(state, op) or _adds_in_place(state, op):
             layout = op.operands[1].layout
         else:
             layout = state.load_hints.get(id(op)) or _memory_layout(state, pointer)

@@ -19,16 +19,17 @@ independent dots issued back to back overlap:
 dots this way; here the compiler places the waits and the kernel orders its dots.)
 
 A dot is deferred when it runs on wgmma with its pending count not yet set (pipelining's in-flight
-accumulator keeps its own), and every operand it reads from shared memory is a ring slot (`local_load`):
-a tile staged into scratch shared memory could be overwritten by a later op while the wgmma reads it.
-Ring slots stay valid: every deferred dot of a loop body is retired before the body ends (the waits
-are flushed before the terminator), so no wgmma reads a slot when the next iteration's copies are
-issued. In-flight dots ride only over ops that touch neither their registers nor shared memory
-(`_passable`: register math, shape ops, global loads and stores, ring reads, layout conversions that
-relabel registers, reductions within warps, other deferred dots); any other op (control flow, barriers,
-copies, mbarriers, deallocs, a conversion or reduction through shared memory, the terminator, a dot
-that is not deferred) retires all of them first (`pending = 0`); ptxas serializes every wgmma of the
-kernel (C7513) where a st.shared runs while one is in flight. A wait returns every dot it retires (their
+accumulator keeps its own). Ring slots stay valid: every deferred dot of a loop body is retired before
+the body ends (the waits are flushed before the terminator), so no wgmma reads a slot when the next
+iteration's copies are issued. In-flight dots ride only over ops that touch neither their registers nor
+shared memory (`_passable`: register math, shape ops, global loads and stores, relaxed atomic
+reductions whose old values nobody reads, ring reads, layout conversions that relabel registers,
+reductions within warps, other deferred dots whose shared operands are all ring slots); any other op
+(control flow, barriers, copies, mbarriers, deallocs, a conversion or reduction through shared memory,
+the terminator, a dot that is not deferred or that stages an operand from registers into scratch
+shared memory) retires all of them first (`pending = 0`); ptxas serializes every wgmma of the kernel
+(C7513) where a st.shared runs while one is in flight. So a dot whose operand is staged into scratch
+stays in flight only across ops that write no shared memory: nothing overwrites the tile it reads. A wait returns every dot it retires (their
 results tied to the instruction, so no read of their registers is scheduled above it; codegen also keeps
 the A fragment registers of a register-A dot live until it, so nothing is written into them while the
 wgmma reads them), and uses after it read those results.
@@ -67,9 +68,12 @@ def defer_wgmma_waits(function: Function) -> bool:
 
 
 def _deferrable(op: Operation) -> bool:
-    """A wgmma dot without a pending count whose shared-memory operands are all ring slots."""
-    if op.opcode != OpCode.DOT or op.attrs.get("engine") != "wgmma" or "pending" in op.attrs:
-        return False
+    """A wgmma dot without a pending count."""
+    return op.opcode == OpCode.DOT and op.attrs.get("engine") == "wgmma" and "pending" not in op.attrs
+
+
+def _stages_nothing(op: Operation) -> bool:
+    """Whether every shared-memory operand of dot `op` is a ring slot (none is staged from registers)."""
     for operand in op.operands[:2]:
         producer = operand.defining_op
         in_ring = producer is not None and producer.opcode == OpCode.LOCAL_LOAD
@@ -115,7 +119,9 @@ def _passable(op: Operation) -> bool:
             return not reduction_plan(op.operands[0].layout, op.attrs["axis"]).warp_bits
         except UnsupportedError:
             return False
-    return op.opcode == OpCode.DOT and _deferrable(op)
+    if op.opcode == OpCode.ATOMIC_RMW:      # a block reduction into global memory, no fences, no old values
+        return op.attrs["sem"] == "relaxed" and bool(op.attrs.get("result_unused")) and op.result.layout is not None
+    return op.opcode == OpCode.DOT and _deferrable(op) and _stages_nothing(op)
 
 
 def _retired_before(op: Operation, in_flight: list) -> int:
