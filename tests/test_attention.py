@@ -775,27 +775,46 @@ def test_gpu_batch_times_heads_over_65535(seed):
 @pytest.mark.cuda
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_head_major_dkdv_matches_launch_order_bit_for_bit(causal, seed):
-    """E = 64's table dK/dV config takes its programs head by head (head_major); each (head, key block)
+    """E = 64's table dK/dV configs take their programs head by head (head_major); each (head, key block)
     computes the same sums either way, so dK and dV equal those of the launch-order mapping bit for bit
-    (GQA, ragged lengths)."""
+    (GQA, ragged lengths), and so does dQ with the deterministic config (the atomic one's dQ sums in a
+    varying order: equal to rounding)."""
     q, k, v = _qkv((3, 8, 1000, 64), (3, 2, 777, 64), (3, 2, 777, 64), torch.float16, seed, "cuda")
     grad_out = random_tensor((3, 8, 1000, 64), torch.float16, seed=seed + 5, device="cuda")
     out, lse = at.attention_forward(q, k, v, None, causal, 0.125)
-    kv_config, q_config = at.backward_configs(64, 64)
-    assert kv_config.head_major
-    results = []
-    for config in (kv_config, dataclasses.replace(kv_config, head_major=False)):
-        grads = at.attention_backward(grad_out, q, k, v, out, lse, None, causal, 0.125, configs=(config, q_config))
-        assert all(torch.isfinite(g).all() for g in grads)
-        results.append(grads)
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    for deterministic in (True, False):
+        kv_config, q_config = at.backward_configs(64, 64, deterministic=deterministic)
+        assert kv_config.head_major and kv_config.dq_atomic is not deterministic
+        results = []
+        for config in (kv_config, dataclasses.replace(kv_config, head_major=False)):
+            grads = at.attention_backward(grad_out, q, k, v, out, lse, None, causal, 0.125, configs=(config, q_config))
+            assert all(torch.isfinite(g).all() for g in grads)
+            results.append(grads)
+        (dq, dk, dv), (dq_launch_order, dk_launch_order, dv_launch_order) = results
+        assert torch.equal(dk, dk_launch_order) and torch.equal(dv, dv_launch_order)
+        if deterministic:
+            assert torch.equal(dq, dq_launch_order)
+        else:
+            torch.testing.assert_close(dq, dq_launch_order, rtol=2e-3, atol=1e-4)
 
 
 @pytest.mark.cuda
 def test_gpu_backward_is_deterministic(seed):
+    """dK and dV always; dQ under torch.use_deterministic_algorithms(True) (E <= 64 otherwise adds it with
+    atomic reductions, see test_attention_dq_atomic.py)."""
     q, k, v = _qkv((2, 8, 1000, 64), (2, 2, 1000, 64), (2, 2, 1000, 64), torch.float16, seed, "cuda",
                    requires_grad=True)
     grad_out = torch.randn(2, 8, 1000, 64, device="cuda", dtype=torch.float16)
-    first = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True), (q, k, v), grad_out)
-    second = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True), (q, k, v), grad_out)
+
+    def gradients():
+        return torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True), (q, k, v),
+                                   grad_out)
+    first, second = gradients(), gradients()
+    assert all(torch.equal(a, b) for a, b in zip(first[1:], second[1:]))
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = gradients(), gradients()
+    finally:
+        torch.use_deterministic_algorithms(previous)
     assert all(torch.equal(a, b) for a, b in zip(first, second))

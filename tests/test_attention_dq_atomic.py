@@ -56,6 +56,15 @@ def test_the_sweep_times_the_atomic_kernel_first_and_the_deterministic_one_besid
     assert any(kv == at.BACKWARD_CONFIGS[64][0] for kv, _ in backward[1:])
 
 
+def _count_dq_kernel_preparations(monkeypatch) -> list:
+    """A list that gets an entry at every `prepare` of the dQ kernel (which then runs as usual)."""
+    calls = []
+    prepare = at.attention_backward_dq_kernel.prepare
+    monkeypatch.setattr(at.attention_backward_dq_kernel, "prepare",
+                        lambda *args, **kwargs: calls.append(1) or prepare(*args, **kwargs))
+    return calls
+
+
 # -- the kernel's PTX -----------------------------------------------------------------------------------
 
 @needs_ptxas
@@ -89,7 +98,8 @@ def test_dkdv_kernel_with_dq_for_other_head_dims_assembles_without_spills(dim, d
     strides = (16 * 4096 * dim, 4096 * dim, dim, 1)
     compiled = dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
         x, x, x, x, x, x, stats, stats, x, *strides * 6, 0, 0, 0, 0, 16, 1, 4096, 4096, dim, dim_v,
-        0.18, 0.0, 0.125, 0.0, dq_ptr=stats, target="sm_90a", num_warps=_ATOMIC.num_warps, num_stages=_ATOMIC.num_stages,
+        0.18, 0.0, 0.125, 0.0, dq_ptr=stats, target="sm_90a", num_warps=_ATOMIC.num_warps,
+        num_stages=_ATOMIC.num_stages,
         BLOCK_M=_ATOMIC.block_m, BLOCK_N=_ATOMIC.block_n, BLOCK_E=at.head_block(dim), BLOCK_EV=at.head_block(dim_v),
         CAUSAL=True, MASK_KIND=at.NO_MASK, ACC=dsl.float32, HEAD_MAJOR=True, DQ_ATOMIC=True)
     ptx = compiled.asm["ptx"]
@@ -119,8 +129,10 @@ def test_atomic_dq_in_the_interpreter_matches_the_dq_kernel_and_float64_torch(ca
     o, lse = at.attention_forward(q, k, v, None, causal, scale, interpret=True)
     plain = at.INTERPRETER_CONFIG
     atomic = dataclasses.replace(plain, dq_atomic=True)
-    two_kernels = at.attention_backward(do, q, k, v, o, lse, None, causal, scale, interpret=True, configs=(plain, plain))
-    one_kernel = at.attention_backward(do, q, k, v, o, lse, None, causal, scale, interpret=True, configs=(atomic, plain))
+    two_kernels = at.attention_backward(do, q, k, v, o, lse, None, causal, scale, interpret=True,
+                                        configs=(plain, plain))
+    one_kernel = at.attention_backward(do, q, k, v, o, lse, None, causal, scale, interpret=True,
+                                       configs=(atomic, plain))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     expected = torch.autograd.grad(reference(*leaves, causal=causal, scale=scale, enable_gqa=heads != heads_kv),
                                    leaves, do)
@@ -135,9 +147,7 @@ def test_an_attn_mask_keeps_the_dq_kernel_even_with_an_atomic_config(monkeypatch
     q, k, v, do = (torch.randn(1, 2, 9, 8, dtype=torch.float64, generator=generator) for _ in range(4))
     mask = torch.rand(1, 1, 9, 9, generator=generator) > 0.3
     o, lse = at.attention_forward(q, k, v, mask, False, 0.4, interpret=True)
-    calls = []
-    prepare = at.attention_backward_dq_kernel.prepare
-    monkeypatch.setattr(at.attention_backward_dq_kernel, "prepare", lambda *a, **kw: calls.append(1) or prepare(*a, **kw))
+    calls = _count_dq_kernel_preparations(monkeypatch)
     atomic = dataclasses.replace(at.INTERPRETER_CONFIG, dq_atomic=True)
     grads = at.attention_backward(do, q, k, v, o, lse, mask, False, 0.4, interpret=True,
                                   configs=(atomic, at.INTERPRETER_CONFIG))
@@ -253,9 +263,7 @@ def test_gpu_deterministic_mode_runs_the_dq_kernel_bitwise_repeatably(monkeypatc
     q, k, v = _qkv((4, 16, 1024, 64), (4, 16, 1024, 64), (4, 16, 1024, 64), torch.float16, seed, "cuda",
                    requires_grad=True)
     grad_out = random_tensor((4, 16, 1024, 64), torch.float16, "cuda", seed + 3)
-    calls = []
-    prepare = at.attention_backward_dq_kernel.prepare
-    monkeypatch.setattr(at.attention_backward_dq_kernel, "prepare", lambda *a, **kw: calls.append(1) or prepare(*a, **kw))
+    calls = _count_dq_kernel_preparations(monkeypatch)
 
     def gradients():
         return torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v), (q, k, v), grad_out)

@@ -772,7 +772,8 @@ def sweep_configs(block_e: int, block_ev: int) -> tuple:
     deterministic = BACKWARD_CONFIGS[key][0]
     alternatives = DKDV_ALTERNATIVES[key] + ((deterministic,) if deterministic != kv else ())
     forward = (FORWARD_CONFIGS[key],) + FORWARD_ALTERNATIVES[key]
-    backward = ((kv, q),) + tuple((a, q) for a in alternatives) + tuple((deterministic, a) for a in DQ_ALTERNATIVES[key])
+    backward = ((kv, q),) + tuple((a, q) for a in alternatives) + tuple(
+        (deterministic, a) for a in DQ_ALTERNATIVES[key])
     return forward, backward
 
 

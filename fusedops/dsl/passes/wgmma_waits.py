@@ -29,10 +29,11 @@ reductions within warps, other deferred dots whose shared operands are all ring 
 the terminator, a dot that is not deferred or that stages an operand from registers into scratch
 shared memory) retires all of them first (`pending = 0`); ptxas serializes every wgmma of the kernel
 (C7513) where a st.shared runs while one is in flight. So a dot whose operand is staged into scratch
-stays in flight only across ops that write no shared memory: nothing overwrites the tile it reads. A wait returns every dot it retires (their
-results tied to the instruction, so no read of their registers is scheduled above it; codegen also keeps
-the A fragment registers of a register-A dot live until it, so nothing is written into them while the
-wgmma reads them), and uses after it read those results.
+stays in flight only across ops that write no shared memory: nothing overwrites the tile it reads.
+A wait returns every dot it retires (their results tied to the instruction, so no read of their
+registers is scheduled above it; codegen also keeps the A fragment registers of a register-A dot live
+until it, so nothing is written into them while the wgmma reads them), and uses after it read those
+results.
 
 Runs after pipelining (which creates the ring slots and sets the in-flight accumulator's count) and after
 the sibling-reduction grouping, whose members are consecutive cross-warp reductions lowered together at the
