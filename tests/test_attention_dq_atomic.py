@@ -7,9 +7,9 @@ shared memory.
 CPU: the config table and deterministic switch, the PTX of the kernel (all dots on wgmma, 8 vector
 reductions per step, no spills), interpreter results of the atomic path against the two-kernel path and
 float64 torch at odd shapes, and the DSL rules on small kernels. GPU (`-m cuda`): the atomic path within
-twice torch's error of float64 at ragged shapes, GQA, L != S, small and odd head dims, non-contiguous
-inputs; torch.use_deterministic_algorithms(True) giving bitwise-repeatable dQ through the dQ kernel; the
-vector reductions' sums with colliding programs and masks.
+twice torch's error of float64 with non-contiguous inputs (test_attention.py's _GPU_CASES take it at
+ragged shapes, GQA, L != S, small and odd head dims); torch.use_deterministic_algorithms(True) giving
+bitwise-repeatable dQ through the dQ kernel; the vector reductions' sums with colliding programs and masks.
 """
 
 from __future__ import annotations
@@ -214,33 +214,6 @@ def test_vector_reductions_add_every_element_in_the_interpreter(monkeypatch):
 
 
 # -- GPU ------------------------------------------------------------------------------------------------
-
-_GPU_CASES = [  # (B, H, H_kv, L, S, E)
-    (2, 8, 8, 1000, 1000, 64), (1, 4, 2, 1000, 700, 64), (1, 8, 2, 333, 2049, 64), (3, 5, 5, 1, 129, 64),
-    (2, 4, 4, 300, 1, 32), (1, 6, 3, 777, 513, 48), (2, 4, 4, 129, 255, 16),
-]
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", _GPU_CASES, ids=str)
-def test_gpu_atomic_dq_within_twice_torch_error(case, causal, dtype, seed):
-    batch, heads, heads_kv, length_q, length_k, dim = case
-    q, k, v = _qkv((batch, heads, length_q, dim), (batch, heads_kv, length_k, dim), (batch, heads_kv, length_k, dim),
-                   dtype, seed, "cuda", requires_grad=True)
-    gqa = heads != heads_kv
-    grad_out = random_tensor((batch, heads, length_q, dim), dtype, "cuda", seed + 7)
-    grads = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
-                                (q, k, v), grad_out)
-    torch_grads = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, is_causal=causal, enable_gqa=gqa), (q, k, v), grad_out)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected = torch.autograd.grad(reference(q64, k64, v64, causal=causal, enable_gqa=gqa), (q64, k64, v64),
-                                   grad_out.double())
-    for name, ours, theirs, want in zip("qkv", grads, torch_grads, expected):
-        _assert_within_twice_torch(ours, theirs, want, f"d{name}")
-
 
 @pytest.mark.cuda
 def test_gpu_atomic_dq_with_non_contiguous_inputs_and_grad_out(seed):
