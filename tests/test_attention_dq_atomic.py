@@ -41,6 +41,9 @@ def test_head_dims_up_to_64_add_dq_in_the_dkdv_kernel_unless_deterministic_or_ma
     assert not at.backward_configs(block_e, block_ev, deterministic=True)[0].dq_atomic
     assert not at.backward_configs(block_e, block_ev, masked=True)[0].dq_atomic
     assert at.backward_configs(block_e, block_ev, deterministic=True) == at.BACKWARD_CONFIGS[64]
+    # a GPU granting a CTA 99 KiB (compute capability 8.6 / 8.9) keeps the deterministic kernels (80 KiB)
+    assert at.backward_configs(block_e, block_ev, shared_memory=99 * 1024) == at.BACKWARD_CONFIGS[64]
+    assert at.backward_configs(block_e, block_ev, shared_memory=227 * 1024)[0].dq_atomic
 
 
 @pytest.mark.parametrize("dim", [80, 128, 256])
@@ -87,7 +90,7 @@ def test_dkdv_kernel_adds_dq_with_vector_reductions_all_dots_on_wgmma(causal, tm
     assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d)", before_reductions)[-1] == "1"
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes == 0, result.log
-    assert compiled.shared_bytes <= 227 * 1024
+    assert compiled.shared_bytes <= at.ATOMIC_DKDV_SHARED_BYTES
 
 
 @needs_ptxas
@@ -107,6 +110,7 @@ def test_dkdv_kernel_with_dq_for_other_head_dims_assembles_without_spills(dim, d
     assert "mma.sync" not in body and re.search(r"red\.relaxed\.gpu\.global\.add\.v[24]\.f32", body)
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes == 0, result.log
+    assert compiled.shared_bytes <= at.ATOMIC_DKDV_SHARED_BYTES
 
 
 # -- interpreter results --------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ from fusedops.dsl.language.dtypes import to_torch
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
-from fusedops.kernels.device_info import sm_count
+from fusedops.kernels.device_info import max_shared_memory, sm_count
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -711,6 +711,9 @@ DQ_HEAD_MAJOR_PER_SM = 2
 # 0.982 / 0.903 | 1.037 / 0.908, dQ's dot issued first and left in flight 1.024 / 0.952 | 1.054 / 0.918,
 # 3 stages 1.016 / 0.947 | 1.071 / 0.948.
 ATOMIC_DKDV_CONFIGS = {64: AttentionConfig(64, 128, 8, 3, head_major=True, dq_atomic=True)}
+# Its shared memory (sm_80 / sm_90a, any head dims <= 64): a GPU that grants a CTA less (compute capability
+# 8.6 / 8.9: 99 KiB) runs the deterministic kernels (80 KiB).
+ATOMIC_DKDV_SHARED_BYTES = 160 * 1024
 # The dK/dV config of a backward with an attn_mask, where it differs from BACKWARD_CONFIGS'.
 MASKED_DKDV_CONFIGS = {128: AttentionConfig(32, 64, 8, 2)}
 # Alternatives the sweep times (besides the table's entry), by padded head dim.
@@ -749,19 +752,22 @@ def forward_config(block_e: int, block_ev: int) -> AttentionConfig:
 
 
 def backward_configs(block_e: int, block_ev: int, masked: bool = False, query_heads: int = 0, sms: int = 1,
-                     deterministic: bool = False) -> tuple:
+                     deterministic: bool = False, shared_memory: int = ATOMIC_DKDV_SHARED_BYTES) -> tuple:
     """(dK/dV kernel config, dQ kernel config) for padded head dims (BACKWARD_CONFIGS), with an attn_mask
     where `masked` (MASKED_DKDV_CONFIGS); the dQ kernel takes its programs head by head where the batch
-    has at least DQ_HEAD_MAJOR_PER_SM query heads (B * H, `query_heads`) per SM (`sms`). Without a mask
-    and unless `deterministic`, the dK/dV kernel of ATOMIC_DKDV_CONFIGS adds dQ itself where there is
-    one (the dQ kernel's config then gives only the preprocessing's and dQ conversion's BLOCK_M)."""
+    has at least DQ_HEAD_MAJOR_PER_SM query heads (B * H, `query_heads`) per SM (`sms`). Without a mask,
+    unless `deterministic` and where a CTA may take ATOMIC_DKDV_SHARED_BYTES of shared memory
+    (`shared_memory`, bytes), the dK/dV kernel of ATOMIC_DKDV_CONFIGS adds dQ itself where there is one
+    (the dQ kernel's config then gives only the preprocessing's and dQ conversion's BLOCK_M)."""
     key = _table_key(block_e, block_ev)
     kv, q = BACKWARD_CONFIGS[key]
     if query_heads >= DQ_HEAD_MAJOR_PER_SM * sms:
         q = replace(q, head_major=True)
     if masked:
         return MASKED_DKDV_CONFIGS.get(key, kv), q
-    return (kv if deterministic else ATOMIC_DKDV_CONFIGS.get(key, kv)), q
+    if deterministic or shared_memory < ATOMIC_DKDV_SHARED_BYTES:
+        return kv, q
+    return ATOMIC_DKDV_CONFIGS.get(key, kv), q
 
 
 def sweep_configs(block_e: int, block_ev: int) -> tuple:
@@ -979,7 +985,7 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
     if configs is None:
         configs = (INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(
             block_e, block_ev, mask is not None, batch * heads, sm_count(q.device),
-            torch.are_deterministic_algorithms_enabled())
+            torch.are_deterministic_algorithms_enabled(), max_shared_memory(q.device))
     kv_config, q_config = configs
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")

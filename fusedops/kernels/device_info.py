@@ -1,4 +1,5 @@
-"""What the launchers ask of a device: its SM count (persistent grids size themselves from it)."""
+"""What the launchers ask of a device: its SM count (persistent grids size themselves from it) and the shared
+memory one CTA may take (configs that need more fall back to smaller ones)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,21 @@ def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return INTERPRETER_SMS
+
+
+# What CPU tensors (the interpreter) plan for: no limit on a CTA's shared memory.
+INTERPRETER_SHARED_MEMORY = 1 << 30
+
+
+@functools.lru_cache(maxsize=64)
+def _cuda_shared_memory(index: int) -> int:
+    from fusedops.dsl.runtime.driver import device_context
+    return device_context(index).properties.max_shared_memory_optin
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one CTA may use (after the opt-in) on a CUDA `device`, or
+    INTERPRETER_SHARED_MEMORY for any other device."""
+    if device.type == "cuda":
+        return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+    return INTERPRETER_SHARED_MEMORY

@@ -113,8 +113,14 @@ def _broadcast_scalar(ctx, value):
 
 
 def _set_result(ctx, op, registers, out, element):
+    """The old values: a scalar's broadcast from thread 0, a block's from each element's owner (through
+    shared memory where the layout replicates it), or nothing moved where nobody reads them (dce's
+    `result_unused`: passes/wgmma_waits.py lets an in-flight wgmma pass such an atomic, so it must not
+    touch shared memory)."""
     if registers == [None]:
         ctx.set(op.result, _broadcast_scalar(ctx, out[0]))
+    elif op.attrs.get("result_unused"):
+        ctx.set(op.result, out)
     else:
         ctx.set(op.result, owners_values(ctx, op.operands[0].layout, out, element))
 
