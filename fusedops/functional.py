@@ -367,10 +367,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     float16/bfloat16 CUDA tensors with head dims up to 256 run the flash-attention kernels (forward
     and backward, see fusedops/kernels/attention.py; the backward is deterministic except dQ for head
     dims <= 64 without attn_mask, whose float32 sums take atomic reductions in a varying order, as
-    FlashAttention-2's do, unless torch.use_deterministic_algorithms(True) is in force); CPU tensors, float32/float64 on
-    CUDA, larger head dims and a mask that requires grad run torch's op, unless FUSEDOPS_INTERPRET=1
-    runs the kernels in the interpreter (any float dtype). Under autocast (CUDA or CPU) query, key,
-    value and a float mask are cast to the autocast dtype first, as torch's autocast does for this op.
+    FlashAttention-2's do, unless torch.use_deterministic_algorithms(True) is in force); CPU tensors,
+    float32/float64 on CUDA, larger head dims and a mask that requires grad run torch's op, unless
+    FUSEDOPS_INTERPRET=1 runs the kernels in the interpreter (any float dtype). Under autocast (CUDA or
+    CPU) query, key, value and a float mask are cast to the autocast dtype first, as torch's autocast
+    does for this op.
     """
     from fusedops.autograd import attention as _attention
 

@@ -130,6 +130,9 @@ def _get(ctx, value, r):
     return lowered if r is None else lowered[r]
 
 
+_VECTOR_REDUCTION_MAX = 4       # elements: red.global.add.v4.f32 is the widest
+
+
 def _reduction_width(ctx, op) -> int:
     """The elements per vector reduction (`red.global.add.v2/.v4.f32`, sm_90) for a relaxed float32 add
     of a block whose old values nobody reads (dce's `result_unused`) and whose consecutive registers
@@ -141,9 +144,6 @@ def _reduction_width(ctx, op) -> int:
         return 1
     mask = op.operands[2] if op.attrs.get("masked") else None
     return min(_VECTOR_REDUCTION_MAX, vector_widths(ctx, pointer, mask, 4)[1])
-
-
-_VECTOR_REDUCTION_MAX = 4
 
 
 def _vector_reductions(ctx, op, width: int) -> None:

@@ -23,6 +23,11 @@
     The conversion to the wgmma tile is hoisted out of the loop (`hoisted`), and
     passes/invariant_operands.py fills a shared buffer from global memory once (cp.async) that
     every iteration's wgmma reads in place.
+  - from shared memory written with st.shared at every iteration (`wgmma_staged_computed_a`), when it is
+    computed in the dot's own block (not a load) and its warpgroups tile N, so that no A fragment holds
+    it, while another dot of the block takes A from registers: left on mma.sync it would take that
+    form from its neighbours (attention's dK/dV kernel adding dQ = dS K, 64 x 64 on 2 warpgroups, beside
+    register-A S^T, dP^T, dV and dK).
   An operand may also be a `trans` of such a load (the attention backward's dS^T Q, dS K): `trans`
   relabels the load's registers, so the converted tile is contiguous along the dim the *load*
   reads as vectors (K-major or M/N-major for the transposed view, both of which wgmma reads for
