@@ -268,6 +268,11 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true", help="add torch.compile of the math attention")
     parser.add_argument("--sweep", action="store_true", help="time the kernels' launch configs instead (fp16)")
     args = parser.parse_args(argv)
+    for option, values, total in (("--seqlens", args.seqlens or (), TOKENS),
+                                  ("--head-dims", args.head_dims, MODEL_DIM)):
+        bad = [value for value in values if total % value]
+        if bad:     # B = TOKENS // S and H = MODEL_DIM // E keep the issue's 16k tokens and model width
+            parser.error(f"argument {option}: {', '.join(map(str, bad))} does not divide {total}")
     if not torch.cuda.is_available():
         sys.exit("bench/attention.py needs a CUDA GPU")
     if args.sweep:

@@ -246,7 +246,8 @@ def acceptance(rows):
 
 def main(argv=None):
     parser = scripts.argument_parser(__doc__)
-    parser.add_argument("--name", default="layernorm", help="file name stem of the outputs (default: layernorm)")
+    parser.add_argument("--name", default="layernorm", type=scripts.file_stem,
+                        help="file name stem of the outputs (default: layernorm)")
     parser.add_argument("--quick", action="store_true", help=f"N in {QUICK_COLUMNS}, fp16 only")
     parser.add_argument("--ops", default="layer_norm,rms_norm", type=scripts.choice_list(list(OPS)),
                         help="comma-separated: layer_norm, rms_norm")

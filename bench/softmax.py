@@ -125,9 +125,19 @@ def bench_shape(dtype_name, n, log, use_compile, repeats):
     for pass_name, tensors in PASS_BYTES.items():
         nbytes = tensors * M * n * element
         reference_ms = scripts.copy_ms(nbytes, DEVICE)
-        times = {name: gpu_time_ms(fns[pass_name], repeats=repeats) for name, fns in table.items()}
-        rows += [result_row(op, pass_name, n, dtype_name, name, ms, nbytes, reference_ms, times["torch"])
-                 for name, ms in times.items()]
+        times, errors = {}, {}
+        for name, fns in table.items():
+            try:
+                times[name] = gpu_time_ms(fns[pass_name], repeats=repeats)
+            except Exception as error:       # a provider that fails (torch.compile refusing a shape) is a row
+                errors[name] = scripts.failure_text(error, 120)
+        for name in table:
+            if name in times:
+                rows.append(result_row(op, pass_name, n, dtype_name, name, times[name], nbytes, reference_ms,
+                                       times.get("torch")))
+            else:
+                rows.append({"op": op, "pass": pass_name, "M": M, "N": n, "dtype": dtype_name, "provider": name,
+                             "ms": None, "error": errors[name]})
     return rows
 
 
@@ -135,7 +145,7 @@ def result_row(op, pass_name, n, dtype_name, provider, ms, nbytes, copy_ms, torc
     """One row of the results (and of softmax.csv, whose columns are these keys, in this order)."""
     return {"op": op, "pass": pass_name, "M": M, "N": n, "dtype": dtype_name, "provider": provider,
             "ms": ms, "GB/s": nbytes / ms / 1e6, "copy_GB/s": nbytes / copy_ms / 1e6,
-            "fraction_of_copy": copy_ms / ms, "speedup_vs_torch": torch_ms / ms}
+            "fraction_of_copy": copy_ms / ms, "speedup_vs_torch": None if torch_ms is None else torch_ms / ms}
 
 
 def sweep_rows(dtype_name, n, log, repeats):
@@ -205,8 +215,13 @@ def format_table(rows) -> str:
     """The rows of bench_shape as the table the script prints."""
     header = f"{'pass':8} {'dtype':5} {'N':>6} {'provider':14} {'ms':>9} {'GB/s':>8} {'of copy':>8} {'vs torch':>8}"
     lines = [header, "-" * len(header)]
-    lines += [f"{r['pass']:8} {r['dtype']:5} {r['N']:>6} {r['provider']:14} {r['ms']:9.4f} {r['GB/s']:8.0f} "
-              f"{r['fraction_of_copy']:8.1%} {r['speedup_vs_torch']:7.2f}x" for r in rows]
+    for r in rows:
+        start = f"{r['pass']:8} {r['dtype']:5} {r['N']:>6} {r['provider']:14} "
+        if r.get("ms") is None:
+            lines.append(start + f"error: {r.get('error')}")
+            continue
+        ratio = "" if r["speedup_vs_torch"] is None else f"{r['speedup_vs_torch']:7.2f}x"
+        lines.append(start + f"{r['ms']:9.4f} {r['GB/s']:8.0f} {r['fraction_of_copy']:8.1%} {ratio}")
     return "\n".join(lines)
 
 
@@ -215,10 +230,10 @@ def _draw(axis, rows, panel):
     subset = [r for r in rows if r["dtype"] == dtype and r["pass"] == pass_name]
     ns = sorted({r["N"] for r in subset})
     for provider in dict.fromkeys(r["provider"] for r in subset):
-        points = {r["N"]: r["GB/s"] for r in subset if r["provider"] == provider}
+        points = {r["N"]: r.get("GB/s") for r in subset if r["provider"] == provider}
         axis.plot(range(len(ns)), [points.get(n) for n in ns], marker="o", label=provider)
-    copy = {r["N"]: r["copy_GB/s"] for r in subset}
-    axis.plot(range(len(ns)), [copy[n] for n in ns], linestyle="--", color="gray", label="d2d copy")
+    copy = {r["N"]: r["copy_GB/s"] for r in subset if "copy_GB/s" in r}      # (not in a failed provider's row)
+    axis.plot(range(len(ns)), [copy.get(n) for n in ns], linestyle="--", color="gray", label="d2d copy")
     axis.set_xticks(range(len(ns)), [str(n) for n in ns], rotation=45)
     axis.set_title(f"{rows[0]['op']} {pass_name}, {dtype}, M={M}")
     axis.set_xlabel("N")

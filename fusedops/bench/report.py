@@ -13,6 +13,7 @@ import csv
 import datetime
 import importlib.util
 import json
+import math
 import os
 import platform
 import shutil
@@ -90,7 +91,7 @@ def write_rows(rows: Sequence[dict], out_dir: str, name: str, env: Optional[dict
     env = environment() if env is None else env
     stamped = [dict(row, **env) for row in rows]
     json_path = Path(out_dir) / f"{name}.json"
-    json_path.write_text(json.dumps(stamped, indent=1) + "\n")
+    json_path.write_text(json.dumps([_finite(row) for row in stamped], indent=1, allow_nan=False) + "\n")
     csv_path = Path(out_dir) / f"{name}.csv"
     fields = list(dict.fromkeys(key for row in stamped for key in row))
     with open(csv_path, "w", newline="") as f:
@@ -101,15 +102,23 @@ def write_rows(rows: Sequence[dict], out_dir: str, name: str, env: Optional[dict
 
 
 # -- table ----------------------------------------------------------------------------------------
+def _finite(row: dict) -> dict:
+    """`row` with NaN / infinite floats as None: JSON has no such numbers (strict parsers reject them)."""
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in row.items()}
+
+
 def _cell(column: str, value) -> str:
-    if value is None or value == "":
+    """A table cell: empty for a missing or non-finite number; ratios and values below 10 (fractions such
+    as layernorm's fraction_of_copy, judged against 0.90) to two decimals, ms to 4 significant digits."""
+    if value is None or value == "" or (isinstance(value, float) and not math.isfinite(value)):
         return ""
     if isinstance(value, float):
         if column == "vs torch":
             return f"{value:.2f}x"
         if column == "ms":
             return f"{value:.4g}"
-        return f"{value:.1f}"
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
     return str(value)
 
 

@@ -53,17 +53,17 @@ def gpu_available() -> bool:
 
 
 def int_list(text: str) -> List[int]:
-    """A comma-separated list of positive integers ("1024,2048") as a list; an argparse `type=`: anything
-    else raises argparse.ArgumentTypeError (a usage error, exit 2)."""
+    """A comma-separated list of positive integers ("1024,2048") as a list, each once (in first-seen order);
+    an argparse `type=`: anything else raises argparse.ArgumentTypeError (a usage error, exit 2)."""
     items = [item.strip() for item in text.split(",")]
     if not all(item.isdigit() and int(item) > 0 for item in items):
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return [int(item) for item in items]
+    return list(dict.fromkeys(int(item) for item in items))
 
 
 def shape_list(text: str) -> List[tuple]:
-    """Comma-separated MxNxK shapes ("4096x4096x4096,8192x4096x4096") as (M, N, K) tuples of positive ints;
-    an argparse `type=` (ArgumentTypeError otherwise)."""
+    """Comma-separated MxNxK shapes ("4096x4096x4096,8192x4096x4096") as (M, N, K) tuples of positive ints,
+    each once; an argparse `type=` (ArgumentTypeError otherwise)."""
     shapes = []
     for item in text.split(","):
         dims = item.strip().split("x")
@@ -71,19 +71,29 @@ def shape_list(text: str) -> List[tuple]:
             raise argparse.ArgumentTypeError(f"expected comma-separated MxNxK shapes of positive integers, got "
                                              f"{item.strip()!r}")
         shapes.append(tuple(int(d) for d in dims))
-    return shapes
+    return list(dict.fromkeys(shapes))
 
 
 def choice_list(valid: Sequence[str]) -> Callable[[str], List[str]]:
-    """An argparse `type=` for a comma-separated list of names among `valid` (ArgumentTypeError otherwise)."""
+    """An argparse `type=` for a comma-separated list of names among `valid`, each once (ArgumentTypeError
+    otherwise)."""
     def parse(text: str) -> List[str]:
         items = [item.strip() for item in text.split(",") if item.strip()]
         unknown = [item for item in items if item not in valid]
         if not items or unknown:
             raise argparse.ArgumentTypeError(f"expected comma-separated names among {', '.join(valid)}, got "
                                              f"{text!r}")
-        return items
+        return list(dict.fromkeys(items))
     return parse
+
+
+def file_stem(text: str) -> str:
+    """An argparse `type=` for an output file's name stem (--name): non-empty, no path separator, not hidden
+    (ArgumentTypeError otherwise)."""
+    if not text or text.startswith(".") or "/" in text or os.sep in text or (os.altsep and os.altsep in text):
+        raise argparse.ArgumentTypeError(f"expected a file name stem (no path separator, not empty or hidden), "
+                                         f"got {text!r}")
+    return text
 
 
 def output_dir(text: str) -> str:
