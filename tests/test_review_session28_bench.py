@@ -17,7 +17,7 @@ samples), ionelmc/pytest-benchmark#27 (a time column in an unreadable unit), mlc
 and bytecodealliance/sightglass#330 (result files overwritten or lost), conbench/conbench#1325 (a value
 shown in the wrong unit), microsoft/onnxruntime-genai#2404 (NaN silently propagated into JSON results).
 
-DEFECTS (all fixed in session 28; 7 in softmax.py, layernorm.py's measure not yet: it has no test here):
+DEFECTS (all fixed in session 28, 7 in both scripts):
 
 1. The scripts' list options keep duplicates, unlike `python -m fusedops.bench` (whose --ops/--dtype lists
    are deduplicated, tests/test_review_session24_docs.py pins that).
@@ -614,3 +614,34 @@ def test_softmax_script_keeps_the_other_providers_when_one_fails(monkeypatch):
     assert {r["provider"] for r in rows if r.get("ms")} == {"fusedops", "torch", "naive eager"}
     assert any(r["provider"] == "torch.compile" and "refused" in str(r.get("error")) for r in rows)
     assert "refused" in softmax.format_table(rows) or "error" in softmax.format_table(rows)
+
+
+def test_layernorm_script_keeps_the_other_providers_when_one_fails(monkeypatch):
+    """Defect 7's twin in bench/layernorm.py's measure (fixed in session 28): a provider that raises becomes
+    an error row, the others are timed, compared and kept, and the acceptance lines say it was not measured."""
+    layernorm = _load("layernorm")
+    monkeypatch.setattr(layernorm, "M", 4)
+    monkeypatch.setattr(scripts, "copy_ms", lambda nbytes, device="cuda": 1.0)
+    monkeypatch.setattr(layernorm, "gpu_time_ms", lambda fn, repeats=30: (fn(), 0.5)[1])
+
+    def inputs(op, n, dtype):
+        x = torch.randn(4, n, dtype=torch.float32)
+        params = (torch.ones(n), torch.zeros(n)) if op.has_bias else (torch.ones(n),)
+        return (x,) + params, torch.randn(4, n)
+    monkeypatch.setattr(layernorm, "_inputs", inputs)
+
+    def refuse(*args):
+        raise RuntimeError("backend refused the shape")
+
+    def providers(op, n, compile_torch):
+        torch_fn = (lambda x, w, b: torch.nn.functional.layer_norm(x, (n,), w, b)) if op.has_bias else \
+            (lambda x, w: torch.nn.functional.layer_norm(x, (n,), w))
+        return {"torch": torch_fn, "fusedops": torch_fn, "torch.compile": refuse}
+    monkeypatch.setattr(layernorm, "_providers", providers)
+    op = layernorm.OPS["layer_norm"]
+    rows = layernorm.measure(op, 1024, "fp16", False, True, False)
+    assert {r["provider"] for r in rows if r.get("ms")} == {"torch", "fusedops"}
+    failed, = [r for r in rows if r["provider"] == "torch.compile"]
+    assert failed["ms"] is None and "refused" in failed["error"] and failed["vs torch"] is None
+    assert all(r["vs torch"] == 1.0 for r in rows if r.get("ms"))
+    assert not any("not measured" in line for line in layernorm.acceptance(rows))
