@@ -88,7 +88,6 @@ import dataclasses
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -96,22 +95,9 @@ import torch
 
 from fusedops.bench import cases, checks, providers, report, runner, scripts, selfcheck, timing
 from fusedops.bench import __main__ as bench_main
+from test_bench_scripts import ENV, HAS_MATPLOTLIB, _load
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {"gpu": "test-gpu", "driver": "1.0", "torch": "2.x", "fusedops": "0"}
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without CUDA")
-
-
-def _load(name):
-    """bench/<name>.py as the module bench_<name> (bench/ is not a package), as tests/test_bench_scripts.py."""
-    module_name = f"bench_{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, ROOT / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
 
 
 def _usage_error(call, capsys):
