@@ -300,18 +300,26 @@ def attention_forward_kernel(
 
 
 @dsl.jit
+def _row_tile(H, L, COLS, BLOCK_M: dsl.constexpr, BLOCK_C: dsl.constexpr):
+    """(bh, b, h, rows, cols, mask) of a program on the grid (B * H, cdiv(L, BLOCK_M)) over the (L, COLS) rows
+    of head bh = b * H + h (b and h as int64 offsets), its block of BLOCK_M rows and BLOCK_C columns and
+    their bounds mask."""
+    bh = dsl.program_id(0)
+    b = (bh // H).to(dsl.int64)
+    h = (bh % H).to(dsl.int64)
+    rm = dsl.program_id(1) * BLOCK_M + dsl.arange(0, BLOCK_M)
+    rc = dsl.arange(0, BLOCK_C)
+    return bh, b, h, rm, rc, (rm[:, None] < L) & (rc[None, :] < COLS)
+
+
+@dsl.jit
 def attention_backward_preprocess_kernel(
         delta_ptr, o_ptr, do_ptr,
         stride_ob, stride_oh, stride_om, stride_oe,
         stride_dob, stride_doh, stride_dom, stride_doe,
         H, L, EV, BLOCK_M: dsl.constexpr, BLOCK_EV: dsl.constexpr, ACC: dsl.constexpr):
     # delta_ptr: (B * H, L) contiguous ACC; o_ptr, do_ptr: (B, H, L, EV). Grid: (B * H, cdiv(L, BLOCK_M)).
-    bh = dsl.program_id(0)
-    b = (bh // H).to(dsl.int64)
-    h = (bh % H).to(dsl.int64)
-    rm = dsl.program_id(1) * BLOCK_M + dsl.arange(0, BLOCK_M)
-    rev = dsl.arange(0, BLOCK_EV)
-    mask = (rm[:, None] < L) & (rev[None, :] < EV)
+    bh, b, h, rm, rev, mask = _row_tile(H, L, EV, BLOCK_M, BLOCK_EV)
     rows = rm.to(dsl.int64)[:, None]
     o = dsl.load(o_ptr + b * stride_ob + h * stride_oh + rows * stride_om + rev.to(dsl.int64)[None, :] * stride_oe,
                  mask=mask, other=0.0)
@@ -575,12 +583,7 @@ def attention_backward_dq_convert_kernel(
         BLOCK_M: dsl.constexpr, BLOCK_E: dsl.constexpr, ACC: dsl.constexpr):
     # dq = acc * scale in dq's dtype. dq_ptr: (B, H, L, E); acc_ptr: (B * H, ROWS, BLOCK_E) contiguous ACC,
     # the dK/dV kernel's DQ_ATOMIC sums (ROWS >= L). Grid: (B * H, cdiv(L, BLOCK_M)).
-    bh = dsl.program_id(0)
-    b = (bh // H).to(dsl.int64)
-    h = (bh % H).to(dsl.int64)
-    rm = dsl.program_id(1) * BLOCK_M + dsl.arange(0, BLOCK_M)
-    re = dsl.arange(0, BLOCK_E)
-    mask = (rm[:, None] < L) & (re[None, :] < E)
+    bh, b, h, rm, re, mask = _row_tile(H, L, E, BLOCK_M, BLOCK_E)
     acc = dsl.load(acc_ptr + bh.to(dsl.int64) * ROWS * BLOCK_E + rm.to(dsl.int64)[:, None] * BLOCK_E + re[None, :],
                    mask=mask, other=0.0)
     dq = acc * (scale_hi.to(ACC) + scale_lo.to(ACC))
