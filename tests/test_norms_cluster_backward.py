@@ -16,7 +16,7 @@ from fusedops.kernels import norm_kernels as K
 from fusedops.kernels import norms
 from helpers import poison
 
-from test_norms import (LAYER_NORM, RMS_NORM, _check, _compare, _inputs, _poisoned_empty,
+from test_norms import (LAYER_NORM, RMS_NORM, _check, _check_with_configs, _compare, _inputs, _poisoned_empty,
                         _reference, interpret)  # noqa: F401  (interpret: a fixture)
 
 HALF_DTYPES = [torch.float16, torch.bfloat16]
@@ -56,6 +56,26 @@ def test_devices_without_clusters_take_the_split_backward(monkeypatch):
     norms._backward_launcher(x, x, None, torch.zeros(4), rstd, True, True, False, False, None, None, None, False,
                              torch.empty)
     assert launched == ["split"]
+
+
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("block_rows", [1, 2])
+def test_window_programs_walk_rows_of_one_window_offset(op, block_rows, seed, monkeypatch):
+    # The persistent backward masks every tile of a program by its first tile's window placement (computed
+    # once): that needs groups * block_rows to be a multiple of the window's SHIFT, so that the rows a
+    # program walks all start at the same offset from a 16-byte boundary. Rows of 21 fp16 columns start at
+    # all 8 offsets; 61 rows give each program several tiles (the interpreter plans for 4 SMs: 8 groups).
+    grids = []
+    prepare = K.backward_persistent_kernel.prepare
+    monkeypatch.setattr(K.backward_persistent_kernel, "prepare",
+                        lambda grid, *a, **k: grids.append((grid, k)) or prepare(grid, *a, **k))
+    config = norms.BackwardConfig(False, block_rows, 8, 1, 1, persistent=True, prefetch=True, cluster=True,
+                                  aligned_window=True)
+    _check_with_configs(op, (61, 21), torch.float16, seed, norms.ForwardConfig(False, 1, 32, 1), config)
+    ((grid,), options), = grids
+    assert options["SHIFT"] == 8 and options["CLUSTER"] == 4
+    groups = grid // options["CLUSTER"]
+    assert groups * block_rows % 8 == 0 and groups * block_rows < 61
 
 
 # -- GPU tier -------------------------------------------------------------------------------------------

@@ -989,8 +989,20 @@ def _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols,
     # -> (x, dy, mean, rstd, mask) of the (rows, cols) tile addressed through _row_window: x and dy in
     # their own dtype (0 where masked off), the rows' statistics (rstd 0 for rows past the end; for
     # RMSNorm `mean` is rstd, unused). With SHIFT, x and dy share one row stride.
+    _, _, in_row = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+    return _placed_window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, in_row, n_rows, n_cols, x_row_stride,
+                                x_col_stride, dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
+
+
+@dsl.jit
+def _placed_window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, in_row, n_rows, n_cols, x_row_stride,
+                         x_col_stride, dy_row_stride, dy_col_stride, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr,
+                         SUBTRACT_MEAN: dsl.constexpr):
+    # _window_loads for rows whose columns sit where `in_row` ((R, C) or (1, C)) says in their windows: a
+    # persistent program's rows all start at the same place in their windows, so their mask is computed
+    # once, not per tile (the aligned window's per-element masks cost registers).
     row_mask = rows < n_rows
-    x_offsets, _, in_row = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+    x_offsets, _, _ = _row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
     dy_offsets, _, _ = _row_window(rows, cols, n_cols, dy_row_stride, dy_col_stride, ALIGN, SHIFT)
     mask = row_mask[:, None] & in_row
     x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
@@ -1044,9 +1056,9 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
     dweight_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
     dbias_sum = dsl.zeros((BLOCK_ROWS, BLOCK_N), acc_dtype)
     if PREFETCH:
-        x, dy, mean, rstd, mask = _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, group * BLOCK_ROWS + lanes, cols,
-                                                n_rows, n_cols, x_row_stride, x_col_stride, dy_row_stride,
-                                                dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
+        x, dy, mean, rstd, mask = _placed_window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, group * BLOCK_ROWS + lanes,
+                                                       cols, in_row, n_rows, n_cols, x_row_stride, x_col_stride,
+                                                       dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
     for tile in range(group, n_tiles, n_groups):
         rows = tile * BLOCK_ROWS + lanes
         if TWO_PASS and dx_ptr is not None:
@@ -1074,13 +1086,13 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
             weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
         if PREFETCH:
             next_rows = rows + n_groups * BLOCK_ROWS
-            x_next, dy_next, mean_next, rstd_next, mask_next = _window_loads(
-                x_ptr, dy_ptr, mean_ptr, rstd_ptr, next_rows, cols, n_rows, n_cols, x_row_stride, x_col_stride,
-                dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
+            x_next, dy_next, mean_next, rstd_next, mask_next = _placed_window_loads(
+                x_ptr, dy_ptr, mean_ptr, rstd_ptr, next_rows, cols, in_row, n_rows, n_cols, x_row_stride,
+                x_col_stride, dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
         else:
-            x, dy, mean, rstd, mask = _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols,
-                                                    x_row_stride, x_col_stride, dy_row_stride, dy_col_stride, ALIGN,
-                                                    SHIFT, SUBTRACT_MEAN)
+            x, dy, mean, rstd, mask = _placed_window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, in_row,
+                                                           n_rows, n_cols, x_row_stride, x_col_stride, dy_row_stride,
+                                                           dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
         xhat, dy_acc, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
         dweight_sum += dy_acc * xhat
         dbias_sum += dy_acc

@@ -376,7 +376,14 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     from x and dy (norm_kernels._input_gradient): 16-bit rows of 16384 columns, both ops, take 2048-column
     parts (8 per cluster, 4 warps, 4 CTAs per SM, prefetch): LayerNorm 1.60x (8192-column halves) / 1.73x
     (4096-column parts) -> 1.78x, RMSNorm 2.11x -> 2.19x; LayerNorm's 32768 prefetches too (1.64x -> 1.71x,
-    20 bytes spilled). dx re-read from L1/L2 after the row sums instead of kept (no spill) was 5-15% slower."""
+    20 bytes spilled). dx re-read from L1/L2 after the row sums instead of kept (no spill) was 5-15% slower.
+    Session 29 (bench/layernorm.py, graphs, fp16 / bf16): the aligned window's per-element masks computed once
+    per program instead of per tile (norm_kernels._placed_window_loads; ptxas spill 120 -> 72 bytes at 12289):
+    12289 LayerNorm 1.35x / 1.30x -> 1.42x / 1.40x, RMSNorm 1.58x / 1.53x -> 1.71x / 1.66x; still 0.42 of a
+    copy's bandwidth against 0.64 for 12288 columns (6 parts, no window): the window's partial vectors are
+    per-element predicated loads (codegen/memory.py) that ptxas cannot keep in 128 registers. Not taken
+    (same run): those partial loads behind a branch (12289 LayerNorm 1.34x -> 1.17x), 3 CTAs per SM or no
+    launch bounds (0.33-0.34 of a copy against 0.41)."""
     if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
         choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(_next_power_of_2(n_cols - 1))
         if choice is not None:
