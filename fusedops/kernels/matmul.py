@@ -35,7 +35,9 @@ Clusters (CLUSTER_M / CLUSTER_N, `TMA_CLUSTER_CONFIGS`, only by `config=`): prog
 or 4 tiles of a column (row) of tiles, which copy the shared B (A) tile once from L2 for the cluster (TMA
 multicast): measured no faster on the H200, so not tuned over.
 FUSEDOPS_WS=1 (read at compile time, runtime/knobs.py) replaces the K loop's CTA barrier by per-stage
-"empty" mbarriers (passes/pipelining.py); the default stays 0 until the H200 shows it faster.
+"empty" mbarriers (passes/pipelining.py); the default stays 0: on the H200 (session 29, bench/matmul.py, the
+persistent kernel, x cuBLAS in the same run) 1 was slower, fp16 4096^3 0.99 -> 0.92, bf16 1.00 -> 0.93, 8192^3
+fp16 1.02 -> 0.90, bf16 0.97 -> 0.93.
 Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
 
 Configs are autotuned per (M, N, K, dtypes, device) among `CONFIGS` (fusedops.dsl.autotune) for

@@ -294,7 +294,13 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     against 0.93-0.99). float32 and float64 keep their tiles and the exact two-reduction statistics.
 
     16-bit rows of 4097 to 32768 columns with N % 8 == 0 take the two-sweep kernel instead where
-    `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy)."""
+    `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy).
+    Not taken (session 29, H200, fp16, interleaved with a copy): a row cut into 2-8 parts over the programs
+    of a thread block cluster, each keeping its part in registers and the cluster adding the row sums
+    through distributed shared memory (one DRAM read of x, no second sweep from L2; the kernel the
+    backward's clusters use, written for the forward): 0.30-0.61 of a copy at 8192-32768 columns and
+    0.2-0.36 at 2049-12289 against the shipped 0.75-0.92, for 1-4 rows a tile, 512-8192-column parts,
+    2-16 warps, 1-8 programs per SM, prefetch or not."""
     block_n = _next_power_of_2(n_cols)
     split = _split_window_config(n_cols, dtype, subtract_mean) if split_window else None
     if split is not None:
@@ -383,7 +389,10 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     copy's bandwidth against 0.64 for 12288 columns (6 parts, no window): the window's partial vectors are
     per-element predicated loads (codegen/memory.py) that ptxas cannot keep in 128 registers. Not taken
     (same run): those partial loads behind a branch (12289 LayerNorm 1.34x -> 1.17x), 3 CTAs per SM or no
-    launch bounds (0.33-0.34 of a copy against 0.41)."""
+    launch bounds (0.33-0.34 of a copy against 0.41). At 4096 columns (fp16 LayerNorm, interleaved with a copy)
+    none of 34 other fused / persistent configs (1 or 2 rows, 4-16 warps, 1-4 programs per SM, prefetch or
+    not) beat this one (67.8 us; the next 69.0 us); its dweight / dbias partials and their column sums cost
+    8.3 of its 67.5 us (dx alone 59.2 us, 0.89 of a copy): the lead for the last 5% to 2x torch's there."""
     if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
         choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(_next_power_of_2(n_cols - 1))
         if choice is not None:
