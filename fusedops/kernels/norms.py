@@ -298,8 +298,8 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     Not taken (session 29, H200, fp16, interleaved with a copy): a row cut into 2-8 parts over the programs
     of a thread block cluster, each keeping its part in registers and the cluster adding the row sums
     through distributed shared memory (one DRAM read of x, no second sweep from L2; the kernel the
-    backward's clusters use, written for the forward): 0.30-0.61 of a copy at 8192-32768 columns and
-    0.2-0.36 at 2049-12289 against the shipped 0.75-0.92, for 1-4 rows a tile, 512-8192-column parts,
+    backward's clusters use, written for the forward): 0.27-0.61 of a copy at 8192-32768 columns and
+    0.14-0.37 at 2049-12289 against the shipped 0.74-0.92, for 1-4 rows a tile, 512-8192-column parts,
     2-16 warps, 1-8 programs per SM, prefetch or not."""
     block_n = _next_power_of_2(n_cols)
     split = _split_window_config(n_cols, dtype, subtract_mean) if split_window else None
