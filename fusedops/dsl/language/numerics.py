@@ -462,7 +462,9 @@ def reduce(x, kind: str, axis, dtype: DType) -> np.ndarray:
     """Reduce along `axis` (None: every axis) with kind sum/max/min (REDUCE).
 
     sum: integers wrap around (int1 sums are parities); fp16/bf16 accumulate in float32 and round once;
-    the summation order is unspecified (NumPy: pairwise). max/min propagate NaN and order -0.0 < +0.0.
+    the summation order is unspecified (NumPy: pairwise); a sum of -0.0s is -0.0, as the compiled tree
+    adds only the elements (IEEE 754: -0 + -0 = -0; NumPy starts from +0.0). max/min propagate NaN and
+    order -0.0 < +0.0.
     """
     dtype = _scalar_type(dtype)
     x = np.asarray(x)
@@ -470,6 +472,7 @@ def reduce(x, kind: str, axis, dtype: DType) -> np.ndarray:
         if dtype.is_floating:
             accumulate = _accumulation_type(dtype)
             total = np.sum(x if accumulate is None else x.astype(accumulate), axis=axis)
+            total = np.where(np.all((x == 0) & np.signbit(x), axis=axis), -0.0, total).astype(total.dtype)
             return round_to_type(total, dtype) if accumulate is not None else np.asarray(total)
         view = _int_view(x, dtype)
         return _int_result(np.sum(view, axis=axis, dtype=view.dtype), dtype)
