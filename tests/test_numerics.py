@@ -384,6 +384,22 @@ def test_dot_float16_and_int8():
     np.testing.assert_array_equal(numerics.dot(ia, ib, iacc, dt.int8, dt.int32), expected)
 
 
+
+@pytest.mark.parametrize("k", [64, 1000])
+def test_float32_dot_is_rounded_once_whatever_the_orientation(k):
+    # A float32 product and the same product computed transposed (as attention's backward recomputes Q K^T
+    # as K Q^T) agree bitwise and equal the float64 product rounded once: the BLAS's float32 kernels add the
+    # products in an order that depends on the CPU and the layout, which made the recomputed logits differ
+    # from the forward's in their last bits (tests/test_review_session16_numerics.py, defect 1).
+    rng = np.random.default_rng(k)
+    a = (rng.standard_normal((16, k)) * 20).astype(np.float32)
+    b = (rng.standard_normal((k, 40)) * 20).astype(np.float32)
+    zeros = np.zeros((16, 40), np.float32)
+    product = numerics.dot(a, b, zeros, dt.float32, dt.float32)
+    transposed = numerics.dot(np.ascontiguousarray(b.T), np.ascontiguousarray(a.T), zeros.T, dt.float32, dt.float32)
+    np.testing.assert_array_equal(product, transposed.T)
+    np.testing.assert_array_equal(product, (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32))
+
 # -- fma: one rounding of the exact a * b + c, against rationals -------------------------------------------
 # Each 16-bit and float32 type as (bits dtype, bits per step of the significand's last place, a rounding of
 # float32 values to it): bfloat16 values are float32s whose low 16 bits are zero.
