@@ -870,7 +870,8 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
         split_shift = _window_shift(True, None, n_cols, align, x.element_size(), (x_row_stride, x_col_stride),
                                     (dy_row_stride, dy_col_stride))
         if not split_shift:
-            config = backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False)
+            config = backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False,
+                                     clusters=_has_clusters(device, interpret))
     target_programs = _sm_count(device) * config.programs_per_sm
     tiling = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
                   PREFETCH=config.prefetch, num_warps=config.num_warps, interpret=interpret)
@@ -883,7 +884,7 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
         if config.block_n < n_cols - 1:
             raise ValueError(f"split window: block_n={config.block_n} is smaller than the row ({n_cols} columns) "
                              f"less one")
-        groups = _round_up(min(dsl.cdiv(n_rows, config.block_rows), target_programs), split_shift)
+        groups = _round_up(min(dsl.cdiv(n_rows, config.block_rows), max(1, target_programs)), split_shift)
         new_partial = contiguous_allocator((groups * config.block_rows, n_cols), acc, device, allocate)
         dweight_partial = new_partial() if weight_grad else None
         dbias_partial = new_partial() if bias_grad else None
