@@ -540,18 +540,21 @@ def scan(x, kind: str, axis: int, reverse: bool, dtype: DType) -> np.ndarray:
 def dot(a, b, acc, input_dtype: DType, acc_dtype: DType) -> np.ndarray:
     """a (MxK) @ b (KxN) + acc (MxN) (DOT), returned in acc's type.
 
-    Floating inputs multiply and accumulate in float64 (the products of float32 and narrower inputs are
-    exact there) and the result is rounded once to acc's type: at least as accurate as the GPU's float32
-    accumulation, and for float32 results the same whichever order the products are added in (the
-    BLAS's float32 kernels add them in an order that depends on the CPU and on the operands' layout, so
-    a product recomputed transposed, as attention's backward recomputes Q K^T as K Q^T, could differ
-    from the first in its last bits: at large logits its exp no longer matched the forward's
-    log-sum-exp). Integer inputs (int8 -> int32) are exact products summed with wrap-around in acc's
-    type. `input_precision` (tf32) is not emulated: the interpreter is at least as accurate.
+    Floating inputs: the product a @ b is accumulated in float64 (the products of float32 and narrower inputs
+    are exact there) and rounded once to float32 (float64 when either input or acc is float64), then acc is
+    added in that type and the result rounded to acc's type: at least as accurate as the GPU's float32
+    accumulation, and the same whichever order the products are added in (the BLAS's float32 kernels add them
+    in an order that depends on the CPU and on the operands' layout, so a product recomputed transposed, as
+    attention's backward recomputes Q K^T as K Q^T, could differ from the first in its last bits: at large
+    logits its exp no longer matched the forward's log-sum-exp). `x + dot(a, b)` and `dot(a, b, x)` agree
+    bitwise (passes/dot_accumulation.py folds one into the other). Integer inputs (int8 -> int32) are exact
+    products summed with wrap-around in acc's type. `input_precision` (tf32) is not emulated: the
+    interpreter is at least as accurate.
     """
     if input_dtype.is_floating:
-        total = np.matmul(np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64))
-        return round_to_type(np.add(total, np.asarray(acc).astype(np.float64)), acc_dtype)
+        compute = np.float64 if float64 in (input_dtype, acc_dtype) else np.float32
+        total = np.matmul(np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)).astype(compute)
+        return round_to_type(np.add(total, np.asarray(acc).astype(compute)), acc_dtype)
     # Integers: exact float64 products and sums while |sum| < 2**53 (always for 8-bit inputs and
     # K < 2**37), otherwise int64 matmul; then wrap into acc's type.
     if input_dtype.bits <= 8:
