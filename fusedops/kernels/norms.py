@@ -860,8 +860,8 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
                     grad.zero_()
             return dx, dweight, dbias
         return no_rows
-    config = config or backward_config(n_cols, x.dtype, subtract_mean=subtract_mean,
-                                       clusters=_has_clusters(device, interpret))
+    clusters = _has_clusters(device, interpret)
+    config = config or backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, clusters=clusters)
     strides = (x_row_stride, x_col_stride, dy_row_stride, dy_col_stride)
     split_shift = 0
     if config.split_window:
@@ -871,7 +871,7 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
                                     (dy_row_stride, dy_col_stride))
         if not split_shift:
             config = backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False,
-                                     clusters=_has_clusters(device, interpret))
+                                     clusters=clusters)
     target_programs = _sm_count(device) * config.programs_per_sm
     tiling = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
                   PREFETCH=config.prefetch, num_warps=config.num_warps, interpret=interpret)

@@ -472,7 +472,8 @@ def reduce(x, kind: str, axis, dtype: DType) -> np.ndarray:
         if dtype.is_floating:
             accumulate = _accumulation_type(dtype)
             total = np.sum(x if accumulate is None else x.astype(accumulate), axis=axis)
-            total = np.where(np.all((x == 0) & np.signbit(x), axis=axis), -0.0, total).astype(total.dtype)
+            if np.any(total == 0):      # (the sign of a zero sum: only then are the elements looked at again)
+                total = np.where(np.all((x == 0) & np.signbit(x), axis=axis), -0.0, total).astype(total.dtype)
             return round_to_type(total, dtype) if accumulate is not None else np.asarray(total)
         view = _int_view(x, dtype)
         return _int_result(np.sum(view, axis=axis, dtype=view.dtype), dtype)
