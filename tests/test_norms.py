@@ -439,8 +439,7 @@ def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("n_cols", [1000, 2047, 2048, 4096, 8192, 12289, 32768])
 def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed, monkeypatch):
     # The default 16-bit LayerNorm forward of these rows takes the shifted sums (2047: in the split window;
-    # 8192: whole rows; 12289 and up: in the row sweeps with norms.ROW_SWEEP_SHIFTED_SUMS, 12289 through their
-    # aligned window);
+    # 8192 and up: in the row sweeps with norms.ROW_SWEEP_SHIFTED_SUMS, 12289 through their aligned window);
     # its outputs stay within twice the error of torch's own (float32 statistics, one rounding) against
     # float64, and its statistics within the documented bounds.
     monkeypatch.setattr(norms, "ROW_SWEEP_SHIFTED_SUMS", True)
@@ -895,15 +894,14 @@ def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
     _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
-# 16-bit LayerNorm's forward options (forward_config) beyond GPU_SHAPES' (1000: hints; 8192: whole rows; 32768:
-# the row sweeps): 2-row tiles with hints at the 4096 block (full and shorter rows), whole rows of the 8192 block
-# shorter than it, the row sweeps of the 16384 block (full and shorter rows), the row sweeps through the
-# aligned window for unaligned rows of the 32768 block; the backward of the same rows (fused, split).
+# 16-bit LayerNorm's forward options (forward_config) beyond GPU_SHAPES' (1000: hints; 8192 and 32768: the
+# row sweeps): 2-row tiles with hints at the 4096 block (full and shorter rows), the row sweeps of the 16384
+# block (full and shorter rows), the row sweeps through the aligned window for unaligned rows of the 32768
+# block; the backward of the same rows (fused, split).
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("shape, option", [((257, 4096), "shifted_sums"), ((129, 4000), "shifted_sums"),
-                                           ((65, 7000), "shifted_sums"), ((65, 16384), "row_sweeps"),
-                                           ((33, 16000), "row_sweeps"),
+                                           ((65, 16384), "row_sweeps"), ((33, 16000), "row_sweeps"),
                                            ((17, 20001), "aligned_window")])
 def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, seed):
     assert getattr(norms.forward_config(shape[1], dtype, subtract_mean=True), option)

@@ -168,20 +168,11 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 # 4096); 2-row tiles with the shifted sums 4-20% slower (their per-row loads move between layouts).
 # Session 22 (.scratch/probe_c.py, interleaved with a copy of the same bytes): these with cache_hints (x loaded
 # evict_first, weight and bias evict_last): 1024 0.79 -> 0.85, 2048 0.86 -> 0.92, 4096 0.91 -> 0.92.
-# Session 30 (.scratch/s30_probe5.py / s30_probe6.py, interleaved with a copy, fp16 / bf16): the 8192 block's
-# rows of more than 6144 columns take one whole row per program on 8 warps (63 registers) instead of the row
-# sweeps (`_HALF_ROW_SWEEPS`, which read x twice): 7168 0.80 / 0.78 -> 0.89 / 0.84, 8192 0.92 / 0.90 -> 0.95 /
-# 0.92 of a copy (without cache hints; with them 0.94 / 0.91). Shorter rows of the block keep the sweeps
-# (whole rows: 5120 0.83 -> 0.71, 6144 0.81 -> 0.80); 16384 columns on 16 or 32 warps: 0.90 -> 0.54-0.57.
 _HALF_LAYER_NORM_FORWARD = {
     1024: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
     2048: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
     4096: dict(block_rows=1, num_warps=4, shifted_sums=True, cache_hints=True),
-    8192: dict(block_rows=1, num_warps=8, shifted_sums=True),
 }
-# The fewest columns of a padded block in _HALF_LAYER_NORM_FORWARD past 4096 that take its whole-row tiles
-# rather than the row sweeps (aligned 16-bit LayerNorm rows).
-_HALF_LAYER_NORM_WHOLE_ROWS_FROM = {8192: 6145}
 # 16-bit RMSNorm forward options by padded row size over the whole-row tiles (session 22, as above: cache_hints
 # 1024 0.93 -> 0.99, 2048 0.955 -> 0.97 of a copy; 4096 equal, and slower past it, session 13).
 _HALF_RMS_NORM_FORWARD = {1024: dict(cache_hints=True), 2048: dict(cache_hints=True)}
@@ -312,9 +303,7 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     against 0.93-0.99). float32 and float64 keep their tiles and the exact two-reduction statistics.
 
     16-bit rows of 4097 to 32768 columns with N % 8 == 0 take the two-sweep kernel instead where
-    `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy), but
-    LayerNorm rows of 6145 to 8192 columns, which keep one whole row per program on 8 warps
-    (`_HALF_LAYER_NORM_WHOLE_ROWS_FROM`: 8192 0.92 -> 0.95 of a copy, 7168 0.80 -> 0.89).
+    `_HALF_ROW_SWEEPS` has their padded block (faster there; LayerNorm 32768 0.74 -> 0.89 of a copy).
     Not taken (session 29, H200, fp16, interleaved with a copy): a row cut into 2-8 parts over the programs
     of a thread block cluster, each keeping its part in registers and the cluster adding the row sums
     through distributed shared memory (one DRAM read of x, no second sweep from L2; the kernel the
@@ -327,8 +316,7 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
         return split
     if dtype.itemsize == 2 and n_cols > 2048 and n_cols % 8 != 0:
         return _odd_row_window_config(n_cols, subtract_mean)
-    whole_rows = subtract_mean and n_cols >= _HALF_LAYER_NORM_WHOLE_ROWS_FROM.get(block_n, n_cols + 1)
-    if dtype.itemsize == 2 and n_cols % 8 == 0 and not whole_rows:
+    if dtype.itemsize == 2 and n_cols % 8 == 0:
         sweeps = _row_sweeps_config(block_n, subtract_mean)
         if sweeps is not None:
             return sweeps
