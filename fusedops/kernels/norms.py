@@ -259,12 +259,11 @@ def _row_sweeps_config(block_n: int, subtract_mean: bool) -> Optional[ForwardCon
 # takes persistent programs at every block too, as many per SM as its registers let stay resident (2 warps:
 # 111 registers, 9 CTAs; 4 warps at the 1024 block: 44, 10; at the 4096 block: 113, 4), before -> after:
 # 1025 0.83 / 0.83 -> 0.85 / 0.85, 2049 0.81 / 0.81 -> 0.92 / 0.91, 3001 0.78 / 0.76 -> 0.88 / 0.87, 4097
-# 0.83 / 0.81 -> 0.92 / 0.90. LayerNorm
-# kept its choices: none of 2-8 warps, 4-8 programs per SM beat them (2049: 0.72-0.77 against 0.77), nor did
-# its shift samples prefetched with the next row (0.77 -> 0.79 at 2049, slower at 3001 and 4097) or its
-# variance from a second exchange of the centred row (0.74-0.78). Its registers (168 at 2 warps against
-# RMSNorm's 111) hold weight and bias, gathered element by element (a register each): 6 programs of 2 warps
-# fit an SM, against RMSNorm's 9.
+# 0.83 / 0.81 -> 0.92 / 0.90. LayerNorm kept its choices: none of 2-8 warps, 4-8 programs per SM beat them
+# (2049: 0.72-0.77 against 0.77), nor did its shift samples prefetched with the next row (0.77 -> 0.79 at 2049,
+# slower at 3001 and 4097) or its variance from a second exchange of the centred row (0.74-0.78). Its registers
+# (168 at 2 warps against RMSNorm's 111) hold weight and bias, gathered element by element (a register each):
+# 6 programs of 2 warps fit an SM, against RMSNorm's 9.
 _HALF_SPLIT_WINDOW = {
     True: {1024: (2, 1, 6, True), 2048: (4, 1, 4, True), 4096: (8, 1, 2, True)},
     False: {1024: (4, 1, 8, True), 2048: (2, 1, 8, True), 4096: (4, 1, 4, True)},
