@@ -457,7 +457,8 @@ def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed
 # 16-byte boundaries) lack the row sweeps' second sums about the mean (norm_kernels.
 # _row_shifted_statistics' `again`, the session-14 review's fix there): bfloat16 rows of spread ~1e-18 with eps = 0
 # give inf / NaN ((x - K) * 2^-16 squared underflows float32, where torch's float32 variance, ~1e-36, does not),
-# spread 1e-17 with eps = 1e-37 an rstd 1.3-2.1% off (subnormal squares). The fix is a kernel change for a session
+# spread 1e-17 with eps = 1e-37 an rstd 1.3-2.1% off (subnormal squares). (The split window's eps = 0 case is
+# tests/test_review_session14_split.py's strict xfail since session 14.) The fix is a kernel change for a session
 # with the H200 (its PTX is the shipped forward's at 514-4097 columns).
 @pytest.mark.xfail(strict=True, reason="whole-row and split-window shifted sums: no second sums for rows whose "
                                        "scaled squares underflow (see the comment above)")
