@@ -478,8 +478,7 @@ def test_whole_row_sums_of_tiny_spread_bf16_rows(n_cols, scale, eps, seed):
 def _check_hard_rows(x, w, b, y, mean, rstd, config):
     """y within twice torch's error (+ one ulp of the row's largest output) against float64, row by row; mean
     and rstd within the bounds of norm_kernels' comment above forward_kernel (`config`: the forward's; the row
-    sweeps' threads add up runs of N / threads elements each, whole rows' threads block_n / threads; each row's
-    bound grows with (K - mean)^2 / variance, K the median of its three sampled columns)."""
+    sweeps' threads add up runs of N / threads elements each)."""
     n_cols, dtype = x.shape[-1], x.dtype
     reference = torch.nn.functional.layer_norm(x.double(), (n_cols,), w.double(), b.double(), 1e-5)
     ours_error = (y.double() - reference).abs().amax(1)
@@ -491,11 +490,10 @@ def _check_hard_rows(x, w, b, y, mean, rstd, config):
     exact = torch.rsqrt(x64.var(1, unbiased=False) + 1e-5)
     error = (rstd.double() / exact - 1).abs()
     outlying_shift = torch.arange(len(error), device=error.device) == 7      # _hard_rows' last row
-    run = (n_cols if config.row_sweeps else config.block_n) / (32 * config.num_warps)
-    shift = x64[:, [0, (n_cols - 1) // 2, n_cols - 1]].median(1).values
-    cancelled = 1 + (shift - x64.mean(1)) ** 2 / x64.var(1, unbiased=False).clamp_min(1e-30)
-    bound = 2.0 ** -24 * (run + math.log2(n_cols)) * cancelled
-    assert (error <= bound)[~outlying_shift].all(), (error / bound)[~outlying_shift].max()
+    bound = 2.0 ** -21                                      # the shift near the row: float32's rounding
+    if config.row_sweeps:
+        bound = 2.0 ** -24 * (n_cols / (32 * config.num_warps) + math.log2(n_cols))
+    assert (error[~outlying_shift] <= bound).all(), error[~outlying_shift].max()
     assert error[7] <= n_cols * math.log2(n_cols) * 2.0 ** -24      # the documented worst case
     assert torch.isfinite(y).all()
 
