@@ -114,11 +114,9 @@ def test_layer_norm_rstd_of_zero_rows_with_tiny_eps(interpret, n):
     assert_close(rstd, expected.expand(2), torch.float32)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bfloat16 LayerNorm with eps=0 of rows whose spread is ~1e-18 (variance ~1e-36, a normal float32) gives +-inf "
-    "where torch gives the normalized row: _shifted_moments (norm_kernels.py:201) squares (x - K) * 2^-16, which "
-    "underflows to 0 (variance * 2^-32 < 2^-149), so rstd = 2^-16 / sqrt(0) = inf. Not new with the split window "
-    "(the row sweeps it replaced fail alike), but its LayerNorm inherits it"))
+# Fixed (session 31): bfloat16 LayerNorm with eps=0 of rows whose spread is ~1e-18 (variance ~1e-36, a normal
+# float32) gave +-inf where torch gives the normalized row: the shifted sums squared (x - K) * 2^-16, which
+# underflowed to 0; the split window now takes the second sums about the mean (norm_kernels._second_sums).
 @pytest.mark.parametrize("n", [2049, 4097])
 def test_bf16_layer_norm_of_tiny_spread_rows_with_eps_0(interpret, n, seed):
     x = random_tensor((3, n), torch.bfloat16, "cpu", seed, scale=1e-18)

@@ -148,15 +148,12 @@ def test_bf16_tiny_spread_rows_with_tiny_eps(interpret, n, scale, eps, seed):
     _check_statistics(x, mean, rstd, eps, rstd_bound=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bfloat16 LayerNorm row of +-1 with 2e38 in columns (N-1)//2 and N-1 (the shift K = 2e38) and -2e38 in "
-    "column 5, N = 8192 / 12289: the stored mean is -inf (float64: 1.6e34..2.4e34, torch's float32 mean the "
-    "same) and the whole row of y is NaN, where torch's float32 statistics give a finite row (rstd 0). Cause: "
-    "x - K is formed in float32 before the 2^-16 scaling (_normalize_row_sweeps / _window_moments "
-    "'x - shift', norm_kernels.py:542, 548, 592, 594) and overflows (|x - K| up to 6.8e38); scaling x and K by 2^-16 "
-    "first would keep it finite. Not new (the Welford sweeps also give NaN/inf), but the sums' comment claims "
-    "bfloat16 rows only overflow the sums past 1e22 as squares, not this"))
-@pytest.mark.parametrize("n", [8192, 12289])
+# Fixed (session 31): a bfloat16 LayerNorm row of +-1 with 2e38 in columns (N-1)//2 and N-1 (the shift K = 2e38)
+# and -2e38 in column 5 gave a mean of -inf and a row of NaN, where torch's float32 statistics give a finite row
+# (rstd 0): x - K, formed in float32 before the 2^-16 scaling, overflowed. The sums now take x * 2^-16 - K * 2^-16
+# (norm_kernels._scaled_difference) and the sweeps' output x - mean. N: whole rows (1000, 8192), the split
+# window (2049), the row sweeps (16384) and their aligned window (12289).
+@pytest.mark.parametrize("n", [1000, 2049, 8192, 12289, 16384])
 def test_bf16_rows_where_x_minus_the_shift_overflows(interpret, n, seed):
     x = random_tensor((1, n), torch.float32, "cpu", seed).sign()
     x[0, (n - 1) // 2] = x[0, n - 1] = 2e38
@@ -174,7 +171,10 @@ def test_bf16_rows_where_x_minus_the_shift_overflows(interpret, n, seed):
 def test_shipped_configs_take_the_sums_for_16_bit_layer_norm_only():
     meta = {dtype: torch.empty(64, dtype=dtype, device="meta") for dtype in (torch.float16, torch.bfloat16)}
     for dtype in (torch.float16, torch.bfloat16):
-        for n in (4104, 8192, 8200, 16384, 24576, 32768, 4099, 8191, 12289, 20001, 32767):
+        # (8192 columns: the whole-row tiles with the sums since session 31, norms._HALF_LAYER_NORM_WHOLE_ROWS_FROM)
+        whole = norms.forward_config(8192, dtype, subtract_mean=True)
+        assert whole.shifted_sums and not whole.row_sweeps and whole.block_n == 8192
+        for n in (4104, 6144, 8200, 16384, 24576, 32768, 4099, 8191, 12289, 20001, 32767):
             layer_norm = norms.forward_config(n, dtype, subtract_mean=True)
             assert layer_norm.row_sweeps and layer_norm.shifted_sums, (n, dtype)
             assert layer_norm.aligned_window == (n % 8 != 0)
@@ -362,7 +362,7 @@ def test_gradients_and_rms_norm(interpret, dtype, n, seed):
 
 # -- ptxas ----------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
-@pytest.mark.parametrize("n", [8192, 16384, 32768, 12289])
+@pytest.mark.parametrize("n", [6144, 16384, 32768, 12289])
 def test_shipped_sums_sweeps_assemble(n, tmp_path, monkeypatch):
     # One exchange a row: 2 bar.sync, and 2 more in the loop that sums far-shift rows again (LayerNorm's
     # Welford took 4 on every row); x in hinted 16-byte loads, y in 16-byte

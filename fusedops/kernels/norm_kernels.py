@@ -228,17 +228,25 @@ def _row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, col_stride):
 
 
 @dsl.jit
-def _shifted_moments(x, shift, mask):
-    # -> (sum of d, sum of d^2) per row, d = (x - K) * 2^-16 over the lanes of the tile x (R, C) where
-    # `mask` is on (accumulation dtype); shift: K (R,) (see the comment above).
-    d = dsl.where(mask, (x - shift[:, None]) * 1.52587890625e-05, 0.0)
+def _scaled_difference(x, shift, scale):
+    # -> (x - shift) * scale (scale a power of two) formed as x * scale - shift * scale: the same single
+    # rounding, but finite where x - shift itself overflows float32 (bfloat16 rows of +-2e38).
+    return x * scale - shift * scale
+
+
+@dsl.jit
+def _shifted_moments(x, shift, mask, scale=1.52587890625e-05):
+    # -> (sum of d, sum of d^2) per row, d = (x - K) * scale over the lanes of the tile x (R, C) where
+    # `mask` is on (accumulation dtype); shift: K (R,) (see the comment above); scale: 2^-16, or (R, 1) for
+    # the second sums (_second_sums).
+    d = dsl.where(mask, _scaled_difference(x, shift[:, None], scale), 0.0)
     return dsl.sum(d, axis=1), dsl.sum(d * d, axis=1)
 
 
 @dsl.jit
 def _shifted_mean_rstd(total, squares, shift, n_cols, eps, scale):
     # -> (mean, rstd) of rows from their _shifted_moments sums over all n_cols columns, sums of (x - K) *
-    # scale (a power of two: 2^-16, or 1.0 for _row_shifted_statistics' second sums).
+    # scale (a power of two: 2^-16, or the second sums' _second_scale).
     inverse = 1.0 / scale
     scaled_mean = total / n_cols
     second = squares / n_cols
@@ -251,11 +259,55 @@ def _shifted_mean_rstd(total, squares, shift, n_cols, eps, scale):
 
 
 @dsl.jit
+def _needs_second_sums(total, squares, n_cols):
+    # -> whether rows whose shifted sums (of (x - K) * scale over all n_cols columns, after the exchange) are
+    # `total` and `squares` must take them again, about their mean (_second_scale): the shift lies far from the
+    # mean, (K - mean)^2 > 64 variance, where the variance cancels digits; the scaled second moment fell
+    # below float32's normal range, where the squares of a tiny spread (bfloat16 rows of ~1e-17) were flushed
+    # or rounded away (rows of one repeated value take them too: their sums are 0, whatever their shift); or
+    # it overflowed (bfloat16 rows past ~1e22: rstd is 0, as torch's, but the mean, K plus the sum, may have
+    # cancelled digits against K). About the mean the sums cancel nothing, and underflow and overflow only
+    # where torch's float32 statistics do.
+    scaled_mean = total / n_cols
+    second = squares / n_cols
+    spread = dsl.sqrt(dsl.maximum(second - scaled_mean * scaled_mean, 0.0))
+    # (the square root: mean^2 does not underflow against 0)
+    return ((dsl.abs(scaled_mean) > 8.0 * spread) | (second < 1.1754943508222875e-38)
+            | (second == float("inf")))
+
+
+@dsl.jit
+def _second_scale(rstd):
+    # -> the scale of the second sums of rows whose first gave `rstd`: 1.0 (unscaled: tiny spreads keep their
+    # squares), but 2^-16 where rstd is 0 (a variance past float32's range: the unscaled sums about the mean
+    # could overflow too, and the mean is what they are taken again for).
+    return dsl.where(rstd == 0.0, 1.52587890625e-05, 1.0)
+
+
+@dsl.jit
+def _second_sums(x, mask, x_edge, edge_mask, total, squares, mean, rstd, n_cols, eps):
+    # -> (mean, rstd) of the rows of the tiles x (R, C) and, unless None, x_edge (R, E) (accumulation dtype,
+    # 0 where their masks are off), whose first shifted sums `total` and `squares` gave `mean` and `rstd`:
+    # where any row _needs_second_sums, the tile's rows take the sums again about `mean` (_second_scale; a
+    # loop of 0 or 1 trips: the common tile pays one test, no exchange).
+    again = dsl.max(_needs_second_sums(total, squares, n_cols).to(dsl.int32), axis=0)
+    for _ in range(0, again):
+        scale = _second_scale(rstd)
+        total, squares = _shifted_moments(x, mean, mask, scale[:, None])
+        if x_edge is not None:
+            edge_total, edge_squares = _shifted_moments(x_edge, mean, edge_mask, scale[:, None])
+            total, squares = total + edge_total, squares + edge_squares
+        mean, rstd = _shifted_mean_rstd(total, squares, mean, n_cols, eps, scale)
+    return mean, rstd
+
+
+@dsl.jit
 def _shifted_statistics(x, shift, mask, n_cols, eps):
     # -> (x - mean (lanes where `mask` is off: anything), mean, rstd) of the rows of the tile x (R, C) in
     # the accumulation dtype (float32), 0 where masked off; shift: K (R,) (see the comment above).
     total, squares = _shifted_moments(x, shift, mask)
     mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, 1.52587890625e-05)
+    mean, rstd = _second_sums(x, mask, None, None, total, squares, mean, rstd, n_cols, eps)
     return x - mean[:, None], mean, rstd
 
 
@@ -449,8 +501,8 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
 # With SHIFTED_SUMS (the launchers' default for 16-bit LayerNorm rows since session 14: 2-6% faster, one
 # exchange a row) the threads keep the shifted sums of the comment above forward_kernel instead, about a
 # median of three of the row's elements. A row whose shift lies far from its mean (|K - mean| > 8
-# deviations: two of the sampled columns are outliers), or whose scaled squares fell below float32's
-# normal range, takes the sums once more, from L2, about its mean and unscaled: Welford-grade statistics
+# deviations: two of the sampled columns are outliers), or whose scaled squares left float32's normal
+# range (_needs_second_sums), takes the sums once more, from L2, about its mean: Welford-grade statistics
 # for those rows (one more sweep and exchange), the one-exchange speed for the others. RMSNorm keeps
 # per-thread sums of squares.
 @dsl.jit
@@ -460,19 +512,26 @@ def _thread_sum(values):
 
 
 @dsl.jit
+def _shifted(x, shift, scale, SUMS: dsl.constexpr):
+    # -> what _add_moments takes of x: x - shift, or with SUMS (x - shift) * scale (_scaled_difference).
+    if SUMS:
+        return _scaled_difference(x, shift, scale)
+    return x - shift
+
+
+@dsl.jit
 def _add_moments(x, mask, count, mean, m2, THREADS: dsl.constexpr, VECTOR: dsl.constexpr,
-                 SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, SUMS: dsl.constexpr = False, scale=1.0):
+                 SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, SUMS: dsl.constexpr = False):
     # -> the per-thread (count, mean, M2) ([1, THREADS, 1]) of the elements seen so far and those of x (a
-    # chunk or a piece in the accumulation dtype, 0 where masked off); RMSNorm: m2 is the sum of squares
-    # (count and mean unused). MASKED: `mask` says which elements of x are the row's. SUMS (LayerNorm):
-    # the shifted sums instead (the comment above forward_kernel): `mean` accumulates x * scale and m2 its
-    # squares (count unused).
+    # chunk or a piece in the accumulation dtype, 0 where masked off; _shifted); RMSNorm: m2 is the sum of
+    # squares (count and mean unused). MASKED: `mask` says which elements of x are the row's. SUMS
+    # (LayerNorm): the shifted sums instead (the comment above forward_kernel): `mean` accumulates x (the
+    # scaled differences) and m2 their squares (count unused).
     x = dsl.reshape(x, (x.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
     if not SUBTRACT_MEAN:
         return count, mean, m2 + _thread_sum(x * x)
     if SUMS:
-        d = x * scale
-        return count, mean + _thread_sum(d), m2 + _thread_sum(d * d)
+        return count, mean + _thread_sum(x), m2 + _thread_sum(x * x)
     if MASKED:
         mask = dsl.reshape(mask, (mask.shape[0] // (THREADS * VECTOR), THREADS, VECTOR))
         part_count = _thread_sum(dsl.where(mask, 1.0, 0.0))
@@ -512,20 +571,13 @@ def _row_shifted_statistics(mean_ptr, rstd_ptr, row, total, squares, shift, n_co
                             THREADS: dsl.constexpr):
     # Once per row, LayerNorm with SUMS: the statistics from the per-thread shifted sums (_add_moments'
     # `mean` and `m2` of (x - shift) * scale; one exchange), stored; -> (the mean of x - shift, rstd, again).
-    # again: the shift lies far from the mean, (K - mean)^2 > 64 variance, where the variance cancels
-    # digits, or the squares underflowed (the comment above forward_kernel): the caller takes the sums once
-    # more, about this mean and unscaled (about the mean they overflow only where torch's float32 do).
+    # again: _needs_second_sums; the caller takes the sums once more, about this mean (_second_scale).
     total = dsl.sum(dsl.reshape(total, (THREADS,)), axis=0)
     squares = dsl.sum(dsl.reshape(squares, (THREADS,)), axis=0)
     absolute, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, scale)
     dsl.store(mean_ptr + row, absolute)
     dsl.store(rstd_ptr + row, rstd)
-    scaled_mean = total / n_cols
-    second = squares / n_cols
-    spread = dsl.sqrt(dsl.maximum(second - scaled_mean * scaled_mean, 0.0))
-    # (the square root: mean^2 does not underflow against 0; subnormal squares of a nonzero row: rounded)
-    again = (dsl.abs(scaled_mean) > 8.0 * spread) | ((second < 1.1754943508222875e-38) & (total != 0.0))
-    return scaled_mean * (1.0 / scale), rstd, again
+    return total / n_cols * (1.0 / scale), rstd, _needs_second_sums(total, squares, n_cols)
 
 
 @dsl.jit
@@ -581,14 +633,14 @@ def _row_moments(x_row, shift, scale, n_cols, x_col_stride, acc_dtype: dsl.const
     m2 = dsl.zeros((1, THREADS, 1), acc_dtype)
     for index in range(0, chunks):
         x = _load_part(x_row + (index * CHUNK + chunk) * x_col_stride, None, EVICTION, False).to(acc_dtype)
-        count, mean, m2 = _add_moments(x - shift, None, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, False,
-                                       SUMS, scale)
+        count, mean, m2 = _add_moments(_shifted(x, shift, scale, SUMS), None, count, mean, m2, THREADS, VECTOR,
+                                       SUBTRACT_MEAN, False, SUMS)
     for index in range(0, (n_cols - tail + PIECE - 1) // PIECE):
         cols = tail + index * PIECE + piece
         in_row = cols < n_cols
-        x = dsl.where(in_row, _load_part(x_row + cols * x_col_stride, in_row, EVICTION, True).to(acc_dtype) - shift,
-                      0.0)
-        count, mean, m2 = _add_moments(x, in_row, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, True, SUMS, scale)
+        x = _load_part(x_row + cols * x_col_stride, in_row, EVICTION, True).to(acc_dtype)
+        count, mean, m2 = _add_moments(dsl.where(in_row, _shifted(x, shift, scale, SUMS), 0.0), in_row, count, mean,
+                                       m2, THREADS, VECTOR, SUBTRACT_MEAN, True, SUMS)
     return count, mean, m2
 
 
@@ -616,12 +668,13 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     if SUBTRACT_MEAN and SUMS:
         row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
                                                         1.52587890625e-05, THREADS)
-        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean, unscaled
+        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean (_second_scale)
+            scale = _second_scale(rstd)
             shift = shift + row_mean
-            count, mean, m2 = _row_moments(x_row, shift, 1.0, n_cols, x_col_stride, acc_dtype, CHUNK, THREADS,
+            count, mean, m2 = _row_moments(x_row, shift, scale, n_cols, x_col_stride, acc_dtype, CHUNK, THREADS,
                                            VECTOR, SUBTRACT_MEAN, FIRST_EVICTION, SUMS)
             row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
-                                                            1.0, THREADS)
+                                                            scale, THREADS)
     else:
         row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
                                          SUBTRACT_MEAN)
@@ -663,12 +716,10 @@ def _window_moments(x_window, at, mask, shift, count, mean, m2, THREADS: dsl.con
                     SUBTRACT_MEAN: dsl.constexpr, MASKED: dsl.constexpr, EVICTION: dsl.constexpr,
                     SUMS: dsl.constexpr = False, scale=1.0):
     # -> the per-thread statistics updated with x - shift at window positions `at` (masked by `mask`).
-    x = _load_part(x_window + at, mask, EVICTION, MASKED).to(count.dtype)
+    x = _shifted(_load_part(x_window + at, mask, EVICTION, MASKED).to(count.dtype), shift, scale, SUMS)
     if MASKED:
-        x = dsl.where(mask, x - shift, 0.0)
-    else:
-        x = x - shift
-    return _add_moments(x, mask, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, MASKED, SUMS, scale)
+        x = dsl.where(mask, x, 0.0)
+    return _add_moments(x, mask, count, mean, m2, THREADS, VECTOR, SUBTRACT_MEAN, MASKED, SUMS)
 
 
 @dsl.jit
@@ -731,13 +782,14 @@ def _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, b
     if SUBTRACT_MEAN and SUMS:
         row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
                                                         1.52587890625e-05, THREADS)
-        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean, unscaled
+        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean (_second_scale)
+            scale = _second_scale(rstd)
             shift = shift + row_mean
-            count, mean, m2 = _window_row_moments(x_window, shift, 1.0, edges, edge_mask, middle, chunks, tail,
+            count, mean, m2 = _window_row_moments(x_window, shift, scale, edges, edge_mask, middle, chunks, tail,
                                                   pieces, acc_dtype, CHUNK, THREADS, VECTOR, GROUP, SUBTRACT_MEAN,
                                                   FIRST_EVICTION, SUMS)
             row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
-                                                            1.0, THREADS)
+                                                            scale, THREADS)
     else:
         row_mean, rstd = _row_statistics(mean_ptr, rstd_ptr, row, count, mean, m2, shift, n_cols, eps, THREADS,
                                          SUBTRACT_MEAN)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import fusedops.dsl as dsl
 from fusedops.kernels.norm_kernels import _affine_tiles, _load_statistics, _normalize, _row_shifts, \
-    _shifted_mean_rstd, _shifted_moments
+    _second_sums, _shifted_mean_rstd, _shifted_moments
 
 
 @dsl.jit
@@ -86,8 +86,9 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         shift = _row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, 1).to(acc_dtype)
         total, squares = _shifted_moments(x, shift, mask)
         edge_total, edge_squares = _shifted_moments(x_edge, shift, edge_mask)
-        mean, rstd = _shifted_mean_rstd(total + edge_total, squares + edge_squares, shift, n_cols, eps,
-                                        1.52587890625e-05)
+        total, squares = total + edge_total, squares + edge_squares
+        mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, 1.52587890625e-05)
+        mean, rstd = _second_sums(x, mask, x_edge, edge_mask, total, squares, mean, rstd, n_cols, eps)
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
         mean = mean[:, None]
     else:

@@ -170,14 +170,18 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 # evict_first, weight and bias evict_last): 1024 0.79 -> 0.85, 2048 0.86 -> 0.92, 4096 0.91 -> 0.92.
 # Session 30 (.scratch/s30_probe5.py / s30_probe6.py, interleaved with a copy, fp16 / bf16): one whole row of 8192
 # columns per program on 8 warps (63 registers, shifted sums, no hints) beat the row sweeps, 0.92 / 0.90 -> 0.95 /
-# 0.92 of a copy (7168 columns 0.80 / 0.78 -> 0.89 / 0.84; 5120 and 6144 slower), but is not taken yet: the
-# whole-row sums lack the sweeps' second sums for rows whose scaled squares underflow
-# (tests/test_norms.py::test_whole_row_sums_of_tiny_spread_bf16_rows, a strict xfail at 777-4097 columns).
+# 0.92 of a copy (7168 columns 0.80 / 0.78 -> 0.89 / 0.84; 5120 and 6144 slower): taken from 6145 columns on
+# (_HALF_LAYER_NORM_WHOLE_ROWS_FROM), now that the whole-row sums take the second sums of the sweeps
+# (norm_kernels._second_sums) for rows whose scaled squares underflow or whose shift lies far from the mean.
 _HALF_LAYER_NORM_FORWARD = {
     1024: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
     2048: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
     4096: dict(block_rows=1, num_warps=4, shifted_sums=True, cache_hints=True),
+    8192: dict(block_rows=1, num_warps=8, shifted_sums=True),
 }
+# 16-bit LayerNorm rows of a multiple of 8 columns take the whole-row tiles of _HALF_LAYER_NORM_FORWARD instead of
+# the row sweeps from this many columns on, by padded row size (below it, the sweeps were faster: session 30).
+_HALF_LAYER_NORM_WHOLE_ROWS_FROM = {8192: 6145}
 # 16-bit RMSNorm forward options by padded row size over the whole-row tiles (session 22, as above: cache_hints
 # 1024 0.93 -> 0.99, 2048 0.955 -> 0.97 of a copy; 4096 equal, and slower past it, session 13).
 _HALF_RMS_NORM_FORWARD = {1024: dict(cache_hints=True), 2048: dict(cache_hints=True)}
@@ -320,7 +324,8 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
         return split
     if dtype.itemsize == 2 and n_cols > 2048 and n_cols % 8 != 0:
         return _odd_row_window_config(n_cols, subtract_mean)
-    if dtype.itemsize == 2 and n_cols % 8 == 0:
+    whole_rows = subtract_mean and n_cols >= _HALF_LAYER_NORM_WHOLE_ROWS_FROM.get(block_n, math.inf)
+    if dtype.itemsize == 2 and n_cols % 8 == 0 and not whole_rows:
         sweeps = _row_sweeps_config(block_n, subtract_mean)
         if sweeps is not None:
             return sweeps

@@ -14,6 +14,7 @@ from ..ir import OpCode
 from ..language.dtypes import BlockType, DType, PointerType
 from ..target import llvm_types as T
 from .math import lower_math
+from .memory import constant_run
 from .registry import lowering
 
 
@@ -207,7 +208,16 @@ def _fma(ctx, op):
 
 @lowering(OpCode.WHERE)
 def _where(ctx, op):
-    map_registers(ctx, op, lambda c, x, y: ctx.builder.select(c, x, y))
+    """A condition proven constant over runs of registers (memory.constant_run: a mask of whole vectors,
+    `cols < n` with n a multiple of the vector) selects with the run's first register: one predicate per
+    run, not one per element, so that a mask used again later (after a loop, say) keeps few predicates
+    live, as the vector loads and stores under it do."""
+    conditions, on_true, on_false = (ctx.get(v) for v in op.operands)
+    if not isinstance(op.result.type, BlockType):
+        return ctx.set(op.result, ctx.builder.select(conditions, on_true, on_false))
+    run = constant_run(ctx, op.operands[0])
+    ctx.set(op.result, [ctx.builder.select(conditions[i - i % run], x, y)
+                        for i, (x, y) in enumerate(zip(on_true, on_false))])
 
 
 @lowering(OpCode.MULTIPLE_OF, OpCode.MAX_CONTIGUOUS)

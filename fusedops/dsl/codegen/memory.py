@@ -58,6 +58,20 @@ def vector_widths(ctx, pointer, mask, element_bytes: int) -> tuple:
     return width, max(1, min(vector_width(ctx.axis_info, pointer, mask, element_bytes, dim=dim), width))
 
 
+def constant_run(ctx, value) -> int:
+    """How many consecutive registers of a block `value` hold one value, as the pointer analysis proves
+    (its constancy along the dim the layout's leading registers step in, up to their count; 1 where
+    nothing is proven): registers [i * run, (i + 1) * run) are an aligned run of elements along that dim."""
+    if not isinstance(value.type, BlockType) or ctx.axis_info is None:
+        return 1
+    info = ctx.axis_info.get(value)
+    if info is None:
+        return 1
+    dim, registers = _contiguous_registers(value.layout)
+    run = max(1, min(info.constancy[dim], registers))
+    return 1 << (run.bit_length() - 1)
+
+
 def _all(b, predicates):
     result = predicates[0]
     for predicate in predicates[1:]:
