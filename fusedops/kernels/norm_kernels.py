@@ -108,7 +108,7 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
     wide_input = x.dtype.bits > 16      # 16-bit rows: the float32 mean's rounding is far below their ulp
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN and first is not None:
-        x, mean, rstd = _shifted_statistics(x, first.to(acc_dtype), mask, n_cols, eps)
+        x, mean, rstd = _shifted_statistics(x, first.to(acc_dtype), mask, row_mask, n_cols, eps)
     else:
         if SUBTRACT_MEAN:
             mean = dsl.sum(x, axis=1) / n_cols
@@ -199,14 +199,15 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
 # channel, is never the shift), which keeps the subtraction from cancelling where the mean is large
 # against the spread. What still cancels is (K - mean)^2 against the variance: the variance's relative
 # rounding error is about eps_f32 * (run + log2(N)) * (1 + (K - mean)^2 / variance), each thread first adding
-# up a run of its own elements (block_n / threads in whole rows; N / threads in the row sweeps; measured at 8192
-# columns: rstd within 5.4e-7 relative, against 1.4e-7 for Welford/Chan and torch's), ~1e-6 for rows whose
-# median-of-three lies within a few deviations of the mean, up to ~N * log2(N) * 2^-24 when two of the
-# three sampled columns are outliers carrying the row's variance. The sums are of d * 2^-16 (exact
+# up a run of its own elements (block_n / threads in whole rows; N / threads in the row sweeps; measured on the
+# H200 at 8192 columns: rstd within 5.4e-7 relative in the row sweeps, 7.6e-7 in the whole rows' runs of 32,
+# against 1.4e-7 for Welford/Chan and torch's), ~1e-6 for rows whose median-of-three lies within a few
+# deviations of the mean, up to ~N * log2(N) * 2^-24 when two of the three sampled columns are outliers
+# carrying the row's variance. The sums are of d * 2^-16 (exact
 # scaling), so that bfloat16 rows overflow them only past 1e22 (unscaled: 1.8e19 / sqrt(N)), beyond
 # torch's own float32 statistics (1.8e19). The launchers use it for 16-bit LayerNorm rows: the whole-row
-# tiles of at most 4096 columns and the row sweeps beyond (norms.forward_config), and the split window's
-# (norm_split_window.py, up to 4097 columns).
+# tiles of at most 4096 columns and of 6145 to 8192, the row sweeps otherwise (norms.forward_config), and
+# the split window's (norm_split_window.py, up to 4097 columns).
 @dsl.jit
 def _median_of_three(a, b, c):
     return dsl.maximum(dsl.minimum(a, b), dsl.minimum(dsl.maximum(a, b), c))
@@ -285,29 +286,35 @@ def _second_scale(rstd):
 
 
 @dsl.jit
-def _second_sums(x, mask, x_edge, edge_mask, total, squares, mean, rstd, n_cols, eps):
+def _second_sums(x, mask, x_edge, edge_mask, row_mask, total, squares, mean, rstd, n_cols, eps):
     # -> (mean, rstd) of the rows of the tiles x (R, C) and, unless None, x_edge (R, E) (accumulation dtype,
     # 0 where their masks are off), whose first shifted sums `total` and `squares` gave `mean` and `rstd`:
-    # where any row _needs_second_sums, the tile's rows take the sums again about `mean` (_second_scale; a
-    # loop of 0 or 1 trips: the common tile pays one test, no exchange).
-    again = dsl.max(_needs_second_sums(total, squares, n_cols).to(dsl.int32), axis=0)
+    # the rows on row_mask ((R,)) that _needs_second_sums take the sums again about `mean` (_second_scale; a
+    # loop of 0 or 1 trips: the common tile pays one test, no exchange). The other rows keep their first
+    # statistics (a fine row beside one that needs them is not summed again: unscaled, its squares could
+    # overflow), and rows off row_mask (padding rows, all 0) do not start the loop.
+    needs = _needs_second_sums(total, squares, n_cols) & row_mask
+    again = dsl.max(needs.to(dsl.int32), axis=0)
     for _ in range(0, again):
         scale = _second_scale(rstd)
         total, squares = _shifted_moments(x, mean, mask, scale[:, None])
         if x_edge is not None:
             edge_total, edge_squares = _shifted_moments(x_edge, mean, edge_mask, scale[:, None])
             total, squares = total + edge_total, squares + edge_squares
-        mean, rstd = _shifted_mean_rstd(total, squares, mean, n_cols, eps, scale)
+        second_mean, second_rstd = _shifted_mean_rstd(total, squares, mean, n_cols, eps, scale)
+        mean = dsl.where(needs, second_mean, mean)
+        rstd = dsl.where(needs, second_rstd, rstd)
     return mean, rstd
 
 
 @dsl.jit
-def _shifted_statistics(x, shift, mask, n_cols, eps):
+def _shifted_statistics(x, shift, mask, row_mask, n_cols, eps):
     # -> (x - mean (lanes where `mask` is off: anything), mean, rstd) of the rows of the tile x (R, C) in
-    # the accumulation dtype (float32), 0 where masked off; shift: K (R,) (see the comment above).
+    # the accumulation dtype (float32), 0 where masked off; shift: K (R,) (see the comment above); row_mask:
+    # (R,) the rows in the tensor.
     total, squares = _shifted_moments(x, shift, mask)
     mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, 1.52587890625e-05)
-    mean, rstd = _second_sums(x, mask, None, None, total, squares, mean, rstd, n_cols, eps)
+    mean, rstd = _second_sums(x, mask, None, None, row_mask, total, squares, mean, rstd, n_cols, eps)
     return x - mean[:, None], mean, rstd
 
 

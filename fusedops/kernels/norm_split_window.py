@@ -88,7 +88,7 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
         edge_total, edge_squares = _shifted_moments(x_edge, shift, edge_mask)
         total, squares = total + edge_total, squares + edge_squares
         mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, 1.52587890625e-05)
-        mean, rstd = _second_sums(x, mask, x_edge, edge_mask, total, squares, mean, rstd, n_cols, eps)
+        mean, rstd = _second_sums(x, mask, x_edge, edge_mask, row_mask, total, squares, mean, rstd, n_cols, eps)
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
         mean = mean[:, None]
     else:

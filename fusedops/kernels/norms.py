@@ -173,6 +173,8 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 # 0.92 of a copy (7168 columns 0.80 / 0.78 -> 0.89 / 0.84; 5120 and 6144 slower): taken from 6145 columns on
 # (_HALF_LAYER_NORM_WHOLE_ROWS_FROM), now that the whole-row sums take the second sums of the sweeps
 # (norm_kernels._second_sums) for rows whose scaled squares underflow or whose shift lies far from the mean.
+# Session 31 (.scratch/s31_probe.py, the same method, with the second sums): 8192 0.917 / 0.892 -> 0.942 / 0.914,
+# 7168 0.806 / 0.787 -> 0.899 / 0.853; 6144 0.810 / 0.791 -> 0.829 / 0.792 (within a run's noise: left to the sweeps).
 _HALF_LAYER_NORM_FORWARD = {
     1024: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
     2048: dict(block_rows=1, num_warps=2, shifted_sums=True, cache_hints=True),
@@ -302,8 +304,9 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     those of 514 to 4097 columns take the split window instead (`_HALF_SPLIT_WINDOW`: whole rows, the
     main tile padded from N - 1, not N; where it does not apply, the choice without it).
 
-    16-bit LayerNorm rows of 513 to 4096 columns (padded to 1024..4096; but the aligned-window rows)
-    take one row per program with the shifted sums (ForwardConfig.shifted_sums: one cross-warp exchange
+    16-bit LayerNorm rows of 513 to 4096 columns (padded to 1024..4096; but the aligned-window rows), and
+    those of 6145 to 8192 columns with N % 8 == 0 (`_HALF_LAYER_NORM_WHOLE_ROWS_FROM`), take one row per
+    program with the shifted sums (ForwardConfig.shifted_sums: one cross-warp exchange
     for the statistics instead of two; `_HALF_LAYER_NORM_FORWARD`, measured at fp16 powers of two;
     bfloat16 has the same layout, other N take their padded row's options): 0.93-0.95 of a copy's
     bandwidth, against 0.86-0.91 for the 2-row tiles with cache hints that they replace. RMSNorm keeps
