@@ -240,6 +240,20 @@ def assert_same_tensor(actual, expected, atol: float = 1e-9, rtol: float = 1e-7)
     torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
 
 
+def assert_layer_norm_against_float64(x, weight, bias, dy, dtype) -> None:
+    """fusedops.layer_norm over the last dim of x (requires grad, as weight and bias) and its gradients for the
+    output gradient dy, against torch's in float64 (assert_close at `dtype`)."""
+    import fusedops
+    n = x.shape[-1]
+    inputs = (x, weight, bias)
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    y = fusedops.layer_norm(x, (n,), weight, bias, 1e-5)
+    reference = torch.nn.functional.layer_norm(wide[0], (n,), wide[1], wide[2], 1e-5)
+    assert_close(y, reference.detach(), dtype)
+    for got, want in zip(torch.autograd.grad(y, inputs, dy), torch.autograd.grad(reference, wide, dy.double())):
+        assert_close(got, want, dtype)
+
+
 def module_pair(ours_cls, torch_cls, *args, **kwargs) -> tuple:
     """(ours, theirs): a fusedops.nn module and its torch.nn counterpart built with the same arguments,
     holding the same random parameters (theirs drawn from N(0, 1), loaded into ours through state_dict)."""

@@ -41,7 +41,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_kernels as K
 from fusedops.kernels import norms
-from helpers import assert_close, poison, random_tensor
+from helpers import assert_close, assert_layer_norm_against_float64, poison, random_tensor
 from kernel_source import jit_from_source
 
 FC = norms.ForwardConfig
@@ -771,12 +771,7 @@ def test_new_whole_rows_gradients(interpret, dtype, n, seed):
     x = (random_tensor((2, n), dtype, "cpu", seed, scale=2) + 50).requires_grad_()
     w, b = (random_tensor((n,), dtype, "cpu", seed + i).requires_grad_() for i in (1, 2))
     dy = random_tensor((2, n), dtype, "cpu", seed + 3)
-    wide = [t.detach().double().requires_grad_() for t in (x, w, b)]
-    y = fusedops.layer_norm(x, (n,), w, b, 1e-5)
-    reference = F.layer_norm(wide[0], (n,), wide[1], wide[2], 1e-5)
-    assert_close(y, reference.detach(), dtype)
-    for got, want in zip(torch.autograd.grad(y, (x, w, b), dy), torch.autograd.grad(reference, wide, dy.double())):
-        assert_close(got, want, dtype)
+    assert_layer_norm_against_float64(x, w, b, dy, dtype)
 
 
 def test_whole_rows_match_the_sweeps_they_replace(interpret, seed):
