@@ -1,5 +1,5 @@
 """LayerNorm and RMSNorm: forward and backward bandwidth of fusedops against torch eager and
-torch.compile, next to a device-to-device copy of the same number of bytes timed in the same run.
+torch.compile, next to a device-to-device copy of the same number of bytes timed side by side with them.
 
     python bench/layernorm.py [--out DIR] [--name NAME] [--quick] [--ops layer_norm,rms_norm]
                               [--dtypes fp16,bf16] [--no-compile] [--sweep]
@@ -13,7 +13,9 @@ GB/s counts the bytes one call must read plus write, as fusedops/bench/cases.py 
     backward: x, dy and dx (M*N each), weight, dweight and dbias (N each), mean and rstd (float32,
               8 bytes a row);
 RMSNorm has no bias and 4 bytes of statistics a row. "copy" is torch's copy_ of a buffer of half that
-many bytes (so the same bytes read plus written); fraction_of_copy = copy time / provider time.
+many bytes (so the same bytes read plus written); fraction_of_copy = copy time / provider time. The copy
+and the providers of a shape are timed in interleaved rounds (interleaved_gpu_times_ms: a clock or power
+change falls on all of them alike; a copy timed apart moved a fraction by up to 0.15 between runs).
 The backward is timed as torch.autograd.grad of the op's output (graph built once, retained), twice per
 provider: called from Python as a training step calls it ("fusedops", "torch": at small N the host side,
 autograd's engine and the op's Python, takes longer than the kernels, for torch too), and captured once in
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from timing import gpu_time_ms, write_rows  # noqa: E402
+from timing import gpu_time_ms, interleaved_gpu_times_ms, write_rows  # noqa: E402
 
 import fusedops  # noqa: E402
 from fusedops.bench import scripts  # noqa: E402
@@ -176,14 +178,30 @@ def _sweep_calls(op, n, dtype, inputs, dy, backward):
     return calls
 
 
+COPY = "copy (same bytes)"
+
+
+def _times_ms(fns: dict) -> dict:
+    """name -> the median GPU time in ms of each of `fns` (name -> function), timed in interleaved rounds;
+    where a function raises, each is timed alone instead and the one that raised maps to its exception."""
+    try:
+        return interleaved_gpu_times_ms(fns, rounds=5, warmup=3, repeats=50)
+    except Exception:
+        times = {}
+        for name, fn in fns.items():
+            try:
+                times[name] = gpu_time_ms(fn)
+            except Exception as failure:
+                times[name] = failure
+        return times
+
+
 def measure(op, n, dtype_name, backward, compile_torch, sweep):
     dtype = DTYPES[dtype_name]
     inputs, dy = _inputs(op, n, dtype)
     nbytes = op.bytes(n, dtype.itemsize, backward)
-    copy_ms = scripts.copy_ms(nbytes)
     name = op.name + ("_backward" if backward else "")
-    base = {"op": name, "shape": f"{M}x{n}", "M": M, "N": n, "dtype": dtype_name, "unit": "GB/s", "bytes": nbytes,
-            "copy_ms": copy_ms, "copy_GB/s": nbytes / copy_ms / 1e6}
+    base = {"op": name, "shape": f"{M}x{n}", "M": M, "N": n, "dtype": dtype_name, "unit": "GB/s", "bytes": nbytes}
     calls, expected, failed = {}, None, {}
     for provider, fn in _providers(op, n, compile_torch).items():
         try:
@@ -204,12 +222,16 @@ def measure(op, n, dtype_name, backward, compile_torch, sweep):
             result = run()
             result = result[0] if not backward else tuple(r for r in result if r is not None)
             calls[label] = (run, result)
+    times = _times_ms({COPY: scripts.copy_call(nbytes), **{provider: run for provider, (run, _) in calls.items()}})
+    copy_ms = times[COPY]
+    if isinstance(copy_ms, Exception):
+        raise copy_ms
+    base.update({"copy_ms": copy_ms, "copy_GB/s": nbytes / copy_ms / 1e6})
     rows = [dict(base, provider=provider, ms=None, error=text) for provider, text in failed.items()]
     for provider, (run, result) in calls.items():
-        try:
-            ms = gpu_time_ms(run)
-        except Exception as failure:
-            rows.append(dict(base, provider=provider, ms=None, error=scripts.failure_text(failure, 120)))
+        ms = times[provider]
+        if isinstance(ms, Exception):
+            rows.append(dict(base, provider=provider, ms=None, error=scripts.failure_text(ms, 120)))
             continue
         if provider.startswith("fusedops ") and not backward and expected is not None:   # a launcher's (M, N)
             result = result.view(expected.shape)
@@ -228,7 +250,7 @@ def plot(rows, path):
     """GB/s per shape of the providers (the backward's graph replays included) and, as another bar, of the
     copy of the same bytes (the sweep's configurations left out)."""
     plotted = [row for row in rows if not row["provider"].startswith(("fusedops fwd(", "fusedops bwd("))]
-    plotted += [dict(row, provider="copy (same bytes)", **{"GB/s": row["copy_GB/s"]})
+    plotted += [dict(row, provider=COPY, **{"GB/s": row["copy_GB/s"]})
                 for row in rows if row["provider"] == "torch"]
     return plot_op("layernorm", plotted, path)
 

@@ -607,8 +607,9 @@ def test_layernorm_script_keeps_the_other_providers_when_one_fails(monkeypatch):
     an error row, the others are timed, compared and kept, and the acceptance lines say it was not measured."""
     layernorm = _load("layernorm")
     monkeypatch.setattr(layernorm, "M", 4)
-    monkeypatch.setattr(scripts, "copy_ms", lambda nbytes, device="cuda": 1.0)
-    monkeypatch.setattr(layernorm, "gpu_time_ms", lambda fn, repeats=30: (fn(), 0.5)[1])
+    monkeypatch.setattr(scripts, "copy_call", lambda nbytes, device="cuda": lambda: None)
+    monkeypatch.setattr(layernorm, "interleaved_gpu_times_ms",
+                        lambda fns, **options: {name: (fn(), 0.5)[1] for name, fn in fns.items()})
 
     def inputs(op, n, dtype):
         x = torch.randn(4, n, dtype=torch.float32)
@@ -631,3 +632,26 @@ def test_layernorm_script_keeps_the_other_providers_when_one_fails(monkeypatch):
     assert failed["ms"] is None and "refused" in failed["error"] and failed["vs torch"] is None
     assert all(r["vs torch"] == 1.0 for r in rows if r.get("ms"))
     assert not any("not measured" in line for line in layernorm.acceptance(rows))
+
+
+def test_layernorm_script_times_the_others_alone_when_one_raises_in_the_rounds(monkeypatch):
+    """bench/layernorm.py times the copy and the providers in interleaved rounds (session 31); a function that
+    raises there fails the rounds, and each is then timed alone: the one that raised maps to its exception."""
+    layernorm = _load("layernorm")
+    calls = []
+
+    def rounds(fns, **options):
+        calls.append(sorted(fns))
+        for fn in fns.values():
+            fn()
+        raise AssertionError("unreachable: a function raised")
+
+    monkeypatch.setattr(layernorm, "interleaved_gpu_times_ms", rounds)
+    monkeypatch.setattr(layernorm, "gpu_time_ms", lambda fn: (fn(), 0.25)[1])
+
+    def refuse():
+        raise RuntimeError("illegal shape")
+    times = layernorm._times_ms({"copy": lambda: None, "torch": lambda: None, "broken": refuse})
+    assert calls == [["broken", "copy", "torch"]]
+    assert times["copy"] == times["torch"] == 0.25
+    assert isinstance(times["broken"], RuntimeError) and "illegal shape" in str(times["broken"])

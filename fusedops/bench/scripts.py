@@ -109,12 +109,17 @@ def output_dir(text: str) -> str:
     return text
 
 
-def copy_ms(nbytes: int, device: str = "cuda") -> float:
-    """The GPU time (ms) of a device-to-device copy moving `nbytes` (nbytes / 2 read, nbytes / 2
-    written): the bandwidth a memory-bound op moving `nbytes` is compared with."""
+def copy_call(nbytes: int, device: str = "cuda") -> Callable[[], object]:
+    """A device-to-device copy moving `nbytes` (nbytes / 2 read, nbytes / 2 written), as a function to
+    time: the bandwidth a memory-bound op moving `nbytes` is compared with."""
     source = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
-    return gpu_time_ms(lambda: target.copy_(source))
+    return lambda: target.copy_(source)
+
+
+def copy_ms(nbytes: int, device: str = "cuda") -> float:
+    """The GPU time (ms) of `copy_call(nbytes, device)`."""
+    return gpu_time_ms(copy_call(nbytes, device))
 
 
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]

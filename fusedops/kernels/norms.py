@@ -203,7 +203,11 @@ _HALF_RMS_NORM_FORWARD = {1024: dict(cache_hints=True), 2048: dict(cache_hints=T
 # sums: 8192 0.917 -> 0.937, 16384 0.873 -> 0.892, 32768 0.897 -> 0.902; through the aligned window 12289
 # 0.652 -> 0.690, 20001 0.687 -> 0.707; session 15, with the sums' second pass for rows far from their
 # shift (from a review; its hard-rows GPU test passed): 8192 0.915 -> 0.924, 16384 0.862 -> 0.903, 32768
-# 0.895 -> 0.891, 12289 0.654 -> 0.692, 20001 0.689 -> 0.712. On (False: the Welford sweeps).
+# 0.895 -> 0.891, 12289 0.654 -> 0.692, 20001 0.689 -> 0.712. On (False: the Welford sweeps). Not taken
+# (session 31, .scratch/s31_probe2.py / s31_probe3.py, fp16 / bf16, fraction of an interleaved copy): whole
+# rows of 16384 / 32768 columns on 16 or 32 warps (LayerNorm 0.52-0.71 against the sweeps' 0.87-0.91; RMSNorm
+# 0.89-0.96 against 0.98-1.00), and persistent sweeps loading the next row's shift samples during this row
+# (32768 0.899 / 0.871 -> 0.868 / 0.847, 16384 0.921 / 0.899 -> 0.876 / 0.870, slower at 12289 and 20001 too).
 ROW_SWEEP_SHIFTED_SUMS = True
 _HALF_ROW_SWEEPS = {
     True: {8192: (4096, 4, 8, 0), 16384: (8192, 8, 4, 0), 32768: (16384, 16, 2, 2)},
