@@ -204,12 +204,14 @@ _HALF_RMS_NORM_FORWARD = {1024: dict(cache_hints=True), 2048: dict(cache_hints=T
 # 0.652 -> 0.690, 20001 0.687 -> 0.707; session 15, with the sums' second pass for rows far from their
 # shift (from a review; its hard-rows GPU test passed): 8192 0.915 -> 0.924, 16384 0.862 -> 0.903, 32768
 # 0.895 -> 0.891, 12289 0.654 -> 0.692, 20001 0.689 -> 0.712. On (False: the Welford sweeps). Not taken
-# (session 31, .scratch/s31_probe2.py / s31_probe3.py, fp16 / bf16, fraction of an interleaved copy): whole
-# rows of 16384 / 32768 columns on 16 or 32 warps (LayerNorm 0.52-0.71 against the sweeps' 0.87-0.91; RMSNorm
-# 0.89-0.96 against 0.98-1.00), and persistent sweeps loading the next row's shift samples during this row
-# (32768 0.899 / 0.871 -> 0.868 / 0.847, 16384 0.921 / 0.899 -> 0.876 / 0.870, slower at 12289 and 20001 too);
-# LayerNorm programs per SM (.scratch/s31_probe4.py, all in one interleaved timing, twice): 16384 0, 2, 3, 4, 6 ->
-# 0.91 / 0.90, 0.74 / 0.73, 0.86 / 0.84, 0.92 / 0.89, 0.80 / 0.82; 32768 0, 1, 2 -> 0.88 / 0.84, 0.69 / 0.65, 0.89 / 0.86.
+# (session 31, .scratch/s31_probe2.py / s31_probe3.py, fp16 / bf16, fraction of an interleaved copy): whole rows of
+# 16384 / 32768 columns on 16 or 32 warps (LayerNorm 0.52-0.71 against the sweeps' 0.87-0.91; RMSNorm 0.89-0.96
+# against 0.98-1.00; at 16384 also 2 CTAs per SM, 8 warps at 120 registers or 16 under launch bounds at 64 and 32
+# bytes spilled: LayerNorm fp16 0.80-0.85 against 0.91, .scratch/s31_probe5.py), and persistent sweeps loading the
+# next row's shift samples during this row (32768 0.899 / 0.871 -> 0.868 / 0.847, 16384 0.921 / 0.899 -> 0.876 /
+# 0.870, slower at 12289 and 20001 too); LayerNorm programs per SM (.scratch/s31_probe4.py, all in one interleaved
+# timing, twice): 16384 0, 2, 3, 4, 6 -> 0.91 / 0.90, 0.74 / 0.73, 0.86 / 0.84, 0.92 / 0.89, 0.80 / 0.82; 32768 0,
+# 1, 2 -> 0.88 / 0.84, 0.69 / 0.65, 0.89 / 0.86.
 ROW_SWEEP_SHIFTED_SUMS = True
 _HALF_ROW_SWEEPS = {
     True: {8192: (4096, 4, 8, 0), 16384: (8192, 8, 4, 0), 32768: (16384, 16, 2, 2)},
