@@ -42,15 +42,11 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_kernels as K
 from fusedops.kernels import norms
 from helpers import assert_close, assert_layer_norm_against_float64, poison, random_tensor
+from host_jit import host_function, host_text, llvm_binding
 from kernel_source import jit_from_source
 
 FC = norms.ForwardConfig
 HALF = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
@@ -60,18 +56,7 @@ def _own_cache(monkeypatch, tmp_path_factory):
 
 
 # == where(): the compiled code run on the host ==================================================================
-_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
-           "float": ctypes.c_float, "double": ctypes.c_double}
 _ALIVE = []         # callbacks and engines the JIT-compiled code calls into / lives in
-
-
-def _llvm():
-    import llvmlite.binding as llvm
-    if not _ALIVE:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        _ALIVE.append(True)
-    return llvm
 
 
 def _host_launch(kernel, args, grid=1, num_warps=4, **constexprs):
@@ -79,12 +64,10 @@ def _host_launch(kernel, args, grid=1, num_warps=4, **constexprs):
     32 * num_warps OS threads (tensors: their data pointers). Special registers, bar.sync and shfl.sync go
     through Python callbacks; shared memory is one host buffer. Kernels with inline PTX (masked or hinted
     accesses) or 16-bit floats are refused. -> the compiled kernel."""
-    llvm = _llvm()
+    llvm = llvm_binding()
     compiled = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs)
     llir = compiled.asm["llir"]
-    text = re.sub(r"^target (datalayout|triple) = .*$", "", llir, flags=re.M)
-    text = text.replace("ptx_kernel ", "").replace("addrspace(1) ", "").replace("addrspace(3) ", "")
-    text = re.sub(r'"nvvm\.[a-z]+"="[^"]*"', "", text)
+    text = host_text(llir).replace("addrspace(3) ", "")
     sregs, shuffles = set(), set()
 
     def sreg(match):
@@ -139,21 +122,8 @@ def _host_launch(kernel, args, grid=1, num_warps=4, **constexprs):
         value = ctypes.c_int32 if t == "i32" else ctypes.c_float
         bind(f"__shfl_{k}_{t}", ctypes.CFUNCTYPE(value, ctypes.c_int32, value, ctypes.c_int32, ctypes.c_int32),
              shuffled(k))
-    module = llvm.parse_assembly(text)
-    module.verify()
-    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
-    engine.finalize_object()
+    function, values, engine = host_function(text, llir, kernel, args)
     _ALIVE.append(engine)
-    name, params = re.search(r"define [^@]*@(\w+)\((.*)\)[^()]*\{", llir).groups()
-    pieces = [p.strip() for p in re.split(r",\s*(?=(?:ptr|i\d+|float|double))", params)] if params.strip() else []
-    by_name = dict(zip([p if isinstance(p, str) else p.name for p in kernel.params], args))
-    types, values = [], []
-    for piece in pieces:
-        kind, param = piece.split()[0], re.search(r"%(\w+)$", piece).group(1)
-        value = by_name[param]
-        types.append(ctypes.c_void_p if kind == "ptr" else _CTYPES[kind])
-        values.append(value.data_ptr() if kind == "ptr" else value)
-    function = ctypes.CFUNCTYPE(None, *types)(engine.get_function_address(name))
     errors = []
 
     def thread(pid, tid):

@@ -59,11 +59,6 @@ F64_EPS = torch.finfo(torch.float64).eps
 HALF = [torch.float16, torch.bfloat16]
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-
-
 @contextlib.contextmanager
 def _kernels_only():
     """torch's layer_norm / rms_norm raise inside: the fusedops call must take the kernel path."""
