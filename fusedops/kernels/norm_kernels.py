@@ -203,11 +203,11 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
 # H200 at 8192 columns: rstd within 5.4e-7 relative in the row sweeps, 7.6e-7 in the whole rows' runs of 32,
 # against 1.4e-7 for Welford/Chan and torch's), ~1e-6 for rows whose median-of-three lies within a few
 # deviations of the mean, up to ~N * log2(N) * 2^-24 when two of the three sampled columns are outliers
-# carrying the row's variance. The sums are of d * 2^-16 (exact
-# scaling), so that bfloat16 rows overflow them only past 1e22 (unscaled: 1.8e19 / sqrt(N)), beyond
-# torch's own float32 statistics (1.8e19). The launchers use it for 16-bit LayerNorm rows: the whole-row
-# tiles of at most 4096 columns and of 6145 to 8192, the row sweeps otherwise (norms.forward_config), and
-# the split window's (norm_split_window.py, up to 4097 columns).
+# carrying the row's variance. The sums are of d * 2^-16 (exact scaling), so that bfloat16 rows overflow
+# them only past 1e22 (unscaled: 1.8e19 / sqrt(N)), beyond torch's own float32 statistics (1.8e19). The
+# launchers use it for 16-bit LayerNorm rows: the whole-row tiles of at most 4096 columns and of 6145 to
+# 8192, the row sweeps otherwise (norms.forward_config), and the split window's (norm_split_window.py, up
+# to 4097 columns).
 @dsl.jit
 def _median_of_three(a, b, c):
     return dsl.maximum(dsl.minimum(a, b), dsl.minimum(dsl.maximum(a, b), c))
