@@ -296,7 +296,7 @@ def test_the_knob_rejects_unknown_modes():
     from fusedops.dsl.runtime import knobs
     assert knobs.current({}).ws == 0 and knobs.current({"FUSEDOPS_WS": "1"}).ws == 1
     with pytest.raises(ValueError, match="FUSEDOPS_WS"):
-        knobs.current({"FUSEDOPS_WS": "2"})
+        knobs.current({"FUSEDOPS_WS": "3"})
 
 
 # -- GPU tier ----------------------------------------------------------------------------------------------

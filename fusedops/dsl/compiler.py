@@ -46,7 +46,8 @@ class CompiledKernel:
     """
 
     def __init__(self, name: str, asm: dict, shared_bytes: int, options: CompileOptions,
-                 parameter_types: tuple, parameter_names: tuple, tensor_maps: tuple = (), cluster_size: int = 1):
+                 parameter_types: tuple, parameter_names: tuple, tensor_maps: tuple = (), cluster_size: int = 1,
+                 producer_warps: int = 0):
         self.tensor_maps = tensor_maps      # runtime.tensor_map.TensorMapParam per extra TMA parameter
         self.cluster_size = cluster_size    # dsl.cluster_dims: grids must be multiples of it along axis 0
         self.name = name
@@ -54,6 +55,7 @@ class CompiledKernel:
         self.shared_bytes = shared_bytes
         self.options = options
         self.num_warps = options.num_warps
+        self.launch_warps = options.num_warps + producer_warps   # the CTA's warps: num_warps and any producer warp
         self.parameter_types = parameter_types
         self.parameter_names = parameter_names
         self._launchers: dict = {}
@@ -77,7 +79,7 @@ class CompiledKernel:
                         from .runtime.launcher_args import ParamKind
                         kinds += [ParamKind.TENSOR_MAP] * len(self.tensor_maps)
                         names += [f"tensor_map{i}" for i in range(len(self.tensor_maps))]
-                    launcher = driver.KernelLauncher(kernel, kinds, self.num_warps, self.shared_bytes, names)
+                    launcher = driver.KernelLauncher(kernel, kinds, self.launch_warps, self.shared_bytes, names)
                     if self.tensor_maps:
                         from .runtime.tensor_map import TensorMapLauncher
                         launcher = TensorMapLauncher(launcher, self.tensor_maps)
@@ -167,7 +169,7 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
         from .runtime.tensor_map import TensorMapParam
         return CompiledKernel(entry["name"], asm, int(entry["shared_bytes"]), options, parameter_types,
                               parameter_names, tuple(TensorMapParam.from_json(m) for m in entry.get("tensor_maps", ())),
-                              int(entry.get("cluster_size", 1)))
+                              int(entry.get("cluster_size", 1)), int(entry.get("producer_warps", 0)))
     dump_dir = knobs.current().dump_dir
     report = run_pipeline(function, default_pipeline(options.num_warps, options.arch, options.num_stages),
                           dump=knobs.current().dump_ir, dump_dir=None if dump_dir is None else str(dump_dir))
@@ -176,6 +178,7 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
     compiled = compile_to_ptx(lowered.llvm_ir, Target(options.arch))
     asm = _Asm({"ir": print_function(function), "llir": compiled.llir, "ptx": compiled.ptx}, options.arch)
     cache.store(key, {"name": lowered.name, "shared_bytes": lowered.shared_bytes, **asm,
-                      "tensor_maps": [m.to_json() for m in lowered.tensor_maps], "cluster_size": lowered.cluster_size})
+                      "tensor_maps": [m.to_json() for m in lowered.tensor_maps], "cluster_size": lowered.cluster_size,
+                      "producer_warps": lowered.producer_warps})
     return CompiledKernel(lowered.name, asm, lowered.shared_bytes, options, parameter_types, parameter_names,
-                          lowered.tensor_maps, lowered.cluster_size)
+                          lowered.tensor_maps, lowered.cluster_size, lowered.producer_warps)

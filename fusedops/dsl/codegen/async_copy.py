@@ -35,6 +35,7 @@ from .mma import OperandLoader, StagedOperand, byte_pointer, combine_offset, thr
 from .registry import lowering
 from .shared import align_shared_memory, barrier, shared_base
 from . import tma
+from .control import lower_block
 from .wgmma import WGMMA_ALIGN, SharedOperand, fence_generic_to_async
 
 BUFFER_ALIGN = 128
@@ -162,9 +163,10 @@ def _local_load(ctx, op):
 
 @contextlib.contextmanager
 def first_thread(ctx, predicate=None):
-    """Emit the body for thread 0 of the CTA only (and only where `predicate`, an i1, holds)."""
+    """Emit the body for thread 0 of the CTA only (a producer warp's lane 0 in its region:
+    `ctx.issuing_thread`), and only where `predicate`, an i1, holds."""
     b = ctx.builder
-    condition = b.icmp_unsigned("==", ctx.thread_id, ir.Constant(T.i32, 0))
+    condition = b.icmp_unsigned("==", ctx.thread_id, ir.Constant(T.i32, ctx.issuing_thread))
     if predicate is not None:
         condition = b.and_(condition, predicate)
     with b.if_then(condition):
@@ -284,3 +286,22 @@ def _mbarrier_arrive(ctx, op):
     condition = b.and_(b.icmp_unsigned("==", ctx.lane_id, ir.Constant(T.i32, 0)), ctx.get(op.operands[2]))
     with b.if_then(condition):
         tma.mbarrier_arrive(b, barriers.tile_pointer(ctx, ctx.get(op.operands[1])))
+
+
+@lowering(OpCode.PRODUCER_WARP)
+def _producer_warp(ctx, op):
+    """Warp num_warps (threads 32 * num_warps on: the launch adds it, codegen/kernel.py) runs the region
+    with its lane 0 as the issuing thread, then returns; the num_warps warps go on with the rest of the
+    kernel, whose CTA barriers from here on are the consumers' named barrier (shared.barrier)."""
+    b = ctx.builder
+    consumers = 32 * ctx.num_warps
+    producer_bb = b.append_basic_block("producer")
+    consumer_bb = b.append_basic_block("consumers")
+    b.cbranch(b.icmp_unsigned(">=", ctx.thread_id, ir.Constant(T.i32, consumers)), producer_bb, consumer_bb)
+    b.position_at_end(producer_bb)
+    ctx.issuing_thread = consumers
+    lower_block(ctx, op.regions[0])
+    ctx.issuing_thread = 0
+    b.ret_void()
+    b.position_at_end(consumer_bb)
+    ctx.barrier_threads = consumers

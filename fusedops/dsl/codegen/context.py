@@ -39,6 +39,8 @@ class LoweringContext:
     cache_policies: dict = dataclasses.field(default_factory=dict)   # eviction policy -> i64 L2 policy (cache_hints.py)
     cluster_sum: Optional[tuple] = None   # (cluster size, bytes per rank slot, call counter): cluster_sum.prepare
     wgmma_a_words: dict = dataclasses.field(default_factory=dict)    # id(deferred dot result) -> its A registers
+    issuing_thread: int = 0        # the thread that issues copies and waits for their slots (a producer warp's lane 0)
+    barrier_threads: int = 0       # threads of a CTA barrier: 0 = all, else the consumer warps' (after a producer_warp)
 
     def arch_at_least(self, sm: int) -> bool:
         """Whether the target's compute capability (sm_90a -> 90) is at least `sm`."""

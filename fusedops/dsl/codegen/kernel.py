@@ -33,6 +33,7 @@ class LoweredKernel:
     parameter_types: tuple   # the dsl type of each kernel parameter, in order
     tensor_maps: tuple = ()  # runtime.tensor_map.TensorMapParam of each tensor-map parameter, after those
     cluster_size: int = 1    # dsl.cluster_dims: CTAs per cluster along grid axis 0
+    producer_warps: int = 0  # warps launched beyond num_warps (a TMA ring's producer warp: OpCode.PRODUCER_WARP)
 
 
 def _parameter_type(type_):
@@ -68,7 +69,9 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
     cluster = cluster_size(function)
     clustered = cluster > 1 and arch_number(arch) >= 90      # older GPUs launch the same grid without clusters
-    T.mark_kernel(fn, max_threads=32 * num_warps, min_blocks_per_sm=_min_blocks_per_sm(function, num_warps),
+    producer_warps = int(any(op.opcode == OpCode.PRODUCER_WARP for op in function.walk()))
+    launched = num_warps + producer_warps
+    T.mark_kernel(fn, max_threads=32 * launched, min_blocks_per_sm=_min_blocks_per_sm(function, launched),
                   extra={"nvvm.cluster_dim": f"{cluster},1,1"} if clustered else None)
     hints = function.arg_hints or [{}] * len(param_types)
     for arg, type_, hint, name in zip(fn.args, param_types, hints, function.arg_names):
@@ -103,4 +106,5 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     lower_block(ctx, function.body)
     builder.ret_void()
     prologue.branch(body_block)
-    return LoweredKernel(function.name, str(module), ctx.shared_bytes, tuple(param_types), tensor_maps, cluster)
+    return LoweredKernel(function.name, str(module), ctx.shared_bytes, tuple(param_types), tensor_maps, cluster,
+                         producer_warps)

@@ -16,7 +16,18 @@ from ..target import llvm_types as T
 from . import layout_access
 
 
+# The named barrier of the consumer warps once a producer warp left the kernel (0 is every thread's).
+CONSUMER_BARRIER = 1
+
+
 def barrier(ctx) -> None:
+    """A CTA barrier: every thread (bar.sync 0), or after a producer warp left (`ctx.barrier_threads`) the
+    consumer warps' named barrier, of that many threads (PTX ISA 9.7.13.1, barrier.cta)."""
+    if ctx.barrier_threads:
+        fn = T.declare_intrinsic(ctx.module, "llvm.nvvm.barrier.cta.sync.aligned.count", T.void, [T.i32, T.i32],
+                                 attributes=("convergent", "nounwind"))
+        ctx.builder.call(fn, [ir.Constant(T.i32, CONSUMER_BARRIER), ir.Constant(T.i32, ctx.barrier_threads)])
+        return
     fn = T.declare_intrinsic(ctx.module, "llvm.nvvm.barrier.cta.sync.aligned.all", T.void, [T.i32],
                              attributes=("convergent", "nounwind"))
     ctx.builder.call(fn, [ir.Constant(T.i32, 0)])

@@ -53,6 +53,7 @@ Operand conventions (checked by `verifier.py`):
 | MBARRIER_WAIT | barriers, index (int32), phase (int32) | cta_barrier, cluster_wait, issuer | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier unless cta_barrier=False, or with cluster_wait=True the wait half of a cluster barrier; issuer=True: only the thread that issues the TMA copies waits) |
 | CLUSTER_BARRIER | - | half | - (barrier.cluster: every thread of the cluster's CTAs arrives (relaxed) when half="arrive", waits (acquire) when half="wait", both (release / acquire) without half) |
 | MBARRIER_ARRIVE | barriers, index (int32), predicate (int1) | - | - (where predicate: one arrival per warp on barrier `index`; the "empty" barriers of a TMA ring, FUSEDOPS_WS) |
+| PRODUCER_WARP | - | - | - (region 0: what one extra warp of the CTA, the producer, runs instead of the rest of the kernel: a TMA ring's copies; the num_warps warps skip it, and their barriers from here on leave the producer out; inserted by pipelining, FUSEDOPS_WS=2) |
 | CLUSTER_SUM | values... (blocks or scalars, float32/64 or int32/64) | - | one per value, its type: the sum over the programs of the cluster, in rank order (`dsl.cluster_sum`) |
 """
 
@@ -155,6 +156,7 @@ class OpCode(enum.Enum):
     MBARRIER_ARRIVE = "mbarrier_arrive"
     CLUSTER_BARRIER = "cluster_barrier"
     CLUSTER_SUM = "cluster_sum"
+    PRODUCER_WARP = "producer_warp"
 
 
 BINARY_ARITH = frozenset({
@@ -184,7 +186,7 @@ SIDE_EFFECTS = frozenset({
     OpCode.CLUSTER_DIMS, OpCode.BARRIER, OpCode.CLUSTER_BARRIER, OpCode.YIELD, OpCode.CONDITION,
     OpCode.LOCAL_DEALLOC, OpCode.ASYNC_COPY, OpCode.ASYNC_COMMIT, OpCode.ASYNC_WAIT, OpCode.WGMMA_WAIT,
     OpCode.TMA_COPY, OpCode.MBARRIER_WAIT, OpCode.MBARRIER_ARRIVE, OpCode.DESCRIPTOR_STORE, OpCode.TMA_STORE,
-    OpCode.CLUSTER_SUM,
+    OpCode.CLUSTER_SUM, OpCode.PRODUCER_WARP,
 })
 # The largest cluster (CTAs) that every sm_90 GPU can launch (CUDA's "portable cluster size").
 MAX_CLUSTER_SIZE = 8

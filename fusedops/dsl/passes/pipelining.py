@@ -101,6 +101,12 @@ has still to do: no cycle. Fills past the loop's end are not issued; the release
 waits for leave phases pending, which mbarrier.inval at the dealloc discards.
 tests/test_warp_specialization.py simulates this protocol (ragged trip counts, 0 and 1 steps).
 
+TMA with FUSEDOPS_WS=2: the same barriers, with a producer warp (`_pipeline_with_producer_warp`): one more
+warp of the CTA runs a `producer_warp` region before the loop, a loop of its own that waits on the empty
+barriers and issues every fill, then leaves the kernel; the consumer warps only wait for full slots and
+release them. Only for a loop of the kernel's top-level block with nothing but register computations
+before it (the producer warp runs those too); elsewhere 1's schedule. tests/test_producer_warp.py.
+
 TMA multicast (`desc.load(..., multicast=True)` in a kernel with `dsl.cluster_dims(n)`, n > 1): the n CTAs of
 a cluster load the same tile, so each copies 1/n of it (`_with_multicast`: its share of the boxes, or of
 every box's rows where the boxes do not split) into the same slot of all n (`tma_copy {multicast = n}`),
@@ -179,7 +185,7 @@ def pipeline_loops(function: Function, num_stages: int) -> bool:
     if num_stages < 2:
         return False
     from ..runtime import knobs
-    empty_barriers = knobs.current().ws >= 1
+    mode = knobs.current().ws
     analysis = analyze_pointers(function)
     uses = _use_counts(function)
     cluster = cluster_size(function)
@@ -188,8 +194,11 @@ def pipeline_loops(function: Function, num_stages: int) -> bool:
         candidates = _with_multicast(_with_copy_engine(_candidates(loop, analysis, uses)), cluster)
         if candidates:
             overlapped = _overlappable_dot(loop, candidates, uses, num_stages)
-            if candidates[0].tma is not None and empty_barriers and not any(c.multicast for c in candidates):
-                _pipeline_with_empty_barriers(loop, candidates, num_stages, overlapped)
+            if candidates[0].tma is not None and mode >= 1 and not any(c.multicast for c in candidates):
+                if mode == 2 and cluster == 1 and _producer_warp_fits(function, loop):
+                    _pipeline_with_producer_warp(loop, candidates, num_stages, overlapped)
+                else:
+                    _pipeline_with_empty_barriers(loop, candidates, num_stages, overlapped)
             else:
                 _pipeline(loop, candidates, num_stages, overlapped)
             changed = True
@@ -678,3 +687,104 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     body.terminator.operands.extend([next_read, _flip_on_wrap(tail, read_phase, next_read),
                                      next_write, _flip_on_wrap(tail, write_phase, next_write)])
     _finish(loop, overlapped, [empty, full] + buffers)
+
+
+# Ops that may come before a loop given a producer warp (`_producer_warp_fits`): every warp of the CTA runs
+# them, the producer too, whose warp index lies outside the block layouts; these touch no memory.
+_BEFORE_PRODUCER_OPS = _ADDRESS_OPS | frozenset({OpCode.LAUNCH_BOUNDS, OpCode.LOCAL_ALLOC})
+
+
+def _producer_warp_fits(function: Function, loop: Operation) -> bool:
+    """Whether `loop` may take a producer warp (FUSEDOPS_WS=2): it is an op of the kernel's top-level
+    block, after nothing but pure register computations (the producer warp runs them too, then leaves the
+    kernel: no memory access, shared-memory exchange or barrier of the other warps may come before), and
+    it is the kernel's only loop with a ring."""
+    body = function.body
+    if loop.parent is not body:
+        return False
+    before = body.ops[:body.ops.index(loop)]
+    if not all(op.opcode in _BEFORE_PRODUCER_OPS and not op.regions for op in before):
+        return False
+    return not any(op.opcode == OpCode.PRODUCER_WARP for op in function.walk())
+
+
+def _pipeline_with_producer_warp(loop: Operation, candidates: list, num_stages: int,
+                                 overlapped: Optional[_Overlap]) -> None:
+    """Rewrite `loop`, whose candidates are all TMA copies, with a producer warp (FUSEDOPS_WS=2): the
+    full and empty mbarriers of `_pipeline_with_empty_barriers`, but the copies of every iteration are
+    issued by one more warp of the CTA, which runs only the `producer_warp` region before the loop:
+
+        producer_warp {
+            for %j in range(%lb, %ub, STEP) iter(%write = 0, %write_phase = 0):
+                mbarrier_wait %empty[%write], %write_phase ^ 1 {issuer}    (its lane 0: slot released)
+                tma_copy %buf[%write], <coordinates at %j>, %full[%write]
+                yield next %write, %write_phase flipped on wrap
+        }
+        for %k ... iter(%acc, %read = 0, %read_phase = 0, %release = -lag mod S):
+            mbarrier_wait %full[%read], %read_phase {cta_barrier = false}
+            %acc2 = dot local_load ..[%read] {pending = lag}
+            mbarrier_arrive %empty[%release] if %k >= lag          (one arrival per consumer warp; with
+                                                                    lag = 1 right after the dot, before
+                                                                    an epilogue in the iteration)
+
+    The consumer warps never wait for a release, so neither warpgroup stalls behind a refill; the
+    producer runs up to S fills ahead, as far as the releases let it. The phase bookkeeping is that of
+    FUSEDOPS_WS=1 (module docstring) with ahead_by = S: fill j waits for the release of iteration j - S.
+    Source of the scheme: the warp-specialized mainloops of CUTLASS 3 (sm90 TMA "producer" warp) and
+    FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, section 3.1)."""
+    outer = loop.parent
+    body = loop.regions[0]
+    lower, upper, step = loop.operands[:3]
+    induction = body.args[0]
+    lag = 0 if overlapped is None else 1
+    before = Inserter(outer, loop)
+    buffers = _allocate_ring(before, candidates, num_stages)
+    full = _full_barriers(before, candidates, num_stages)
+    empty = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
+                         {"mbarrier_per_warp": True})
+    _insert_producer(outer, loop, candidates, buffers, full, empty, num_stages)
+
+    read = _carry(loop, before, "read_stage", 0)
+    read_phase = _carry(loop, before, "read_phase", 0)
+    release = _carry(loop, before, "release_stage", -lag % num_stages)
+    head = Inserter(body, body.ops[0])
+    head.op(OpCode.MBARRIER_WAIT, [full, read, read_phase], [], {"cta_barrier": False})
+    _read_from_ring(body, candidates, buffers, read)
+    tail = Inserter(body, body.terminator)
+    # an in-flight wgmma's slot is released right after the dot (its wait_group 1 retired the previous
+    # one), before any epilogue of the iteration; a dot that is waited for, at the end of the iteration
+    at = tail if overlapped is None else Inserter(body, body.ops[body.ops.index(overlapped.dot) + 1])
+    released = (at.value(OpCode.NE, [induction, lower], int1) if lag
+                else at.value(OpCode.CONSTANT, [], int1, {"value": True}))
+    at.op(OpCode.MBARRIER_ARRIVE, [empty, release, released], [])
+    next_read = _next_index(tail, read, num_stages)
+    body.terminator.operands.extend([next_read, _flip_on_wrap(tail, read_phase, next_read),
+                                     _next_index(tail, release, num_stages)])
+    _finish(loop, overlapped, [empty, full] + buffers)
+
+
+def _insert_producer(outer: Block, loop: Operation, candidates: list, buffers: list, full: Value, empty: Value,
+                     num_stages: int) -> None:
+    """The `producer_warp` op, just before `loop`, whose loop issues the copies of every iteration of
+    `loop` (see `_pipeline_with_producer_warp`)."""
+    lower, upper, step = loop.operands[:3]
+    induction = loop.regions[0].args[0]
+    region = Block()
+    producer_body = Block([int32, int32, int32], ["iteration", "write_stage", "write_phase"])
+    producer_loop = Operation(OpCode.FOR, [], [int32, int32], {}, (producer_body,), loop.loc)
+    region.append(producer_loop)
+    region.append(Operation(OpCode.YIELD, [], [], {}, (), loop.loc))
+    init = Inserter(region, producer_loop)
+    producer_loop.operands = [lower, upper, step, init.constant(0), init.constant(0)]
+    end = producer_body.append(Operation(OpCode.YIELD, [], [], {}, (), loop.loc))
+    at = Inserter(producer_body, end)
+    iteration, write, write_phase = producer_body.args
+    waited = at.value(OpCode.XOR, [write_phase, at.constant(1)], int32)
+    at.op(OpCode.MBARRIER_WAIT, [empty, write, waited], [], {"cta_barrier": False, "issuer": True})
+    for candidate, buffer in zip(candidates, buffers):
+        _issue_tma_copy(at, candidate, buffer, write, full, induction, iteration, upper)
+    next_write = _next_index(at, write, num_stages)
+    end.operands = [next_write, _flip_on_wrap(at, write_phase, next_write)]
+    producer = Operation(OpCode.PRODUCER_WARP, [], [], {}, (region,), loop.loc)
+    producer.parent = outer
+    outer.ops.insert(outer.ops.index(loop), producer)

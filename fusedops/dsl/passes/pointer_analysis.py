@@ -139,6 +139,8 @@ class _Analysis:
                 self._while(op)
             elif op.opcode == OpCode.IF:
                 self._if(op)
+            elif op.opcode == OpCode.PRODUCER_WARP:
+                self.block(op.regions[0])
             elif op.results:
                 for result, info in zip(op.results, infer(op, [self.get(v) for v in op.operands])):
                     self.set(result, info)

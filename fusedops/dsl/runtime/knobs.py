@@ -19,7 +19,7 @@ from `os.environ` directly.
 | FUSEDOPS_LIBDEVICE_PATH | libdevice_path  | Path or None (= search the CUDA installation)           |
 | FUSEDOPS_DISABLE_WGMMA  | disable_wgmma   | bool, False: dots on sm_90a use mma.sync, not wgmma     |
 | FUSEDOPS_TMA            | tma             | bool, True: tensor-descriptor loads feeding wgmma use TMA  |
-| FUSEDOPS_WS             | ws              | int 0/1, 0: how a TMA ring's K loop synchronizes        |
+| FUSEDOPS_WS             | ws              | int 0/1/2, 0: how a TMA ring's K loop synchronizes      |
 | FUSEDOPS_NATIVE_LAUNCH  | native_launch   | bool, True: cached launches go through native stubs     |
 | FUSEDOPS_STREAM_K       | stream_k        | bool, True: the TMA matmul splits a partial last wave   |
 | FUSEDOPS_PERSISTENT     | persistent      | bool, True: TMA matmuls of several waves run persistent |
@@ -28,8 +28,10 @@ FUSEDOPS_WS (sm_90a TMA rings, passes/pipelining.py): 0 = one CTA barrier per K 
 refills the slot (the shipped schedule); 1 = per-stage "empty" mbarriers that every warp arrives on
 once its wgmma reading the stage retired, thread 0 waiting on them before it refills (no CTA barrier
 in the loop, one more stage in flight; rings filled by multicast copies keep 0's schedule, with a
-cluster barrier). Warp specialization (a producer warpgroup, `setmaxnreg`) is
-the planned mode 2. Part of the compile cache key.
+cluster barrier); 2 = 1's barriers with a producer warp: one more warp in the CTA issues every copy of
+the ring, waiting on the empty barriers itself, and the num_warps consumer warps only wait for full
+slots and release them (where the loop qualifies: passes/pipelining.py `_producer_warp_fits`; else as
+1). Part of the compile cache key.
 
 Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty means False, unset the default above). Any
 other value raises `ValueError` naming the variable, so a typo is loud instead of ignored.
@@ -74,10 +76,10 @@ def _parse_arch(variable: str, text: str) -> Optional[str]:
 
 def _parse_ws(variable: str, text: str) -> int:
     value = text.strip()
-    if value in ("", "0", "1"):
+    if value in ("", "0", "1", "2"):
         return int(value or 0)
     raise ValueError(f"{variable}={text!r} is not a K-loop synchronization mode; use 0 (a CTA barrier per "
-                     "step) or 1 (per-stage empty mbarriers)")
+                     "step), 1 (per-stage empty mbarriers) or 2 (a producer warp)")
 
 
 def _knob(variable: str, parse: Callable[[str, str], object], default):
