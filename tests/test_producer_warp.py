@@ -27,8 +27,8 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
 from fusedops.kernels import matmul_persistent as mp
 from matmul_helpers import check_gpu, gpu_operands
-from tests.helpers import assert_close, poison
-from tests.test_warp_specialization import _launch_args, _tma_operand
+from tests.helpers import poison
+from tests.test_warp_specialization import GPU_TMA_SHAPES, _launch_args, check_tma_kernel_against_float64
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -178,18 +178,9 @@ def test_the_disk_cache_keeps_the_producer_warp(producer_warp):
 @pytest.mark.cuda
 @pytest.mark.parametrize("config", mm.WGMMA_CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,a_t,b_t", [(1000, 1000, 1000, False, False), (304, 496, 208, True, False),
-                                           (4096, 4096, 72, False, True), (64, 16, 16, False, False),
-                                           (130, 260, 0, False, False), (1008, 784, 4096, True, True)], ids=str)
+@pytest.mark.parametrize("m,n,k,a_t,b_t", GPU_TMA_SHAPES, ids=str)
 def test_gpu_tma_kernel_matches_float64(m, n, k, a_t, b_t, dtype, config, producer_warp, seed):
-    kernel = dsl.jit(mm.matmul_tma_kernel.fn)      # fresh: the library's keeps kernels of the other setting
-    a, b = _tma_operand(m, k, dtype, a_t, seed), _tma_operand(k, n, dtype, b_t, seed + 1)
-    c = poison(torch.empty(1, m, n, dtype=dtype, device="cuda"))
-    args, constexprs, _ = mm._tma_launch(c, a[None], b[None], None, None)
-    grid = (dsl.cdiv(m, config.constexprs["BLOCK_M"]) * dsl.cdiv(n, config.constexprs["BLOCK_N"]),)
-    kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages, **constexprs, **config.constexprs)
-    torch.cuda.synchronize()
-    assert_close(c[0], a.double() @ b.double(), dtype)
+    check_tma_kernel_against_float64(m, n, k, a_t, b_t, dtype, config, seed)
 
 
 @pytest.mark.cuda

@@ -301,13 +301,20 @@ def test_the_knob_rejects_unknown_modes():
 
 # -- GPU tier ----------------------------------------------------------------------------------------------
 
+# (M, N, K, A transposed, B transposed): ragged, K below a block and K = 0, several laps of the ring
+GPU_TMA_SHAPES = [(1000, 1000, 1000, False, False), (304, 496, 208, True, False), (4096, 4096, 72, False, True),
+                  (64, 16, 16, False, False), (130, 260, 0, False, False), (1008, 784, 4096, True, True)]
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("config", mm.WGMMA_CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,a_t,b_t", [(1000, 1000, 1000, False, False), (304, 496, 208, True, False),
-                                           (4096, 4096, 72, False, True), (64, 16, 16, False, False),
-                                           (130, 260, 0, False, False), (1008, 784, 4096, True, True)], ids=str)
+@pytest.mark.parametrize("m,n,k,a_t,b_t", GPU_TMA_SHAPES, ids=str)
 def test_gpu_empty_barrier_matmul_matches_float64(m, n, k, a_t, b_t, dtype, config, empty_barriers, seed):
+    check_tma_kernel_against_float64(m, n, k, a_t, b_t, dtype, config, seed)
+
+
+def check_tma_kernel_against_float64(m, n, k, a_t, b_t, dtype, config, seed) -> None:
+    """matmul_tma_kernel under the FUSEDOPS_WS in force, one program per tile, against float64."""
     # A fresh JIT function: the library's keeps the kernels it compiled under the other setting.
     kernel = dsl.jit(mm.matmul_tma_kernel.fn)
     a, b = _tma_operand(m, k, dtype, a_t, seed), _tma_operand(k, n, dtype, b_t, seed + 1)
