@@ -698,7 +698,7 @@ def _producer_warp_fits(function: Function, loop: Operation) -> bool:
     """Whether `loop` may take a producer warp (FUSEDOPS_WS=2): it is an op of the kernel's top-level
     block, after nothing but pure register computations (the producer warp runs them too, then leaves the
     kernel: no memory access, shared-memory exchange or barrier of the other warps may come before), and
-    it is the kernel's only loop with a ring."""
+    no other loop of the kernel took one (one producer warp per kernel)."""
     body = function.body
     if loop.parent is not body:
         return False
