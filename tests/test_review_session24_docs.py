@@ -124,7 +124,7 @@ def test_readme_settings_table_names_exactly_the_variables_knobs_reads():
 
 @pytest.mark.parametrize("variable, value", [
     ("FUSEDOPS_INTERPRET", "maybe"), ("FUSEDOPS_DISABLE_CACHE", "2"), ("FUSEDOPS_TMA", "enabled"),
-    ("FUSEDOPS_WS", "2"), ("FUSEDOPS_DEFAULT_ARCH", "hopper"), ("FUSEDOPS_PERSISTENT", "y"),
+    ("FUSEDOPS_WS", "3"), ("FUSEDOPS_DEFAULT_ARCH", "hopper"), ("FUSEDOPS_PERSISTENT", "y"),
 ])
 def test_invalid_setting_raises_value_error_naming_the_variable(variable, value):
     with pytest.raises(ValueError, match=variable):

@@ -546,7 +546,7 @@ def test_settings_table_lists_exactly_the_knobs():
 
 
 @pytest.mark.parametrize("variable, value", [("FUSEDOPS_INTERPRET", "maybe"), ("FUSEDOPS_DISABLE_CACHE", "2"),
-                                             ("FUSEDOPS_WS", "2"), ("FUSEDOPS_TMA", "nope"),
+                                             ("FUSEDOPS_WS", "3"), ("FUSEDOPS_TMA", "nope"),
                                              ("FUSEDOPS_DEFAULT_ARCH", "bogus")])
 def test_bad_setting_is_an_error_naming_the_variable(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)

@@ -320,7 +320,7 @@ def test_bad_knob_values_are_named_at_the_launch(monkeypatch):
     monkeypatch.setenv("FUSEDOPS_INTERPRET", " On ")
     kernel[(2,)](out)
     assert out.sum() == 2
-    for variable, text in [("FUSEDOPS_WS", "2"), ("FUSEDOPS_DEFAULT_ARCH", "sm9"), ("FUSEDOPS_TMA", "maybe")]:
+    for variable, text in [("FUSEDOPS_WS", "3"), ("FUSEDOPS_DEFAULT_ARCH", "sm9"), ("FUSEDOPS_TMA", "maybe")]:
         with pytest.raises(ValueError, match=variable):
             knobs.current({variable: text})
     monkeypatch.setenv("FUSEDOPS_TMA", "maybe")
