@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from timing import gpu_time_ms, interleaved_gpu_times_ms, write_rows  # noqa: E402
+from timing import times_or_failures_ms, write_rows  # noqa: E402
 
 import fusedops  # noqa: E402
 from fusedops.bench import scripts  # noqa: E402
@@ -178,22 +178,7 @@ def _sweep_calls(op, n, dtype, inputs, dy, backward):
     return calls
 
 
-COPY = "copy (same bytes)"
-
-
-def _times_ms(fns: dict) -> dict:
-    """name -> the median GPU time in ms of each of `fns` (name -> function), timed in interleaved rounds;
-    where a function raises, each is timed alone instead and the one that raised maps to its exception."""
-    try:
-        return interleaved_gpu_times_ms(fns, rounds=5, warmup=3, repeats=50)
-    except Exception:
-        times = {}
-        for name, fn in fns.items():
-            try:
-                times[name] = gpu_time_ms(fn)
-            except Exception as failure:
-                times[name] = failure
-        return times
+COPY = scripts.COPY
 
 
 def measure(op, n, dtype_name, backward, compile_torch, sweep):
@@ -222,7 +207,7 @@ def measure(op, n, dtype_name, backward, compile_torch, sweep):
             result = run()
             result = result[0] if not backward else tuple(r for r in result if r is not None)
             calls[label] = (run, result)
-    times = _times_ms({COPY: scripts.copy_call(nbytes), **{provider: run for provider, (run, _) in calls.items()}})
+    times = times_or_failures_ms({COPY: scripts.copy_call(nbytes), **{provider: run for provider, (run, _) in calls.items()}})
     copy_ms = times[COPY]
     if isinstance(copy_ms, Exception):
         raise copy_ms

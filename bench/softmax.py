@@ -7,9 +7,9 @@ For M = 8192 rows and N in {1024, ..., 32768, 1000, 50257}, fp16 and bf16, it ti
   forward   y = softmax(x)                      bytes: x read + y written      = 2 M N s
   backward  dx from (dy, y) alone               bytes: dy, y read + dx written = 3 M N s
   fwd+bwd   y = softmax(x); y.backward(dy)      bytes: 5 M N s
-(s = element size: the least traffic each pass needs) and reports GB/s. In the same run it times a
-device-to-device copy of as many bytes (copy_ms) and reports each provider's fraction of that
-bandwidth (copy_ms / ms), and its speedup over torch. Results: a table on stdout, softmax.csv /
+(s = element size: the least traffic each pass needs) and reports GB/s. A device-to-device copy of as
+many bytes (copy_ms) is timed with the providers, in interleaved rounds (`times_or_failures_ms`), and each
+provider's fraction of its bandwidth (copy_ms / ms) and speedup over torch are reported. Results: a table on stdout, softmax.csv /
 softmax.json (rows stamped with GPU, torch and fusedops versions) and softmax.png under --out.
 
 --sweep also times the forward and backward over alternative fusedops configs (tile, block,
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from timing import gpu_time_ms, write_rows  # noqa: E402
+from timing import gpu_time_ms, times_or_failures_ms, write_rows  # noqa: E402
 
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
@@ -124,20 +124,22 @@ def bench_shape(dtype_name, n, log, use_compile, repeats):
     element = x.element_size()
     for pass_name, tensors in PASS_BYTES.items():
         nbytes = tensors * M * n * element
-        reference_ms = scripts.copy_ms(nbytes, DEVICE)
-        times, errors = {}, {}
-        for name, fns in table.items():
-            try:
-                times[name] = gpu_time_ms(fns[pass_name], repeats=repeats)
-            except Exception as error:       # a provider that fails (torch.compile refusing a shape) is a row
-                errors[name] = scripts.failure_text(error, 120)
+        # the copy of the same bytes timed in interleaved rounds with the providers: a copy timed apart moved
+        # the fractions by up to 0.15 between runs (session 31, bench/layernorm.py)
+        times = times_or_failures_ms({scripts.COPY: scripts.copy_call(nbytes, DEVICE),
+                                      **{name: fns[pass_name] for name, fns in table.items()}}, repeats=repeats)
+        reference_ms = times[scripts.COPY]
+        if isinstance(reference_ms, Exception):
+            raise reference_ms
+        torch_ms = times.get("torch")
+        torch_ms = None if isinstance(torch_ms, Exception) else torch_ms
         for name in table:
-            if name in times:
+            if not isinstance(times[name], Exception):
                 rows.append(result_row(op, pass_name, n, dtype_name, name, times[name], nbytes, reference_ms,
-                                       times.get("torch")))
-            else:
+                                       torch_ms))
+            else:       # a provider that fails (torch.compile refusing a shape) is a row
                 rows.append({"op": op, "pass": pass_name, "M": M, "N": n, "dtype": dtype_name, "provider": name,
-                             "ms": None, "error": errors[name]})
+                             "ms": None, "error": scripts.failure_text(times[name], 120)})
     return rows
 
 

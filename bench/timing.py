@@ -7,7 +7,7 @@ implementation (CUDA events, warm-up, L2 flush before every run, median of many 
 
 from fusedops.bench.report import environment, write_rows
 from fusedops.bench.timing import (Ceilings, gpu_time_ms, gpu_times_ms, host_time_us, interleaved_gpu_times_ms,
-                                   l2_flusher, measure_ceilings)
+                                   l2_flusher, measure_ceilings, times_or_failures_ms)
 
 __all__ = ["gpu_time_ms", "gpu_times_ms", "host_time_us", "interleaved_gpu_times_ms", "l2_flusher", "Ceilings",
-           "measure_ceilings", "environment", "write_rows"]
+           "measure_ceilings", "environment", "write_rows", "times_or_failures_ms"]

@@ -14,7 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from timing import gpu_time_ms, host_time_us, write_rows  # noqa: E402
+from timing import host_time_us, interleaved_gpu_times_ms, write_rows  # noqa: E402
 
 import fusedops.dsl as dsl  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
@@ -49,13 +49,17 @@ def bandwidth_rows():
             y = torch.randn(n, device="cuda", dtype=dtype)
             out = torch.empty_like(x)
             nbytes = 3 * n * x.element_size()
-            copy_ms = scripts.copy_ms(nbytes)
-            for block, warps in ((1024, 4), (2048, 4), (4096, 8)):
-                ms = gpu_time_ms(lambda: add(x, y, out, block, warps))
+            fns = {f"fusedops(block={block},warps={warps})": (lambda b=block, w=warps: add(x, y, out, b, w))
+                   for block, warps in ((1024, 4), (2048, 4), (4096, 8))}
+            for fn in fns.values():
+                out.fill_(float("nan"))
+                fn()
                 assert torch.equal(out, x + y)
-                rows.append(bandwidth_row(n, dtype, f"fusedops(block={block},warps={warps})", ms, nbytes, copy_ms))
-            torch_ms = gpu_time_ms(lambda: torch.add(x, y, out=out))
-            rows.append(bandwidth_row(n, dtype, "torch.add", torch_ms, nbytes, copy_ms))
+            fns["torch.add"] = lambda: torch.add(x, y, out=out)
+            # the copy of the same bytes in interleaved rounds with the providers (`interleaved_gpu_times_ms`)
+            times = interleaved_gpu_times_ms({scripts.COPY: scripts.copy_call(nbytes), **fns}, rounds=5, warmup=3,
+                                             repeats=50)
+            rows += [bandwidth_row(n, dtype, name, times[name], nbytes, times[scripts.COPY]) for name in fns]
     return rows
 
 

@@ -581,8 +581,12 @@ def test_softmax_script_keeps_the_other_providers_when_one_fails(monkeypatch):
     softmax = _load("softmax")
     monkeypatch.setattr(softmax, "DEVICE", "cpu")
     monkeypatch.setattr(softmax, "M", 4)
-    monkeypatch.setattr(scripts, "copy_ms", lambda nbytes, device="cuda": 1.0)
-    monkeypatch.setattr(softmax, "gpu_time_ms", lambda fn, repeats=30: (fn(), 0.5)[1])
+    monkeypatch.setattr(scripts, "copy_call", lambda nbytes, device="cuda": lambda: None)
+    # the copy and the providers are timed in interleaved rounds (session 32); a raising provider fails the
+    # rounds, and each is then timed alone
+    monkeypatch.setattr(timing, "interleaved_gpu_times_ms",
+                        lambda fns, **options: {name: (fn(), 0.5)[1] for name, fn in fns.items()})
+    monkeypatch.setattr(timing, "gpu_time_ms", lambda fn, **options: (fn(), 0.5)[1])
     original = softmax.providers
 
     def providers_with_a_broken_one(x, dy, log, use_compile):
@@ -608,8 +612,9 @@ def test_layernorm_script_keeps_the_other_providers_when_one_fails(monkeypatch):
     layernorm = _load("layernorm")
     monkeypatch.setattr(layernorm, "M", 4)
     monkeypatch.setattr(scripts, "copy_call", lambda nbytes, device="cuda": lambda: None)
-    monkeypatch.setattr(layernorm, "interleaved_gpu_times_ms",
+    monkeypatch.setattr(timing, "interleaved_gpu_times_ms",
                         lambda fns, **options: {name: (fn(), 0.5)[1] for name, fn in fns.items()})
+    monkeypatch.setattr(timing, "gpu_time_ms", lambda fn, **options: (fn(), 0.5)[1])
 
     def inputs(op, n, dtype):
         x = torch.randn(4, n, dtype=torch.float32)
@@ -634,10 +639,10 @@ def test_layernorm_script_keeps_the_other_providers_when_one_fails(monkeypatch):
     assert not any("not measured" in line for line in layernorm.acceptance(rows))
 
 
-def test_layernorm_script_times_the_others_alone_when_one_raises_in_the_rounds(monkeypatch):
-    """bench/layernorm.py times the copy and the providers in interleaved rounds (session 31); a function that
-    raises there fails the rounds, and each is then timed alone: the one that raised maps to its exception."""
-    layernorm = _load("layernorm")
+def test_the_scripts_time_the_others_alone_when_one_raises_in_the_rounds(monkeypatch):
+    """bench/layernorm.py and bench/softmax.py time the copy and the providers in interleaved rounds (sessions 31,
+    32: fusedops.bench.timing.times_or_failures_ms); a function that raises there fails the rounds, and each is
+    then timed alone: the one that raised maps to its exception."""
     calls = []
 
     def rounds(fns, **options):
@@ -646,12 +651,12 @@ def test_layernorm_script_times_the_others_alone_when_one_raises_in_the_rounds(m
             fn()
         raise AssertionError("unreachable: a function raised")
 
-    monkeypatch.setattr(layernorm, "interleaved_gpu_times_ms", rounds)
-    monkeypatch.setattr(layernorm, "gpu_time_ms", lambda fn: (fn(), 0.25)[1])
+    monkeypatch.setattr(timing, "interleaved_gpu_times_ms", rounds)
+    monkeypatch.setattr(timing, "gpu_time_ms", lambda fn, **options: (fn(), 0.25)[1])
 
     def refuse():
         raise RuntimeError("illegal shape")
-    times = layernorm._times_ms({"copy": lambda: None, "torch": lambda: None, "broken": refuse})
+    times = timing.times_or_failures_ms({"copy": lambda: None, "torch": lambda: None, "broken": refuse})
     assert calls == [["broken", "copy", "torch"]]
     assert times["copy"] == times["torch"] == 0.25
     assert isinstance(times["broken"], RuntimeError) and "illegal shape" in str(times["broken"])

@@ -109,6 +109,10 @@ def output_dir(text: str) -> str:
     return text
 
 
+# The provider name of the copy of the same bytes, timed with the providers (`copy_call`).
+COPY = "copy (same bytes)"
+
+
 def copy_call(nbytes: int, device: str = "cuda") -> Callable[[], object]:
     """A device-to-device copy moving `nbytes` (nbytes / 2 read, nbytes / 2 written), as a function to
     time: the bandwidth a memory-bound op moving `nbytes` is compared with."""

@@ -77,6 +77,24 @@ def interleaved_gpu_times_ms(fns: Dict[str, Callable[[], object]], *, rounds: in
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def times_or_failures_ms(fns: Dict[str, Callable[[], object]], *, rounds: int = 5, warmup: int = 3,
+                         repeats: int = 50) -> Dict[str, object]:
+    """name -> the median GPU time in ms of each of `fns`, timed in interleaved rounds
+    (`interleaved_gpu_times_ms`); where a function raises, each is timed alone instead (`gpu_time_ms`) and
+    the one that raised maps to its exception, so that one failing provider costs its own row, not the
+    others' side-by-side timing."""
+    try:
+        return interleaved_gpu_times_ms(fns, rounds=rounds, warmup=warmup, repeats=repeats)
+    except Exception:
+        times: Dict[str, object] = {}
+        for name, fn in fns.items():
+            try:
+                times[name] = gpu_time_ms(fn, warmup=warmup, repeats=repeats)
+            except Exception as failure:
+                times[name] = failure
+        return times
+
+
 def host_time_us(fn: Callable[[], object], *, calls: int = 2000, rounds: int = 7) -> float:
     """Median host time per call of `fn()` in microseconds (the launch loop, synchronized after)."""
     for _ in range(100):
