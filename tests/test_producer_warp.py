@@ -5,7 +5,7 @@ CPU tier:
   - the pass's IR: one `producer_warp` before the loop whose loop issues every fill after waiting on the empty
     barrier; the consumer loop only waits for full slots and releases them (right after an in-flight dot);
     no fill issued anywhere else; loops after a memory access keep FUSEDOPS_WS=1's schedule;
-  - the sm_90a PTX of the library's TMA kernels (one program per tile, persistent): one more warp launched
+  - the sm_90a PTX of the library's TMA kernels (one program per tile, persistent): 4 more warps launched
     (`.maxntid`, CompiledKernel.launch_warps, kept by the disk cache), the consumers' barriers named and
     counted (`bar.sync 1, 32 * num_warps`), none in the K loop, ptxas with no spills for every wgmma config;
   - the knob's modes. (The full/empty protocol with a producer warp is simulated in test_warp_specialization.)
@@ -23,6 +23,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.ir import OpCode
 from fusedops.dsl.passes.manager import run_pipeline
 from fusedops.dsl.passes.pipeline import default_pipeline
+from fusedops.dsl.codegen.async_copy import PRODUCER_WARPS, producer_registers
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
 from fusedops.kernels import matmul_persistent as mp
@@ -108,7 +109,7 @@ def test_a_memory_access_before_the_loop_keeps_the_consumer_issuing(producer_war
 def test_the_knob_modes():
     from fusedops.dsl.runtime import knobs
     assert [knobs.current({"FUSEDOPS_WS": mode}).ws for mode in ("0", "1", "2")] == [0, 1, 2]
-    with pytest.raises(ValueError, match="FUSEDOPS_WS.*producer warp"):
+    with pytest.raises(ValueError, match="FUSEDOPS_WS.*producer warpgroup"):
         knobs.current({"FUSEDOPS_WS": "3"})
 
 
@@ -136,8 +137,14 @@ def _consumer_k_loop(ptx: str) -> str:
 
 def _check_ptx(compiled, num_warps: int) -> None:
     ptx = compiled.asm["ptx"]
-    assert compiled.launch_warps == num_warps + 1
-    assert f".maxntid {32 * (num_warps + 1)}, 1, 1" in ptx
+    assert compiled.launch_warps == num_warps + PRODUCER_WARPS
+    assert f".maxntid {32 * (num_warps + PRODUCER_WARPS)}, 1, 1" in ptx
+    registers = producer_registers(num_warps)
+    if registers is None:
+        assert "setmaxnreg" not in ptx
+    else:       # the producer gives registers back before its loop, the consumers take them before theirs
+        assert ptx.count(f"setmaxnreg.dec.sync.aligned.u32 {registers[0]};") == 1
+        assert ptx.count(f"setmaxnreg.inc.sync.aligned.u32 {registers[1]};") == 1
     # every thread before the loops (the barriers' initialization); the consumers' named barrier after
     split = ptx.index("mbarrier.try_wait.parity")
     assert "bar.sync \t0;" in ptx[:split] and "bar.sync \t0;" not in ptx[split:]
@@ -168,7 +175,7 @@ def test_the_disk_cache_keeps_the_producer_warp(producer_warp):
     config = mm.WGMMA_CONFIGS[2]
     first = _compile_tma(config)
     again = _compile_tma(config)            # a new JIT function: read back from the disk cache
-    assert first.asm["ptx"] == again.asm["ptx"] and again.launch_warps == first.launch_warps == config.num_warps + 1
+    assert first.asm["ptx"] == again.asm["ptx"] and again.launch_warps == first.launch_warps == config.num_warps + 4
     producer_warp.setenv("FUSEDOPS_WS", "0")
     assert _compile_tma(config).launch_warps == config.num_warps
 

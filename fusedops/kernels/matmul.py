@@ -38,13 +38,15 @@ FUSEDOPS_WS=1 (read at compile time, runtime/knobs.py) replaces the K loop's CTA
 "empty" mbarriers (passes/pipelining.py); the default stays 0: on the H200 (session 29, bench/matmul.py, the
 persistent kernel, x cuBLAS in the same run) 1 was slower, fp16 4096^3 0.99 -> 0.92, bf16 1.00 -> 0.93, 8192^3
 fp16 1.02 -> 0.90, bf16 0.97 -> 0.93.
-FUSEDOPS_WS=2 (a producer warp issues the ring's copies, the 8 consumer warps never wait for a release): correct
+FUSEDOPS_WS=2 (a producer warpgroup issues the ring's copies, the 8 consumer warps never wait for a release): correct
 (tests/test_producer_warp.py, GPU tier) but slower too; session 32 (H200, persistent kernel x cuBLAS timed
 interleaved in one process, two runs): 128x256x64 s4 fp16 4096^3 0.997-1.000 -> 0.90-0.94, 8192^3 1.005-1.013 -> 0.92, bf16 0.998-1.000
 -> 0.92-0.93, 1.010-1.016 -> 0.90-0.93; 256x128x64 alike. A CTA barrier added back to its K loop changed nothing (the
 lockstep is not what 0 gains), nor did 3 stages (0.92: the producer warp hides the ring's depth, where 3 stages under 0
 give 0.72), nor BLOCK_K = 32 with 6-8 stages (0.70 under 0 and 2: the wgmmas in flight per step, not the barrier,
-bound those).
+bound those). Those runs had one producer warp (168 registers per thread for 9 warps); the producer warpgroup that
+gives the consumers 240 registers (setmaxnreg) measured the same: 4096^3 0.905-0.927, 8192^3 0.90-0.94 (both dtypes,
+both tiles).
 Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
 
 Configs are autotuned per (M, N, K, dtypes, device) among `CONFIGS` (fusedops.dsl.autotune) for

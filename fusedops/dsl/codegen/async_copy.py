@@ -36,6 +36,7 @@ from .registry import lowering
 from .shared import align_shared_memory, barrier, shared_base
 from . import tma
 from .control import lower_block
+from ..passes import pipelining
 from .wgmma import WGMMA_ALIGN, SharedOperand, fence_generic_to_async
 
 BUFFER_ALIGN = 128
@@ -288,20 +289,51 @@ def _mbarrier_arrive(ctx, op):
         tma.mbarrier_arrive(b, barriers.tile_pointer(ctx, ctx.get(op.operands[1])))
 
 
+# The producer warpgroup (FUSEDOPS_WS=2): its warps, and the registers per thread it keeps where the CTA's
+# register file is shared out again (`producer_registers`): the least setmaxnreg takes, which its loop fits in
+# (ptxas: no spills); the consumers of 8 warps then get 240 (232 with 40: the persistent matmul's bias + gelu
+# epilogue into float32 spilled 72 bytes, against 32 here and 16 under FUSEDOPS_WS=0's 255).
+PRODUCER_WARPS = pipelining.PRODUCER_WARPS
+PRODUCER_REGISTERS = 24
+# The registers of one SM (and at most of one CTA) on sm_90, and the most a thread may use.
+REGISTER_FILE = 65536
+MAX_THREAD_REGISTERS = 255
+
+
+def producer_registers(num_warps: int):
+    """(producer, consumer) per-thread register maxima for `setmaxnreg` in a CTA of num_warps consumer warps
+    and the producer warpgroup, or None where the launch already grants each thread the most it may use
+    (ptxas sizes a kernel's registers for its `.maxntid` threads: 65536 / 384 -> 168 for 8 + 4 warps, so
+    the consumers of 8 warps get 240 of them, from the producer's 128 threads)."""
+    threads = 32 * (num_warps + PRODUCER_WARPS)
+    if REGISTER_FILE // threads >= MAX_THREAD_REGISTERS:
+        return None
+    consumers = (REGISTER_FILE - 32 * PRODUCER_WARPS * PRODUCER_REGISTERS) // (32 * num_warps) // 8 * 8
+    return PRODUCER_REGISTERS, min(consumers, 240)
+
+
 @lowering(OpCode.PRODUCER_WARP)
 def _producer_warp(ctx, op):
-    """Warp num_warps (threads 32 * num_warps on: the launch adds it, codegen/kernel.py) runs the region
-    with its lane 0 as the issuing thread, then returns; the num_warps warps go on with the rest of the
-    kernel, whose CTA barriers from here on are the consumers' named barrier (shared.barrier)."""
+    """The producer warpgroup (warps num_warps .. num_warps + 3: the launch adds them, codegen/kernel.py)
+    runs the region with the lane 0 of its first warp as the issuing thread, then returns; the num_warps
+    warps go on with the rest of the kernel, whose CTA barriers from here on are the consumers' named
+    barrier (shared.barrier). Where the launch grants fewer registers than a thread may use, the producer
+    gives most of its own back and the consumers take them (`producer_registers`, setmaxnreg: the
+    register reallocation of CUTLASS 3's warp-specialized kernels)."""
     b = ctx.builder
     consumers = 32 * ctx.num_warps
+    registers = producer_registers(ctx.num_warps)
     producer_bb = b.append_basic_block("producer")
     consumer_bb = b.append_basic_block("consumers")
     b.cbranch(b.icmp_unsigned(">=", ctx.thread_id, ir.Constant(T.i32, consumers)), producer_bb, consumer_bb)
     b.position_at_end(producer_bb)
+    if registers is not None:
+        tma.setmaxnreg(b, registers[0], increase=False)
     ctx.issuing_thread = consumers
     lower_block(ctx, op.regions[0])
     ctx.issuing_thread = 0
     b.ret_void()
     b.position_at_end(consumer_bb)
+    if registers is not None:
+        tma.setmaxnreg(b, registers[1], increase=True)
     ctx.barrier_threads = consumers

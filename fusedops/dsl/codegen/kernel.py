@@ -33,7 +33,7 @@ class LoweredKernel:
     parameter_types: tuple   # the dsl type of each kernel parameter, in order
     tensor_maps: tuple = ()  # runtime.tensor_map.TensorMapParam of each tensor-map parameter, after those
     cluster_size: int = 1    # dsl.cluster_dims: CTAs per cluster along grid axis 0
-    producer_warps: int = 0  # warps launched beyond num_warps (a TMA ring's producer warp: OpCode.PRODUCER_WARP)
+    producer_warps: int = 0  # warps launched beyond num_warps (a TMA ring's producer warpgroup: OpCode.PRODUCER_WARP)
 
 
 def _parameter_type(type_):
@@ -69,7 +69,7 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
     cluster = cluster_size(function)
     clustered = cluster > 1 and arch_number(arch) >= 90      # older GPUs launch the same grid without clusters
-    producer_warps = int(any(op.opcode == OpCode.PRODUCER_WARP for op in function.walk()))
+    producer_warps = async_copy.PRODUCER_WARPS if any(op.opcode == OpCode.PRODUCER_WARP for op in function.walk()) else 0
     launched = num_warps + producer_warps
     T.mark_kernel(fn, max_threads=32 * launched, min_blocks_per_sm=_min_blocks_per_sm(function, launched),
                   extra={"nvvm.cluster_dim": f"{cluster},1,1"} if clustered else None)

@@ -220,6 +220,16 @@ def prefetch_tensor_map(builder: ir.IRBuilder, tensor_map) -> None:
     _asm(builder, "prefetch.tensormap [$0];", "l", [tensor_map])
 
 
+def setmaxnreg(builder: ir.IRBuilder, registers: int, increase: bool) -> None:
+    """`setmaxnreg.{inc,dec}.sync.aligned.u32 registers` (sm_90a; PTX ISA 9.7.19.5): the executing warpgroup's
+    per-thread register maximum raised from the CTA's pool (blocking until it has them) or lowered into it;
+    every warp of the warpgroup executes it. registers: a multiple of 8 from 24 to 256."""
+    if registers % 8 or not 24 <= registers <= 256:
+        raise ValueError(f"setmaxnreg takes a multiple of 8 from 24 to 256, got {registers}")
+    action = "inc" if increase else "dec"
+    _asm(builder, f"setmaxnreg.{action}.sync.aligned.u32 {registers};", "", [])
+
+
 def mbarrier_inval(builder: ir.IRBuilder, barrier) -> None:
     """`mbarrier.inval.shared::cta.b64 [barrier]`: required before the barrier's memory is reused."""
     _asm(builder, "mbarrier.inval.shared::cta.b64 [$0];", "r", [builder.ptrtoint(barrier, T.i32)])

@@ -53,7 +53,7 @@ Operand conventions (checked by `verifier.py`):
 | MBARRIER_WAIT | barriers, index (int32), phase (int32) | cta_barrier, cluster_wait, issuer | - (waits for phase parity `phase` of barrier `index`, then a CTA barrier unless cta_barrier=False, or with cluster_wait=True the wait half of a cluster barrier; issuer=True: only the thread that issues the TMA copies waits) |
 | CLUSTER_BARRIER | - | half | - (barrier.cluster: every thread of the cluster's CTAs arrives (relaxed) when half="arrive", waits (acquire) when half="wait", both (release / acquire) without half) |
 | MBARRIER_ARRIVE | barriers, index (int32), predicate (int1) | - | - (where predicate: one arrival per warp on barrier `index`; the "empty" barriers of a TMA ring, FUSEDOPS_WS) |
-| PRODUCER_WARP | - | - | - (region 0: what one extra warp of the CTA, the producer, runs instead of the rest of the kernel: a TMA ring's copies; the num_warps warps skip it, and their barriers from here on leave the producer out; inserted by pipelining, FUSEDOPS_WS=2) |
+| PRODUCER_WARP | - | - | - (region 0: what 4 extra warps of the CTA, the producer warpgroup, run instead of the rest of the kernel: a TMA ring's copies; the num_warps warps skip it, and their barriers from here on leave the producer out; inserted by pipelining, FUSEDOPS_WS=2) |
 | CLUSTER_SUM | values... (blocks or scalars, float32/64 or int32/64) | - | one per value, its type: the sum over the programs of the cluster, in rank order (`dsl.cluster_sum`) |
 """
 

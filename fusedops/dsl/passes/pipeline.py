@@ -26,7 +26,7 @@ def default_pipeline(num_warps: int, arch=None, num_stages: int = 1) -> list:
     ("sm_80", "sm_90a", ...; None: no target, so `dot` stays on the FMA path)."""
     layouts = functools.partial(assign_layouts, num_warps=num_warps, arch=arch)
     layouts.__name__ = "assign_layouts"
-    pipelining = functools.partial(pipeline_loops, num_stages=num_stages)
+    pipelining = functools.partial(pipeline_loops, num_stages=num_stages, num_warps=num_warps)
     pipelining.__name__ = "pipeline_loops"
     descriptors = functools.partial(expand_descriptor_loads, arch=arch)
     descriptors.__name__ = "expand_descriptor_loads"

@@ -101,11 +101,12 @@ has still to do: no cycle. Fills past the loop's end are not issued; the release
 waits for leave phases pending, which mbarrier.inval at the dealloc discards.
 tests/test_warp_specialization.py simulates this protocol (ragged trip counts, 0 and 1 steps).
 
-TMA with FUSEDOPS_WS=2: the same barriers, with a producer warp (`_pipeline_with_producer_warp`): one more
-warp of the CTA runs a `producer_warp` region before the loop, a loop of its own that waits on the empty
+TMA with FUSEDOPS_WS=2: the same barriers, with a producer warpgroup (`_pipeline_with_producer_warp`): 4
+more warps of the CTA run a `producer_warp` region before the loop, a loop of its own that waits on the empty
 barriers and issues every fill, then leaves the kernel; the consumer warps only wait for full slots and
 release them. Only for a loop of the kernel's top-level block with nothing but register computations
-before it (the producer warp runs those too); elsewhere 1's schedule. tests/test_producer_warp.py.
+before it (the producer runs those too); elsewhere 1's schedule. The producer gives most of its registers
+to the consumers (setmaxnreg, codegen/async_copy.py). tests/test_producer_warp.py.
 
 TMA multicast (`desc.load(..., multicast=True)` in a kernel with `dsl.cluster_dims(n)`, n > 1): the n CTAs of
 a cluster load the same tile, so each copies 1/n of it (`_with_multicast`: its share of the boxes, or of
@@ -178,7 +179,7 @@ class _Candidate:
         return attrs
 
 
-def pipeline_loops(function: Function, num_stages: int) -> bool:
+def pipeline_loops(function: Function, num_stages: int, num_warps: int = 4) -> bool:
     """Pipeline every `for` loop with qualifying dot-operand loads `num_stages` deep (see the
     module docstring). num_stages < 2 does nothing. Returns whether the IR changed. A TMA ring
     synchronizes as FUSEDOPS_WS says (runtime/knobs.py)."""
@@ -195,7 +196,7 @@ def pipeline_loops(function: Function, num_stages: int) -> bool:
         if candidates:
             overlapped = _overlappable_dot(loop, candidates, uses, num_stages)
             if candidates[0].tma is not None and mode >= 1 and not any(c.multicast for c in candidates):
-                if mode == 2 and cluster == 1 and _producer_warp_fits(function, loop):
+                if mode == 2 and cluster == 1 and _producer_warp_fits(function, loop, num_warps):
                     _pipeline_with_producer_warp(loop, candidates, num_stages, overlapped)
                 else:
                     _pipeline_with_empty_barriers(loop, candidates, num_stages, overlapped)
@@ -689,18 +690,25 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     _finish(loop, overlapped, [empty, full] + buffers)
 
 
-# Ops that may come before a loop given a producer warp (`_producer_warp_fits`): every warp of the CTA runs
+# Ops that may come before a loop given a producer (`_producer_warp_fits`): every warp of the CTA runs
 # them, the producer too, whose warp index lies outside the block layouts; these touch no memory.
-_BEFORE_PRODUCER_OPS = _ADDRESS_OPS | frozenset({OpCode.LAUNCH_BOUNDS, OpCode.LOCAL_ALLOC})
+_BEFORE_PRODUCER_OPS = _ADDRESS_OPS | frozenset({OpCode.LOCAL_ALLOC})
+# The most threads a CTA may have; the producer warpgroup's warps.
+MAX_CTA_THREADS = 1024
+PRODUCER_WARPS = 4
 
 
-def _producer_warp_fits(function: Function, loop: Operation) -> bool:
-    """Whether `loop` may take a producer warp (FUSEDOPS_WS=2): it is an op of the kernel's top-level
-    block, after nothing but pure register computations (the producer warp runs them too, then leaves the
-    kernel: no memory access, shared-memory exchange or barrier of the other warps may come before), and
-    no other loop of the kernel took one (one producer warp per kernel)."""
+def _producer_warp_fits(function: Function, loop: Operation, num_warps: int) -> bool:
+    """Whether `loop` may take a producer warpgroup (FUSEDOPS_WS=2): it is an op of the kernel's top-level
+    block, after nothing but pure register computations (the producer runs them too, then leaves the
+    kernel: no memory access, shared-memory exchange or barrier of the other warps may come before); no
+    other loop of the kernel took one (one per kernel); the CTA stays within 1024 threads with its 4 more
+    warps; and the kernel asks for no `dsl.launch_bounds` (its CTAs per SM and register cap were meant for
+    num_warps warps)."""
     body = function.body
-    if loop.parent is not body:
+    if loop.parent is not body or 32 * (num_warps + PRODUCER_WARPS) > MAX_CTA_THREADS:
+        return False
+    if any(op.opcode == OpCode.LAUNCH_BOUNDS for op in function.walk()):
         return False
     before = body.ops[:body.ops.index(loop)]
     if not all(op.opcode in _BEFORE_PRODUCER_OPS and not op.regions for op in before):
@@ -710,9 +718,9 @@ def _producer_warp_fits(function: Function, loop: Operation) -> bool:
 
 def _pipeline_with_producer_warp(loop: Operation, candidates: list, num_stages: int,
                                  overlapped: Optional[_Overlap]) -> None:
-    """Rewrite `loop`, whose candidates are all TMA copies, with a producer warp (FUSEDOPS_WS=2): the
+    """Rewrite `loop`, whose candidates are all TMA copies, with a producer warpgroup (FUSEDOPS_WS=2): the
     full and empty mbarriers of `_pipeline_with_empty_barriers`, but the copies of every iteration are
-    issued by one more warp of the CTA, which runs only the `producer_warp` region before the loop:
+    issued by 4 more warps of the CTA (lane 0 of the first), which run only the `producer_warp` region:
 
         producer_warp {
             for %j in range(%lb, %ub, STEP) iter(%write = 0, %write_phase = 0):

@@ -75,7 +75,7 @@ def load(key: str) -> Optional[dict]:
 def _well_formed(entry) -> bool:
     """An entry as `compiler.compile_function` stores it: the strings, integers and lists it reads back (an
     entry edited by hand or by another tool is treated as missing, not trusted): non-empty PTX, a cluster
-    of at least one CTA, tensor map params that `TensorMapParam.from_json` reads back."""
+    of at least one CTA, 0 to 32 producer warps, tensor map params that `TensorMapParam.from_json` reads back."""
     from .tensor_map import TensorMapParam
 
     def integer(value, least=0):
@@ -90,6 +90,7 @@ def _well_formed(entry) -> bool:
     return (isinstance(entry, dict) and entry.get("format") == _FORMAT
             and all(isinstance(entry.get(field), str) for field in ("name", "ir", "llir", "ptx"))
             and bool(entry["ptx"]) and integer(entry.get("shared_bytes")) and integer(entry.get("cluster_size", 1), 1)
+            and integer(entry.get("producer_warps", 0)) and entry.get("producer_warps", 0) <= 32
             and isinstance(entry.get("tensor_maps", []), list)
             and all(tensor_map(m) for m in entry.get("tensor_maps", [])))
 

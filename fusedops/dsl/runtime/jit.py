@@ -335,7 +335,7 @@ class JITFunction:
         launcher = entry.compiled.launcher(device_index)
         while not hasattr(launcher, "kernel"):      # a wrapper (tensor maps) of the driver's launcher
             launcher = launcher.launcher
-        return max_active_clusters(launcher.kernel, num_warps, entry.compiled.shared_bytes,
+        return max_active_clusters(launcher.kernel, entry.compiled.launch_warps, entry.compiled.shared_bytes,
                                    entry.compiled.cluster_size)
 
     def _meta(self, args: tuple, kwargs: dict, num_warps: int, num_stages: int) -> dict:

@@ -28,7 +28,8 @@ FUSEDOPS_WS (sm_90a TMA rings, passes/pipelining.py): 0 = one CTA barrier per K 
 refills the slot (the shipped schedule); 1 = per-stage "empty" mbarriers that every warp arrives on
 once its wgmma reading the stage retired, thread 0 waiting on them before it refills (no CTA barrier
 in the loop, one more stage in flight; rings filled by multicast copies keep 0's schedule, with a
-cluster barrier); 2 = 1's barriers with a producer warp: one more warp in the CTA issues every copy of
+cluster barrier); 2 = 1's barriers with a producer warpgroup: 4 more warps in the CTA, whose first lane
+issues every copy of
 the ring, waiting on the empty barriers itself, and the num_warps consumer warps only wait for full
 slots and release them (where the loop qualifies: passes/pipelining.py `_producer_warp_fits`; else as
 1). Part of the compile cache key.
@@ -79,7 +80,7 @@ def _parse_ws(variable: str, text: str) -> int:
     if value in ("", "0", "1", "2"):
         return int(value or 0)
     raise ValueError(f"{variable}={text!r} is not a K-loop synchronization mode; use 0 (a CTA barrier per "
-                     "step), 1 (per-stage empty mbarriers) or 2 (a producer warp)")
+                     "step), 1 (per-stage empty mbarriers) or 2 (a producer warpgroup)")
 
 
 def _knob(variable: str, parse: Callable[[str, str], object], default):
