@@ -43,8 +43,8 @@ FUSEDOPS_WS=2 (a producer warpgroup issues the ring's copies, the 8 consumer war
 interleaved in one process, two runs): 128x256x64 s4 fp16 4096^3 0.997-1.000 -> 0.90-0.94, 8192^3 1.005-1.013 -> 0.92, bf16 0.998-1.000
 -> 0.92-0.93, 1.010-1.016 -> 0.90-0.93; 256x128x64 alike. A CTA barrier added back to its K loop changed nothing (the
 lockstep is not what 0 gains), nor did 3 stages (0.92: the producer warp hides the ring's depth, where 3 stages under 0
-give 0.72), nor BLOCK_K = 32 with 6-8 stages (0.70 under 0 and 2: the wgmmas in flight per step, not the barrier,
-bound those). Those runs had one producer warp (168 registers per thread for 9 warps); the producer warpgroup that
+give 0.72), nor BLOCK_K = 32 with 6-8 stages (0.70 under 0 and 2, and under 0 with 2-5 wgmma groups left in flight
+instead of 1: neither the barrier nor the wgmma queue bounds those; a 32-column A tile takes the 64-byte swizzle). Those runs had one producer warp (168 registers per thread for 9 warps); the producer warpgroup that
 gives the consumers 240 registers (setmaxnreg) measured the same: 4096^3 0.905-0.927, 8192^3 0.90-0.94 (both dtypes,
 both tiles).
 Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
