@@ -10,8 +10,7 @@ Defects found and fixed in session 32 (the tests below pass now): num_warps=32 (
 branch folded away: such loops keep WS=1's ring); launch_bounds ignored the extra warp (a kernel with it keeps WS=1's
 ring); one extra warp capped every thread at 168 registers (the persistent bias + silu epilogue spilled 768 bytes:
 now a producer warpgroup gives its registers to the consumers with setmaxnreg); max_active_clusters asked about
-num_warps; the cache's producer_warps was not validated. Left (strict xfail): no interpreter rule for
-`producer_warp`.
+num_warps; the cache's producer_warps was not validated; the interpreter had no rule for `producer_warp`.
 GPU tier (`-m cuda`, H200; references checked here in the interpreter): the crafted kernels and the persistent kernel
 (transposed, bias + gelu, float32 C) under WS=2 against float64, NaN-poisoned outputs.
 """
@@ -346,11 +345,13 @@ def test_interpret_mode_is_unaffected(producer_warp, seed):
     assert_close(c[0], a.double() @ b.double(), torch.float16)
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason="interpreter/rules_descriptors.py has no rule "
-                   "for producer_warp: WS=2's pipelined IR cannot be run against the original as WS=1's is")
-def test_producer_warp_ir_runs_in_the_interpreter(producer_warp, seed):
-    a, b, c, _, _ = _launch_args(70, 32, 160, seed=seed)
-    interpret_pipelined_tma_matmul(c, a, b, 3, OpCode.PRODUCER_WARP)
+@pytest.mark.parametrize("m,n,k,num_stages", [(70, 32, 160, 3), (64, 48, 160, 2), (65, 40, 0, 4), (100, 48, 16, 4),
+                                              (33, 36, 48, 2), (64, 32, 320, 4)], ids=str)
+def test_producer_warp_ir_runs_in_the_interpreter(m, n, k, num_stages, producer_warp, seed):
+    """WS=2's pipelined IR in the interpreter (the producer's loop first, each full wait landing its slot's oldest
+    copy; NaN poison before): a wrong slot, phase or missing fill shows. Ragged M/N/K, K < BLOCK_K, K = 0."""
+    a, b, c, _, _ = _launch_args(m, n, k, seed=seed)
+    interpret_pipelined_tma_matmul(c, a, b, num_stages, OpCode.PRODUCER_WARP)
     assert_close(c[0], a.double() @ b.double(), torch.float16)
 
 

@@ -1,6 +1,7 @@
 """Rules for tensor-descriptor loads and stores (`desc.load(offsets)`, `desc.store(offsets, value)`: the
 frontend's DESCRIPTOR_LOAD / DESCRIPTOR_STORE, and TMA_STORE, a store the copy engine does) and for the
-TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT, MBARRIER_ARRIVE, CLUSTER_BARRIER), so
+TMA ops the pipelining pass puts in their place (TMA_COPY, MBARRIER_WAIT, MBARRIER_ARRIVE, CLUSTER_BARRIER,
+PRODUCER_WARP), so
 a pipelined function can be run and compared with the original.
 
 A descriptor load reads the box at the offsets; elements outside [0, shape) per dim are zeros and
@@ -94,11 +95,24 @@ def _tma_copy(ctx, op, buffer, index, barriers, base, shape0, shape1, stride0, s
 @register(OpCode.MBARRIER_WAIT)
 def _mbarrier_wait(ctx, op, barriers, index, phase):
     pending = ctx.env.setdefault(_PENDING, [])
-    # Only the copies completing on this barrier array land (a ring's "empty" barriers have none).
-    for item in [p for p in pending if p[1] == int(index) and p[3] is barriers]:
-        buffer, slot, box, _ = item
-        buffer[slot] = box
-        pending.remove(item)
+    # Per ring buffer, the oldest copy into this slot completing on this barrier array lands (a ring's "empty"
+    # barriers have none): the ring's phases order a slot's fills so on the GPU, and a producer's loop, run to
+    # its end first (`_producer_warp`), leaves several queued per slot.
+    landed = []         # buffers (one per operand ring) whose oldest copy into the slot landed
+    for position, (buffer, slot, box, on) in enumerate(pending):
+        if slot == int(index) and on is barriers and not any(buffer is other for other in landed):
+            buffer[slot] = box
+            landed.append(buffer)
+            pending[position] = None
+    pending[:] = [p for p in pending if p is not None]
+
+
+@register(OpCode.PRODUCER_WARP)
+def _producer_warp(ctx, op):
+    # The producer warpgroup's loop (FUSEDOPS_WS=2) runs to its end before the consumers go on: its copies queue
+    # in issue order and each full wait of the consumers lands the oldest of its slot; its own waits on the
+    # empty barriers land nothing.
+    ctx.run_region(op.regions[0])
 
 
 @register(OpCode.MBARRIER_ARRIVE)
