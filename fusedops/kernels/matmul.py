@@ -46,7 +46,11 @@ lockstep is not what 0 gains), nor did 3 stages (0.92: the producer warp hides t
 give 0.72), nor BLOCK_K = 32 with 6-8 stages (0.70 under 0 and 2, and under 0 with 2-5 wgmma groups left in flight
 instead of 1: neither the barrier nor the wgmma queue bounds those; a 32-column A tile takes the 64-byte swizzle). Those runs had one producer warp (168 registers per thread for 9 warps); the producer warpgroup that
 gives the consumers 240 registers (setmaxnreg) measured the same: 4096^3 0.905-0.927, 8192^3 0.90-0.94 (both dtypes,
-both tiles).
+both tiles). Nsight Compute (fp16 4096^3, one launch each): 183 us under 0, 196 us under 2; the consumers' samples
+sit at WARPGROUP.DEPBAR.LE 1 (the previous step's wgmma: 36% under 2, 1.5% under 0, whose warps wait at the CTA
+barrier instead, 28%) and in the full barrier's try_wait retries (12% against 9%: tiles land later), the tensor
+pipe is full less often (gmma stall 0.55 warps per issue against 1.35) and the MIO queue throttles 4x more (1.22
+against 0.28). Where the lateness comes from is open.
 Prepared launches (`prepare_matmul`) are made for the setting in force when they are prepared.
 
 Configs are autotuned per (M, N, K, dtypes, device) among `CONFIGS` (fusedops.dsl.autotune) for
