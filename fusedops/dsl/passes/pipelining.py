@@ -642,6 +642,38 @@ def _pipeline(loop: Operation, candidates: list, num_stages: int, overlapped: Op
     _finish(loop, overlapped, ([barriers] if barriers is not None else []) + buffers, multicast)
 
 
+def _ring_with_empty_barriers(before: Inserter, candidates: list, num_stages: int) -> tuple:
+    """(ring buffers, full barriers, empty barriers) of a TMA ring whose slots are released through per-stage
+    "empty" mbarriers, one arrival per warp (FUSEDOPS_WS >= 1)."""
+    buffers = _allocate_ring(before, candidates, num_stages)
+    full = _full_barriers(before, candidates, num_stages)
+    empty = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
+                         {"mbarrier_per_warp": True})
+    return buffers, full, empty
+
+
+def _wait_full(body: Block, candidates: list, buffers: list, full: Value, read: Value, read_phase: Value) -> None:
+    """At the head of the loop body: every thread waits until slot `read` landed (no CTA barrier), and the
+    candidates read it from the ring."""
+    Inserter(body, body.ops[0]).op(OpCode.MBARRIER_WAIT, [full, read, read_phase], [], {"cta_barrier": False})
+    _read_from_ring(body, candidates, buffers, read)
+
+
+def _release(at: Inserter, empty: Value, slot: Value, induction: Value, lower: Value, lag: int) -> None:
+    """One arrival per warp on slot `slot`'s empty barrier: the wgmma that read it retired (with lag = 1, the
+    previous iteration's, so the first iteration releases nothing)."""
+    released = (at.value(OpCode.NE, [induction, lower], int1) if lag
+                else at.value(OpCode.CONSTANT, [], int1, {"value": True}))
+    at.op(OpCode.MBARRIER_ARRIVE, [empty, slot, released], [])
+
+
+def _wait_released(at: Inserter, empty: Value, slot: Value, write_phase: Value) -> None:
+    """The issuing thread waits until slot `slot` was released for its fill of parity `write_phase` (the
+    release of the fill before it; a fresh slot's "phase before phase 0" passes at once)."""
+    waited = at.value(OpCode.XOR, [write_phase, at.constant(1)], int32)
+    at.op(OpCode.MBARRIER_WAIT, [empty, slot, waited], [], {"cta_barrier": False, "issuer": True})
+
+
 def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages: int,
                                   overlapped: Optional[_Overlap]) -> None:
     """Rewrite `loop`, whose candidates are all TMA copies, with per-stage full and empty mbarriers
@@ -655,10 +687,7 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     lag = 0 if overlapped is None else 1
     ahead_by = num_stages - lag
     before = Inserter(outer, loop)
-    buffers = _allocate_ring(before, candidates, num_stages)
-    full = _full_barriers(before, candidates, num_stages)
-    empty = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
-                         {"mbarrier_per_warp": True})
+    buffers, full, empty = _ring_with_empty_barriers(before, candidates, num_stages)
 
     def issue(at: Inserter, index: Value, iteration: Value) -> None:
         for candidate, buffer in zip(candidates, buffers):
@@ -671,16 +700,11 @@ def _pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages:
     write = _carry(loop, before, "write_stage", ahead_by % num_stages)
     write_phase = _carry(loop, before, "write_phase", (ahead_by // num_stages) & 1)
 
-    head = Inserter(body, body.ops[0])
-    head.op(OpCode.MBARRIER_WAIT, [full, read, read_phase], [], {"cta_barrier": False})
-    _read_from_ring(body, candidates, buffers, read)
+    _wait_full(body, candidates, buffers, full, read, read_phase)
 
     tail = Inserter(body, body.terminator)
-    released = (tail.value(OpCode.NE, [induction, lower], int1) if lag
-                else tail.value(OpCode.CONSTANT, [], int1, {"value": True}))
-    tail.op(OpCode.MBARRIER_ARRIVE, [empty, write, released], [])
-    waited = tail.value(OpCode.XOR, [write_phase, tail.constant(1)], int32)
-    tail.op(OpCode.MBARRIER_WAIT, [empty, write, waited], [], {"cta_barrier": False, "issuer": True})
+    _release(tail, empty, write, induction, lower, lag)
+    _wait_released(tail, empty, write, write_phase)
     issue(tail, write, tail.value(OpCode.ADD, [induction, tail.constant(ahead_by * step_value)], int32))
 
     next_read = _next_index(tail, read, num_stages)
@@ -746,25 +770,18 @@ def _pipeline_with_producer_warp(loop: Operation, candidates: list, num_stages: 
     induction = body.args[0]
     lag = 0 if overlapped is None else 1
     before = Inserter(outer, loop)
-    buffers = _allocate_ring(before, candidates, num_stages)
-    full = _full_barriers(before, candidates, num_stages)
-    empty = before.value(OpCode.LOCAL_ALLOC, [], SharedBufferType(num_stages, (1,), int64),
-                         {"mbarrier_per_warp": True})
+    buffers, full, empty = _ring_with_empty_barriers(before, candidates, num_stages)
     _insert_producer(outer, loop, candidates, buffers, full, empty, num_stages)
 
     read = _carry(loop, before, "read_stage", 0)
     read_phase = _carry(loop, before, "read_phase", 0)
     release = _carry(loop, before, "release_stage", -lag % num_stages)
-    head = Inserter(body, body.ops[0])
-    head.op(OpCode.MBARRIER_WAIT, [full, read, read_phase], [], {"cta_barrier": False})
-    _read_from_ring(body, candidates, buffers, read)
+    _wait_full(body, candidates, buffers, full, read, read_phase)
     tail = Inserter(body, body.terminator)
     # an in-flight wgmma's slot is released right after the dot (its wait_group 1 retired the previous
     # one), before any epilogue of the iteration; a dot that is waited for, at the end of the iteration
     at = tail if overlapped is None else Inserter(body, body.ops[body.ops.index(overlapped.dot) + 1])
-    released = (at.value(OpCode.NE, [induction, lower], int1) if lag
-                else at.value(OpCode.CONSTANT, [], int1, {"value": True}))
-    at.op(OpCode.MBARRIER_ARRIVE, [empty, release, released], [])
+    _release(at, empty, release, induction, lower, lag)
     next_read = _next_index(tail, read, num_stages)
     body.terminator.operands.extend([next_read, _flip_on_wrap(tail, read_phase, next_read),
                                      _next_index(tail, release, num_stages)])
@@ -787,8 +804,7 @@ def _insert_producer(outer: Block, loop: Operation, candidates: list, buffers: l
     end = producer_body.append(Operation(OpCode.YIELD, [], [], {}, (), loop.loc))
     at = Inserter(producer_body, end)
     iteration, write, write_phase = producer_body.args
-    waited = at.value(OpCode.XOR, [write_phase, at.constant(1)], int32)
-    at.op(OpCode.MBARRIER_WAIT, [empty, write, waited], [], {"cta_barrier": False, "issuer": True})
+    _wait_released(at, empty, write, write_phase)
     for candidate, buffer in zip(candidates, buffers):
         _issue_tma_copy(at, candidate, buffer, write, full, induction, iteration, upper)
     next_write = _next_index(at, write, num_stages)
