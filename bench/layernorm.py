@@ -178,9 +178,6 @@ def _sweep_calls(op, n, dtype, inputs, dy, backward):
     return calls
 
 
-COPY = scripts.COPY
-
-
 def measure(op, n, dtype_name, backward, compile_torch, sweep):
     dtype = DTYPES[dtype_name]
     inputs, dy = _inputs(op, n, dtype)
@@ -207,8 +204,9 @@ def measure(op, n, dtype_name, backward, compile_torch, sweep):
             result = run()
             result = result[0] if not backward else tuple(r for r in result if r is not None)
             calls[label] = (run, result)
-    times = times_or_failures_ms({COPY: scripts.copy_call(nbytes), **{provider: run for provider, (run, _) in calls.items()}})
-    copy_ms = times[COPY]
+    times = times_or_failures_ms({scripts.COPY: scripts.copy_call(nbytes),
+                                  **{provider: run for provider, (run, _) in calls.items()}})
+    copy_ms = times[scripts.COPY]
     if isinstance(copy_ms, Exception):
         raise copy_ms
     base.update({"copy_ms": copy_ms, "copy_GB/s": nbytes / copy_ms / 1e6})
@@ -235,7 +233,7 @@ def plot(rows, path):
     """GB/s per shape of the providers (the backward's graph replays included) and, as another bar, of the
     copy of the same bytes (the sweep's configurations left out)."""
     plotted = [row for row in rows if not row["provider"].startswith(("fusedops fwd(", "fusedops bwd("))]
-    plotted += [dict(row, provider=COPY, **{"GB/s": row["copy_GB/s"]})
+    plotted += [dict(row, provider=scripts.COPY, **{"GB/s": row["copy_GB/s"]})
                 for row in rows if row["provider"] == "torch"]
     return plot_op("layernorm", plotted, path)
 

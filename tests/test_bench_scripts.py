@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusedops.bench import report, scripts
+from fusedops.bench import report, scripts, timing
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPTS = ("attention", "matmul", "softmax", "layernorm", "vector_add")
@@ -248,5 +248,5 @@ def test_vector_add_rows_and_csv(tmp_path):
 
 
 @pytest.mark.cuda
-def test_copy_ms_times_a_copy():
-    assert scripts.copy_ms(1 << 20) > 0
+def test_copy_call_times_a_copy():
+    assert timing.gpu_time_ms(scripts.copy_call(1 << 20)) > 0

@@ -13,7 +13,6 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
-from fusedops.bench.timing import gpu_time_ms
 
 # The dtypes the scripts' --dtypes option takes.
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -119,11 +118,6 @@ def copy_call(nbytes: int, device: str = "cuda") -> Callable[[], object]:
     source = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     return lambda: target.copy_(source)
-
-
-def copy_ms(nbytes: int, device: str = "cuda") -> float:
-    """The GPU time (ms) of `copy_call(nbytes, device)`."""
-    return gpu_time_ms(copy_call(nbytes, device))
 
 
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
