@@ -29,17 +29,14 @@ from fusedops.kernels import matmul as mm
 from fusedops.kernels import matmul_persistent as mp
 from matmul_helpers import check_gpu, gpu_operands
 from tests.helpers import poison
-from tests.test_warp_specialization import GPU_TMA_SHAPES, _launch_args, check_tma_kernel_against_float64
+from tests.test_warp_specialization import GPU_TMA_SHAPES, _launch_args, check_tma_kernel_against_float64, ring_mode
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
 
 @pytest.fixture
 def producer_warp(monkeypatch, tmp_path):
-    monkeypatch.setenv("FUSEDOPS_TMA", "1")
-    monkeypatch.setenv("FUSEDOPS_WS", "2")
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    return monkeypatch
+    return ring_mode(monkeypatch, tmp_path, "2")
 
 
 # -- the pass ---------------------------------------------------------------------------------------------

@@ -182,12 +182,17 @@ def test_simulation_catches_a_wrong_phase():
 
 # -- the pass ---------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def empty_barriers(monkeypatch, tmp_path):
+def ring_mode(monkeypatch, tmp_path, mode: str):
+    """TMA on, FUSEDOPS_WS = `mode`, a fresh compile cache; returns `monkeypatch` (to change them again)."""
     monkeypatch.setenv("FUSEDOPS_TMA", "1")
-    monkeypatch.setenv("FUSEDOPS_WS", "1")
+    monkeypatch.setenv("FUSEDOPS_WS", mode)
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     return monkeypatch
+
+
+@pytest.fixture
+def empty_barriers(monkeypatch, tmp_path):
+    return ring_mode(monkeypatch, tmp_path, "1")
 
 
 def _operand(rows, cols, dtype, transposed, seed):
