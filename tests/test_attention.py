@@ -20,6 +20,8 @@ import fusedops
 import fusedops.nn
 import fusedops.dsl as dsl
 from fusedops.autograd.attention import AttentionFunction
+from fusedops.dsl.ir import OpCode
+from fusedops.dsl.passes import dot_layouts
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at
 from helpers import assert_close, random_tensor
@@ -311,7 +313,22 @@ def test_config_table_and_sweep_alternatives():
         forward, backward = at.sweep_configs(dim, dim)
         assert forward[0] == at.forward_config(dim, dim) and backward[0] == at.backward_configs(dim, dim)
         assert len(set(forward)) == len(forward) and len(set(backward)) == len(backward)
-    assert at.forward_config(80, 96) == at.FORWARD_CONFIGS[128]
+    assert at.forward_config(80, 96) == at.TWO_CTA_FORWARD_CONFIGS[128]
+
+
+def test_forward_config_choice():
+    # two CTAs per SM on sm_90a without an attn_mask; E = 128 rows past TWO_CTA_MAX_KEYS keys, masked
+    # forwards and mma.sync targets keep the one-CTA tiles (their 128-register cap would spill)
+    limit = at.TWO_CTA_MAX_KEYS[128]
+    assert at.forward_config(128, 128, length_k=limit) == at.TWO_CTA_FORWARD_CONFIGS[128]
+    assert at.forward_config(128, 128, length_k=limit + 1) == at.FORWARD_CONFIGS[128]
+    assert at.forward_config(64, 64, length_k=1 << 20) == at.TWO_CTA_FORWARD_CONFIGS[64]
+    for dim in (64, 128):
+        assert at.forward_config(dim, dim, masked=True) == at.FORWARD_CONFIGS[dim]
+        assert at.forward_config(dim, dim, wgmma=False) == at.FORWARD_CONFIGS[dim]
+        assert at.TWO_CTA_FORWARD_CONFIGS[dim].min_blocks_per_sm == 2
+        assert at.FORWARD_CONFIGS[dim].min_blocks_per_sm == 0
+    assert at.forward_config(256, 256) == at.FORWARD_CONFIGS[256]
 
 # -- routing and errors ------------------------------------------------------------------------------------
 
@@ -435,12 +452,12 @@ def compile_forward(dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16
     x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
     mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
     block = at.head_block(dim)
-    config = config or at.forward_config(block, block)
+    config = config or at.forward_config(block, block, mask_kind != at.NO_MASK)
     return dsl.jit(at.attention_forward_kernel.fn).compile(
         x, stats, x, x, x, mask, *_strides(dim) * 4, *((0, 0, 4096, 1) if mask_kind else (0,) * 4),
         16, 1, 4096, 4096, dim, dim, 0.18, 0.0, target=arch, num_warps=config.num_warps, num_stages=config.num_stages,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal,
-        MASK_KIND=mask_kind, ACC=dsl.float32)
+        MASK_KIND=mask_kind, ACC=dsl.float32, MIN_BLOCKS=config.min_blocks_per_sm)
 
 
 def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a",
@@ -478,19 +495,29 @@ def _loop_bodies(ptx: str) -> list:
 _REGISTER_A = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16 \{[^}]*\}, \{%r")
 
 
+# Bytes the two-CTA E = 128 forward (128 registers) may spill: values live across its key loops, stored
+# before them and reloaded after (attention.py's comment above TWO_CTA_FORWARD_CONFIGS; measured 8 / 36).
+TWO_CTA_SPILL_BYTES = 64
+
+
 @needs_ptxas
-@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, at.NO_MASK), (64, True, at.BOOL_MASK),
-                                                  (128, True, at.NO_MASK), (128, False, at.ADDITIVE_MASK),
+@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, at.NO_MASK), (64, True, at.NO_MASK),
+                                                  (64, True, at.BOOL_MASK), (128, True, at.NO_MASK),
+                                                  (128, False, at.NO_MASK), (128, False, at.ADDITIVE_MASK),
                                                   (256, True, at.BOOL_MASK), (256, False, at.NO_MASK)])
 def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tmp_path, monkeypatch):
-    """sm_90a, E <= 128: both dots of every key block on wgmma with A from registers (Q converted once
-    before the loops, P straight from the logits' accumulator), K/V from the cp.async ring: one
-    barrier per key block (the ring's), no st.shared, row statistics by shuffles within a warp.
-    E = 256 (BLOCK_M = 64 on 8 warps: warpgroups split N) keeps mma.sync."""
+    """sm_90a, E <= 128: both dots of every key block on wgmma, P V with A from registers (P straight from
+    the logits' accumulator), Q K^T with Q converted to a register fragment once before the loops (the one-CTA
+    tiles) or, under the two-CTA tiles' 128-register cap, read from shared memory filled once before them;
+    K/V from the cp.async ring: one barrier per key block (the ring's), no st.shared or ld.shared, row
+    statistics by shuffles within a warp. E = 256 (BLOCK_M = 64 on 8 warps: warpgroups split N) keeps
+    mma.sync."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     compiled = compile_forward(dim, causal, mask_kind)
+    config = at.forward_config(dim, dim, mask_kind != at.NO_MASK)
     ptx = compiled.asm["ptx"]
     assert "ex2.approx" in ptx
+    assert (".minnctapersm 2" in ptx) == (config.min_blocks_per_sm == 2)
     loops = _loop_bodies(ptx)
     # the interior key blocks and the masked tail (with an attn_mask every block is masked: one loop)
     assert len(loops) == (1 if mask_kind else 2)
@@ -499,8 +526,10 @@ def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tm
             assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in body
             continue
         assert "mma.sync" not in body and "ldmatrix" not in body
-        block_n = at.forward_config(dim, dim).block_n     # S = Q K^T: dim / 16 k-steps; P V: block_n / 16
-        assert len(_REGISTER_A.findall(body)) == len(re.findall(r"wgmma\.mma_async", body)) == dim // 16 + block_n // 16
+        # S = Q K^T: dim / 16 k-steps; P V: block_n / 16
+        register_a = config.block_n // 16 + (0 if config.min_blocks_per_sm else dim // 16)
+        assert len(re.findall(r"wgmma\.mma_async", body)) == dim // 16 + config.block_n // 16
+        assert len(_REGISTER_A.findall(body)) == register_a
         assert "cp.async.cg.shared.global" in body
         barriers = len(re.findall(r"\bbar\.sync", body))
         if mask_kind:       # + the mask tile's move from its load layout to the logits' (through shared memory)
@@ -509,9 +538,10 @@ def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tm
         assert barriers == 1 and "st.shared" not in body and "ld.shared" not in body
         assert len(re.findall(r"\bshfl\.sync", body)) == 8     # max and sum of 2 row pairs, over 4 lanes each
     result = assemble(ptx, "sm_90a")
-    assert result.spill_bytes == 0, result.log
+    two_cta_128 = config.min_blocks_per_sm and dim == 128
+    assert result.spill_bytes <= (TWO_CTA_SPILL_BYTES if two_cta_128 else 0), result.log
     assert "warning" not in result.log.lower(), result.log
-    assert compiled.shared_bytes <= 227 * 1024
+    assert compiled.shared_bytes * max(1, config.min_blocks_per_sm) <= 227 * 1024
 
 
 @needs_ptxas
@@ -810,3 +840,25 @@ def test_gpu_backward_is_deterministic(seed):
     first = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True), (q, k, v), grad_out)
     second = torch.autograd.grad(fusedops.scaled_dot_product_attention(q, k, v, enable_gqa=True), (q, k, v), grad_out)
     assert all(torch.equal(a, b) for a, b in zip(first[1:], second[1:]))
+
+
+def _forward_ir(dim, min_blocks):
+    x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
+    return dsl.jit(at.attention_forward_kernel.fn).ir(
+        x, stats, x, x, x, x, *_strides(dim) * 4, *(0,) * 4, 16, 1, 4096, 4096, dim, dim, 0.18, 0.0,
+        BLOCK_M=128, BLOCK_N=32, BLOCK_E=dim, BLOCK_EV=dim, CAUSAL=False, MASK_KIND=at.NO_MASK, ACC=dsl.float32,
+        MIN_BLOCKS=min_blocks)
+
+
+@pytest.mark.parametrize("min_blocks,cap", [(0, 255), (1, 255), (2, 128), (3, 80), (4, 64)])
+def test_register_cap_follows_launch_bounds(min_blocks, cap):
+    # dot_layouts.register_cap: what dsl.launch_bounds(n) leaves each of 8 warps' threads (whole 8s), from
+    # a dot nested in the key loops as from the top level; under 128 the forward's Q (a 32-register
+    # fragment at E = 128 beside the 64-register accumulator) is read from shared memory instead
+    function = _forward_ir(128, min_blocks)
+    dots = [op for op in function.body.walk() if op.opcode == OpCode.DOT]
+    assert len(dots) >= 3 and any(op.parent is not function.body for op in dots)
+    assert {dot_layouts.register_cap(op, 8) for op in dots} == {cap}
+    loop = next(op for op in function.body.ops if op.opcode == OpCode.FOR)
+    q_kept = bool(dot_layouts._register_a_tiles(loop, 8))
+    assert q_kept == (cap - dot_layouts.REGISTER_A_HEADROOM >= 64 + 32)

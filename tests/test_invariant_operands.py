@@ -8,7 +8,8 @@ warpgroups tile N, which register A cannot take, so A is read from shared memory
 before the loops, one wait, the ring's local_load in place of a conversion per iteration, and the
 buffer freed after the last loop that reads it. A load whose masked-off value is not 0 (OTHER) cannot
 be a cp.async copy: its tile is staged from registers at each dot instead. With PAIR at 128 x 128 the
-two accumulators (128 registers per thread) and A's fragment (32) fill REGISTER_A_BUDGET: A stays in
+two accumulators (128 registers per thread) and A's fragment (32) fill the register budget (255 less
+REGISTER_A_HEADROOM): A stays in
 registers, C (32 more) goes to shared memory although its warpgroups tile M.
 
 CPU tier: the IR on sm_90a, the register budget's choice, ptxas (no spills, no serialized wgmmas, no
@@ -170,9 +171,9 @@ def _decisions(variant):
 def test_the_register_budget_picks_registers_or_shared_memory():
     # 64 rows on 8 warps: warpgroups tile N, so never register A
     assert _decisions("copied") == [(False, True)]
-    # 128 x 128 with two products: 2 x 64 accumulator + 32 fragment registers fill REGISTER_A_BUDGET, so
-    # A (first in program order) stays in registers and C goes to shared memory
-    assert 160 <= dot_layouts.REGISTER_A_BUDGET < 192
+    # 128 x 128 with two products: 2 x 64 accumulator + 32 fragment registers fill the budget (255 less
+    # REGISTER_A_HEADROOM), so A (first in program order) stays in registers and C goes to shared memory
+    assert 160 <= 255 - dot_layouts.REGISTER_A_HEADROOM < 192
     assert _decisions("over_budget") == [(True, False), (False, True)]
     # one 128 x 128 product: 64 + 32 registers, A stays in registers
     o, a, c, b = _arguments("over_budget", 100, 50, 40, 3)

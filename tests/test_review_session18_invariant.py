@@ -668,7 +668,7 @@ def test_the_register_budget_boundary(case):
     _, registers, expected = BUDGET_CASES[case]
     function = dsl.jit(budget_kernel.fn).ir(*args, **constexprs)
     loop = next(op for op in function.body.ops if op.opcode == OpCode.FOR)
-    assert (registers <= dot_layouts.REGISTER_A_BUDGET) == (set(expected) == {"registers"})
+    assert (registers <= 255 - dot_layouts.REGISTER_A_HEADROOM) == (set(expected) == {"registers"})
     kept = dot_layouts._register_a_tiles(loop, 4)
     dots = [op for op in loop.walk() if op.opcode == OpCode.DOT]
     assert [("registers" if id(d.operands[0]) in kept else "copied") for d in dots] == list(expected)
@@ -691,8 +691,8 @@ def test_the_register_budget_boundary_assembles(case, tmp_path, monkeypatch):
     as before the commit: 1528 / 1640 bytes at 164 / 172 registers, 816 / 1264 copied)."""
     args, constexprs = _budget_function(case)
     spills = []
-    for budget in (dot_layouts.REGISTER_A_BUDGET, 10 ** 6):
-        monkeypatch.setattr(dot_layouts, "REGISTER_A_BUDGET", budget)
+    for budget in (255 - dot_layouts.REGISTER_A_HEADROOM, 10 ** 6):
+        monkeypatch.setattr(dot_layouts, "REGISTER_A_HEADROOM", 255 - budget)
         monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / str(budget)))     # (the cache key has no budget)
         result = assemble(_compile(budget_kernel, args, constexprs, num_warps=4).asm["ptx"], "sm_90a")
         assert "serialized" not in result.log, result.log

@@ -82,7 +82,7 @@ from fusedops.dsl.language.dtypes import to_torch
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
-from fusedops.kernels.device_info import max_shared_memory, sm_count
+from fusedops.kernels.device_info import max_shared_memory, sm_count, wgmma_target
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -239,13 +239,17 @@ def attention_forward_kernel(
         stride_mb, stride_mh, stride_mm, stride_mn,
         H, GROUP, L, S, E, EV, qk_scale_hi, qk_scale_lo,
         BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_E: dsl.constexpr, BLOCK_EV: dsl.constexpr,
-        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, HEAD_MAJOR: dsl.constexpr = False):
+        CAUSAL: dsl.constexpr, MASK_KIND: dsl.constexpr, ACC: dsl.constexpr, HEAD_MAJOR: dsl.constexpr = False,
+        MIN_BLOCKS: dsl.constexpr = 0):
     # o_ptr: (B, H, L, EV); lse_ptr: (B * H, 2, L) contiguous ACC; q_ptr: (B, H, L, E);
     # k_ptr: (B, H // GROUP, S, E); v_ptr: (B, H // GROUP, S, EV); mask_ptr: (B, H, L, S) strides
     # (0 on broadcast dims) or unused. Grid: (B * H, cdiv(L, BLOCK_M)).
     # Key blocks: the first one (masked) is peeled so that the running statistics enter the loops in
     # the layout of the logits' row reductions (a loop carries its initial value's layout); then the
     # interior blocks without any mask; then the ragged / diagonal tail blocks with the masks.
+    # MIN_BLOCKS > 0: dsl.launch_bounds (registers capped for that many CTAs per SM).
+    if MIN_BLOCKS > 0:
+        dsl.launch_bounds(MIN_BLOCKS)
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     bh, b, h, kvh, pid_m = _query_program(H, GROUP, HEAD_MAJOR)
 
@@ -285,7 +289,7 @@ def attention_forward_kernel(
     acc = _accumulate_values(acc, p, v_base, last_n, rn0, rev, S, EV, stride_vn)
 
     empty = l_i == 0.0                                       # fully masked row (or S = 0)
-    acc = acc / dsl.where(empty, 1.0, l_i)[:, None]
+    acc = acc * (1.0 / dsl.where(empty, 1.0, l_i))[:, None]     # one division per row, not per element
     # lse as the unevaluated sum hi + lo of m_i and log2(l_i) (TwoSum, Knuth TAOCP vol. 2, 4.2.2)
     log_l = dsl.log2(dsl.where(empty, 1.0, l_i))
     hi = m_i + log_l
@@ -597,7 +601,8 @@ def attention_backward_dq_convert_kernel(
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tile sizes and launch parameters of one attention kernel; kv_ring, early_dp, head_major: the dK/dV
-    kernel's KV_RING, EARLY_DP and HEAD_MAJOR."""
+    kernel's KV_RING, EARLY_DP and HEAD_MAJOR; min_blocks_per_sm > 0: the forward's dsl.launch_bounds (its
+    registers capped for that many CTAs per SM)."""
     block_m: int
     block_n: int
     num_warps: int
@@ -606,6 +611,7 @@ class AttentionConfig:
     early_dp: bool = True
     head_major: bool = False
     dq_atomic: bool = False
+    min_blocks_per_sm: int = 0
 
 
 # Interpreter: small tiles keep the per-program op count (and so CPU test time) low.
@@ -657,6 +663,26 @@ FORWARD_CONFIGS = {
     128: AttentionConfig(128, 64, 8, 3),
     256: AttentionConfig(64, 32, 8, 2),
 }
+# Session 33: on sm_90a without an attn_mask, two CTAs per SM (min_blocks_per_sm = 2: dsl.launch_bounds caps
+# the registers at 128, under which the invariant Q is read by wgmma from shared memory instead of a register
+# fragment, dot_layouts.register_cap) hide one CTA's Q load, first key block and epilogue behind the other's
+# key loop: with one CTA of 8 warps per SM those ran alone (per program, besides its key blocks: 88 / 139 us
+# at E = 64 / 128, against ~500 us for the whole S = 1k forward). H200 (.scratch/s33/attn_probe.py, fp16,
+# interleaved, x flash, S = 1k / 2k / 4k / 8k / 16k, not causal | causal): E = 64 128x64 s2 on 2 CTAs 1.01-1.04
+# / 1.10 / 1.16 / 1.12-1.18 / 1.11-1.12 | 1.00 / 1.04 / 1.13-1.14 / 1.17-1.20 / 1.20-1.21 against the one-CTA
+# 128x32 s3's 0.90 / 0.94 / 0.98-1.02 / 1.01-1.02 / 0.99 | 0.94 / 0.95 / 1.00 / 1.04-1.06 / 1.08-1.09; E = 128
+# 128x32 s3 on 2 CTAs 0.96-1.03 / 1.10-1.11 / 1.13-1.17 / 1.11-1.15 / 1.12-1.14 | 1.02-1.03 / 1.11-1.13 /
+# 1.17-1.19 / 1.22-1.24 / 1.25 against 128x64 s3 on one CTA 0.87-0.95 / 1.04-1.05 / 1.12-1.14 / 1.16-1.17 /
+# 1.16-1.17 | 0.89 / 1.04-1.05 / 1.18 / 1.27-1.28 / 1.35, which therefore keeps rows of more than
+# TWO_CTA_MAX_KEYS[128] keys. The E = 128 tile spills 8 (causal: 36) bytes: values live across the key loops,
+# stored before them and reloaded after (its SASS: no local memory access inside the loops). With an
+# attn_mask the 128-register cap spills 8-130 bytes, and on sm_80 (mma.sync, Q in registers) 250-630, so
+# those keep FORWARD_CONFIGS.
+TWO_CTA_FORWARD_CONFIGS = {
+    64: AttentionConfig(128, 64, 8, 2, min_blocks_per_sm=2),
+    128: AttentionConfig(128, 32, 8, 3, min_blocks_per_sm=2),
+}
+TWO_CTA_MAX_KEYS = {128: 4096}
 # (dK/dV kernel config, dQ kernel config); the preprocessing kernel uses the dQ kernel's BLOCK_M.
 # sm_90a backward: every tile the loops read is loaded in the orientation its dot wants (Q^T and Q, dO and
 # dO^T, K^T and K), each load used by its dot alone, so all of them come through the cp.async ring (1
@@ -667,7 +693,7 @@ FORWARD_CONFIGS = {
 # warps (11 barriers -> 1). E = 128 dK/dV: K and V as register A fragments beside the dk and dv
 # accumulators would take 192 of 255 registers before the per-block tiles, so the compiler keeps K in
 # registers and reads V from shared memory, copied there once before the loops (dot_layouts.
-# REGISTER_A_BUDGET, passes/invariant_operands.py): 32 x 128 on 8 warps, all four dots on wgmma, 0
+# REGISTER_A_HEADROOM, passes/invariant_operands.py): 32 x 128 on 8 warps, all four dots on wgmma, 0
 # spills. Session 18 (H200, one process, x torch's flash backward, S = 1k / 4k / 16k, not causal |
 # causal): 1.17 / 1.07 / 1.02 | 1.20-1.27 / 1.08-1.10 / 1.00; with K copied too 1.11 / 1.05 / 0.98 |
 # 1.25 / 1.14 / 1.01; K and V through the ring every query block (kv_ring, sessions 9-17: 64 KiB more
@@ -749,9 +775,16 @@ def _table_key(block_e: int, block_ev: int) -> int:
     return 64 if widest <= 64 else 128 if widest <= 128 else 256
 
 
-def forward_config(block_e: int, block_ev: int) -> AttentionConfig:
-    """The forward tile for padded head dims (BLOCK_E, BLOCK_EV) on sm_80/sm_90 (FORWARD_CONFIGS)."""
-    return FORWARD_CONFIGS[_table_key(block_e, block_ev)]
+def forward_config(block_e: int, block_ev: int, masked: bool = False, length_k: int = 0,
+                   wgmma: bool = True) -> AttentionConfig:
+    """The forward tile for padded head dims (BLOCK_E, BLOCK_EV): TWO_CTA_FORWARD_CONFIGS where the dots run
+    on wgmma (`wgmma`: sm_90a), without an attn_mask (`masked`) and for at most TWO_CTA_MAX_KEYS keys per row
+    (`length_k`), else FORWARD_CONFIGS."""
+    key = _table_key(block_e, block_ev)
+    two_cta = TWO_CTA_FORWARD_CONFIGS.get(key)
+    if two_cta is None or masked or not wgmma or length_k > TWO_CTA_MAX_KEYS.get(key, length_k):
+        return FORWARD_CONFIGS[key]
+    return two_cta
 
 
 def backward_configs(block_e: int, block_ev: int, masked: bool = False, query_heads: int = 0, sms: int = 1,
@@ -775,12 +808,15 @@ def backward_configs(block_e: int, block_ev: int, masked: bool = False, query_he
 
 def sweep_configs(block_e: int, block_ev: int) -> tuple:
     """(forward configs, backward config pairs) that `bench/attention.py --sweep` times: the table's
-    entries first, then each alternative with the other backward kernel's table entry."""
+    entries first (sm_90a's, without an attn_mask), then each alternative (the forward's: FORWARD_CONFIGS
+    too) with the other backward kernel's table entry."""
     key = _table_key(block_e, block_ev)
     kv, q = backward_configs(block_e, block_ev)
     deterministic = BACKWARD_CONFIGS[key][0]
     alternatives = DKDV_ALTERNATIVES[key] + ((deterministic,) if deterministic != kv else ())
-    forward = (FORWARD_CONFIGS[key],) + FORWARD_ALTERNATIVES[key]
+    table = forward_config(block_e, block_ev)
+    forward = (table,) + tuple(c for c in dict.fromkeys((FORWARD_CONFIGS[key],) + FORWARD_ALTERNATIVES[key])
+                               if c != table)
     backward = ((kv, q),) + tuple((a, q) for a in alternatives) + tuple(
         (deterministic, a) for a in DQ_ALTERNATIVES[key])
     return forward, backward
@@ -922,7 +958,8 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
     if batch * heads * length_q == 0:     # no rows (then no outputs either)
         return lambda q, k, v, mask: (new_o(), new_lse())
     block_e, block_ev = head_block(dim), head_block(dim_v)
-    config = config or (INTERPRETER_CONFIG if interpret else forward_config(block_e, block_ev))
+    config = config or (INTERPRETER_CONFIG if interpret else forward_config(
+        block_e, block_ev, mask is not None, length_k, wgmma_target(q.device)))
     blocks = -(-length_q // config.block_m)
     _check_grid(blocks, f"a query length of {length_q}")
     o, lse = new_o(), new_lse()
@@ -932,7 +969,7 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
         *mask_strides, heads, heads // heads_kv, length_q, length_k, dim, dim_v, *_float_pair(float(scale) * LOG2E),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block_e, BLOCK_EV=block_ev,
         CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc, HEAD_MAJOR=config.head_major,
-        num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret)
+        MIN_BLOCKS=config.min_blocks_per_sm, num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret)
     mask_argument = _mask_argument(mask)
 
     def launch(q, k, v, mask):

@@ -1,5 +1,6 @@
-"""What the launchers ask of a device: its SM count (persistent grids size themselves from it) and the shared
-memory one CTA may take (configs that need more fall back to smaller ones)."""
+"""What the launchers ask of a device: its SM count (persistent grids size themselves from it), the shared
+memory one CTA may take (configs that need more fall back to smaller ones) and whether its dots run on
+wgmma (configs tuned for that path)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,15 @@ def max_shared_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
     return INTERPRETER_SHARED_MEMORY
+
+
+def wgmma_target(device: torch.device) -> bool:
+    """Whether kernels compiled for a CUDA `device` run their dots on wgmma (its target, or
+    FUSEDOPS_DEFAULT_ARCH's, is sm_90a and FUSEDOPS_DISABLE_WGMMA is not set); False for any other
+    device (the interpreter)."""
+    if device.type != "cuda":
+        return False
+    from fusedops.dsl.passes.dot_layouts import wgmma_enabled
+    from fusedops.dsl.runtime import knobs
+    from fusedops.dsl.runtime.launcher import device_arch
+    return wgmma_enabled(knobs.current().default_arch or device_arch(device))

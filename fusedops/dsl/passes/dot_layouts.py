@@ -17,7 +17,7 @@
   - from shared memory written once, before the loop (`wgmma_staged_a`), when it is a loop-invariant
     load (in a block enclosing the dot's loop) that register A does not take: its warpgroups tile
     N, or its fragment would take the registers per thread of the loop nest's carried accumulators
-    and of the invariant fragments kept before it (in program order) past REGISTER_A_BUDGET
+    and of the invariant fragments kept before it (in program order) past the register cap less REGISTER_A_HEADROOM
     (attention's dK/dV kernel at E = 128: dK and dV are 128 registers, K as a fragment 32 more, so
     V is read from shared memory; with both as fragments the per-block tiles spilled).
     The conversion to the wgmma tile is hoisted out of the loop (`hoisted`), and
@@ -135,11 +135,26 @@ def _loop_invariant_load(value, dot: Operation) -> Optional[Operation]:
 
 
 # Registers per thread that the accumulators carried by a loop nest and its loop-invariant register A
-# fragments may take together (of 255); the invariant A tiles that would go past it are read from shared
-# memory (wgmma_staged_a), leaving room for the tiles each iteration computes. (H200, attention dK/dV at
-# E = 128: K in registers and V copied, against both copied: 1.5-5% faster backward but causal S = 4k, 3%
-# slower there.)
-REGISTER_A_BUDGET = 160
+# fragments may take together: the kernel's register cap (255, or what `dsl.launch_bounds` leaves each
+# thread) less REGISTER_A_HEADROOM, which the tiles each iteration computes need beside them; the invariant
+# A tiles that would go past it are read from shared memory (wgmma_staged_a). Without launch bounds that is
+# 160 of 255. (H200, attention dK/dV at E = 128: K in registers and V copied, against both copied: 1.5-5%
+# faster backward but causal S = 4k, 3% slower there.)
+REGISTER_A_HEADROOM = 95
+_MAX_REGISTERS = 255
+_REGISTERS_PER_SM = 65536
+
+
+def register_cap(op: Operation, num_warps: int) -> int:
+    """The registers per thread ptxas may give the kernel holding `op`: 255, or under
+    `dsl.launch_bounds(n)` what n CTAs of num_warps warps leave of an SM's 65536 (in whole 8s)."""
+    while op.parent is not None and isinstance(op.parent.parent, Operation):
+        op = op.parent.parent
+    bounds = [nested.attrs["min_blocks_per_sm"] for root in (op.parent.ops if op.parent is not None else (op,))
+              for nested in root.walk() if nested.opcode == OpCode.LAUNCH_BOUNDS]
+    if not bounds:
+        return _MAX_REGISTERS
+    return min(_MAX_REGISTERS, _REGISTERS_PER_SM // (max(bounds) * num_warps * 32) // 8 * 8)
 
 
 def _through_conversions(value):
@@ -151,8 +166,9 @@ def _through_conversions(value):
 def _register_a_tiles(loop: Operation, num_warps: int) -> set:
     """The ids of the loop-invariant A tiles of `loop`'s dots that stay register fragments: in program
     order, while the accumulators the loop carries across iterations (a loop's block argument) and the
-    fragments kept so far fit in REGISTER_A_BUDGET registers per thread."""
+    fragments kept so far fit in the register cap less REGISTER_A_HEADROOM registers per thread."""
     threads = num_warps * 32
+    budget = register_cap(loop, num_warps) - REGISTER_A_HEADROOM
     carried, tiles, seen = 0, [], set()
     for nested in loop.walk():
         if nested.opcode != OpCode.DOT:
@@ -167,7 +183,7 @@ def _register_a_tiles(loop: Operation, num_warps: int) -> set:
     kept = set()
     for tile in tiles:
         cost = _numel(tile) * tile.type.element.bits // 32 // threads
-        if carried + cost <= REGISTER_A_BUDGET:
+        if carried + cost <= budget:
             carried += cost
             kept.add(id(tile))
     return kept
