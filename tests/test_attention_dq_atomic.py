@@ -70,6 +70,11 @@ def _count_dq_kernel_preparations(monkeypatch) -> list:
 
 # -- the kernel's PTX -----------------------------------------------------------------------------------
 
+# Bytes the dK/dV kernel with dQ (255 registers) may spill: values live across its query-block loop, stored
+# before it and reloaded after (the SASS of E = 64, causal or not: 24 bytes, no local memory access inside
+# the loop; attention.py's comment above ATOMIC_DKDV_CONFIGS).
+ATOMIC_SPILL_BYTES = 32
+
 @needs_ptxas
 @pytest.mark.parametrize("causal", [False, True])
 def test_dkdv_kernel_adds_dq_with_vector_reductions_all_dots_on_wgmma(causal, tmp_path, monkeypatch):
@@ -89,13 +94,13 @@ def test_dkdv_kernel_adds_dq_with_vector_reductions_all_dots_on_wgmma(causal, tm
     before_reductions = body.split("red.relaxed")[0]
     assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d)", before_reductions)[-1] == "1"
     result = assemble(ptx, "sm_90a")
-    assert result.spill_bytes == 0, result.log
+    assert result.spill_bytes <= ATOMIC_SPILL_BYTES, result.log
     assert compiled.shared_bytes <= at.ATOMIC_DKDV_SHARED_BYTES
 
 
 @needs_ptxas
 @pytest.mark.parametrize("dim,dim_v", [(16, 16), (32, 64), (48, 48), (64, 16)])
-def test_dkdv_kernel_with_dq_for_other_head_dims_assembles_without_spills(dim, dim_v, tmp_path, monkeypatch):
+def test_dkdv_kernel_with_dq_for_other_head_dims_assembles(dim, dim_v, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
     strides = (16 * 4096 * dim, 4096 * dim, dim, 1)
@@ -109,7 +114,7 @@ def test_dkdv_kernel_with_dq_for_other_head_dims_assembles_without_spills(dim, d
     (body,) = _loop_bodies(ptx)
     assert "mma.sync" not in body and re.search(r"red\.relaxed\.gpu\.global\.add\.v[24]\.f32", body)
     result = assemble(ptx, "sm_90a")
-    assert result.spill_bytes == 0, result.log
+    assert result.spill_bytes <= ATOMIC_SPILL_BYTES, result.log
     assert compiled.shared_bytes <= at.ATOMIC_DKDV_SHARED_BYTES
 
 

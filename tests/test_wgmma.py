@@ -493,6 +493,26 @@ def test_staged_dot_ptx(dtype, a_t, b_t, tmp_path, monkeypatch):
     assert result.spill_bytes == 0, result.log
 
 
+def _scales(ptx: str) -> list:
+    """The scale-d value (the register's `mov.b32 %r, imm`) of each wgmma.mma_async in `ptx`, in order."""
+    values = dict(re.findall(r"mov\.b32\s+(%r\d+), (\d+);", ptx))
+    return [int(values[r]) for r in re.findall(r"setp\.ne\.b32 p, (%r\d+), 0;\nwgmma\.mma_async", ptx)]
+
+
+@needs_ptxas
+@pytest.mark.parametrize("m,n,k,num_warps", [(128, 64, 64, 8), (64, 128, 32, 4)], ids=str)
+def test_zero_accumulator_is_not_read(m, n, k, num_warps, tmp_path, monkeypatch):
+    """dot(a, b, zeros): the first k-step's instructions run with scale-d false (D = A B, PTX ISA 9.7.15.5.2)
+    on accumulator registers nothing wrote before (no zeroing moves, no tied inputs); the later k-steps
+    add to what those wrote. (Before session 33 every instruction read the accumulator: scales all 1.)"""
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    ptx = _compile_dot(dsl.float16, "sm_90a", m, n, k, num_warps).asm["ptx"]
+    per_step = max(1, m // 64 // max(1, num_warps // 4))
+    assert _scales(ptx) == [0] * per_step + [1] * (per_step * (k // 16 - 1))
+    result = assemble(ptx, "sm_90a")
+    assert result.spill_bytes == 0 and "C75" not in result.log, result.log
+
+
 def _compile_register_a_dot(dtype, m, n, k, num_warps, b_t=False):
     p, f = dsl.pointer_type(dtype), dsl.pointer_type(dsl.float32)
     strides = (k, 1) + ((1, k) if b_t else (n, 1))

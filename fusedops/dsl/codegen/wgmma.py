@@ -225,6 +225,9 @@ def _tied_asm(ctx, asm: str, registers: list, words=()) -> tuple:
     an ordering point for them that emits only `asm`. Returns (registers, words) after it."""
     count, words = len(registers), list(words)
     total = count + len(words)
+    if total == 0:
+        T.inline_asm(ctx.builder, asm, "", [], convergent=True)
+        return [], []
     struct = ir.LiteralStructType([T.f32] * count + [T.i32] * len(words))
     constraints = ",".join(["=f"] * count + ["=r"] * len(words) + [str(i) for i in range(total)])
     call = T.inline_asm(ctx.builder, asm, constraints, list(registers) + words, struct, convergent=True)
@@ -263,11 +266,15 @@ def _descriptor(ctx, base, tile: WgmmaOperandTile, warp_offsets: tuple):
     return b.or_(b.zext(start, T.i64), ir.Constant(T.i64, tile.descriptor_fields()))
 
 
-def _mma_async(ctx, instr_n: int, type_name: str, trans_a: int, trans_b: int, desc_a, desc_b, scale, registers,
-               a_words=None):
+def _mma_async(ctx, instr_n: int, type_name: str, trans_a: int, trans_b: int, desc_a, desc_b, registers,
+               a_words=None, count=None):
     """One wgmma.mma_async on `registers` (the accumulator); A through `desc_a`, or from the four
-    .b32 registers `a_words` (then desc_a and trans_a are unused)."""
-    count = len(registers)
+    .b32 registers `a_words` (then desc_a and trans_a are unused). registers None: a zero accumulator
+    of `count` registers, which the instruction does not read (scale-d false: D = A B, PTX ISA 9.7.15.5.2),
+    so that no register is zeroed or kept for it before the instruction."""
+    fresh = registers is None
+    count = count if fresh else len(registers)
+    scale = ir.Constant(T.i32, 0 if fresh else 1)
     outputs = ", ".join(f"${i}" for i in range(count))
     name = f"wgmma.mma_async.sync.aligned.m64n{instr_n}k16.f32.{type_name}.{type_name}"
     if a_words is None:
@@ -283,10 +290,16 @@ def _mma_async(ctx, instr_n: int, type_name: str, trans_a: int, trans_b: int, de
                f"setp.ne.b32 p, ${count + 5}, 0;\n"
                f"{name} {{{outputs}}}, {{{a_operands}}}, ${count + 4}, p, 1, 1, {trans_b};\n}}")
         constraints = ["r"] * 4 + ["l", "r"]
-    constraints = ",".join(["=f"] * count + constraints + [str(i) for i in range(count)])
+    constraints = ",".join(["=f"] * count + constraints + ([] if fresh else [str(i) for i in range(count)]))
     struct = ir.LiteralStructType([T.f32] * count)
-    call = T.inline_asm(ctx.builder, asm, constraints, inputs + list(registers), struct, convergent=True)
+    call = T.inline_asm(ctx.builder, asm, constraints, inputs + ([] if fresh else list(registers)), struct,
+                        convergent=True)
     return [ctx.builder.extract_value(call, i) for i in range(count)]
+
+
+def _zero_accumulator(registers: list) -> bool:
+    """Whether an accumulator's registers are all the constant 0 (+0 or -0: A B + -0 is A B)."""
+    return all(isinstance(r, ir.Constant) and r.constant == 0.0 for r in registers)
 
 
 def _pack_words(ctx, registers: list, element) -> list:
@@ -319,7 +332,10 @@ def lower_wgmma_dot(ctx, op) -> None:
         raise CompilationError(f"internal error: {error}", op.loc) from None
     _stage(ctx, (b_value,) if register_a else (a_value, b_value), element)
     packed = _pack_words(ctx, list(a_value), element) if register_a else []
-    registers, words = wgmma_fence(ctx, list(ctx.get(acc)), packed)
+    registers = list(ctx.get(acc))
+    zero = _zero_accumulator(registers)
+    fenced, words = wgmma_fence(ctx, [] if zero else registers, packed)
+    registers = [None] * len(registers) if zero else fenced
     # the wait that retires this dot keeps the A registers (before and after the fence, which ties them)
     # live up to it: a register reused for the next value while the wgmma reads it serializes every wgmma
     a_registers = packed + words
@@ -327,15 +343,15 @@ def lower_wgmma_dot(ctx, op) -> None:
     desc_b = _descriptor(ctx, b_value.base, plan.b, plan.b_warp_offsets)
     b = ctx.builder
     per_instruction = plan.instr_n // 2
-    scale = ir.Constant(T.i32, 1)
-    for instruction in plan.instructions:
+    for instruction in plan.instructions:      # (the first k-step's instructions come first: wgmma_plan)
         first = instruction.first_register
         a_words = [words[r // 2] for r in instruction.a_registers[::2]] if register_a else None
+        accumulator = registers[first:first + per_instruction]
         result = _mma_async(ctx, plan.instr_n, _TYPE_NAME[element], 0 if register_a else int(plan.a.mn_major),
                             int(plan.b.mn_major),
                             None if register_a else b.add(desc_a, ir.Constant(T.i64, instruction.a_offset >> 4)),
-                            b.add(desc_b, ir.Constant(T.i64, instruction.b_offset >> 4)), scale,
-                            registers[first:first + per_instruction], a_words)
+                            b.add(desc_b, ir.Constant(T.i64, instruction.b_offset >> 4)),
+                            None if accumulator[0] is None else accumulator, a_words, per_instruction)
         registers[first:first + per_instruction] = result
     _commit(ctx)
     if op.attrs.get("deferred"):       # passes/wgmma_waits.py: a later wgmma_wait retires it
