@@ -498,6 +498,10 @@ _REGISTER_A = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16
 # Bytes the two-CTA E = 128 forward (128 registers) may spill: values live across its key loops, stored
 # before them and reloaded after (attention.py's comment above TWO_CTA_FORWARD_CONFIGS; measured 8 / 36).
 TWO_CTA_SPILL_BYTES = 64
+# Bytes a causal dK/dV kernel (two query-block loops: the blocks that cross the diagonal, then the rest;
+# 238-255 registers) may spill: values live across the loops (the shipped E = 128 tile's SASS: 40 bytes, no
+# local memory access inside either loop; E = 64 deterministic: 0).
+CAUSAL_DKDV_SPILL_BYTES = 64
 
 
 @needs_ptxas
@@ -546,7 +550,7 @@ def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tm
 
 @needs_ptxas
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
-@pytest.mark.parametrize("dim,causal", [(64, True), (128, False), (256, True)])
+@pytest.mark.parametrize("dim,causal", [(64, True), (128, False), (128, True), (256, True)])
 def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_path, monkeypatch):
     """Every tile the backward loops read comes through the cp.async ring (each loaded in the
     orientation its dot wants): 1 barrier per block and no st.shared without attn_mask. E = 64 (both
@@ -578,13 +582,16 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
         else:
             assert "mma.sync.aligned.m16n8k16" in body
             assert len(re.findall(r"\bbar\.sync", body)) <= 9
-    if staged_v:   # V (128 x 128: 8 16-byte copies per thread), once, before the loops, then the ring's
+    if staged_v and not causal:   # V (128 x 128: 8 16-byte copies per thread), once, before the loops, then the ring's
         # prologue: 4 tiles of 32 x 128 (2 copies each)
         before_loops = ptx.split(bodies[0])[0]
         assert before_loops.count("cp.async.cg.shared.global") == 8 + 4 * 2
         assert len(re.findall(r"cp\.async\.wait_group\s+0;", before_loops)) == 1
+    if kernel == "dkdv" and on_wgmma:     # causal: the query blocks that cross the diagonal, then the rest
+        assert len(bodies) == (2 if causal else 1)
     result = assemble(ptx, "sm_90a")
-    assert result.spill_bytes == 0, result.log
+    allowed = CAUSAL_DKDV_SPILL_BYTES if kernel == "dkdv" and causal and dim == 128 else 0
+    assert result.spill_bytes <= allowed, result.log
     assert compiled.shared_bytes <= 227 * 1024
 
 
@@ -615,7 +622,9 @@ def test_sweep_alternatives_assemble_without_spills(dim, tmp_path, monkeypatch):
         compiled = (compile_forward(dim, True, config=config) if kernel == "forward"
                     else compile_backward(kernel, dim, True, config=config))
         result = assemble(compiled.asm["ptx"], "sm_90a")
-        assert result.spill_bytes == 0, f"{kernel} {config}: {result.log}"
+        # (the E = 128 dK/dV alternative with 3 stages: 88 bytes, values live across the two causal loops)
+        allowed = 2 * CAUSAL_DKDV_SPILL_BYTES if kernel == "dkdv" else 0
+        assert result.spill_bytes <= allowed, f"{kernel} {config}: {result.log}"
 
 
 @needs_ptxas

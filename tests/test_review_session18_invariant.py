@@ -964,7 +964,7 @@ def _attention_call(kernel, dim, causal, mask_kind, config, group=1):
                       MASK_KIND=mask_kind, ACC=dsl.float32)
     if kernel == "forward":
         args = (x, stats, x, x, x, mask, *strides * 4, *mask_strides, 16, group, 4096, 4096, dim, dim, 0.18, 0.0)
-        return at.attention_forward_kernel, args, constexprs
+        return at.attention_forward_kernel, args, dict(constexprs, MIN_BLOCKS=config.min_blocks_per_sm)
     if kernel == "dkdv":
         args = (x, x, x, x, x, x, stats, stats, mask, *strides * 6, *mask_strides,
                 16, group, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0)
@@ -984,7 +984,7 @@ def _library_cases():
     from fusedops.kernels import attention as at
     cases = []
     for dim in (64, 128, 256):
-        for config in (at.FORWARD_CONFIGS[dim],) + at.FORWARD_ALTERNATIVES[dim]:
+        for config in (at.forward_config(dim, dim), at.FORWARD_CONFIGS[dim]) + at.FORWARD_ALTERNATIVES[dim]:
             cases.append(("forward", dim, False, at.NO_MASK, config))
         kv, q = at.BACKWARD_CONFIGS[dim]
         for config in (kv,) + at.DKDV_ALTERNATIVES[dim]:
@@ -1001,14 +1001,19 @@ def _library_cases():
                          f"{c[4].block_m}x{c[4].block_n}w{c[4].num_warps}s{c[4].num_stages}{'-kv_ring' if c[4].kv_ring else ''}")
 def test_library_attention_decisions(case):
     """Only the E = 128 dK/dV kernel without kv_ring copies a tile (V; K stays in registers: the budget
-    keeps tiles in program order); every other shipped config and alternative keeps its dots' forms (their
-    PTX was compared with the commit before, 118 configurations across sm_80 / sm_90a, E 64 / 128 / 256,
-    causal, masks: identical except those dK/dV kernels)."""
+    keeps tiles in program order; causal: K too, the kernel's two query-block loops each carry dk and dv,
+    session 33), and the two-CTA forward (min_blocks_per_sm = 2: Q, under its 128-register cap); every other
+    shipped config and alternative keeps its dots' forms (their PTX was compared with the commit before, 118
+    configurations across sm_80 / sm_90a, E 64 / 128 / 256, causal, masks: identical except those dK/dV
+    kernels)."""
     kernel, dim, causal, mask_kind, config = case
     function = _attention_function(kernel, dim, causal, mask_kind, config)
     tiles = _copied_tiles(function)
     copies = kernel == "dkdv" and dim == 128 and not config.kv_ring and config.block_n == 128
-    assert len(tiles) == (1 if copies else 0), _dot_kinds(function)
+    expected = (2 if causal and mask_kind == 0 else 1) if copies else 0
+    if kernel == "forward" and config.min_blocks_per_sm:
+        expected = 1
+    assert len(tiles) == expected, _dot_kinds(function)
     assert _tile_violations(function) == []
     assert not any(op.attrs.get("hoisted") for op in function.walk())
 
@@ -1268,13 +1273,14 @@ def test_tma_ring_for_b_beside_the_copied_a_on_the_gpu(ws, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 def test_dkdv_e128_with_grouped_query_heads(causal):
     """GQA (2 query heads per K/V head, a run-time loop around the query-block loop): V copied once before
-    the head loop (K in registers), freed after it. The shipped 32 x 128 spills less here than the kv_ring
-    form it replaced (68 / 88 bytes, not causal / causal)."""
+    the head loop (K in registers; causal: K too, see test_library_attention_decisions), freed after it.
+    The shipped 32 x 128 spills less here than the kv_ring form it replaced (68 / 88 bytes, not causal /
+    causal, before session 33's two causal loops)."""
     from fusedops.kernels import attention as at
     config = at.BACKWARD_CONFIGS[128][0]
     function = _attention_function("dkdv", 128, causal, at.NO_MASK, config, group=2)
     tiles = _copied_tiles(function)
-    assert len(tiles) == 1 and all(tile.parent is function.body for tile in tiles)
+    assert len(tiles) == (2 if causal else 1) and all(tile.parent is function.body for tile in tiles)
     assert _tile_violations(function) == []
     head_loop = next(op for op in function.body.ops if op.opcode == OpCode.FOR)
     assert all(function.body.ops.index(tile) < function.body.ops.index(head_loop) for tile in tiles)
@@ -1285,7 +1291,7 @@ def test_dkdv_e128_with_grouped_query_heads(causal):
             result = assemble(_compile(jitted, args, constexprs, form.num_warps, form.num_stages).asm["ptx"], "sm_90a")
             assert "serialized" not in result.log, result.log
             spills.append(result.spill_bytes)
-        assert spills[0] <= 32 and spills[0] < spills[1], spills
+        assert spills[0] <= (64 if causal else 32) and spills[0] < spills[1], spills     # causal: 44 / 208 (two loops)
 
 
 # == a branch beside a register-A candidate: Q K^T and P V on one engine ================================

@@ -347,9 +347,14 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
     alone, so that on sm_90a they come through the cp.async ring (L2 hits after the first block) and the dots
     read them from shared memory (no register A fragments beside the dk and dv accumulators). Rows past L
     need no mask on the logits: their lse loads as +inf (P = 0) and their dO as 0. Without attn_mask
-    the causal mask is a `where` on every block (true past the diagonal), not a branch on whether the
-    block crosses it: on the H200 that branch inside the pipelined wgmma loop gave wrong dK/dV (E = 64,
-    L = 1000, causal; the cause in the compiler is not found yet).
+    the causal mask (CAUSAL) is a `where` on the blocks of the kernel's first query-block loop, those that
+    cross the diagonal; a second loop takes the rest without it (CAUSAL False) rather than a branch in one
+    loop on whether the block crosses it: on the H200 that branch inside the pipelined wgmma loop gave
+    wrong dK/dV (E = 64, L = 1000, causal; the cause in the compiler is not found yet). Session 33 (H200,
+    .scratch/s33/bwd_probe2.py, interleaved, whole backward x flash, causal, the mask on every block ->
+    two loops): E = 64 S = 2k / 4k / 16k 1.007 / 0.959 / 0.915 -> 1.060 / 1.039 / 1.018, E = 128 S = 4k / 16k
+    1.03 / 0.93 -> 1.05 / 0.96 (the E = 64 dQ-adding kernel spills 144 bytes, 3 accesses inside the
+    first loop, none in the second; E = 128: 40 bytes, none inside the loops).
     Q and dO are each loaded in both orientations (Q^T and Q, dO and dO^T) rather than loaded once
     and `trans`-ed: each load then has the dot as its only use, so on sm_90a every one goes through
     the cp.async ring straight into the wgmma tile its dot reads (the second copy hits L2), and the
@@ -427,8 +432,9 @@ def attention_backward_dkdv_kernel(
     # KV_RING: K and V are loaded in every query block's step instead of once; EARLY_DP: dP^T issued right
     # after S^T where that assembles without spills (_dkdv_step); HEAD_MAJOR: programs taken head by head in
     # launch order (_head_major_program).
-    # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loop
-    # starts at the first block that reaches the diagonal and every block takes the mask (_dkdv_step).
+    # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loops
+    # start at the first block that reaches the diagonal, and (without attn_mask) the blocks that cross it
+    # take the mask in a first loop, the rest none in a second.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     if HEAD_MAJOR:
         bhk, pid_n = _head_major_program()
@@ -469,12 +475,23 @@ def attention_backward_dkdv_kernel(
         if DQ_ATOMIC:
             dq_base = dq_ptr + bh * (dsl.cdiv(L, BLOCK_M) * BLOCK_M * BLOCK_E) + rm0.to(dsl.int64)[:, None] * BLOCK_E \
                 + re[None, :]
-        for m0 in range(start_m, L, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_ptr + bh * (2 * L),
-                                delta_ptr + bh * L, m0, rm0, rn, re, rev, L, S, E, EV, stride_qm,
-                                stride_dom, stride_mm, stride_mn, qk_scale, k_tile, dq_base, BLOCK_M, BLOCK_N, BLOCK_E,
-                                ACC, MASK_KIND, CAUSAL,
-                                KV_RING, EARLY_DP and MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128, DQ_ATOMIC)
+        early_dp = EARLY_DP and MASK_KIND == 0 and BLOCK_E <= 128 and BLOCK_EV <= 128
+        lse_row, delta_row = lse_ptr + bh * (2 * L), delta_ptr + bh * L
+        first_m = start_m
+        if CAUSAL and MASK_KIND == 0:
+            # the query blocks that cross the diagonal take the causal mask; the later ones, every row at or
+            # past the block's last key, take none (a second loop, not a branch in the loop: see _dkdv_step)
+            first_m = dsl.minimum(L, dsl.maximum(start_m, dsl.cdiv((pid_n + 1) * BLOCK_N - 1, BLOCK_M) * BLOCK_M))
+            for m0 in range(start_m, first_m, BLOCK_M):
+                dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row,
+                                    m0, rm0, rn, re, rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn,
+                                    qk_scale, k_tile, dq_base, BLOCK_M, BLOCK_N, BLOCK_E, ACC, MASK_KIND, True,
+                                    KV_RING, early_dp, DQ_ATOMIC)
+        for m0 in range(first_m, L, BLOCK_M):
+            dk, dv = _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_row, delta_row, m0,
+                                rm0, rn, re, rev, L, S, E, EV, stride_qm, stride_dom, stride_mm, stride_mn, qk_scale,
+                                k_tile, dq_base, BLOCK_M, BLOCK_N, BLOCK_E, ACC, MASK_KIND, CAUSAL and MASK_KIND != 0,
+                                KV_RING, early_dp, DQ_ATOMIC)
     dk = dk * (scale_hi.to(ACC) + scale_lo.to(ACC))
     dsl.store(dk_ptr + b * stride_dkb + kvh.to(dsl.int64) * stride_dkh + rows_n * stride_dkn
               + re.to(dsl.int64)[None, :] * stride_dke,
@@ -751,7 +768,8 @@ ATOMIC_DKDV_CONFIGS = {64: AttentionConfig(64, 128, 8, 3, head_major=True, dq_at
 ATOMIC_DKDV_SHARED_BYTES = 160 * 1024
 # The dK/dV config of a backward with an attn_mask, where it differs from BACKWARD_CONFIGS'.
 MASKED_DKDV_CONFIGS = {128: AttentionConfig(32, 64, 8, 2)}
-# Alternatives the sweep times (besides the table's entry), by padded head dim.
+# Alternatives the sweep times (besides the table's entry), by padded head dim. (E = 128 dK/dV with kv_ring,
+# 0.78-0.99x the table's in session 18, spills 120 bytes with the causal kernel's two loops: dropped.)
 FORWARD_ALTERNATIVES = {
     64: (AttentionConfig(128, 128, 8, 2), AttentionConfig(128, 64, 8, 3), AttentionConfig(64, 64, 4, 3)),
     128: (AttentionConfig(128, 64, 8, 2), AttentionConfig(128, 32, 8, 2), AttentionConfig(64, 64, 4, 3)),
@@ -761,8 +779,7 @@ DKDV_ALTERNATIVES = {
     64: (AttentionConfig(64, 128, 8, 2), AttentionConfig(64, 64, 4, 2, head_major=True), AttentionConfig(64, 64, 8, 2),
          AttentionConfig(64, 64, 4, 2, kv_ring=True),
          AttentionConfig(64, 128, 8, 2, kv_ring=True), AttentionConfig(32, 128, 8, 2, kv_ring=True)),
-    128: (AttentionConfig(32, 128, 8, 2, head_major=True), AttentionConfig(32, 128, 8, 2, kv_ring=True),
-          AttentionConfig(32, 128, 8, 3),
+    128: (AttentionConfig(32, 128, 8, 2, head_major=True), AttentionConfig(32, 128, 8, 3),
           AttentionConfig(32, 64, 8, 2), AttentionConfig(16, 128, 8, 2)),
     256: (),
 }
