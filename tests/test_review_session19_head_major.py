@@ -516,10 +516,11 @@ _LOOP_OPS = ("wgmma.mma_async", "mma.sync", "bar.sync", "cp.async", "ld.global",
     (64, True, at.NO_MASK, at.DKDV_ALTERNATIVES[64][1]), (128, True, at.NO_MASK, at.DKDV_ALTERNATIVES[128][0])],
     ids=["64", "64-causal", "64-bool", "64-additive-causal", "32-causal", "64x64w4hm-causal", "32x128w8hm-E128-causal"])
 def test_head_major_configs_assemble_like_launch_order(dim, causal, mask_kind, config, arch, tmp_path, monkeypatch):
-    """ptxas: each head-major config (the E = 64 table entry, also for E = 32 and with attn_masks; the
-    head-major sweep alternatives at E = 64 and 128) spills no more than the same tile in launch order (0 on
-    sm_90a; causal without attn_mask, two loops: within 8 bytes of it, at most 64 on sm_90a), its loop bodies hold the same instructions (the mapping is outside the loops), and its PTX reads
-    nctaid.x / nctaid.y and divides in 64 bits, which the launch-order kernel does not."""
+    """ptxas: each head-major config (the E = 64 table entry, also for E = 32 and with attn_masks; the head-major
+    sweep alternatives at E = 64 and 128) spills no more than the same tile in launch order (0 on sm_90a; causal
+    without attn_mask, two loops: within 8 bytes of it, at most 64 on sm_90a), its loop bodies hold the same
+    instructions (the mapping is outside the loops), and its PTX reads nctaid.x / nctaid.y and divides in 64 bits,
+    which the launch-order kernel does not."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     block = at.head_block(dim)
     config = config or at.backward_configs(block, block, mask_kind != at.NO_MASK)[0]

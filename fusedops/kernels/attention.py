@@ -756,12 +756,12 @@ DQ_HEAD_MAJOR_PER_SM = 2
 # 0.46 / 0.40 | 0.58 / 0.45, from the accumulator's registers 0.835 / 0.746 | 0.900 / 0.770, as pairs
 # 0.982 / 0.903 | 1.037 / 0.908, dQ's dot issued first and left in flight 1.024 / 0.952 | 1.054 / 0.918,
 # 3 stages 1.016 / 0.947 | 1.071 / 0.948.
-# Session 33: its three dots on zero accumulators (S^T, dP^T, dQ) no longer zero 96 registers first (wgmma's
-# scale-d false, codegen/wgmma.py): at 255 registers ptxas had made room by waiting for the in-flight wgmma
-# (C7517); it now spills 24 bytes, values live across the query-block loop (the SASS: stored before it,
-# reloaded after). Whole backward x flash (.scratch/s33/bwd_probe.py, interleaved, S = 2k / 4k, not causal |
-# causal): 0.972 / 0.945 | 0.998 / 0.947 -> 1.038 / 1.016 | 1.011 / 0.958 (E = 128, S = 4k: 1.03 | 1.03 ->
-# 1.06 | 1.03).
+# Session 33: its three dots on zero accumulators (S^T, dP^T, dQ) no longer zero 96 registers first (wgmma's scale-d
+# false, codegen/wgmma.py): at 255 registers ptxas had made room by waiting for the in-flight wgmma (C7517); it now
+# spills 24 bytes, values live across the query-block loop (the SASS: stored before it, reloaded after; causal, with
+# its two loops: 144 bytes, see _dkdv_step). Whole backward x flash (.scratch/s33/bwd_probe.py, interleaved, S = 2k
+# / 4k, not causal | causal): 0.972 / 0.945 | 0.998 / 0.947 -> 1.038 / 1.016 | 1.011 / 0.958 (E = 128, S = 4k: 1.03
+# | 1.03 -> 1.06 | 1.03).
 ATOMIC_DKDV_CONFIGS = {64: AttentionConfig(64, 128, 8, 3, head_major=True, dq_atomic=True)}
 # Its shared memory (sm_80 / sm_90a, any head dims <= 64): a GPU that grants a CTA less (compute capability
 # 8.6 / 8.9: 99 KiB) runs the deterministic kernels (80 KiB).
@@ -992,7 +992,8 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
         *mask_strides, heads, heads // heads_kv, length_q, length_k, dim, dim_v, *_float_pair(float(scale) * LOG2E),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block_e, BLOCK_EV=block_ev,
         CAUSAL=bool(causal), MASK_KIND=mask_kind, ACC=acc, HEAD_MAJOR=config.head_major,
-        MIN_BLOCKS=config.min_blocks_per_sm, num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret)
+        MIN_BLOCKS=config.min_blocks_per_sm, num_warps=config.num_warps, num_stages=config.num_stages,
+        interpret=interpret)
     mask_argument = _mask_argument(mask)
 
     def launch(q, k, v, mask):

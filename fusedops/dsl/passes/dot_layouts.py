@@ -17,9 +17,10 @@
   - from shared memory written once, before the loop (`wgmma_staged_a`), when it is a loop-invariant
     load (in a block enclosing the dot's loop) that register A does not take: its warpgroups tile
     N, or its fragment would take the registers per thread of the loop nest's carried accumulators
-    and of the invariant fragments kept before it (in program order) past the register cap less REGISTER_A_HEADROOM
-    (attention's dK/dV kernel at E = 128: dK and dV are 128 registers, K as a fragment 32 more, so
-    V is read from shared memory; with both as fragments the per-block tiles spilled).
+    and of the invariant fragments kept before it (in program order) past the kernel's register cap
+    (255, or what dsl.launch_bounds leaves) less REGISTER_A_HEADROOM (attention's dK/dV kernel at
+    E = 128: dK and dV are 128 registers, K as a fragment 32 more, so V is read from shared memory;
+    with both as fragments the per-block tiles spilled).
     The conversion to the wgmma tile is hoisted out of the loop (`hoisted`), and
     passes/invariant_operands.py fills a shared buffer from global memory once (cp.async) that
     every iteration's wgmma reads in place.
