@@ -799,15 +799,26 @@ def _table_key(block_e: int, block_ev: int) -> int:
 
 
 def forward_config(block_e: int, block_ev: int, masked: bool = False, length_k: int = 0,
-                   wgmma: bool = True) -> AttentionConfig:
+                   wgmma: bool = True, vector_rows: bool = True) -> AttentionConfig:
     """The forward tile for padded head dims (BLOCK_E, BLOCK_EV): TWO_CTA_FORWARD_CONFIGS where the dots run
-    on wgmma (`wgmma`: sm_90a), without an attn_mask (`masked`) and for at most TWO_CTA_MAX_KEYS keys per row
-    (`length_k`), else FORWARD_CONFIGS."""
+    on wgmma (`wgmma`: sm_90a), without an attn_mask (`masked`), for at most TWO_CTA_MAX_KEYS keys per row
+    (`length_k`) and where q, k and v rows are read in 16-byte vectors (`vector_rows`, `_vector_rows`: the
+    cp.async ring; else their tiles go through registers, which the two-CTA tiles' 128-register cap spills:
+    132-468 bytes at E = 36-124 off 16-byte rows), else FORWARD_CONFIGS."""
     key = _table_key(block_e, block_ev)
     two_cta = TWO_CTA_FORWARD_CONFIGS.get(key)
-    if two_cta is None or masked or not wgmma or length_k > TWO_CTA_MAX_KEYS.get(key, length_k):
+    if two_cta is None or masked or not wgmma or not vector_rows or length_k > TWO_CTA_MAX_KEYS.get(key, length_k):
         return FORWARD_CONFIGS[key]
     return two_cta
+
+
+def _vector_rows(t: torch.Tensor) -> bool:
+    """Whether `t`'s rows (its last dim) are read in 16-byte vectors: unit column stride, the other strides
+    and the row length multiples of 16 bytes, and its data (now: a launch prepared for these strides may see
+    other offsets, which only cost speed) at a 16-byte boundary."""
+    elements = max(1, 16 // t.element_size())
+    return (t.stride(-1) == 1 and t.shape[-1] % elements == 0 and all(s % elements == 0 for s in t.stride()[:-1])
+            and t.data_ptr() % 16 == 0)
 
 
 def backward_configs(block_e: int, block_ev: int, masked: bool = False, query_heads: int = 0, sms: int = 1,
@@ -982,7 +993,7 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
         return lambda q, k, v, mask: (new_o(), new_lse())
     block_e, block_ev = head_block(dim), head_block(dim_v)
     config = config or (INTERPRETER_CONFIG if interpret else forward_config(
-        block_e, block_ev, mask is not None, length_k, wgmma_target(q.device)))
+        block_e, block_ev, mask is not None, length_k, wgmma_target(q.device), all(map(_vector_rows, (q, k, v)))))
     blocks = -(-length_q // config.block_m)
     _check_grid(blocks, f"a query length of {length_q}")
     o, lse = new_o(), new_lse()

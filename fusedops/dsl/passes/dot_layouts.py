@@ -18,7 +18,7 @@
     load (in a block enclosing the dot's loop) that register A does not take: its warpgroups tile
     N, or its fragment would take the registers per thread of the loop nest's carried accumulators
     and of the invariant fragments kept before it (in program order) past the kernel's register cap
-    (255, or what dsl.launch_bounds leaves) less REGISTER_A_HEADROOM (attention's dK/dV kernel at
+    (`register_cap`) less REGISTER_A_HEADROOM (attention's dK/dV kernel at
     E = 128: dK and dV are 128 registers, K as a fragment 32 more, so V is read from shared memory;
     with both as fragments the per-block tiles spilled).
     The conversion to the wgmma tile is hoisted out of the loop (`hoisted`), and
@@ -136,10 +136,10 @@ def _loop_invariant_load(value, dot: Operation) -> Optional[Operation]:
 
 
 # Registers per thread that the accumulators carried by a loop nest and its loop-invariant register A
-# fragments may take together: the kernel's register cap (255, or what `dsl.launch_bounds` leaves each
-# thread) less REGISTER_A_HEADROOM, which the tiles each iteration computes need beside them; the invariant
-# A tiles that would go past it are read from shared memory (wgmma_staged_a). Without launch bounds that is
-# 160 of 255. (H200, attention dK/dV at E = 128: K in registers and V copied, against both copied: 1.5-5%
+# fragments may take together: the kernel's register cap (`register_cap`: 255, or less where its threads
+# or `dsl.launch_bounds` leave each thread less) less REGISTER_A_HEADROOM, which the tiles each iteration
+# computes need beside them; the invariant A tiles that would go past it are read from shared memory
+# (wgmma_staged_a). Up to 8 warps without launch bounds that is 160 of 255. (H200, attention dK/dV at E = 128: K in registers and V copied, against both copied: 1.5-5%
 # faster backward but causal S = 4k, 3% slower there.)
 REGISTER_A_HEADROOM = 95
 _MAX_REGISTERS = 255
@@ -147,15 +147,14 @@ _REGISTERS_PER_SM = 65536
 
 
 def register_cap(op: Operation, num_warps: int) -> int:
-    """The registers per thread ptxas may give the kernel holding `op`: 255, or under
-    `dsl.launch_bounds(n)` what n CTAs of num_warps warps leave of an SM's 65536 (in whole 8s)."""
+    """The registers per thread ptxas may give the kernel holding `op`: what n CTAs of num_warps warps
+    leave of an SM's 65536 (in whole 8s, at most 255), n from `dsl.launch_bounds(n)`, else 1 (the kernel's
+    `.maxntid` alone: 128 at 16 warps)."""
     while op.parent is not None and isinstance(op.parent.parent, Operation):
         op = op.parent.parent
     bounds = [nested.attrs["min_blocks_per_sm"] for root in (op.parent.ops if op.parent is not None else (op,))
               for nested in root.walk() if nested.opcode == OpCode.LAUNCH_BOUNDS]
-    if not bounds:
-        return _MAX_REGISTERS
-    return min(_MAX_REGISTERS, _REGISTERS_PER_SM // (max(bounds) * num_warps * 32) // 8 * 8)
+    return min(_MAX_REGISTERS, _REGISTERS_PER_SM // (max(bounds, default=1) * num_warps * 32) // 8 * 8)
 
 
 def _through_conversions(value):
