@@ -42,6 +42,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at
 from fusedops.kernels.device_info import wgmma_target
 from helpers import assert_close, random_tensor
+from test_launch_bounds import bounded_softmax
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -480,23 +481,12 @@ def test_register_cap_values(num_warps, min_blocks, cap):
     assert dot_layouts.register_cap(function.body.ops[-1], num_warps) == cap
 
 
-@dsl.jit
-def _heavy_kernel(y_ptr, x_ptr, n, BLOCK: dsl.constexpr, MIN_BLOCKS: dsl.constexpr):
-    # a softmax row of BLOCK elements held in registers: more than any cap, so ptxas uses all it may
-    if MIN_BLOCKS:
-        dsl.launch_bounds(MIN_BLOCKS)
-    row = dsl.program_id(0).to(dsl.int64)
-    cols = dsl.arange(0, BLOCK)
-    x = dsl.load(x_ptr + row * n + cols, mask=cols < n, other=-float("inf")).to(dsl.float32)
-    e = dsl.exp(x - dsl.max(x, axis=0))
-    dsl.store(y_ptr + row * n + cols, e / dsl.sum(e, axis=0), mask=cols < n)
-
-
 def _heavy(num_warps, min_blocks):
     block = 128 * 32 * num_warps
-    function = dsl.jit(_heavy_kernel.fn).ir(_H, _H, block, BLOCK=block, MIN_BLOCKS=min_blocks)
-    compiled = _heavy_kernel.compile(_H, _H, block, BLOCK=block, MIN_BLOCKS=min_blocks, num_warps=num_warps,
-                                     target="sm_90a")
+    # a softmax row of `block` elements held in registers: more than any cap, so ptxas uses all it may
+    function = dsl.jit(bounded_softmax.fn).ir(_H, _H, block, BLOCK=block, MIN_BLOCKS=min_blocks, AGAIN=0)
+    compiled = bounded_softmax.compile(_H, _H, block, BLOCK=block, MIN_BLOCKS=min_blocks, AGAIN=0,
+                                       num_warps=num_warps, target="sm_90a")
     return dot_layouts.register_cap(function.body.ops[-1], num_warps), assemble(compiled.asm["ptx"], "sm_90a")
 
 
