@@ -326,6 +326,7 @@ def test_forward_config_choice():
     for dim in (64, 128):
         assert at.forward_config(dim, dim, masked=True) == at.FORWARD_CONFIGS[dim]
         assert at.forward_config(dim, dim, wgmma=False) == at.FORWARD_CONFIGS[dim]
+        assert at.forward_config(dim, dim, vector_rows=False) == at.FORWARD_CONFIGS[dim]
         assert at.TWO_CTA_FORWARD_CONFIGS[dim].min_blocks_per_sm == 2
         assert at.FORWARD_CONFIGS[dim].min_blocks_per_sm == 0
     assert at.forward_config(256, 256) == at.FORWARD_CONFIGS[256]
@@ -582,8 +583,8 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
         else:
             assert "mma.sync.aligned.m16n8k16" in body
             assert len(re.findall(r"\bbar\.sync", body)) <= 9
-    if staged_v and not causal:   # V (128 x 128: 8 16-byte copies per thread), once, before the loops, then the ring's
-        # prologue: 4 tiles of 32 x 128 (2 copies each)
+    if staged_v and not causal:   # V (128 x 128: 8 16-byte copies per thread), once, before the loops, then
+        # the ring's prologue: 4 tiles of 32 x 128 (2 copies each)
         before_loops = ptx.split(bodies[0])[0]
         assert before_loops.count("cp.async.cg.shared.global") == 8 + 4 * 2
         assert len(re.findall(r"cp\.async\.wait_group\s+0;", before_loops)) == 1

@@ -684,7 +684,8 @@ def test_zero_accumulator_dot_computes_in_the_interpreter(seed):
     b = random_tensor((4, k, n), torch.float16, seed=seed + 1)
     product = a.double() @ b[0].double()
     expected = {"zeros": product, "negative_zero": product, "none": product, "ones": product + 1,
-                "partial": product + torch.nn.functional.pad(torch.ones(1, 1, dtype=torch.float64), (n - 1, 0, m - 1, 0)),
+                "partial": product + torch.nn.functional.pad(torch.ones(1, 1, dtype=torch.float64),
+                                                             (n - 1, 0, m - 1, 0)),
                 "chained": 2 * product, "loop": sum(a.double() @ b[j].double() for j in range(3))}
     for kind, want in expected.items():
         out = torch.full((m, n), float("nan"), dtype=torch.float32)

@@ -139,8 +139,9 @@ def _loop_invariant_load(value, dot: Operation) -> Optional[Operation]:
 # fragments may take together: the kernel's register cap (`register_cap`: 255, or less where its threads
 # or `dsl.launch_bounds` leave each thread less) less REGISTER_A_HEADROOM, which the tiles each iteration
 # computes need beside them; the invariant A tiles that would go past it are read from shared memory
-# (wgmma_staged_a). Up to 8 warps without launch bounds that is 160 of 255. (H200, attention dK/dV at E = 128: K in registers and V copied, against both copied: 1.5-5%
-# faster backward but causal S = 4k, 3% slower there.)
+# (wgmma_staged_a). Up to 8 warps without launch bounds that is 160 of 255. (H200, attention dK/dV at
+# E = 128: K in registers and V copied, against both copied: 1.5-5% faster backward but causal S = 4k, 3%
+# slower there.)
 REGISTER_A_HEADROOM = 95
 _MAX_REGISTERS = 255
 _REGISTERS_PER_SM = 65536
