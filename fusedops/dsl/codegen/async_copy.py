@@ -37,6 +37,7 @@ from .shared import align_shared_memory, barrier, shared_base
 from . import tma
 from .control import lower_block
 from ..passes import pipelining
+from ..passes.dot_layouts import MAX_THREAD_REGISTERS, REGISTERS_PER_SM, thread_register_cap
 from .wgmma import WGMMA_ALIGN, SharedOperand, fence_generic_to_async
 
 BUFFER_ALIGN = 128
@@ -295,9 +296,6 @@ def _mbarrier_arrive(ctx, op):
 # epilogue into float32 spilled 72 bytes, against 32 here and 16 under FUSEDOPS_WS=0's 255).
 PRODUCER_WARPS = pipelining.PRODUCER_WARPS
 PRODUCER_REGISTERS = 24
-# The registers of one SM (and at most of one CTA) on sm_90, and the most a thread may use.
-REGISTER_FILE = 65536
-MAX_THREAD_REGISTERS = 255
 
 
 def producer_registers(num_warps: int):
@@ -305,10 +303,9 @@ def producer_registers(num_warps: int):
     and the producer warpgroup, or None where the launch already grants each thread the most it may use
     (ptxas sizes a kernel's registers for its `.maxntid` threads: 65536 / 384 -> 168 for 8 + 4 warps, so
     the consumers of 8 warps get 240 of them, from the producer's 128 threads)."""
-    threads = 32 * (num_warps + PRODUCER_WARPS)
-    if REGISTER_FILE // threads >= MAX_THREAD_REGISTERS:
+    if thread_register_cap(32 * (num_warps + PRODUCER_WARPS)) == MAX_THREAD_REGISTERS:
         return None
-    consumers = (REGISTER_FILE - 32 * PRODUCER_WARPS * PRODUCER_REGISTERS) // (32 * num_warps) // 8 * 8
+    consumers = (REGISTERS_PER_SM - 32 * PRODUCER_WARPS * PRODUCER_REGISTERS) // (32 * num_warps) // 8 * 8
     return PRODUCER_REGISTERS, min(consumers, 240)
 
 

@@ -143,19 +143,26 @@ def _loop_invariant_load(value, dot: Operation) -> Optional[Operation]:
 # E = 128: K in registers and V copied, against both copied: 1.5-5% faster backward but causal S = 4k, 3%
 # slower there.)
 REGISTER_A_HEADROOM = 95
-_MAX_REGISTERS = 255
-_REGISTERS_PER_SM = 65536
+# The registers of one SM (sm_80, sm_90), and the most one thread may use.
+REGISTERS_PER_SM = 65536
+MAX_THREAD_REGISTERS = 255
+
+
+def thread_register_cap(threads: int) -> int:
+    """The registers per thread ptxas may give each of `threads` threads resident on one SM at once: their
+    share of its 65536, in whole 8s, at most 255."""
+    return min(MAX_THREAD_REGISTERS, REGISTERS_PER_SM // threads // 8 * 8)
 
 
 def register_cap(op: Operation, num_warps: int) -> int:
-    """The registers per thread ptxas may give the kernel holding `op`: what n CTAs of num_warps warps
-    leave of an SM's 65536 (in whole 8s, at most 255), n from `dsl.launch_bounds(n)`, else 1 (the kernel's
-    `.maxntid` alone: 128 at 16 warps)."""
+    """The registers per thread ptxas may give the kernel holding `op` (`thread_register_cap`): n CTAs of
+    num_warps warps per SM, n from `dsl.launch_bounds(n)`, else 1 (the kernel's `.maxntid` alone: 128 at
+    16 warps)."""
     while op.parent is not None and isinstance(op.parent.parent, Operation):
         op = op.parent.parent
     bounds = [nested.attrs["min_blocks_per_sm"] for root in (op.parent.ops if op.parent is not None else (op,))
               for nested in root.walk() if nested.opcode == OpCode.LAUNCH_BOUNDS]
-    return min(_MAX_REGISTERS, _REGISTERS_PER_SM // (max(bounds, default=1) * num_warps * 32) // 8 * 8)
+    return thread_register_cap(max(bounds, default=1) * num_warps * 32)
 
 
 def _through_conversions(value):
