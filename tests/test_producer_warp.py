@@ -29,7 +29,7 @@ from fusedops.kernels import matmul as mm
 from fusedops.kernels import matmul_persistent as mp
 from matmul_helpers import check_gpu, gpu_operands
 from tests.helpers import poison
-from tests.test_warp_specialization import GPU_TMA_SHAPES, _launch_args, check_tma_kernel_against_float64, ring_mode
+from tests.test_warp_specialization import _launch_args, ring_mode
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
@@ -179,13 +179,7 @@ def test_the_disk_cache_keeps_the_producer_warp(producer_warp):
 
 # -- GPU tier ----------------------------------------------------------------------------------------------
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("config", mm.WGMMA_CONFIGS, ids=str)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,a_t,b_t", GPU_TMA_SHAPES, ids=str)
-def test_gpu_tma_kernel_matches_float64(m, n, k, a_t, b_t, dtype, config, producer_warp, seed):
-    check_tma_kernel_against_float64(m, n, k, a_t, b_t, dtype, config, seed)
-
+# (the one-tile TMA kernel against float64: tests/test_warp_specialization.py's GPU test, both ring modes)
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("config", [c for c in mm.WGMMA_CONFIGS if c.num_warps == 8], ids=str)

@@ -314,7 +314,9 @@ GPU_TMA_SHAPES = [(1000, 1000, 1000, False, False), (304, 496, 208, True, False)
 @pytest.mark.parametrize("config", mm.WGMMA_CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k,a_t,b_t", GPU_TMA_SHAPES, ids=str)
-def test_gpu_empty_barrier_matmul_matches_float64(m, n, k, a_t, b_t, dtype, config, empty_barriers, seed):
+@pytest.mark.parametrize("mode", ["1", "2"], ids=["empty_barriers", "producer_warp"])
+def test_gpu_ring_modes_match_float64(m, n, k, a_t, b_t, dtype, config, mode, monkeypatch, tmp_path, seed):
+    ring_mode(monkeypatch, tmp_path, mode)
     check_tma_kernel_against_float64(m, n, k, a_t, b_t, dtype, config, seed)
 
 
