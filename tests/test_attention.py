@@ -521,7 +521,7 @@ def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tm
     compiled = compile_forward(dim, causal, mask_kind)
     config = at.forward_config(dim, dim, mask_kind != at.NO_MASK)
     ptx = compiled.asm["ptx"]
-    assert "ex2.approx" in ptx
+    assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx     # P, alpha: subnormals flushed
     assert (".minnctapersm 2" in ptx) == (config.min_blocks_per_sm == 2)
     loops = _loop_bodies(ptx)
     # the interior key blocks and the masked tail (with an attn_mask every block is masked: one loop)
@@ -563,6 +563,7 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
     compiled = compile_backward(kernel, dim, causal, deterministic=True)
     ptx = compiled.asm["ptx"]
     assert not re.search(r"\b(atom|red)\.", ptx)                   # deterministic: no atomics
+    assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx     # P: subnormals flushed
     on_wgmma = dim <= 128
     staged_v = kernel == "dkdv" and dim == 128
     assert not at.backward_configs(dim, dim)[0].kv_ring

@@ -196,7 +196,8 @@ _MATH_NAMES = {OpCode.EXP: "exp", OpCode.EXP2: "exp2", OpCode.LOG: "log", OpCode
 @lowering(*_MATH_NAMES)
 def _math(ctx, op):
     name = _MATH_NAMES[op.opcode]
-    map_registers(ctx, op, lambda x: lower_math(ctx, name, x))
+    ftz = op.attrs.get("ftz", False)
+    map_registers(ctx, op, lambda x: lower_math(ctx, name, x, ftz=ftz))
 
 
 @lowering(OpCode.FMA)

@@ -2,7 +2,9 @@
 language before they get here).
 
 Fast and accurate variants: `exp` and `exp2` in float32 use the `ex2.approx.f32` instruction (PTX
-ISA "ex2": max relative error 2^-22 on the full range, plus the rounding of x * log2(e) for `exp`);
+ISA "ex2": max relative error 2^-22 on the full range, plus the rounding of x * log2(e) for `exp`), or
+with the op's `ftz` attr `ex2.approx.ftz.f32` (subnormal results flushed to zero: ptxas then emits
+MUFU.EX2 alone, without the subnormal-range fix-up of the other);
 everything else goes to libdevice's correctly rounded or documented-ulp functions (CUDA Math API
 accuracy tables), and float64 always goes to libdevice. sqrt is IEEE (`sqrt.rn`).
 """
@@ -18,7 +20,7 @@ _LOG2_E = 1.4426950408889634
 # name -> (float32 function, float64 function); "llvm." names are LLVM intrinsics, "__nv_" libdevice.
 _FUNCTIONS = {
     "exp": (None, "__nv_exp"),
-    "exp2": ("llvm.nvvm.ex2.approx.f32", "__nv_exp2"),
+    "exp2": (None, "__nv_exp2"),
     "log": ("__nv_logf", "__nv_log"),
     "log2": ("__nv_log2f", "__nv_log2"),
     "sqrt": ("llvm.sqrt.f32", "llvm.sqrt.f64"),
@@ -39,15 +41,18 @@ def _call(ctx, name: str, args):
     return ctx.builder.call(fn, list(args))
 
 
-def lower_math(ctx, name: str, *args):
-    """`name(*args)` on LLVM float or double scalars."""
+def lower_math(ctx, name: str, *args, ftz: bool = False):
+    """`name(*args)` on LLVM float or double scalars; `ftz` (exp, exp2 in float32): `ex2.approx.ftz.f32`,
+    which flushes subnormal results to zero (dsl.exp2's docstring)."""
     ty = args[0].type
     if ty not in (T.f32, T.f64):
         raise TypeError(f"math function {name} reached codegen with type {ty}; widen 16-bit floats first")
     f32_name, f64_name = _FUNCTIONS[name]
     if ty == T.f64:
         return _call(ctx, f64_name, args)
+    ex2 = "llvm.nvvm.ex2.approx.ftz.f32" if ftz else "llvm.nvvm.ex2.approx.f32"
     if name == "exp":
-        scaled = ctx.builder.fmul(args[0], ir.Constant(T.f32, _LOG2_E))
-        return _call(ctx, "llvm.nvvm.ex2.approx.f32", [scaled])
+        return _call(ctx, ex2, [ctx.builder.fmul(args[0], ir.Constant(T.f32, _LOG2_E))])
+    if name == "exp2":
+        return _call(ctx, ex2, args)
     return _call(ctx, f32_name, args)

@@ -41,7 +41,7 @@ def _unary_rule(function):
 
 def _math_rule(name: str):
     def rule(ctx, op, x):
-        return numerics.unary_math(name, x, element_type(op.operands[0].type))
+        return numerics.unary_math(name, x, element_type(op.operands[0].type), ftz=op.attrs.get("ftz", False))
     return rule
 
 

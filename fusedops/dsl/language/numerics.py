@@ -38,7 +38,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .dtypes import ALL_DTYPES, DType, PointerType, bfloat16, float16, float64, int1, int64, uint64
+from .dtypes import ALL_DTYPES, DType, PointerType, bfloat16, float16, float32, float64, int1, int64, uint64
 
 # -- representation helpers -------------------------------------------------------------------------
 
@@ -394,11 +394,16 @@ UNARY_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "s
               "floor": np.floor, "ceil": np.ceil}
 
 
-def unary_math(name: str, x, dtype: DType) -> np.ndarray:
+def unary_math(name: str, x, dtype: DType, ftz: bool = False) -> np.ndarray:
     """The float function `name` (a key of UNARY_MATH: exp, exp2, log, log2, sqrt, rsqrt, sin, cos, erf,
     tanh, floor, ceil) computed in float32 for float32/fp16/bf16 (rounded to 16-bit types once) and in
-    float64 for float64. Accuracy is NumPy's (a few ulp for float32 transcendentals)."""
-    return _compute_in_float32(UNARY_MATH[name], dtype, x)
+    float64 for float64. Accuracy is NumPy's (a few ulp for float32 transcendentals). `ftz`: float32
+    subnormal results become zeros of their sign (PTX's `.ftz`; float64 keeps them)."""
+    result = _compute_in_float32(UNARY_MATH[name], dtype, x)
+    if ftz and dtype == float32:
+        result = np.asarray(result)
+        result = np.where(np.abs(result) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), result), result)
+    return result
 
 
 def fma(a, b, c, dtype: DType) -> np.ndarray:

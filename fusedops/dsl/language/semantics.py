@@ -255,10 +255,12 @@ class Semantics(ShapeOps, BlockOps):
         ptr, offset = self.broadcast_pair(ptr, offset)
         return self.builder.value(OpCode.ADDPTR, [ptr, offset], ptr.type)
 
-    def unary(self, op: str, x) -> Value:
+    def unary(self, op: str, x, ftz=False) -> Value:
         """`op(x)` for neg, invert, not, abs, and the math functions (exp, exp2, log, log2, sqrt,
         rsqrt, sin, cos, erf, tanh, floor, ceil). Math on integers is done in float32; on float16 and
-        bfloat16 it is done in float32 and rounded back."""
+        bfloat16 it is done in float32 and rounded back. `ftz` (exp, exp2: a constexpr bool): float32
+        subnormal results flushed to zero (the op's `ftz` attr; dsl.exp2's docstring)."""
+        ftz = compile_time_flag(ftz, f"{op}: ftz")
         x = self.to_value(x)
         element = element_of(x)
         if isinstance(element, PointerType):
@@ -284,7 +286,9 @@ class Semantics(ShapeOps, BlockOps):
         if not element.is_floating:
             x = self.cast(x, float32)
         elif element.bits == 16:
-            return self.cast(self.unary(op, self.cast(x, float32)), element)
+            return self.cast(self.unary(op, self.cast(x, float32), ftz), element)
+        if ftz and element_of(x) == float32:
+            return self.builder.value(_MATH[op], [x], x.type, ftz=True)
         return self.builder.value(_MATH[op], [x], x.type)
 
     def sigmoid(self, x) -> Value:
