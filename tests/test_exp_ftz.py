@@ -109,11 +109,8 @@ def test_ptx_takes_the_ftz_instruction_only_where_asked(arch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("ftz", [False, True])
-def test_gpu_matches_float64_and_the_interpreter(ftz):
+def test_gpu_matches_float64(ftz):
     x = _inputs(5000, "cuda")
     out = poison(torch.empty(3 * x.numel(), device="cuda"))
     _exponentials[(-(-x.numel() // 256),)](out, x, x.numel(), BLOCK=256, FTZ=ftz)
     _check(out, x, ftz)
-    reference = poison(torch.empty(3 * x.numel()))
-    _exponentials[(-(-x.numel() // 256),)](reference, x.cpu(), x.numel(), BLOCK=256, FTZ=ftz, interpret=True)
-    assert torch.equal(out.cpu() == 0, reference == 0)        # the same results flushed
