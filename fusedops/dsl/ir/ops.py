@@ -15,7 +15,7 @@ Operand conventions (checked by `verifier.py`):
 | CAST | x | - | same shape, the result's element type (value conversion) |
 | BITCAST | x | - | same shape and bit width, bits reinterpreted |
 | binary elementwise | a, b of one type | - | that type (comparisons: int1) |
-| unary elementwise | x | - | its type |
+| unary elementwise | x | ftz (EXP, EXP2 in float32 only: subnormal results flushed; absent otherwise) | its type |
 | FMA | a, b, c of one float type | - | that type |
 | WHERE | cond (int1), a, b (one type) | - | a's type |
 | ADDPTR | ptr, integer offset (same shape) | - | ptr (offset counts elements) |

@@ -260,7 +260,8 @@ class Semantics(ShapeOps, BlockOps):
         rsqrt, sin, cos, erf, tanh, floor, ceil). Math on integers is done in float32; on float16 and
         bfloat16 it is done in float32 and rounded back. `ftz` (exp, exp2: a constexpr bool): float32
         subnormal results flushed to zero (the op's `ftz` attr; dsl.exp2's docstring)."""
-        ftz = compile_time_flag(ftz, f"{op}: ftz")
+        if isinstance(ftz, Value) or not isinstance(ftz, bool):     # (not bool(): ftz="False" would flush)
+            raise CompilationError(f"{op}: ftz must be a constexpr bool, got {shown(ftz)}")
         x = self.to_value(x)
         element = element_of(x)
         if isinstance(element, PointerType):
