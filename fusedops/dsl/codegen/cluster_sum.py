@@ -14,6 +14,10 @@ LLVM): the writes of call c + 2 into a peer's buffer follow the barrier of call 
 peer reaches only after its reads of call c; so one cluster barrier per call suffices. The kernel
 starts with a cluster barrier so that no CTA writes into one that has not started. After a CTA's
 last call no peer writes into it again, so CTAs may exit without a final barrier.
+
+Cost (session 34, H200, LayerNorm backward in clusters, 12289-32768 columns): the barrier's stalls (a third of
+the kernel's samples under Nsight Compute at 12289) are the wait for the cluster's slowest CTA, not the
+release: with `arrive.relaxed` (unsafe) the backward ran within 0.5% of the shipped one.
 """
 
 from __future__ import annotations

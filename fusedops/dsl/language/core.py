@@ -177,10 +177,11 @@ def _exponential(name: str, doc: str):
         "range, plus the rounding of x * log2(e) for exp) and in float64 with libdevice. Integer inputs are "
         "computed in float32; float16 and bfloat16 in float32, rounded back to the input dtype.\n\n"
         "ftz (constexpr bool, default False): in float32, flush subnormal results (below 2^-126, float32's "
-        "smallest normal) to +0, as `ex2.approx.ftz.f32` does (CUDA's `exp2f` under -ftz=true): one MUFU.EX2 instead of the subnormal-range fix-up around it (a compare and two "
-        "multiplies per element in SASS). Where results that small cannot matter (softmax weights beside a "
-        "row maximum of 1) this saves about 10% of a flash attention kernel on the H200. float64 ignores it. "
-        "Raises CompilationError if ftz is a run-time value.")
+        "smallest normal) to +0, as `ex2.approx.ftz.f32` does (CUDA's `exp2f` under -ftz=true): one MUFU.EX2 "
+        "instead of the subnormal-range fix-up around it (a compare and two multiplies per element in SASS). "
+        "Where results that small cannot matter (softmax weights beside a row maximum of 1) this saves about "
+        "10% of a flash attention kernel on the H200. float64 ignores it. Raises CompilationError if ftz is "
+        "not a bool known at compile time.")
     return builtin(function)
 
 
