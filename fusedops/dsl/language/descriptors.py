@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
-from .core import builtin, constexpr
+from .core import builtin
 from .dtypes import BlockType, DType, PointerType, float32, int32, int64, uint32
-from .shape_ops import check_block_size, shown
+from .shape_ops import check_block_size, compile_time_bool, shown
 
 
 class TensorDescriptor:
@@ -128,10 +128,7 @@ def descriptor_load(descriptor, offsets, multicast=False, *, _semantic=None):
     hangs. Without a cluster, or where the load is not done by the copy engine, it is an ordinary load.
     """
     coordinates = _offsets(_semantic, descriptor, offsets, "load")
-    if isinstance(multicast, constexpr):
-        multicast = multicast.value
-    if not isinstance(multicast, bool):
-        raise CompilationError(f"descriptor load: multicast must be a constexpr bool, got {shown(multicast)}")
+    multicast = compile_time_bool(multicast, "descriptor load: multicast")
     operands = [descriptor.base, *descriptor.shape, *descriptor.strides, *coordinates]
     result = BlockType(descriptor.block_shape, descriptor.element)
     attrs = dict(block_shape=descriptor.block_shape)

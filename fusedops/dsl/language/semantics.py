@@ -19,7 +19,7 @@ from . import promotion
 from .block_ops import BlockOps
 from .dtypes import (BlockType, DType, PointerType, float32, int1, int32, int64, shape_of, with_element,
                      with_shape)
-from .shape_ops import ShapeOps, compile_time_flag, shown
+from .shape_ops import ShapeOps, compile_time_bool, compile_time_flag, shown
 
 _BINARY = {
     "add": OpCode.ADD, "sub": OpCode.SUB, "mul": OpCode.MUL, "truediv": OpCode.DIV,
@@ -260,8 +260,7 @@ class Semantics(ShapeOps, BlockOps):
         rsqrt, sin, cos, erf, tanh, floor, ceil). Math on integers is done in float32; on float16 and
         bfloat16 it is done in float32 and rounded back. `ftz` (exp, exp2: a constexpr bool): float32
         subnormal results flushed to zero (the op's `ftz` attr; dsl.exp2's docstring)."""
-        if isinstance(ftz, Value) or not isinstance(ftz, bool):     # (not bool(): ftz="False" would flush)
-            raise CompilationError(f"{op}: ftz must be a constexpr bool, got {shown(ftz)}")
+        ftz = compile_time_bool(ftz, f"{op}: ftz")
         x = self.to_value(x)
         element = element_of(x)
         if isinstance(element, PointerType):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import CompilationError
 from ..ir import OpCode, Value
+from .core import constexpr
 from .dtypes import BlockType, DType, PointerType, int32, shape_of, with_shape
 
 _MAX_BLOCK_NUMEL = 1 << 20
@@ -28,6 +29,20 @@ def compile_time_flag(value, what: str) -> bool:
     if isinstance(value, Value):
         raise CompilationError(f"{what} must be a constexpr bool, got {shown(value)}")
     return bool(value)
+
+
+def compile_time_bool(value, what: str) -> bool:
+    """`value` (a dsl.constexpr's value unwrapped) where it must be a bool, for a flag that a truth value
+    would misread (`ftz="False"` is truthy).
+
+    Raises:
+        CompilationError: `value` is a runtime value or not a bool.
+    """
+    if isinstance(value, constexpr):
+        value = value.value
+    if not isinstance(value, bool):
+        raise CompilationError(f"{what} must be a constexpr bool, got {shown(value)}")
+    return value
 
 
 def shown(value) -> str:
