@@ -2,7 +2,7 @@
 against torch.matmul (cuBLAS) and a Triton 3.6 tutorial-style kernel (bench/triton_reference.py), in the same run.
 
     python bench/matmul.py [--out DIR] [--quick] [--dtypes fp16,bf16] [--shapes 4096x4096x4096,...]
-                           [--epilogue] [--no-triton]
+                           [--epilogue] [--no-triton] [--store-variants]
 
 Shapes (M x N x K): 4096^3, 8192^3 and LLM projections at M = 8192 tokens with N, K in
 {4096, 11008, 14336} (up: N = 11008 / 14336, K = 4096; down: N = 4096, K = 11008 / 14336).
@@ -10,6 +10,9 @@ For each shape and dtype it reports ms (median of CUDA-event timings, L2 flushed
 providers timed side by side in rounds: `interleaved_gpu_times_ms`),
 TFLOP/s (2 M N K / time) and the ratio to torch.matmul. --epilogue also times
 activation(a @ b + bias) fused (fusedops.matmul(a, b, bias, "gelu")) against torch's unfused ops.
+--store-variants also times, where the product runs the persistent kernel, that kernel with the config the
+autotuner chose and each tile's store inline or deferred into the next tile's first K step
+(kernels/matmul_persistent.py DEFERRED_STORE): providers "persistent inline" and "persistent deferred".
 The first fusedops call per shape autotunes (compiles every config once, then times them); that is
 outside the timed region. Results: a table on stdout, matmul.csv / matmul.json (rows stamped with
 the GPU, torch and fusedops versions, and the config the autotuner chose) and matmul.png in --out.
@@ -17,6 +20,7 @@ the GPU, torch and fusedops versions, and the config the autotuner chose) and ma
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -29,6 +33,7 @@ from timing import interleaved_gpu_times_ms, write_rows  # noqa: E402
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import matmul as K  # noqa: E402
+from fusedops.kernels import matmul_persistent  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 4096), (8192, 11008, 4096), (8192, 4096, 11008),
           (8192, 14336, 4096), (8192, 4096, 14336)]
@@ -53,7 +58,37 @@ def _inputs(shape, dtype):
     return a, b, bias
 
 
-def bench_shape(shape, dtype_name, triton, epilogue, repeats):
+def _chosen_config(a, b, out):
+    """(kernel name, the config fusedops.matmul's autotuner chose for a @ b, or SMALL_CONFIG)."""
+    m, n, k = out.shape[0], out.shape[1], a.shape[1]
+    # the launch's key: (c, a, b, bias or c, M, N, K); c and bias have a's dtype here
+    # (the TMA kernel, when the product took it, has the same leading parameters)
+    tuned = K.tuned_matmul_tma_kernel if K._uses_tma(out[None], a[None], b[None]) else K.tuned_matmul_kernel
+    chosen = tuned.best.get(tuned.key_of((a, a, b, a, m, n, k), {}))
+    return ("tma" if tuned is K.tuned_matmul_tma_kernel else "cp.async"), (chosen or K.SMALL_CONFIG)
+
+
+def _store_variants(a, b, out) -> dict:
+    """{provider: call}: the persistent kernel with the chosen config, its store inline and deferred; {} where
+    the product does not run it."""
+    kernel, config = _chosen_config(a, b, out)
+    programs = K._persistent_plan(out[None], a.shape[1], config) if kernel == "tma" else None
+    if programs is None:
+        return {}
+    variants = {}
+    for name, deferred in (("persistent inline", False), ("persistent deferred", True)):
+        c = torch.empty_like(out)
+        launch = matmul_persistent.prepare(c, a, b, None, None, config, programs, deferred_store=deferred)
+        variants[name] = functools.partial(_launched, launch, c, a, b)
+    return variants
+
+
+def _launched(launch, c, a, b):
+    launch(c, a, b, None)
+    return c
+
+
+def bench_shape(shape, dtype_name, triton, epilogue, repeats, store_variants=False):
     dtype = DTYPES[dtype_name]
     a, b, bias = _inputs(shape, dtype)
     m, n, k = shape
@@ -66,6 +101,11 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
         providers["fusedops+gelu"] = lambda: fusedops.matmul(a, b, bias, "gelu")
     reference = torch.matmul(a.float(), b.float())
     rows, outputs = [], {}
+    if store_variants:
+        try:
+            providers.update(_store_variants(a, b, providers["fusedops"]()))
+        except Exception as error:     # the fusedops row below reports a failing product
+            print(f"store variants failed at {m}x{n}x{k} {dtype_name}: {type(error).__name__}: {error}")
     for provider, fn in providers.items():
         try:
             outputs[provider] = fn()      # compiles / autotunes outside the timed region
@@ -83,14 +123,10 @@ def bench_shape(shape, dtype_name, triton, epilogue, repeats):
         row = {"op": "matmul", "M": m, "N": n, "K": k, "dtype": dtype_name, "provider": provider, "ms": ms,
                "TFLOP/s": flops / ms / 1e9, "rel_error": scripts.relative_error(out, ref)}
         row["vs torch"] = torch_ms[family] / ms if family in torch_ms else None
-        if provider.startswith("fusedops"):
-            # the launch's key: (c, a, b, bias or c, M, N, K); c and bias have a's dtype here
-            # (the TMA kernel, when the product took it, has the same leading parameters)
-            tuned = K.tuned_matmul_tma_kernel if K._uses_tma(out[None], a[None], b[None]) else K.tuned_matmul_kernel
-            key = tuned.key_of((a, a, b, a, m, n, k), {})
-            chosen = tuned.best.get(key)
-            row["kernel"] = "tma" if tuned is K.tuned_matmul_tma_kernel else "cp.async"
-            row["config"] = str(chosen) if chosen else str(K.SMALL_CONFIG)
+        if provider.startswith(("fusedops", "persistent")):
+            kernel, config = _chosen_config(a, b, out)
+            row["kernel"] = "persistent" if provider.startswith("persistent") else kernel
+            row["config"] = str(config)
         rows.append(row)
     return rows
 
@@ -119,6 +155,8 @@ def main(argv=None):
                         help="comma-separated MxNxK (default: the issue's list)")
     parser.add_argument("--epilogue", action="store_true", help="also time bias + gelu fused vs torch")
     parser.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
+    parser.add_argument("--store-variants", action="store_true",
+                        help="also time the persistent kernel with its store inline and deferred")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/matmul.py needs a CUDA GPU")
@@ -132,7 +170,7 @@ def main(argv=None):
     rows = []
     for dtype_name in dtypes:
         for shape in shapes:
-            rows.extend(bench_shape(shape, dtype_name, triton, args.epilogue, repeats))
+            rows.extend(bench_shape(shape, dtype_name, triton, args.epilogue, repeats, args.store_variants))
             print(format_table([r for r in rows if (r["M"], r["N"], r["K"], r["dtype"]) == (*shape, dtype_name)]))
     print()
     print(format_table(rows))

@@ -41,7 +41,7 @@ def _csv_header(rows, tmp_path, name):
 # -- the command lines ------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, options", [
     ("attention", ["--out", "--quick", "--dtypes", "--seqlens", "--head-dims", "--compile"]),
-    ("matmul", ["--out", "--quick", "--dtypes", "--shapes", "--epilogue", "--no-triton"]),
+    ("matmul", ["--out", "--quick", "--dtypes", "--shapes", "--epilogue", "--no-triton", "--store-variants"]),
     ("softmax", ["--out", "--quick", "--dtypes", "--ns", "--log", "--no-compile", "--sweep", "--details"]),
     ("layernorm", ["--out", "--name", "--quick", "--ops", "--dtypes", "--no-compile", "--sweep"]),
     ("vector_add", ["--out"]),

@@ -234,12 +234,23 @@ def test_chunk_buffers(offset, boxes, box_bytes, expected):
 @dsl.jit
 def _two_box_stores_kernel(y_ptr, z_ptr, x_ptr, w_ptr, rows, cols, stride_r, BLOCK_R: dsl.constexpr,
                            BLOCK_C: dsl.constexpr):
-    # y's box = x's, z's box = w's: for each store the other load is one its block does not come from (it
-    # may read what the engine then writes)
+    # y's box = x's, z's box = w's: for each store the other load is one its block does not come from, of
+    # another kernel argument (taken not to overlap, as pipelining takes them: passes/pointer_roots.py)
     offsets = dsl.arange(0, BLOCK_R)[:, None] * BLOCK_C + dsl.arange(0, BLOCK_C)[None, :]
     tile, other = dsl.load(x_ptr + offsets), dsl.load(w_ptr + offsets)
     dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
     dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), other)
+
+
+@dsl.jit
+def _stored_tensor_read_kernel(y_ptr, z_ptr, x_ptr, rows, cols, stride_r, BLOCK_R: dsl.constexpr,
+                               BLOCK_C: dsl.constexpr):
+    # y's old box goes to z, x's box to y: y's store follows a load of y's own argument that its block does
+    # not come from (the load may still read what the engine writes); z's follows a load of x only
+    offsets = dsl.arange(0, BLOCK_R)[:, None] * stride_r + dsl.arange(0, BLOCK_C)[None, :]
+    tile, old = dsl.load(x_ptr + offsets), dsl.load(y_ptr + offsets)
+    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
+    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
 
 
 def _fences(ptx):
@@ -255,13 +266,20 @@ def test_the_proxy_fence_covers_global_memory_only_where_generic_accesses_may_pr
         args, options = mp._arguments(a, a, a, bias, activation, mm.WGMMA_CONFIGS[0], 132)
         ptx = mp.matmul_persistent_kernel.compile(*args, target="sm_90a", **options).asm["ptx"]
         assert _fences(ptx)[0] == 0 and _fences(ptx)[1] >= 4, bias
-    # The box kernel stores what it loaded: shared only. A load the block does not come from (or any generic
-    # write in the kernel, tests/test_review_session10_b.py): every state space.
+    # The box kernel stores what it loaded: shared only. So do stores whose other loads read other arguments.
+    # A load of the stored argument that the block does not come from (or any generic write in the kernel,
+    # tests/test_review_session10_b.py): every state space.
     y, x = torch.empty(1024, 1024, dtype=torch.float16), torch.empty(64, 64, dtype=torch.float16)
     assert _fences(_box_ir(y, x).asm["ptx"])[0] == 0
-    ptx = _two_box_stores_kernel.compile(y, y, x, x, 1024, 1024, 1024, target="sm_90a", BLOCK_R=64,
+    z, w = torch.empty_like(y), torch.empty_like(x)
+    ptx = _two_box_stores_kernel.compile(y, z, x, w, 1024, 1024, 1024, target="sm_90a", BLOCK_R=64,
                                          BLOCK_C=64).asm["ptx"]
-    assert ptx.count("global.shared::cta") == 2 and _fences(ptx)[0] == 2
+    assert ptx.count("global.shared::cta") == 2 and _fences(ptx)[0] == 0
+    ptx = _stored_tensor_read_kernel.compile(y, z, x, 1024, 1024, 1024, target="sm_90a", BLOCK_R=64,
+                                             BLOCK_C=64).asm["ptx"]
+    assert ptx.count("global.shared::cta") == 2 and _fences(ptx)[0] == 1
+    first_store = ptx.index("global.shared::cta")
+    assert re.search(r"fence\.proxy\.async\s*;", ptx[:first_store])      # y's: the full fence
 
 
 def test_interpreter_store_matmul(seed):

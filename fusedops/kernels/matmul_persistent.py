@@ -8,7 +8,9 @@ completing on mbarriers, passes/pipelining.py) therefore runs on across tile bou
 steps of the next tile load while the last wgmma of this one and its epilogue run, where a grid of one
 program per tile starts every tile with an empty ring. The epilogue writes C through a tensor descriptor
 (a TMA store on sm_90a, codegen/tma_store.py; masked stores elsewhere) inside the loop
-(`if k == last`), with the wgmma kept in flight across the branch.
+(`if k == last`), with the wgmma kept in flight across the branch; or, with DEFERRED_STORE, the tile converted to
+C's dtype waits in registers and goes out during the next tile's first K step, that step's wgmma in flight
+(the last tile's after the loop).
 
 The ring prefetches iterations ahead of the current one, so the tile coordinates of an iteration are
 computed from its index, not carried: iteration -> (tile, K step) and tile -> group of GROUP_M rows
@@ -69,10 +71,12 @@ def matmul_persistent_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, 
                              stride_cm, stride_cn, stride_bias, k_magic, k_shift, group_magic, group_shift,
                              BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, BLOCK_K: dsl.constexpr,
                              GROUP_M: dsl.constexpr, HAS_BIAS: dsl.constexpr, ACTIVATION: dsl.constexpr,
-                             ACC: dsl.constexpr):
+                             ACC: dsl.constexpr, DEFERRED_STORE: dsl.constexpr = False):
     # c_ptr: (M, N); a_ptr: (M, K); b_ptr: (K, N); grid: (programs,), programs <= tiles.
     # (k_magic, k_shift): magic_numbers(cdiv(K, BLOCK_K)); (group_magic, group_shift): magic_numbers(GROUP_M *
     # cdiv(N, BLOCK_N)); GROUP_M divides cdiv(M, BLOCK_M).
+    # DEFERRED_STORE: a tile's output (in C's dtype) is stored during the next tile's first K step, while that
+    # step's wgmma runs; the last tile's after the loop.
     pid = dsl.program_id(0)
     programs = dsl.num_programs(0)
     tiles_n = dsl.cdiv(N, BLOCK_N)
@@ -82,6 +86,9 @@ def matmul_persistent_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, 
     b_desc = dsl.make_tensor_descriptor(b_ptr, (K, N), (stride_bk, stride_bn), (BLOCK_K, BLOCK_N))
     c_desc = dsl.make_tensor_descriptor(c_ptr, (M, N), (stride_cm, stride_cn), (BLOCK_M, BLOCK_N))
     acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
+    out = dsl.zeros((BLOCK_M, BLOCK_N), c_ptr.dtype.element)     # DEFERRED_STORE: the tile not yet stored
+    out_m = 0
+    out_n = 0
     for it in range(0, my_tiles * k_iters):
         local = _quotient(it, k_magic, k_shift)
         k = it - local * k_iters
@@ -91,14 +98,35 @@ def matmul_persistent_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, 
         pid_m = group * GROUP_M + within % GROUP_M
         pid_n = within // GROUP_M
         acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k * BLOCK_K)), b_desc.load((k * BLOCK_K, pid_n * BLOCK_N)), acc)
+        if DEFERRED_STORE:
+            if k == 0 and local > 0:
+                c_desc.store((out_m, out_n), out)
         if k == k_iters - 1:
-            out = acc
+            result = acc
             if HAS_BIAS:
                 rn = pid_n * BLOCK_N + dsl.arange(0, BLOCK_N)
-                out = out + dsl.load(bias_ptr + rn.to(dsl.int64) * stride_bias, mask=rn < N, other=0.0).to(ACC)[None, :]
-            c_desc.store((pid_m * BLOCK_M, pid_n * BLOCK_N), _activation(out, ACTIVATION).to(c_ptr.dtype.element))
+                result = result + dsl.load(bias_ptr + rn.to(dsl.int64) * stride_bias, mask=rn < N,
+                                           other=0.0).to(ACC)[None, :]
+            result = _activation(result, ACTIVATION).to(c_ptr.dtype.element)
+            if DEFERRED_STORE:
+                out = result
+                out_m = pid_m * BLOCK_M
+                out_n = pid_n * BLOCK_N
+            else:
+                c_desc.store((pid_m * BLOCK_M, pid_n * BLOCK_N), result)
             acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
+    if DEFERRED_STORE:
+        c_desc.store((out_m, out_n), out)
 
+
+# Whether a tile's store is deferred into the next tile's first K step (the kernel's DEFERRED_STORE): the copy
+# engine's reads of the output tile and the CTA barriers around its chunks then overlap that step's wgmma instead
+# of leaving the tensor cores idle (the epilogue cost 4-6% at 4096^3, session 11; its chunk read waits 1.5-2%,
+# session 32). The tile waits in registers in C's dtype: 128 x 256 fp16 on 8 warps, 156 -> 242 registers without
+# a bias or with one, 255 -> 240 with gelu (ptxas, sm_90a, no spills), but silu spills 92-112 bytes and
+# gelu_tanh 4-8 (inline: 0 and 448). Off until timed on the H200 (session 35 had no GPU): `bench/matmul.py
+# --store-variants` times both against cuBLAS; the GPU tier checks both.
+DEFERRED_STORE = False
 
 # At least this many waves of tiles (tiles / SMs): below, most programs have one or two tiles and the
 # overlap has little to hide.
@@ -128,7 +156,7 @@ def plan(m: int, n: int, k: int, config: dsl.Config, device: torch.device) -> Op
     return dsl.cdiv(tiles, dsl.cdiv(tiles, sms))
 
 
-def _arguments(c, a, b, bias, activation, config, programs) -> tuple:
+def _arguments(c, a, b, bias, activation, config, programs, deferred_store: bool = DEFERRED_STORE) -> tuple:
     m, n, k = c.shape[0], c.shape[1], a.shape[1]
     block_m, block_n, block_k = (config.constexprs[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
     tiles_m, tiles_n = dsl.cdiv(m, block_m), dsl.cdiv(n, block_n)
@@ -142,26 +170,29 @@ def _arguments(c, a, b, bias, activation, config, programs) -> tuple:
             *magic_numbers(dsl.cdiv(k, block_k)), *magic_numbers(group_m * tiles_n))
     acc = dsl.float64 if a.dtype == torch.float64 else dsl.float32
     options = dict(config.constexprs, GROUP_M=group_m, HAS_BIAS=has_bias, ACTIVATION=activation, ACC=acc,
-                   num_warps=config.num_warps, num_stages=config.num_stages)
+                   DEFERRED_STORE=deferred_store, num_warps=config.num_warps, num_stages=config.num_stages)
     return args, options
 
 
 def launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
-           activation: Optional[str], config: dsl.Config, programs: int, interpret: bool = False) -> torch.Tensor:
+           activation: Optional[str], config: dsl.Config, programs: int, interpret: bool = False,
+           deferred_store: bool = DEFERRED_STORE) -> torch.Tensor:
     """c = activation(a @ b + bias) by matmul_persistent_kernel with `config` over `programs` programs.
     c: (M, N), a: (M, K), b: (K, N) as matmul_tma_kernel takes them; bias: (N,) or None. Returns c.
+    deferred_store: each tile's store waits for the next tile's first K step (`DEFERRED_STORE`).
 
     Raises:
         ValueError: `programs` not from 1 to the number of tiles, or K = 0 (no tile would be written).
     """
-    args, options = _arguments(c, a, b, bias, activation, config, programs)
+    args, options = _arguments(c, a, b, bias, activation, config, programs, deferred_store)
     matmul_persistent_kernel[(programs,)](*args, interpret=interpret, **options)
     return c
 
 
 def prepare(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
-            activation: Optional[str], config: dsl.Config, programs: int) -> Callable:
+            activation: Optional[str], config: dsl.Config, programs: int,
+            deferred_store: bool = DEFERRED_STORE) -> Callable:
     """`launch(c, a, b, bias)`: `launch` prepared for tensors like these (JITFunction.prepare)."""
-    args, options = _arguments(c, a, b, bias, activation, config, programs)
+    args, options = _arguments(c, a, b, bias, activation, config, programs, deferred_store)
     prepared = matmul_persistent_kernel.prepare((programs,), *args, interpret=False, **options)
     return lambda c, a, b, bias: prepared(c, a, b, c if bias is None else bias)

@@ -37,6 +37,7 @@ from ..ir import Block, Builder, Function, OpCode, Operation, Value
 from ..ir.rewrite import replace_all_uses
 from ..language.dtypes import int64
 from ..language.semantics import Semantics
+from .pointer_roots import pointer_roots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,10 +154,13 @@ _GENERIC_WRITES = frozenset({OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS}
 
 def _generic_global_access_may_precede(function: Function, store: Operation) -> bool:
     """Whether a generic-proxy global access that a TMA store (or bulk reduction) must follow may run before
-    it: any generic write of the function (st.global, atomics), or a load whose value the stored block is
-    not computed from in the same iteration (a load marked for the copy engine may stay a generic one).
-    A load the stored block is computed from (a bias added in the epilogue) has completed before the tile
-    reaches shared memory. Where nothing else remains, the store's proxy fence covers only its shared tile
+    it: any generic write of the function (st.global, atomics), or a load that may read what the store
+    writes and may still be in flight (a load marked for the copy engine may stay a generic one). Neither is
+    a load the stored block is computed from in the same iteration (a bias added in the epilogue: it has
+    completed before the tile reaches shared memory) nor one of a pointer derived from other kernel
+    arguments than the store's tensor (passes/pointer_roots.py: distinct pointer arguments are taken not to
+    overlap, as pipelining takes them; say a tile kept from an earlier iteration and stored while the next
+    one's operands load). Where nothing else remains, the store's proxy fence covers only its shared tile
     (codegen/tma_store.py): a `fence.proxy.async` of every state space cost the persistent matmul 1-2% on
     the H200 (session 11)."""
     feeding, pending = set(), [store.operands[0]]
@@ -167,12 +171,18 @@ def _generic_global_access_may_precede(function: Function, store: Operation) -> 
             continue        # a block argument or a region's result: not followed
         feeding.add(id(producer))
         pending.extend(producer.operands)
+    written = pointer_roots(store.operands[1])
     for op in function.walk():
         if op.opcode in _GENERIC_WRITES:
             return True
-        if op.opcode == OpCode.LOAD and id(op) not in feeding:
+        if op.opcode == OpCode.LOAD and id(op) not in feeding and not _apart(pointer_roots(op.operands[0]), written):
             return True
     return False
+
+
+def _apart(roots: Optional[frozenset], other: Optional[frozenset]) -> bool:
+    """Whether two pointers' roots (pointer_roots) are both known and share no kernel argument."""
+    return bool(roots) and bool(other) and not roots & other
 
 
 _MEMORY_OPS = frozenset({OpCode.LOAD, OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.DESCRIPTOR_LOAD,
