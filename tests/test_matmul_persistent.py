@@ -184,7 +184,8 @@ _EIGHT_WARP_CONFIGS = [config for config in mm.WGMMA_CONFIGS if config.num_warps
 @pytest.mark.parametrize("index", range(len(_EIGHT_WARP_CONFIGS)))
 @pytest.mark.parametrize("dtype, out_dtype, bias, activation", [
     (torch.float16, torch.float16, False, None), (torch.bfloat16, torch.bfloat16, True, "gelu"),
-    (torch.float16, torch.float16, True, "silu"), (torch.float16, torch.float32, False, "relu")])
+    (torch.float16, torch.float16, True, "silu"), (torch.float16, torch.float32, False, "relu"),
+    (torch.float16, torch.float16, False, "gelu_tanh"), (torch.bfloat16, torch.bfloat16, True, "gelu_tanh")])
 def test_sm90a_ptx_tma_ring_tma_store_no_spills_no_serialization(index, dtype, out_dtype, bias, activation, tmp_path,
                                                                   monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))

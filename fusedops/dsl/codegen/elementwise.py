@@ -11,7 +11,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ir import OpCode
-from ..language.dtypes import BlockType, DType, PointerType
+from ..language.dtypes import BlockType, DType, PointerType, float32
 from ..target import llvm_types as T
 from .math import lower_math
 from .memory import constant_run
@@ -146,6 +146,9 @@ def _binary(ctx, op):
     b = ctx.builder
     code = op.opcode
     if dtype.is_floating:
+        if code == OpCode.DIV and op.attrs.get("approx") and dtype == float32:
+            # `fdiv afn`: rcp.approx.f32 for 1 / x, else div.approx.f32 (the denormal-preserving forms)
+            return map_registers(ctx, op, lambda x, y: b.fdiv(x, y, flags=("afn",)))
         simple = {OpCode.ADD: b.fadd, OpCode.SUB: b.fsub, OpCode.MUL: b.fmul, OpCode.DIV: b.fdiv}
         if code in simple:
             return map_registers(ctx, op, simple[code])

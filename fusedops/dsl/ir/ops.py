@@ -14,7 +14,7 @@ Operand conventions (checked by `verifier.py`):
 | TRANS | block | perm | permuted dims |
 | CAST | x | - | same shape, the result's element type (value conversion) |
 | BITCAST | x | - | same shape and bit width, bits reinterpreted |
-| binary elementwise | a, b of one type | - | that type (comparisons: int1) |
+| binary elementwise | a, b of one type | approx (DIV in float32 only: the approximate quotient; absent otherwise) | that type (comparisons: int1) |
 | unary elementwise | x | ftz (EXP, EXP2 in float32 only: subnormal results flushed; absent otherwise) | its type |
 | FMA | a, b, c of one float type | - | that type |
 | WHERE | cond (int1), a, b (one type) | - | a's type |
