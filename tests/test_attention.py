@@ -123,6 +123,49 @@ def test_strided_broadcast_and_any_rank_inputs(seed, interpret):
     assert_close(out5, reference(q5, k5, v5), torch.float32)
 
 
+def _query_layouts():
+    """(name, q) of many layouts: contiguous, transposed from (B, L, H, E), split from a packed projection,
+    permuted, sliced, expanded, size-1 dims, head dim not innermost."""
+    packed = torch.randn(2, 5, 48)
+    return [("contiguous", torch.randn(2, 3, 5, 16)),
+            ("blhe", torch.randn(2, 5, 3, 16).transpose(1, 2)),
+            ("packed_qkv", packed[..., :16].view(2, 5, 1, 16).transpose(1, 2)),
+            ("packed_heads", torch.randn(2, 5, 96).split(32, dim=2)[1].view(2, 5, 2, 16).transpose(1, 2)),
+            ("hb", torch.randn(3, 2, 5, 16).transpose(0, 1)),
+            ("e_outer", torch.randn(16, 2, 3, 5).permute(1, 2, 3, 0)),
+            ("l_inner", torch.randn(2, 3, 16, 5).transpose(2, 3)),
+            ("sliced_e", torch.randn(2, 3, 5, 32)[..., :16]),
+            ("stepped_l", torch.randn(2, 3, 10, 16)[:, :, ::2]),
+            ("expanded_b", torch.randn(1, 3, 5, 16).expand(2, 3, 5, 16)),
+            ("expanded_h", torch.randn(2, 1, 5, 16).expand(2, 3, 5, 16)),
+            ("one_head_blhe", torch.randn(2, 5, 1, 16).transpose(1, 2)),
+            ("one_row", torch.randn(2, 3, 1, 16)),
+            ("3d", torch.randn(3, 5, 16))]
+
+
+@pytest.mark.parametrize("name, q", _query_layouts(), ids=[name for name, _ in _query_layouts()])
+def test_output_is_laid_out_as_torchs(name, q, interpret):
+    # torch gives its output the query's memory order (head dim innermost): nanoGPT's
+    # sdpa(q, k, v).transpose(1, 2).view(B, T, C) needs it (kernels/attention.py output_order)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    out = fusedops.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert out.stride() == expected.stride()
+    assert_close(out, reference(q, q, q, causal=True), torch.float32)
+
+
+def test_nanogpt_merge_of_heads_views_and_backpropagates(seed, interpret):
+    x = random_tensor((2, 7, 3 * 32), torch.float64, seed=seed).requires_grad_()
+    q, k, v = (t.view(2, 7, 2, 16).transpose(1, 2) for t in x.split(32, dim=2))
+    merged = fusedops.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).view(2, 7, 32)
+    (merged * torch.arange(32, dtype=torch.float64)).sum().backward()
+    grad, x.grad = x.grad, None
+    q, k, v = (t.view(2, 7, 2, 16).transpose(1, 2) for t in x.split(32, dim=2))
+    expected = reference(q, k, v, causal=True).transpose(1, 2).reshape(2, 7, 32)
+    (expected * torch.arange(32, dtype=torch.float64)).sum().backward()
+    torch.testing.assert_close(merged, expected)
+    torch.testing.assert_close(grad, x.grad)
+
+
 @pytest.mark.parametrize("shape_q,shape_k", [((0, 2, 5, 16), (0, 2, 7, 16)), ((1, 2, 0, 16), (1, 2, 7, 16)),
                                              ((1, 2, 5, 16), (1, 2, 0, 16))])
 def test_empty_batch_and_sequences(shape_q, shape_k, interpret):
@@ -733,6 +776,28 @@ def test_gpu_forward_and_backward_within_twice_torch_error(case, causal, dtype, 
     _assert_within_twice_torch(out, torch_out, expected.detach(), "out")
     for name, ours, theirs, want in zip("qkv", grads, torch_grads, expected_grads):
         _assert_within_twice_torch(ours, theirs, want, f"d{name}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_nanogpt_heads_merge_by_view(dtype, seed):
+    # q, k, v split from one projection and viewed (B, T, H, E) -> (B, H, T, E): the output keeps that
+    # layout, so merging the heads is a view; forward and gradients within twice torch's error
+    x = random_tensor((2, 1000, 3 * 768), dtype, "cuda", seed).requires_grad_()
+    grad_out = random_tensor((2, 1000, 768), dtype, "cuda", seed + 1)
+
+    def heads(t):
+        return (part.view(2, 1000, 12, 64).transpose(1, 2) for part in t.split(768, dim=2))
+
+    out = fusedops.scaled_dot_product_attention(*heads(x), is_causal=True).transpose(1, 2).view(2, 1000, 768)
+    grad = torch.autograd.grad(out, x, grad_out)[0]
+    torch_out = _torch_sdpa(*heads(x), is_causal=True).transpose(1, 2).reshape(2, 1000, 768)
+    torch_grad = torch.autograd.grad(torch_out, x, grad_out)[0]
+    x64 = x.detach().double().requires_grad_()
+    expected = reference(*heads(x64), causal=True).transpose(1, 2).reshape(2, 1000, 768)
+    expected_grad = torch.autograd.grad(expected, x64, grad_out.double())[0]
+    _assert_within_twice_torch(out, torch_out, expected.detach(), "out")
+    _assert_within_twice_torch(grad, torch_grad, expected_grad, "dx")
 
 
 @pytest.mark.cuda

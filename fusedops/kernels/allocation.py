@@ -22,3 +22,19 @@ def contiguous_allocator(shape: tuple, dtype: torch.dtype, device: torch.device,
     if allocate is torch.empty and shape and 0 not in shape:      # (a 0-d shape: one element cannot expand to it)
         return functools.partial(torch.empty_like, torch.empty(1, dtype=dtype, device=device).expand(shape))
     return functools.partial(allocate, shape, dtype=dtype, device=device)
+
+
+def stride_order(t: torch.Tensor) -> tuple:
+    """`t`'s dims from the outermost in memory to the innermost: by decreasing stride, a dim of size 1 inside
+    another of its stride (as a dense tensor lays them out), other ties in their order."""
+    return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), t.shape[d] == 1)))
+
+
+def ordered_allocator(shape: tuple, order: tuple, dtype: torch.dtype, device: torch.device) -> Callable[[], torch.Tensor]:
+    """`new()`: an uninitialized dense tensor of `shape` whose dims lie in memory in `order`, outermost first
+    (a permutation of range(len(shape)); the identity gives contiguous_allocator's tensor)."""
+    if tuple(order) == tuple(range(len(shape))):
+        return contiguous_allocator(shape, dtype, device)
+    new = contiguous_allocator(tuple(shape[d] for d in order), dtype, device)
+    inverse = tuple(order.index(d) for d in range(len(shape)))
+    return lambda: new().permute(inverse)

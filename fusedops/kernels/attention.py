@@ -86,7 +86,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.language.dtypes import to_torch
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
-from fusedops.kernels.allocation import contiguous_allocator
+from fusedops.kernels.allocation import contiguous_allocator, ordered_allocator, stride_order
 from fusedops.kernels.device_info import max_shared_memory, sm_count, wgmma_target
 
 LOG2E = 1.4426950408889634
@@ -928,7 +928,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: O
     q: (B, H, L, E); k: (B, H_kv, S, E); v: (B, H_kv, S, Ev), one dtype (float16/bfloat16 on the GPU;
     the interpreter also runs float32/float64), H a multiple of H_kv, any strides. mask: None or a
     bool / float tensor *expanded* to (B, H, L, S) (stride 0 on broadcast dims). scale multiplies
-    q . k. Returns o: (B, H, L, Ev) contiguous in q's dtype, and lse: (B, H, 2, L) float32 (float64 for
+    q . k. Returns o: (B, H, L, Ev) in q's dtype, laid out as torch's attention lays out its output
+    (`output_order`: (B, L, H, Ev) in memory for a q transposed from (B, L, H, E)), and lse: (B, H, 2, L)
+    float32 (float64 for
     float64 inputs), the base-2 log-sum-exp of each row's logits as the unevaluated sum lse[:, :, 0] +
     lse[:, :, 1] (+inf and 0 for fully masked rows; the module docstring's "Saved statistics").
     With the default interpret the launch is prepared once per layouts and config (`attention_launches`:
@@ -986,13 +988,21 @@ class AttentionLaunches:
         return launch(do, q, k, v, o, lse, mask)
 
 
+def output_order(q: torch.Tensor) -> tuple:
+    """The memory order of the output's dims (B, H, L, Ev), outermost first: q's (allocation.stride_order) where
+    q's last dim is its innermost with unit stride, else contiguous; torch's attention does the same, so
+    nanoGPT's `sdpa(q, k, v).transpose(1, 2).view(B, T, C)` of q, k, v viewed from (B, T, H, E) works."""
+    order = stride_order(q)
+    return order if order[-1] == 3 and q.stride(3) == 1 else (0, 1, 2, 3)
+
+
 def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
     """`launch(q, k, v, mask) -> (o, lse)` for tensors like these (see attention_forward)."""
     batch, heads, length_q, dim = q.shape
     heads_kv, length_k, dim_v = k.shape[1], k.shape[2], v.shape[3]
     interpret = _interpret(interpret)
     acc = _acc_dtype(q)
-    new_o = contiguous_allocator((batch, heads, length_q, dim_v), q.dtype, q.device)
+    new_o = ordered_allocator((batch, heads, length_q, dim_v), output_order(q), q.dtype, q.device)
     new_lse = contiguous_allocator((batch, heads, 2, length_q), to_torch(acc), q.device)
     if batch * heads * length_q == 0:     # no rows (then no outputs either)
         return lambda q, k, v, mask: (new_o(), new_lse())

@@ -74,17 +74,24 @@ class _Conv1DForward:
     """forward of transformers' Conv1D (GPT-2): x @ weight + bias, weight (nx, nf), by fusedops.matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0 or x.shape[-1] != self.nx:
+            # the original's addmm refuses it (an empty batch too), as torch words it
+            raise RuntimeError(f"Conv1D: mat1 and mat2 shapes cannot be multiplied: the input's last dim must be "
+                               f"nx={self.nx}, got input of shape {tuple(x.shape)}")
         rows = x.reshape(math.prod(x.shape[:-1]), self.nx)     # the count spelled out: -1 is ambiguous for 0 elements
         return functional.matmul(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.nf)
 
 
 class _T5RMSNormForward:
     """forward of transformers' T5-style RMSNorms (LlamaRMSNorm, ...): weight * (x / rms(x)) over the
-    last dim, by fusedops.rms_norm, with the original's result dtype (weight's and x's promoted)."""
+    last dim, by fusedops.rms_norm. The original rounds x / rms(x) to x's dtype before the weight multiplies it
+    in their promoted dtype: with a weight of another dtype (a float32 norm over float16 activations, as
+    k-bit training keeps them) so does this, the kernel normalizing and torch applying the weight."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        y = functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
-        return y.to(torch.promote_types(self.weight.dtype, hidden_states.dtype))
+        if self.weight.dtype != hidden_states.dtype:
+            return self.weight * functional.rms_norm(hidden_states, self.weight.shape, None, self.variance_epsilon)
+        return functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
 
 
 # qualified transformers class name -> (flag, forward mixin)
