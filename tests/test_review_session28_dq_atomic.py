@@ -353,7 +353,7 @@ def _scoped_add(out_ptr, x_ptr, SEM: dsl.constexpr, SCOPE: dsl.constexpr, USE_OL
 @pytest.mark.parametrize("sem, scope, use_old, expected", [
     ("relaxed", "cta", False, ["red.relaxed.cta.global.add.v4.f32"]),
     ("relaxed", "gpu", False, ["red.relaxed.gpu.global.add.v4.f32"]),
-    ("relaxed", "sys", False, ["atom.global.add.f32"]),
+    ("relaxed", "sys", False, ["atom.relaxed.sys.global.add.f32"]),      # system scope (tests/test_atomic_scopes.py)
     ("release", "gpu", False, ["atom.global.add.f32"]),
     ("relaxed", "gpu", True, ["atom.global.add.f32"]),
 ])

@@ -20,6 +20,7 @@ from llvmlite.ir import instructions
 from ..ir import OpCode
 from ..language.dtypes import BlockType, float32
 from ..target import llvm_types as T
+from .elementwise import float_min_max
 from .memory import vector_widths
 from .ownership import owned_registers, owner_predicate, owners_values
 from .registry import lowering
@@ -62,6 +63,71 @@ def _rmw_name(kind: str, element) -> str:
     if kind in ("max", "min"):
         return kind if element.is_signed else "u" + kind
     return kind
+
+
+# System-scope read-modify-writes (scope="sys"), which LLVM's `atomicrmw` would emit GPU-scoped: PTX `atom`
+# op and type by (kind, float?, bits) where one instruction does it (PTX ISA, atom: `.noftz.bf16` from sm_90);
+# the others (8- and 16-bit integers, float max / min, bf16 before sm_90) loop on a system-scope CAS.
+_SYSTEM_ATOM = {("add", False, 32): "add.u32", ("add", False, 64): "add.u64", ("add", True, 32): "add.f32",
+                ("add", True, 64): "add.f64", ("xchg", False, 32): "exch.b32", ("xchg", False, 64): "exch.b64",
+                ("xchg", True, 32): "exch.b32", ("xchg", True, 64): "exch.b64", ("and", False, 32): "and.b32",
+                ("and", False, 64): "and.b64", ("or", False, 32): "or.b32", ("or", False, 64): "or.b64",
+                ("xor", False, 32): "xor.b32", ("xor", False, 64): "xor.b64"}
+_REGISTER = {16: "h", 32: "r", 64: "l"}
+
+
+def _system_atom(ctx, kind: str, element) -> str:
+    """The `atom` op.type of a system-scope RMW of `element`s, or "" where none does it."""
+    if kind in ("max", "min") and not element.is_floating and element.bits >= 32:
+        return f"{kind}.{'s' if element.is_signed else 'u'}{element.bits}"
+    if kind == "add" and element.is_floating and element.bits == 16:
+        return "add.noftz.f16" if element.name == "float16" else ("add.noftz.bf16" if ctx.arch_at_least(90) else "")
+    return _SYSTEM_ATOM.get((kind, element.is_floating, element.bits), "")
+
+
+def _system_rmw(ctx, kind: str, element, pointer, value):
+    """The old value of a relaxed system-scope RMW: one `atom.relaxed.sys.global` where PTX has it (operands
+    as integers of their width), else a loop of system-scope compare-and-swaps."""
+    b = ctx.builder
+    ty, bits = value.type, element.bits
+    integer = ir.IntType(bits)
+    op = _system_atom(ctx, kind, element)
+    if op:
+        register = "f" if op.endswith("f32") else "d" if op.endswith("f64") else _REGISTER[bits]
+        operand = value if register in "fd" else b.bitcast(value, integer) if element.is_floating else value
+        old = T.inline_asm(b, f"atom.relaxed.sys.global.{op} $0, [$1], $2;", f"={register},l,{register}",
+                           [pointer, operand], operand.type)
+        return b.bitcast(old, ty) if old.type != ty else old
+    entry = b.block
+    start = b.bitcast(b.load(pointer, typ=ty), integer) if element.is_floating else b.load(pointer, typ=ty)
+    loop, done = b.append_basic_block("atomic.sys"), b.append_basic_block("atomic.sys.done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    expected = b.phi(integer)
+    expected.add_incoming(start, entry)
+    current = b.bitcast(expected, ty) if element.is_floating else expected
+    new = _combined(ctx, kind, element, current, value)
+    seen = _cmpxchg(b, pointer, expected, b.bitcast(new, integer) if element.is_floating else new, "relaxed", "sys")
+    expected.add_incoming(seen, b.block)
+    b.cbranch(b.icmp_unsigned("==", seen, expected), done, loop)
+    b.position_at_end(done)
+    return current
+
+
+def _combined(ctx, kind: str, element, old, value):
+    """What an RMW of `kind` stores over `old`: the interpreter's rule (float max / min propagate NaN)."""
+    b = ctx.builder
+    if kind == "xchg":
+        return value
+    if kind == "add":
+        return (b.fadd if element.is_floating else b.add)(old, value)
+    if kind in ("and", "or", "xor"):
+        return {"and": b.and_, "or": b.or_, "xor": b.xor}[kind](old, value)
+    if element.is_floating:
+        return float_min_max(ctx, b, old, value, kind == "max")
+    compare = (">" if kind == "max" else "<")
+    greater = (b.icmp_signed if element.is_signed else b.icmp_unsigned)(compare, old, value)
+    return b.select(greater, old, value)
 
 
 def _fence(b, ordering: str, scope: str):
@@ -200,7 +266,10 @@ def _atomic_rmw(ctx, op):
         def emit(pointer=pointer, value=value):
             if sem in ("release", "acq_rel"):
                 _fence(b, "release", scope)
-            old = b.atomic_rmw(_rmw_name(kind, element), pointer, value, "monotonic")
+            if scope == "sys":
+                old = _system_rmw(ctx, kind, element, pointer, value)
+            else:   # GPU scope (`atomicrmw` without a scope), which covers a CTA's
+                old = b.atomic_rmw(_rmw_name(kind, element), pointer, value, "monotonic")
             if sem in ("acquire", "acq_rel"):
                 _fence(b, "acquire", scope)
             return old

@@ -68,7 +68,9 @@ def _shift(b, dtype: DType, a, amount, left: bool):
     return b.select(too_far, _const(ty, 0), b.lshr(a, safe))
 
 
-def _float_min_max(ctx, b, a, c, maximum: bool):
+def float_min_max(ctx, b, a, c, maximum: bool):
+    """max(a, c) (maximum) or min(a, c) of two float registers: NaN from either side wins, -0.0 < +0.0
+    (IEEE 754-2019 maximum / minimum; what dsl.maximum, reductions and atomics compute)."""
     name = "llvm.maximum" if maximum else "llvm.minimum"
     if a.type in (T.f32, T.f16, T.bf16) and ctx.arch_at_least(80):
         fn = T.declare_intrinsic(ctx.module, f"{name}.{_suffix(a.type)}", a.type, [a.type, a.type])
@@ -155,7 +157,7 @@ def _binary(ctx, op):
         if code == OpCode.MOD:
             return map_registers(ctx, op, lambda x, y: _fmod(ctx, x, y))
         if code in (OpCode.MINIMUM, OpCode.MAXIMUM):
-            return map_registers(ctx, op, lambda x, y: _float_min_max(ctx, b, x, y, code == OpCode.MAXIMUM))
+            return map_registers(ctx, op, lambda x, y: float_min_max(ctx, b, x, y, code == OpCode.MAXIMUM))
         raise AssertionError(code)
     simple = {OpCode.ADD: b.add, OpCode.SUB: b.sub, OpCode.MUL: b.mul, OpCode.AND: b.and_, OpCode.OR: b.or_,
               OpCode.XOR: b.xor}

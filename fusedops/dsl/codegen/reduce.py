@@ -16,7 +16,7 @@ from ..language.dtypes import BlockType
 from ..layouts.reduction import reduction_plan
 from ..target import llvm_types as T
 from . import layout_access
-from .elementwise import _float_min_max
+from .elementwise import float_min_max
 from .registry import lowering
 from .shared import barrier, element_pointer, linear_index, reserve, storage_bytes
 
@@ -27,7 +27,7 @@ def _combine(ctx, kind: str, element, a, b):
         return bld.fadd(a, b) if element.is_floating else bld.add(a, b)
     maximum = kind == "max"
     if element.is_floating:
-        return _float_min_max(ctx, bld, a, b, maximum)
+        return float_min_max(ctx, bld, a, b, maximum)
     signed = "s" if element.is_signed else "u"
     ty = a.type
     fn = T.declare_intrinsic(ctx.module, f"llvm.{signed}{'max' if maximum else 'min'}.i{ty.width}", ty, [ty, ty])

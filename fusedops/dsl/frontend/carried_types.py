@@ -8,7 +8,7 @@ nested loops promote as one loop does."""
 from __future__ import annotations
 
 from ..ir import OpCode, Value
-from ..ir.ops import BINARY_ARITH
+from ..ir.ops import ELEMENTWISE
 from ..language import promotion
 from ..language.dtypes import DType, shape_of
 from .control_flow import _element
@@ -16,6 +16,8 @@ from .scope import is_runtime
 
 # Ops that reshape a value without changing its elements (broadcasting an operand inserts them).
 _RESHAPES = frozenset({OpCode.SPLAT, OpCode.BROADCAST, OpCode.EXPAND_DIMS})
+# Ops whose value is a function of their operands alone, and constants.
+_PURE = (ELEMENTWISE - {OpCode.ADDPTR}) | _RESHAPES | {OpCode.CONSTANT}
 # Ops whose value memory gives, not their operands: a literal in an address does not reach what is loaded.
 _MEMORY_READS = frozenset({OpCode.LOAD, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.DESCRIPTOR_LOAD})
 
@@ -33,26 +35,33 @@ def _constant(value: Value):
 
 
 def is_literal_promotion(value: Value, carried_type) -> bool:
-    """Whether `value` is `x <op> literal` (either order) whose type differs from the carried type only
-    because the literal won the promotion: x, before the conversion the promotion inserted, has the carried
-    element type, and the result's type is the literal's own (a float literal's float32, a large int's
-    int64 / uint64), which wins the promotion against the carried type. Not one: `load_f32 + 1` into an
-    int32 carry (the load made it float, not the literal), `x.to(dsl.int32) + 1` into a float32 carry (the
-    conversion did) and `x + dsl.full((), 1, dsl.int64)` (a typed constant, not a literal)."""
-    op = value.defining_op
-    if op is None or op.opcode not in BINARY_ARITH or shape_of(value.type) != shape_of(carried_type):
-        return False
-    constants = [c for c in map(_constant, op.operands) if c is not None]
-    others = [_without_reshapes(o) for o in op.operands if _constant(o) is None]
-    if len(constants) != 1 or len(others) != 1:
-        return False
+    """Whether `value`'s type differs from the carried type only because literals won the promotion: it is
+    computed, by elementwise ops alone, from literals and one value x of the carried element type converted
+    as the promotion converts it, and its element type is a literal's own (a float literal's float32, a large
+    int's int64 / uint64), which wins the promotion against the carried type: `x + 1.5`, `x // 2.0` (a few
+    ops: a float floor division), `x * 0.5 + 0.25`. Not one: `load_f32 + 1` into an int32 carry (the load
+    made it float, not the literal), `x.to(dsl.int32) + 1` into a float32 carry (the conversion did),
+    `x + dsl.full((), 1, dsl.int64)` (a typed constant, not a literal) and `dsl.exp(x)` (no literal)."""
     carried, result = _element(carried_type), _element(value.type)
-    literal = promotion.literal_dtype(constants[0].attrs["value"])
-    if literal != result or not isinstance(carried, DType) or promotion.promote(carried, literal) != result:
+    if shape_of(value.type) != shape_of(carried_type) or not isinstance(carried, DType) or result == carried:
         return False
-    converted = others[0].defining_op
-    return converted is not None and converted.opcode == OpCode.CAST \
-        and _element(converted.operands[0].type) == carried
+    sources, literals, pending, seen = set(), [], [value], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        op = current.defining_op
+        if op is None or op.opcode not in _PURE:
+            return False        # a block argument (another carry, the induction variable), memory, ...
+        if op.opcode == OpCode.CONSTANT:
+            literals.append(promotion.literal_dtype(op.attrs["value"]))
+        elif op.opcode == OpCode.CAST and _element(op.operands[0].type) == carried and _element(current.type) == result:
+            sources.add(id(_without_reshapes(op.operands[0])))
+        else:
+            pending.extend(op.operands)
+    return len(sources) == 1 and any(literal == result and promotion.promote(carried, literal) == result
+                                     for literal in literals)
 
 
 def literals_reaching(carry_inits: dict, value) -> list:

@@ -41,7 +41,7 @@ from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from ..language import promotion
 from ..language.dtypes import BlockType, DType, shape_of
-from ..language.shape_ops import holds_runtime, shown
+from ..language.shape_ops import described, shown
 from .scope import is_runtime
 
 _MISSING = object()
@@ -53,17 +53,6 @@ def _is_number(value) -> bool:
 
 def _element(type_):
     return type_.element if isinstance(type_, BlockType) else type_
-
-
-def described(value) -> str:
-    """`value` as an error about control flow shows it: a tuple that holds runtime values by its length (the
-    repr of an IR value is the compiler's internal `Value(...)`), a runtime value by its type, a compile-time
-    one as `shown` gives it."""
-    if holds_runtime(value):
-        return f"a {type(value).__name__} of {len(value)} items"
-    if is_runtime(value):
-        return f"a {value.type} value"
-    return shown(value)
 
 
 def _same_constant(a, b) -> bool:

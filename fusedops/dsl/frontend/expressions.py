@@ -19,8 +19,8 @@ from ..ir.ops import SIDE_EFFECTS
 from ..language import core
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
-from ..language.shape_ops import holds_runtime
-from .control_flow import described
+from ..language.promotion import printable
+from ..language.shape_ops import described, holds_runtime
 from .scope import check_global, class_attribute_reads, is_runtime
 
 _BINARY = {
@@ -57,7 +57,7 @@ def python_evaluate(symbol: str, function, *operands):
     try:
         return function(*operands)
     except Exception as e:   # ZeroDivisionError, TypeError, ...: the user's constexpr arithmetic failed
-        shown = ", ".join(repr(o) for o in operands)
+        shown = ", ".join(described(o) for o in operands)
         raise CompilationError(f"compile-time `{symbol}` of {shown} failed: {e}") from None
 
 
@@ -103,7 +103,7 @@ class ExpressionsMixin:
         if isinstance(value, core.constexpr):
             value = value.value
         if not isinstance(value, Value) and not isinstance(value, (bool, int, float)):
-            shown = described(value) if holds_runtime(value) else f"{type(value).__name__} {value!r}"
+            shown = described(value) if holds_runtime(value) else f"{type(value).__name__} {printable(value)}"
             raise CompilationError(f"{shown} cannot be combined with a kernel value")
         return value
 

@@ -23,9 +23,10 @@ from ..ir import Block, Builder, Function, Value, verify
 from ..language import core
 from ..language.dtypes import int32
 from ..language.semantics import Semantics
+from ..language.shape_ops import described
 from ..runtime.signature import bind_parameters
 from .calls import CallsMixin
-from .control_flow import ControlFlowMixin, described
+from .control_flow import ControlFlowMixin
 from .errors import SourceInfo, with_location
 from .expressions import ExpressionsMixin
 from .loops import LoopsMixin

@@ -10,8 +10,9 @@ from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, OpCode
 from ..language import core, promotion
 from ..language.dtypes import BlockType, DType, int64, shape_of
+from ..language.shape_ops import described
 from .carried_types import is_literal_promotion, literals_reaching
-from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant, described
+from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant
 from .scope import is_runtime
 
 # The most iterations a dsl.static_range loop unrolls: each is compiled as its own copy of the body.
@@ -56,11 +57,12 @@ class LoopsMixin:
                                                "loop with runtime bounds")
                     if step == 0:
                         raise CompilationError("dsl.static_range step must not be zero")
-                    iterations = range(start, stop, step)
-                    if len(iterations) > MAX_UNROLL:
-                        raise CompilationError(f"dsl.static_range({start}, {stop}, {step}) unrolls {len(iterations)} "
+                    count = max(0, -((start - stop) // step))     # len(range(...)), for bounds past ssize_t too
+                    if count > MAX_UNROLL:
+                        bounds = ", ".join(promotion.printable(v) for v in (start, stop, step))
+                        raise CompilationError(f"dsl.static_range({bounds}) unrolls {promotion.printable(count)} "
                                                f"iterations, over {MAX_UNROLL}; use range() for a loop")
-                    return "unroll", iterations
+                    return "unroll", range(start, stop, step)
         value = self.visit(iterator)
         if not is_runtime(value) and isinstance(value, (tuple, list)):
             return "unroll", value
@@ -78,17 +80,13 @@ class LoopsMixin:
                         or not value.type.is_integer:
                     raise CompilationError(f"range() bounds must be integer scalars, got {value.type}")
             elif not isinstance(value, int):
-                raise CompilationError(f"range() bounds must be integers, got {value!r}")
+                raise CompilationError(f"range() bounds must be integers, got {described(value)}")
         if not is_runtime(step) and step == 0:
             raise CompilationError("range() step must not be zero")
-        dtype = None
-        for value in bounds:
-            if is_runtime(value):
-                dtype = value.type if dtype is None else promotion.promote(dtype, value.type)
-        for value in bounds:
-            if not is_runtime(value) and (dtype is None or not promotion.literal_fits(value, dtype)):
-                literal = promotion.literal_dtype(value)
-                dtype = literal if dtype is None else promotion.promote(dtype, literal)
+        try:
+            dtype = self._bounds_type(bounds)
+        except promotion.PromotionError as e:   # a literal past 64 bits, or types without a common one
+            raise CompilationError(f"range() bounds: {e}") from None
         if dtype.is_bool:
             dtype = promotion.promote(dtype, promotion.literal_dtype(0))
         if dtype.kind == "uint" and any(_may_be_negative(v) for v in bounds):
@@ -99,6 +97,19 @@ class LoopsMixin:
                                        "type first")
             dtype = int64
         return [self.semantic.cast(self.semantic.to_value(v, dtype), dtype) for v in bounds]
+
+    @staticmethod
+    def _bounds_type(bounds):
+        """The promotion of the runtime bounds' types, widened for the literals that do not fit it."""
+        dtype = None
+        for value in bounds:
+            if is_runtime(value):
+                dtype = value.type if dtype is None else promotion.promote(dtype, value.type)
+        for value in bounds:
+            if not is_runtime(value) and (dtype is None or not promotion.literal_fits(value, dtype)):
+                literal = promotion.literal_dtype(value)
+                dtype = literal if dtype is None else promotion.promote(dtype, literal)
+        return dtype
 
     # -- while -------------------------------------------------------------------------------------
     def visit_While(self, node: ast.While):

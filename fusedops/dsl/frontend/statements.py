@@ -9,6 +9,7 @@ from ..errors import CompilationError, UnsupportedError
 from ..ir import Value
 from ..language import core
 from ..language.dtypes import DType, PointerType
+from ..language.promotion import printable
 from .scope import is_runtime
 
 
@@ -95,4 +96,4 @@ class StatementsMixin:
 def _describe(value) -> str:
     if isinstance(value, Value):
         return f"a value of type {value.type}"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {printable(value)}"

@@ -93,7 +93,7 @@ class BlockOps:
         if not isinstance(axis, int):
             raise CompilationError(f"{what} axis must be a constexpr int, got {shown(axis)}")
         if not -rank <= axis < rank:
-            raise CompilationError(f"{what} axis {axis!r} is out of range for a block of shape {shape_of(x.type)}")
+            raise CompilationError(f"{what} axis {shown(axis)} is out of range for a block of shape {shape_of(x.type)}")
         return axis % rank
 
     def _accumulation_type(self, element: DType) -> DType:

@@ -382,7 +382,8 @@ def absolute(x, dtype: DType) -> np.ndarray:
 
 def _erf(x):
     import torch   # NumPy has no erf; torch.special.erf is the float32/float64 reference
-    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+    # a writable copy: torch.from_numpy warns about read-only arrays (a constant block's broadcast view)
+    return torch.special.erf(torch.from_numpy(np.array(x, order="C"))).numpy()
 
 
 def _rsqrt(x):

@@ -27,6 +27,17 @@ class PromotionError(TypeError):
     pass
 
 
+def printable(value) -> str:
+    """repr(value) for an error message, or what it is where Python refuses to print it (an int of over 4300
+    digits: sys.get_int_max_str_digits; or a tuple of one)."""
+    try:
+        return repr(value)
+    except ValueError:
+        if isinstance(value, int):
+            return f"<an int of {value.bit_length()} bits>"
+        return f"<a {type(value).__name__} holding an int too long to print>"
+
+
 def promote(a: DType, b: DType) -> DType:
     """The element type two operands of an arithmetic op are computed in."""
     if a == b:
@@ -57,10 +68,10 @@ def literal_dtype(value) -> DType:
             return int64
         if 0 <= value < 2**64:
             return uint64
-        raise PromotionError(f"integer literal {value} does not fit in 64 bits")
+        raise PromotionError(f"integer literal {printable(value)} does not fit in 64 bits")
     if isinstance(value, float):
         return float32
-    raise PromotionError(f"{value!r} of type {type(value).__name__} is not a kernel-language value")
+    raise PromotionError(f"{printable(value)} of type {type(value).__name__} is not a kernel-language value")
 
 
 def literal_fits(value, dtype: DType) -> bool:

@@ -19,7 +19,7 @@ from . import promotion
 from .block_ops import BlockOps
 from .dtypes import (BlockType, DType, PointerType, float32, int1, int32, int64, shape_of, with_element,
                      with_shape)
-from .shape_ops import ShapeOps, compile_time_bool, compile_time_flag, shown
+from .shape_ops import ShapeOps, compile_time_bool, compile_time_flag, described, shown
 
 _BINARY = {
     "add": OpCode.ADD, "sub": OpCode.SUB, "mul": OpCode.MUL, "truediv": OpCode.DIV,
@@ -103,7 +103,7 @@ class Semantics(ShapeOps, BlockOps):
         if isinstance(x, Value):
             return x
         if not is_literal(x):
-            raise CompilationError(f"{x!r} (a {type(x).__name__}) cannot be used as a kernel value")
+            raise CompilationError(f"{described(x)} (a {type(x).__name__}) cannot be used as a kernel value")
         if like is not None and isinstance(like, DType) and promotion.literal_fits(x, like) \
                 and not (isinstance(x, bool) and not like.is_bool):
             return self.constant(x, like)
@@ -311,6 +311,8 @@ class Semantics(ShapeOps, BlockOps):
         runtime = [v for v in (a, b, c) if not is_literal(v)]
         if runtime:
             like = [element_of(self.to_value(v)) for v in runtime]
+            if any(isinstance(e, PointerType) for e in like):
+                raise CompilationError(f"fma needs floating operands, got {', '.join(map(str, like))}")
             common = like[0]
             for other in like[1:]:
                 common = promotion.promote(common, other)

@@ -6,6 +6,7 @@ from ..errors import CompilationError
 from ..ir import OpCode, Value
 from .core import constexpr
 from .dtypes import BlockType, DType, PointerType, int32, shape_of, with_shape
+from .promotion import printable
 
 _MAX_BLOCK_NUMEL = 1 << 20
 
@@ -17,7 +18,8 @@ def check_block_size(shape: tuple, what: str) -> None:
     for dim in shape:
         numel *= dim
     if numel > _MAX_BLOCK_NUMEL:
-        raise CompilationError(f"{what} {tuple(shape)} has {numel} elements; blocks hold at most {_MAX_BLOCK_NUMEL}")
+        raise CompilationError(f"{what} {shown(tuple(shape))} has {printable(numel)} elements; blocks hold at most "
+                               f"{_MAX_BLOCK_NUMEL}")
 
 
 def compile_time_flag(value, what: str) -> bool:
@@ -54,7 +56,18 @@ def shown(value) -> str:
                 "or a Python constant)")
     if holds_runtime(value):
         return "(" + ", ".join(shown(item) for item in value) + ")"
-    return repr(value)
+    return printable(value)
+
+
+def described(value) -> str:
+    """`value` as an error about where it stands shows it: a tuple that holds runtime values by its length (the
+    repr of an IR value is the compiler's internal `Value(...)`), a runtime value by its type, a compile-time
+    one as `shown` gives it."""
+    if holds_runtime(value):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, Value):
+        return f"a {value.type} value"
+    return shown(value)
 
 
 def holds_runtime(value) -> bool:
@@ -72,7 +85,7 @@ def _check_shape(shape, what: str) -> tuple:
         if isinstance(dim, Value):
             raise CompilationError(f"{what} must be known at compile time (constexpr), got a runtime value")
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1 or dim & (dim - 1):
-            raise CompilationError(f"{what} must be powers of two (ints), got {shape}")
+            raise CompilationError(f"{what} must be powers of two (ints), got {shown(shape)}")
     check_block_size(shape, what)
     return shape
 
