@@ -154,28 +154,18 @@ _GENERIC_WRITES = frozenset({OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS}
 
 def _generic_global_access_may_precede(function: Function, store: Operation) -> bool:
     """Whether a generic-proxy global access that a TMA store (or bulk reduction) must follow may run before
-    it: any generic write of the function (st.global, atomics), or a load that may read what the store
-    writes and may still be in flight (a load marked for the copy engine may stay a generic one). Neither is
-    a load the stored block is computed from in the same iteration (a bias added in the epilogue: it has
-    completed before the tile reaches shared memory) nor one of a pointer derived from other kernel
-    arguments than the store's tensor (passes/pointer_roots.py: distinct pointer arguments are taken not to
-    overlap, as pipelining takes them; say a tile kept from an earlier iteration and stored while the next
-    one's operands load). Where nothing else remains, the store's proxy fence covers only its shared tile
-    (codegen/tma_store.py): a `fence.proxy.async` of every state space cost the persistent matmul 1-2% on
-    the H200 (session 11)."""
-    feeding, pending = set(), [store.operands[0]]
-    while pending:
-        value = pending.pop()
-        producer = value.defining_op
-        if producer is None or id(producer) in feeding or producer.regions:
-            continue        # a block argument or a region's result: not followed
-        feeding.add(id(producer))
-        pending.extend(producer.operands)
+    it: any generic write of the function (st.global, atomics), or a load that may read what the store writes
+    and may still be in flight (a load marked for the copy engine may stay a generic one): every load but
+    those of a pointer derived from other kernel arguments than the stored tensor's (passes/pointer_roots.py:
+    distinct pointer arguments are taken not to overlap, as pipelining takes them). Even a load the stored
+    block is computed from may be in flight, where LLVM folds its use away (`where(True, tile, old)`). Where
+    nothing remains, the store's proxy fence covers only its shared tile (codegen/tma_store.py): a
+    `fence.proxy.async` of every state space cost the persistent matmul 1-2% on the H200 (session 11)."""
     written = pointer_roots(store.operands[1])
     for op in function.walk():
         if op.opcode in _GENERIC_WRITES:
             return True
-        if op.opcode == OpCode.LOAD and id(op) not in feeding and not _apart(pointer_roots(op.operands[0]), written):
+        if op.opcode == OpCode.LOAD and not _apart(pointer_roots(op.operands[0]), written):
             return True
     return False
 

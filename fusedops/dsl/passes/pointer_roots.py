@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..ir import Block, Operation, OpCode, Value
+from ..language.dtypes import PointerType
 
 _THROUGH = frozenset({OpCode.ADDPTR, OpCode.SPLAT, OpCode.BROADCAST, OpCode.EXPAND_DIMS, OpCode.RESHAPE,
                       OpCode.TRANS, OpCode.CONVERT_LAYOUT, OpCode.MULTIPLE_OF, OpCode.MAX_CONTIGUOUS})
@@ -55,24 +56,55 @@ def _roots(value: Value, visiting: set) -> Optional[frozenset]:
     if id(value) in visiting:       # around a loop: the other paths bring the roots
         return frozenset()
     visiting.add(id(value))
+    merged = _merged(value)
+    if merged is not None:
+        return _union([_roots(source, visiting) for source in merged])
     owner = value.owner
-    if isinstance(owner, Block):
-        loop = owner.parent
-        if loop is None:            # the kernel's body: an argument
-            return frozenset({id(value)})
-        if loop.opcode == OpCode.FOR and value.index > 0:
-            carried = value.index - 1
-            return _union([_roots(loop.operands[3 + carried], visiting),
-                           _roots(owner.terminator.operands[carried], visiting)])
-        return None                 # an induction variable, a while loop's argument
+    if isinstance(owner, Block):    # a kernel argument; an induction variable, a while loop's argument
+        return frozenset({id(value)}) if owner.parent is None else None
     op: Operation = owner
+    if op.opcode == OpCode.ADDPTR and _converts_a_pointer(op.operands[1], set()):
+        return None                 # an offset made from an address (y_ptr.to(int64) - x_ptr.to(int64)): anywhere
     if op.opcode in _THROUGH:
         return _roots(op.operands[0], visiting)
     if op.opcode == OpCode.WHERE:
         return _union([_roots(op.operands[1], visiting), _roots(op.operands[2], visiting)])
-    if op.opcode == OpCode.IF:
-        return _union([_roots(region.terminator.operands[value.index], visiting) for region in op.regions])
-    if op.opcode == OpCode.FOR:
-        return _union([_roots(op.operands[3 + value.index], visiting),
-                       _roots(op.regions[0].terminator.operands[value.index], visiting)])
     return None
+
+
+def _merged(value: Value) -> Optional[list]:
+    """The values control flow merges into `value`: a `for` body's carried argument's or a `for` result's
+    initial and yielded values, an `if` result's yielded ones; None for any other value."""
+    owner = value.owner
+    if isinstance(owner, Block):
+        loop = owner.parent
+        if loop is not None and loop.opcode == OpCode.FOR and value.index > 0:
+            return [loop.operands[3 + value.index - 1], owner.terminator.operands[value.index - 1]]
+        return None
+    if owner.opcode == OpCode.FOR:
+        return [owner.operands[3 + value.index], owner.regions[0].terminator.operands[value.index]]
+    if owner.opcode == OpCode.IF:
+        return [region.terminator.operands[value.index] for region in owner.regions]
+    return None
+
+
+def _converts_a_pointer(value: Value, seen: set) -> bool:
+    """Whether integer `value` may be computed from a pointer converted to an integer (an address in an
+    offset): followed through every op and control-flow merge; a `while` loop's value may be."""
+    if id(value) in seen:
+        return False
+    seen.add(id(value))
+    merged = _merged(value)
+    if merged is not None:
+        return any(_converts_a_pointer(source, seen) for source in merged)
+    owner = value.owner
+    if isinstance(owner, Block):
+        loop = owner.parent
+        if loop is None:
+            return False            # a kernel argument
+        if loop.opcode == OpCode.FOR:
+            return any(_converts_a_pointer(bound, seen) for bound in loop.operands[:3])     # the induction variable
+        return True                 # a while loop's argument: not followed
+    if owner.opcode in (OpCode.CAST, OpCode.BITCAST) and isinstance(owner.operands[0].type.scalar, PointerType):
+        return True
+    return owner.opcode == OpCode.WHILE or any(_converts_a_pointer(operand, seen) for operand in owner.operands)
