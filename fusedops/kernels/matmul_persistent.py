@@ -124,7 +124,8 @@ def matmul_persistent_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, 
 # of leaving the tensor cores idle (the epilogue cost 4-6% at 4096^3, session 11; its chunk read waits 1.5-2%,
 # session 32). The tile waits in registers in C's dtype: 128 x 256 fp16 on 8 warps, 156 -> 242 registers without
 # an activation or with relu, 184 -> 242 with a bias (ptxas, sm_90a, no spills); the other activations spill
-# there in one config or both (gelu 44-48 bytes, silu 4-36, gelu_tanh 4; inline only gelu without a bias, 12-24).
+# there in one config or both (gelu 44-48 bytes, silu 4-36, gelu_tanh 4; inline only gelu without a bias, 12-24),
+# and a float32 C (324 bytes; the plan takes 16-bit C only).
 # Off until timed on the H200 (session 35 had no GPU): `bench/matmul.py --store-variants` times both against
 # cuBLAS; the GPU tier checks both.
 DEFERRED_STORE = False

@@ -69,7 +69,7 @@ def bind_arguments(function, args: Sequence, names: Sequence[str]) -> BoundArgum
                                  "data to run on")
             storage = arg.untyped_storage()
             view_offset = arg.data_ptr() - storage.data_ptr()
-            key = (str(storage.device), storage.data_ptr())
+            key = (str(storage.device), storage.data_ptr(), storage.nbytes())     # (Memory merges overlaps)
             region = regions.get(key)
             if region is None:
                 region = regions[key] = _register(storage, copy_backs)

@@ -11,6 +11,7 @@ True).
 from __future__ import annotations
 
 import bisect
+import ctypes
 import dataclasses
 
 import numpy as np
@@ -37,12 +38,14 @@ class AccessFault(Exception):
 @dataclasses.dataclass
 class Region:
     """`nbytes` bytes at address `base`; `data` is a writable uint8 array over them; `names` are the
-    arguments whose storage it is (for messages)."""
+    arguments whose storage it is (for messages); `parts`: the regions a merged one covers (their arrays own
+    the memory `data` views)."""
 
     base: int
     nbytes: int
     data: np.ndarray
     names: list
+    parts: tuple = ()
 
     def __post_init__(self):
         self._typed: dict = {}
@@ -101,11 +104,29 @@ def _to_storage(values: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(values, dtype=dtype.numpy_dtype)
 
 
+def _merge_overlapping(regions: list) -> list:
+    """`regions` (sorted by base) with each run of overlapping ones made one region over their union, so that
+    an access finds all the bytes around it (storages over one buffer: a NumPy array and a slice of it, each
+    through torch.from_numpy). Only CPU storages used in place can overlap (a device storage's bytes are a
+    fresh copy), so the union is memory those storages' owner holds, contiguous, and addressed as it is."""
+    merged = []
+    for region in regions:
+        last = merged[-1] if merged else None
+        if last is None or region.base >= last.base + last.nbytes:
+            merged.append(region)
+            continue
+        end = max(last.base + last.nbytes, region.base + region.nbytes)
+        union = np.ctypeslib.as_array((ctypes.c_uint8 * (end - last.base)).from_address(last.base))
+        merged[-1] = Region(base=last.base, nbytes=end - last.base, data=union, names=last.names + region.names,
+                            parts=(last.parts or (last,)) + (region,))
+    return merged
+
+
 class Memory:
     """The regions of one launch, sorted by address. Accesses take flat int64 address arrays."""
 
     def __init__(self, regions: list):
-        self.regions = sorted(regions, key=lambda r: r.base)
+        self.regions = _merge_overlapping(sorted(regions, key=lambda r: r.base))
         self._base_list = [r.base for r in self.regions]
         self._bases = np.array(self._base_list, dtype=np.int64)
         self._ends = np.array([r.base + r.nbytes for r in self.regions], dtype=np.int64)

@@ -95,16 +95,29 @@ def _converts_a_pointer(value: Value, seen: set) -> bool:
         return False
     seen.add(id(value))
     merged = _merged(value)
+    if merged is None:
+        merged = _while_merged(value)
     if merged is not None:
         return any(_converts_a_pointer(source, seen) for source in merged)
     owner = value.owner
     if isinstance(owner, Block):
         loop = owner.parent
-        if loop is None:
-            return False            # a kernel argument
-        if loop.opcode == OpCode.FOR:
-            return any(_converts_a_pointer(bound, seen) for bound in loop.operands[:3])     # the induction variable
-        return True                 # a while loop's argument: not followed
+        # a kernel argument; a for loop's induction variable: its bounds
+        return loop is not None and any(_converts_a_pointer(bound, seen) for bound in loop.operands[:3])
     if owner.opcode in (OpCode.CAST, OpCode.BITCAST) and isinstance(owner.operands[0].type.scalar, PointerType):
         return True
-    return owner.opcode == OpCode.WHILE or any(_converts_a_pointer(operand, seen) for operand in owner.operands)
+    return any(_converts_a_pointer(operand, seen) for operand in owner.operands)
+
+
+def _while_merged(value: Value) -> Optional[list]:
+    """The values a `while` loop merges into `value`: a before-region argument's initial value and the
+    after-region's yielded one; an after-region argument's or the loop result's forwarded one (the before
+    region's condition operands); None for any other value."""
+    owner = value.owner
+    loop = owner.parent if isinstance(owner, Block) else owner
+    if loop is None or loop.opcode != OpCode.WHILE:
+        return None
+    before, after = loop.regions
+    if owner is before:
+        return [loop.operands[value.index], after.terminator.operands[value.index]]
+    return [before.terminator.operands[1 + value.index]]

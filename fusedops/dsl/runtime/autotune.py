@@ -134,6 +134,7 @@ class Autotuner:
         self.measurements: dict = {}
         self._lock = threading.Lock()
         self._loaded = False
+        self._recorded: set = set()     # keys whose `best` came from the on-disk record, not this process
 
     def __repr__(self) -> str:
         return f"<dsl.autotune {self.fn!r}, {len(self.configs)} configs>"
@@ -179,8 +180,9 @@ class Autotuner:
         except OSError:
             return
         for key, index in record.items():
-            if 0 <= index < len(self.configs):
-                self.best.setdefault(key, self.configs[index])
+            if 0 <= index < len(self.configs) and key not in self.best:
+                self.best[key] = self.configs[index]
+                self._recorded.add(key)
 
     def _save_record(self) -> None:
         path = self._record_path()
@@ -260,8 +262,25 @@ class Autotuner:
         else:
             key = self.key_of(args, kwargs)
             config = self.best.get(key) or self._tune(key, grid, args, kwargs)
+            if key in self._recorded:
+                config = self._checked_record(key, config, grid, args, kwargs)
         self.fn.run(grid, *args, num_warps=config.num_warps, num_stages=config.num_stages, interpret=interpret,
                     **kwargs, **config.constexprs)
+
+    def _checked_record(self, key: str, config: Config, grid, args, kwargs) -> Config:
+        """`config`, recorded on disk for `key`, once its kernel compiles for these arguments; else the config
+        tuned afresh. The record is keyed by the kernel's name and source, so it may come from a kernel of that
+        name whose code differed (one factory's other kernel, a helper edited since): a config that kernel
+        could compile and this one cannot is not an answer."""
+        try:
+            self.fn.ir(*args, num_warps=config.num_warps, num_stages=config.num_stages, **kwargs, **config.constexprs)
+        except _SKIPPED:
+            with self._lock:
+                if self.best.get(key) is config:
+                    del self.best[key]
+            config = self._tune(key, grid, args, kwargs)
+        self._recorded.discard(key)
+        return config
 
     def _interpreter_config(self, args, kwargs) -> Config:
         """The first config whose kernel compiles for these arguments (the interpreter times nothing); raises

@@ -177,6 +177,11 @@ class JITFunction:
     def __repr__(self) -> str:
         return f"<dsl.jit {self.fn.__module__}.{self.fn.__qualname__}>"
 
+    def __reduce__(self):
+        # pickled by reference, as a function is: its module and qualified name (copy.deepcopy returns the
+        # kernel itself); a kernel not reachable by that name does not pickle (pickle.PicklingError)
+        return self.__qualname__
+
     @property
     def source(self):
         """The parsed source (frontend.SourceInfo) of the function as it was decorated, parsed on first use."""

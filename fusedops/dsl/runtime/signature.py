@@ -260,6 +260,9 @@ def specialize(kernel: str, params: tuple, values: list, *, allow_types: bool = 
         elif isinstance(value, float):
             specs.append(ArgSpec(param.name, dtypes.float32))
         elif allow_types and isinstance(value, (DType, PointerType)):
+            if param.annotation is not None and value != param.annotation:
+                raise TypeError(f"argument `{param.name}` of kernel `{kernel}` is annotated {param.annotation.name}; "
+                                f"got the type {value}")
             specs.append(ArgSpec(param.name, value))
         else:
             expected = "a torch.Tensor, a Python int, float or bool, or None"
