@@ -2,12 +2,14 @@
 target and address spaces, JIT-compiled by llvmlite for this CPU and called once (one thread). Kernels
 with thread ids, inline PTX or 16-bit floats (runtime calls on the host) are refused by run_on_host. Checks the
 compiler's integer, cast and min/max lowering against the interpreter bit for bit. host_text and host_function
-are its steps, for harnesses that also stand in for thread ids and barriers (tests/test_review_session31.py)."""
+are its steps; run_threads_on_host also stands in for thread ids, barriers and shuffles (one OS thread per GPU
+thread: tests/test_review_session31.py, tests/test_review_session35_dsl.py)."""
 
 from __future__ import annotations
 
 import ctypes
 import re
+import threading
 
 _CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
            "float": ctypes.c_float, "double": ctypes.c_double}
@@ -61,3 +63,97 @@ def run_on_host(kernel, *args, **constexprs) -> None:
     assert " half" not in text and "bfloat" not in text, "16-bit floats need runtime calls on the host"
     function, values, engine = host_function(text, llir, kernel, args)
     function(*values)
+
+
+_ALIVE = []         # callbacks and engines the JIT-compiled code calls into / lives in
+_SHARED = "@fusedops_shared = global [262144 x i8] zeroinitializer, align 1024"
+
+
+def run_threads_on_host(kernel, args, *, grid: int = 1, num_warps: int = 4, rewrite=None, symbols=(), **constexprs):
+    """Compile `kernel` for sm_90a and run its LLVM IR on the host over `grid` CTAs (one after another) of
+    32 * num_warps OS threads (tensors: their data pointers). Special registers, bar.sync and shfl.sync go through
+    Python callbacks; shared memory is one host buffer. `rewrite(text) -> text` rewrites the host IR first (a
+    harness's stand-ins for inline PTX); `symbols`: more (name, ctypes prototype, function) callbacks it declares.
+    Kernels with other inline PTX or 16-bit floats are refused (AssertionError). -> the compiled kernel."""
+    llvm = llvm_binding()
+    compiled = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs)
+    llir = compiled.asm["llir"]
+    text = host_text(llir).replace("addrspace(3) ", "")
+    if rewrite is not None:
+        text = rewrite(text)
+    registers, shuffles = set(), set()
+
+    def special(match):
+        registers.add(match.group(1))
+        return f"call i32 @__sreg_{match.group(1).replace('.', '_')}()"
+
+    def shuffle(match):
+        shuffles.add((match.group(1), match.group(2)))
+        return f"call {'i32' if match.group(2) == 'i32' else 'float'} @__shfl_{match.group(1)}_{match.group(2)}("
+
+    text = re.sub(r"(?:tail )?call (?:range\([^)]*\) )?i32 @llvm\.nvvm\.read\.ptx\.sreg\.([a-z.]+)\(\)", special, text)
+    text = re.sub(r"(?:tail )?call void @llvm\.nvvm\.barrier\.cta\.sync\.aligned\.all\(i32 0\)",
+                  "call void @__barrier()", text)
+    text = re.sub(r"(?:tail )?call (?:i32|float) @llvm\.nvvm\.shfl\.sync\.(bfly|idx)\.(i32|f32)\(", shuffle, text)
+    text = re.sub(r"^declare .*@llvm\.nvvm\.(read\.ptx\.sreg|barrier\.cta|shfl\.sync).*$", "", text, flags=re.M)
+    text = re.sub(r"^@fusedops_shared = external [^\n]*$", _SHARED, text, flags=re.M)
+    text += "\ndeclare void @__barrier()\n"
+    text += "".join(f"declare i32 @__sreg_{r.replace('.', '_')}()\n" for r in registers)
+    for k, t in shuffles:
+        value = "i32" if t == "i32" else "float"
+        text += f"declare {value} @__shfl_{k}_{t}(i32, {value}, i32, i32)\n"
+    leftovers = [line for line in text.splitlines() if "llvm.nvvm" in line or " asm " in line]
+    assert not leftovers, f"not host-runnable: {leftovers[:2]}"
+    assert " half" not in text and "bfloat" not in text, "16-bit floats need runtime calls on the host"
+
+    threads = 32 * num_warps
+    local = threading.local()
+    cta_barrier = threading.Barrier(threads)
+    warp_barriers = [threading.Barrier(32) for _ in range(num_warps)]
+    lanes = [[0] * 32 for _ in range(num_warps)]
+    values = {"tid.x": lambda: local.tid, "ctaid.x": lambda: local.pid, "ctaid.y": lambda: 0, "ctaid.z": lambda: 0,
+              "nctaid.x": lambda: grid, "nctaid.y": lambda: 1, "nctaid.z": lambda: 1, "ntid.x": lambda: threads,
+              "laneid": lambda: local.tid % 32, "warpid": lambda: local.tid // 32}
+
+    def shuffled(kind):
+        def exchange(mask, value, operand, clamp):
+            lane, warp = local.tid % 32, local.tid // 32
+            lanes[warp][lane] = value
+            warp_barriers[warp].wait()
+            got = lanes[warp][lane ^ operand if kind == "bfly" else operand & 31]
+            warp_barriers[warp].wait()
+            return got
+        return exchange
+
+    def bind(name, prototype, function):
+        callback = prototype(function)
+        _ALIVE.append(callback)
+        llvm.add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
+
+    bind("__barrier", ctypes.CFUNCTYPE(None), lambda: cta_barrier.wait())
+    for name, prototype, function in symbols:
+        bind(name, prototype, function)
+    for r in registers:
+        bind(f"__sreg_{r.replace('.', '_')}", ctypes.CFUNCTYPE(ctypes.c_int32), values[r])
+    for k, t in shuffles:
+        c = ctypes.c_int32 if t == "i32" else ctypes.c_float
+        bind(f"__shfl_{k}_{t}", ctypes.CFUNCTYPE(c, ctypes.c_int32, c, ctypes.c_int32, ctypes.c_int32), shuffled(k))
+    function, arguments, engine = host_function(text, llir, kernel, args)
+    _ALIVE.append(engine)
+    errors = []
+
+    def thread(pid, tid):
+        local.pid, local.tid = pid, tid
+        try:
+            function(*arguments)
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    for pid in range(grid):
+        workers = [threading.Thread(target=thread, args=(pid, t)) for t in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    assert not errors, errors
+    return compiled

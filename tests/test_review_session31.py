@@ -26,11 +26,9 @@ hard rows at 8192 columns (the last test of this file).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import random
 import re
-import threading
 
 import pytest
 import torch
@@ -42,7 +40,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_kernels as K
 from fusedops.kernels import norms
 from helpers import assert_close, assert_layer_norm_against_float64, poison, random_tensor
-from host_jit import host_function, host_text, llvm_binding
+from host_jit import run_threads_on_host
 from kernel_source import jit_from_source
 
 FC = norms.ForwardConfig
@@ -56,91 +54,10 @@ def _own_cache(monkeypatch, tmp_path_factory):
 
 
 # == where(): the compiled code run on the host ==================================================================
-_ALIVE = []         # callbacks and engines the JIT-compiled code calls into / lives in
-
-
 def _host_launch(kernel, args, grid=1, num_warps=4, **constexprs):
-    """Compile `kernel` for sm_90a and run its LLVM IR on the host over `grid` CTAs (one after another) of
-    32 * num_warps OS threads (tensors: their data pointers). Special registers, bar.sync and shfl.sync go
-    through Python callbacks; shared memory is one host buffer. Kernels with inline PTX (masked or hinted
-    accesses) or 16-bit floats are refused. -> the compiled kernel."""
-    llvm = llvm_binding()
-    compiled = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs)
-    llir = compiled.asm["llir"]
-    text = host_text(llir).replace("addrspace(3) ", "")
-    sregs, shuffles = set(), set()
-
-    def sreg(match):
-        sregs.add(match.group(1))
-        return f"call i32 @__sreg_{match.group(1).replace('.', '_')}()"
-
-    def shuffle(match):
-        shuffles.add((match.group(1), match.group(2)))
-        return f"call {'i32' if match.group(2) == 'i32' else 'float'} @__shfl_{match.group(1)}_{match.group(2)}("
-
-    text = re.sub(r"(?:tail )?call (?:range\([^)]*\) )?i32 @llvm\.nvvm\.read\.ptx\.sreg\.([a-z.]+)\(\)", sreg, text)
-    text = re.sub(r"(?:tail )?call void @llvm\.nvvm\.barrier\.cta\.sync\.aligned\.all\(i32 0\)",
-                  "call void @__barrier()", text)
-    text = re.sub(r"(?:tail )?call (?:i32|float) @llvm\.nvvm\.shfl\.sync\.(bfly|idx)\.(i32|f32)\(", shuffle, text)
-    text = re.sub(r"^declare .*@llvm\.nvvm\.(read\.ptx\.sreg|barrier\.cta|shfl\.sync).*$", "", text, flags=re.M)
-    text = re.sub(r"^@fusedops_shared = external [^\n]*$",
-                  "@fusedops_shared = global [65536 x i8] zeroinitializer, align 16", text, flags=re.M)
-    text += "\ndeclare void @__barrier()\n"
-    text += "".join(f"declare i32 @__sreg_{s.replace('.', '_')}()\n" for s in sregs)
-    text += "".join(f"declare {'i32' if t == 'i32' else 'float'} @__shfl_{k}_{t}(i32, {'i32' if t == 'i32' else 'float'}, "
-                    f"i32, i32)\n" for k, t in shuffles)
-    assert not [line for line in text.splitlines() if "llvm.nvvm" in line or "asm " in line], "not host-runnable"
-    assert " half" not in text and "bfloat" not in text, "16-bit floats need runtime calls on the host"
-
-    threads = 32 * num_warps
-    local = threading.local()
-    barrier = threading.Barrier(threads)
-    warp_barriers = [threading.Barrier(32) for _ in range(num_warps)]
-    exchange = [[0] * 32 for _ in range(num_warps)]
-    registers = {"tid.x": lambda: local.tid, "ctaid.x": lambda: local.pid, "nctaid.x": lambda: grid,
-                 "ntid.x": lambda: threads, "laneid": lambda: local.tid % 32, "warpid": lambda: local.tid // 32}
-
-    def shuffled(kind):
-        def exchange_value(mask, value, operand, clamp):
-            lane, warp = local.tid % 32, local.tid // 32
-            exchange[warp][lane] = value
-            warp_barriers[warp].wait()
-            got = exchange[warp][lane ^ operand if kind == "bfly" else operand & 31]
-            warp_barriers[warp].wait()
-            return got
-        return exchange_value
-
-    def bind(name, prototype, function):
-        callback = prototype(function)
-        _ALIVE.append(callback)
-        llvm.add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
-
-    bind("__barrier", ctypes.CFUNCTYPE(None), lambda: barrier.wait())
-    for s in sregs:
-        bind(f"__sreg_{s.replace('.', '_')}", ctypes.CFUNCTYPE(ctypes.c_int32), registers[s])
-    for k, t in shuffles:
-        value = ctypes.c_int32 if t == "i32" else ctypes.c_float
-        bind(f"__shfl_{k}_{t}", ctypes.CFUNCTYPE(value, ctypes.c_int32, value, ctypes.c_int32, ctypes.c_int32),
-             shuffled(k))
-    function, values, engine = host_function(text, llir, kernel, args)
-    _ALIVE.append(engine)
-    errors = []
-
-    def thread(pid, tid):
-        local.pid, local.tid = pid, tid
-        try:
-            function(*values)
-        except BaseException as error:      # pragma: no cover - reported below
-            errors.append(error)
-
-    for pid in range(grid):
-        workers = [threading.Thread(target=thread, args=(pid, t)) for t in range(threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-    assert not errors, errors
-    return compiled
+    """Compile `kernel` for sm_90a and run its LLVM IR on the host over `grid` CTAs of 32 * num_warps OS threads
+    (host_jit.run_threads_on_host). -> the compiled kernel."""
+    return run_threads_on_host(kernel, args, grid=grid, num_warps=num_warps, **constexprs)
 
 
 def _data(numel, dtype, seed):

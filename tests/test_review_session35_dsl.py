@@ -52,7 +52,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 import types
 
 import numpy as np
@@ -62,7 +61,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl import CompilationError
 from fusedops.dsl.target import assemble, ptxas_available
-from host_jit import host_function, host_text, llvm_binding
+from host_jit import run_threads_on_host
 from kernel_source import jit_from_source
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -74,7 +73,6 @@ def _own_cache(monkeypatch, tmp_path_factory):
 
 
 # == the compiled code run on the host ==========================================================================
-_ALIVE = []          # engines and callbacks the JIT-compiled code refers to
 _WORDS = {"b32": ("i32", 4), "b16": ("i16", 2), "u8": ("i16", 1)}
 _ASM_CALL = re.compile(r'call ((?:\{[^}]*\})|void|i32|i16) asm sideeffect "([^"]*)", "([^"]*)"\(([^)]*)\)(?: #\d+)?')
 
@@ -136,87 +134,14 @@ def _emulate_inline_asm(text: str) -> str:
 
 
 def _run_compiled(kernel, args, num_warps=4, **constexprs):
-    """Compile `kernel` for sm_90a and run its LLVM IR on the host, one CTA (program 0) of 32 * num_warps OS threads;
-    tensors are passed by their data pointers. Raises AssertionError for what the host cannot run (other inline
-    PTX, 16-bit floats, libdevice) and for a misaligned vector access."""
-    llvm = llvm_binding()
-    llir = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs).asm["llir"]
-    text = _emulate_inline_asm(host_text(llir).replace("addrspace(3) ", ""))
-    registers, shuffles = {"tid.x"}, set()
-
-    def special(match):
-        registers.add(match.group(1))
-        return f"call i32 @__sreg_{match.group(1).replace('.', '_')}()"
-
-    def shuffle(match):
-        shuffles.add((match.group(1), match.group(2)))
-        return f"call {'i32' if match.group(2) == 'i32' else 'float'} @__shfl_{match.group(1)}_{match.group(2)}("
-
-    text = re.sub(r"(?:tail )?call (?:range\([^)]*\) )?i32 @llvm\.nvvm\.read\.ptx\.sreg\.([a-z.]+)\(\)", special, text)
-    text = re.sub(r"(?:tail )?call void @llvm\.nvvm\.barrier\.cta\.sync\.aligned\.all\(i32 0\)",
-                  "call void @__barrier()", text)
-    text = re.sub(r"(?:tail )?call (?:i32|float) @llvm\.nvvm\.shfl\.sync\.(bfly|idx)\.(i32|f32)\(", shuffle, text)
-    text = re.sub(r"^declare .*@llvm\.nvvm\.(read\.ptx\.sreg|barrier\.cta|shfl\.sync).*$", "", text, flags=re.M)
-    text = re.sub(r"^@fusedops_shared = external [^\n]*$",
-                  "@fusedops_shared = global [262144 x i8] zeroinitializer, align 1024", text, flags=re.M)
-    text += "declare void @__barrier()\n"
-    text += "".join(f"declare i32 @__sreg_{r.replace('.', '_')}()\n" for r in registers)
-    for k, t in shuffles:
-        value = "i32" if t == "i32" else "float"
-        text += f"declare {value} @__shfl_{k}_{t}(i32, {value}, i32, i32)\n"
-    leftovers = [line for line in text.splitlines() if "llvm.nvvm" in line or " asm " in line]
-    assert not leftovers, f"not host-runnable: {leftovers[:2]}"
-    assert " half" not in text and "bfloat" not in text, "16-bit floats need runtime calls on the host"
-
-    threads = 32 * num_warps
-    local = threading.local()
-    cta_barrier = threading.Barrier(threads)
-    warp_barriers = [threading.Barrier(32) for _ in range(num_warps)]
-    lanes = [[0] * 32 for _ in range(num_warps)]
-    values = {"tid.x": lambda: local.tid, "ctaid.x": lambda: 0, "ctaid.y": lambda: 0, "ctaid.z": lambda: 0,
-              "nctaid.x": lambda: 1, "nctaid.y": lambda: 1, "nctaid.z": lambda: 1, "ntid.x": lambda: threads,
-              "laneid": lambda: local.tid % 32, "warpid": lambda: local.tid // 32}
+    """Compile `kernel` for sm_90a and run its LLVM IR on the host, one CTA (program 0) of 32 * num_warps OS threads
+    (host_jit.run_threads_on_host), masked accesses through `_emulate_inline_asm`; tensors are passed by their
+    data pointers. Raises AssertionError for what the host cannot run (other inline PTX, 16-bit floats,
+    libdevice) and for a misaligned vector access."""
     misaligned = []
-
-    def shuffled(kind):
-        def exchange(mask, value, operand, clamp):
-            lane, warp = local.tid % 32, local.tid // 32
-            lanes[warp][lane] = value
-            warp_barriers[warp].wait()
-            got = lanes[warp][lane ^ operand if kind == "bfly" else operand & 31]
-            warp_barriers[warp].wait()
-            return got
-        return exchange
-
-    def bind(name, prototype, function):
-        callback = prototype(function)
-        _ALIVE.append(callback)
-        llvm.add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
-
-    bind("__barrier", ctypes.CFUNCTYPE(None), lambda: cta_barrier.wait())
-    bind("__misaligned", ctypes.CFUNCTYPE(None, ctypes.c_int64), misaligned.append)
-    for r in registers:
-        bind(f"__sreg_{r.replace('.', '_')}", ctypes.CFUNCTYPE(ctypes.c_int32), values[r])
-    for k, t in shuffles:
-        c = ctypes.c_int32 if t == "i32" else ctypes.c_float
-        bind(f"__shfl_{k}_{t}", ctypes.CFUNCTYPE(c, ctypes.c_int32, c, ctypes.c_int32, ctypes.c_int32), shuffled(k))
-    function, arguments, engine = host_function(text, llir, kernel, args)
-    _ALIVE.append(engine)
-    errors = []
-
-    def thread(tid):
-        local.tid = tid
-        try:
-            function(*arguments)
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
-
-    workers = [threading.Thread(target=thread, args=(t,)) for t in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    assert not errors, errors
+    run_threads_on_host(kernel, args, num_warps=num_warps, rewrite=_emulate_inline_asm,
+                        symbols=[("__misaligned", ctypes.CFUNCTYPE(None, ctypes.c_int64), misaligned.append)],
+                        **constexprs)
     assert not misaligned, f"misaligned vector accesses at {misaligned[:4]}"
 
 
