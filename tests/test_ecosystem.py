@@ -54,6 +54,8 @@ def _opcheck_cases(device="cpu", dtype=torch.float32):
     return {
         "attention": (ops.scaled_dot_product_attention, (t(1, 2, 5, 8), t(1, 2, 6, 8), t(1, 2, 6, 4), None, False,
                                                          None, False)),
+        "attention_blhe_query": (ops.scaled_dot_product_attention, (t(2, 5, 3, 8).transpose(1, 2), t(2, 3, 6, 8),
+                                                                    t(2, 3, 6, 4), None, True, None, False)),
         "attention_causal_gqa_scale": (ops.scaled_dot_product_attention, (t(1, 4, 5, 8), t(1, 2, 5, 8),
                                                                           t(1, 2, 5, 8), None, True, 0.3, True)),
         "attention_bool_mask_broadcast": (ops.scaled_dot_product_attention, (t(2, 1, 3, 8), t(2, 5, 8), t(5, 8), keep,
@@ -189,6 +191,23 @@ def test_compile_fullgraph_traces_the_attention_op(interpret, dynamic):
     assert_close(out, eager.double(), torch.float32)
     for grad, eager_grad in zip(grads, eager_grads):
         assert_close(grad, eager_grad.double(), torch.float32)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_keeps_the_attention_output_layout_for_nanogpts_head_merge(interpret, dynamic):
+    # q, k, v split from one projection and viewed (B, T, H, E) -> (B, H, T, E): the merge of the heads is a
+    # view, in eager mode and in the traced graph alike (the op's fake output has the eager output's strides)
+    def attend(x):
+        q, k, v = (t.view(2, 5, 2, 4).transpose(1, 2) for t in x.split(8, dim=2))
+        return fusedops.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).view(2, 5, 8)
+
+    x = _leaf(2, 5, 24)
+    eager = attend(x)
+    eager_grad = torch.autograd.grad(eager.square().sum(), x)[0]
+    out = torch.compile(attend, fullgraph=True, backend="aot_eager", dynamic=dynamic)(x)
+    grad = torch.autograd.grad(out.square().sum(), x)[0]
+    assert_close(out, eager.double(), torch.float32)
+    assert_close(grad, eager_grad.double(), torch.float32)
 
 
 # ------------------------------------------------------------------------------------------------

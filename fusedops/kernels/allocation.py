@@ -27,7 +27,18 @@ def contiguous_allocator(shape: tuple, dtype: torch.dtype, device: torch.device,
 def stride_order(t: torch.Tensor) -> tuple:
     """`t`'s dims from the outermost in memory to the innermost: by decreasing stride, a dim of size 1 inside
     another of its stride (as a dense tensor lays them out), other ties in their order."""
-    return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), t.shape[d] == 1)))
+    # (bool(): under torch.compile's dynamic shapes the comparisons are symbolic, and guarded as they are made)
+    return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), bool(t.shape[d] == 1))))
+
+
+def ordered_strides(shape: tuple, order: tuple) -> tuple:
+    """The strides of a dense tensor of `shape` whose dims lie in memory in `order`, outermost first (what
+    ordered_allocator's tensors have)."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= shape[d]
+    return tuple(strides)
 
 
 def ordered_allocator(shape: tuple, order: tuple, dtype: torch.dtype, device: torch.device) -> Callable[[], torch.Tensor]:

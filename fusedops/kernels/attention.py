@@ -993,7 +993,7 @@ def output_order(q: torch.Tensor) -> tuple:
     q's last dim is its innermost with unit stride, else contiguous; torch's attention does the same, so
     nanoGPT's `sdpa(q, k, v).transpose(1, 2).view(B, T, C)` of q, k, v viewed from (B, T, H, E) works."""
     order = stride_order(q)
-    return order if order[-1] == 3 and q.stride(3) == 1 else (0, 1, 2, 3)
+    return order if order[-1] == 3 and bool(q.stride(3) == 1) else (0, 1, 2, 3)
 
 
 def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):

@@ -25,7 +25,8 @@ eager path launches the kernels directly. Calling `torch.ops.fusedops.*` directl
 
 layer_norm and rms_norm also return their row statistics, attention the log-sum-exp of each row (see
 their modules); the Python wrappers that fusedops.functional calls return the output alone. Every
-output is a new contiguous tensor (a strided input is read in place by the kernels).
+output is a new contiguous tensor (a strided input is read in place by the kernels), but attention's, which
+is laid out as torch's (and fusedops' eager path) lay it out: in the query's memory order.
 
 Which implementation runs is decided per call, as in fusedops.functional: CUDA tensors of the
 kernels' dtypes run the fusedops kernels; CPU tensors run torch ops unless FUSEDOPS_INTERPRET=1

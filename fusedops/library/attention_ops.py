@@ -21,6 +21,7 @@ import torch
 
 from fusedops.autograd import attention as _attention
 from fusedops.kernels import attention as _attention_kernels
+from fusedops.kernels.allocation import ordered_strides
 from fusedops.library.common import (INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled, recomputed_gradients,
                                       refuse_dual)
 
@@ -88,7 +89,8 @@ def _lse_pair(s: torch.Tensor) -> torch.Tensor:
 def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
                   is_causal: bool, scale: Optional[float], enable_gqa: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """torch.nn.functional.scaled_dot_product_attention without dropout (see
-    fusedops.scaled_dot_product_attention): (output, lse), both new contiguous tensors; lse is shaped
+    fusedops.scaled_dot_product_attention): (output, lse), new tensors: output laid out as the eager path and
+    torch's attention lay it out (`_output_strides`), lse contiguous and shaped
     (*output.shape[:-2], 2, L), float32 (float64 for float64 input): the base-2 log-sum-exp of each row's
     logits as an unevaluated sum lse[..., 0, :] + lse[..., 1, :] (+inf and 0 for fully masked rows;
     fusedops/kernels/attention.py). Checks its arguments as fusedops.scaled_dot_product_attention does (the op
@@ -103,7 +105,19 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     else:       # math attention in the accumulation dtype (the L x S logits are materialized)
         p, _, v_heads, lse = _attention_probabilities(q, k, v, mask, is_causal, scale)
         o = (p @ v_heads).to(query.dtype)
-    return o.reshape(out_shape).contiguous(), lse.reshape(*out_shape[:-2], 2, out_shape[-2]).contiguous()
+    strides = _output_strides(q, out_shape)
+    o = o.reshape(out_shape)
+    if o.stride() != strides:
+        o = o.new_empty_strided(out_shape, strides).copy_(o)
+    return o, lse.reshape(*out_shape[:-2], 2, out_shape[-2]).contiguous()
+
+
+def _output_strides(q: torch.Tensor, out_shape: tuple) -> tuple:
+    """The output's strides: in the memory order of the 4-D query the kernels read (kernels.attention.output_order,
+    torch's layout: nanoGPT's heads merge by a view) where the output has its shape's first three dims, else
+    contiguous."""
+    order = _attention_kernels.output_order(q) if tuple(out_shape[:3]) == tuple(q.shape[:3]) else range(len(out_shape))
+    return ordered_strides(tuple(out_shape), tuple(order))
 
 
 @torch.library.custom_op("fusedops::scaled_dot_product_attention_backward", mutates_args=())
@@ -140,9 +154,9 @@ def _attention_backward_op(grad_output: torch.Tensor, query: torch.Tensor, key: 
 
 @_attention_op.register_fake
 def _(query, key, value, attn_mask, is_causal, scale, enable_gqa):
-    _, _, _, _, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
-    return query.new_empty(out_shape), query.new_empty((*out_shape[:-2], 2, out_shape[-2]),
-                                                       dtype=accumulation_dtype(query.dtype))
+    q, _, _, _, out_shape = _attention._as_4d(query, key, value, attn_mask, enable_gqa)
+    return (query.new_empty_strided(out_shape, _output_strides(q, out_shape)),
+            query.new_empty((*out_shape[:-2], 2, out_shape[-2]), dtype=accumulation_dtype(query.dtype)))
 
 
 @_attention_backward_op.register_fake
