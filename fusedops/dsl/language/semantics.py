@@ -294,8 +294,8 @@ class Semantics(ShapeOps, BlockOps):
     def sigmoid(self, x) -> Value:
         """1 / (1 + exp(-x)), computed in float32 for 16-bit and integer inputs. In float32 the division is the
         approximate reciprocal (the DIV op's `approx` attr: rcp.approx.f32, within 1 ulp; exp is approximate
-        already), as Triton's float32 division is approximate: an IEEE division is a subroutine per element,
-        whose calls made matmul epilogues of 128 values a thread spill 168-328 bytes (ptxas, sm_90a)."""
+        already): an IEEE division is a subroutine per element, whose calls made matmul epilogues of 128
+        values a thread spill 168-328 bytes (ptxas, sm_90a)."""
         x = self.to_value(x)
         element = element_of(x)
         wide = self.cast(x, float32) if not element.is_floating or element.bits == 16 else x
