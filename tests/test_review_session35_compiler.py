@@ -65,6 +65,13 @@ def _box(BLOCK_R: dsl.constexpr, BLOCK_C: dsl.constexpr, stride_r):
     return dsl.arange(0, BLOCK_R)[:, None] * stride_r + dsl.arange(0, BLOCK_C)[None, :]
 
 
+@dsl.jit
+def _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R: dsl.constexpr, BLOCK_C: dsl.constexpr):
+    # the TMA stores most kernels below end with: `tile` into y's box (0, 0), then `old` into z's
+    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
+    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+
+
 # Every kernel below stores a tile of x into y's box (0, 0) with a TMA store (y's store comes first in the
 # IR and the PTX), and `old` (a load that y's block is not computed from) into z. Where `old` may read y,
 # y's store needs the fence of every state space.
@@ -75,8 +82,7 @@ def _where_scalar_pointer(y_ptr, x_ptr, z_ptr, sel, rows, cols, stride_r, BLOCK_
     offs = _box(BLOCK_R, BLOCK_C, stride_r)
     old = dsl.load(dsl.where(sel > 0, y_ptr, x_ptr) + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -87,8 +93,7 @@ def _where_block_pointer(y_ptr, x_ptr, z_ptr, sel, rows, cols, stride_r, BLOCK_R
     pick = (dsl.arange(0, BLOCK_C)[None, :] + sel) % 2 == 0
     old = dsl.load(dsl.where(pick, y_ptr + offs, x_ptr + offs))
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -99,8 +104,7 @@ def _if_pointer(y_ptr, x_ptr, z_ptr, sel, rows, cols, stride_r, BLOCK_R: dsl.con
         p = y_ptr
     old = dsl.load(p + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -116,8 +120,7 @@ def _swapped_in_loop(y_ptr, x_ptr, z_ptr, n, rows, cols, stride_r, BLOCK_R: dsl.
         p = q
         q = t
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -146,8 +149,7 @@ def _while_pointer(y_ptr, x_ptr, z_ptr, n, rows, cols, stride_r, BLOCK_R: dsl.co
         j += 1
     old = dsl.load(p + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -157,8 +159,7 @@ def _pointer_from_memory(y_ptr, x_ptr, z_ptr, table_ptr, rows, cols, stride_r, B
     p = dsl.load(table_ptr).to(dsl.pointer_type(dsl.float32))        # an address read from memory (y's)
     old = dsl.load(p + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -168,8 +169,7 @@ def _pointer_through_int64(y_ptr, x_ptr, z_ptr, rows, cols, stride_r, BLOCK_R: d
     p = (y_ptr.to(dsl.int64) + 0).to(dsl.pointer_type(dsl.float32))     # y's address as an int64, and back
     old = dsl.load(p + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -179,8 +179,7 @@ def _offset_from_pointers(y_ptr, x_ptr, z_ptr, rows, cols, stride_r, BLOCK_R: ds
     to_y = (y_ptr.to(dsl.int64) - x_ptr.to(dsl.int64)) // 4
     old = dsl.load(x_ptr + to_y + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -189,8 +188,7 @@ def _second_descriptor(y_ptr, x_ptr, z_ptr, rows, cols, stride_r, BLOCK_R: dsl.c
     offs = _box(BLOCK_R, BLOCK_C, stride_r)
     old = dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).load((0, 0))
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -200,8 +198,7 @@ def _same_argument_other_offset(y_ptr, x_ptr, z_ptr, rows, cols, stride_r, BLOCK
     offs = _box(BLOCK_R, BLOCK_C, stride_r)
     old = dsl.load(y_ptr + 4 + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -211,8 +208,7 @@ def _load_in_if(y_ptr, x_ptr, z_ptr, sel, rows, cols, stride_r, BLOCK_R: dsl.con
     if sel > 0:
         old = dsl.load(y_ptr + offs)
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 @dsl.jit
@@ -250,8 +246,7 @@ def _reshaped_pointers(y_ptr, x_ptr, z_ptr, rows, cols, stride_r, BLOCK_R: dsl.c
     ptrs = dsl.reshape(dsl.trans(y_ptr + offs), (BLOCK_C, BLOCK_R))
     old = dsl.trans(dsl.load(ptrs))
     tile = dsl.load(x_ptr + offs)
-    dsl.make_tensor_descriptor(y_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), tile)
-    dsl.make_tensor_descriptor(z_ptr, (rows, cols), (stride_r, 1), (BLOCK_R, BLOCK_C)).store((0, 0), old)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
 
 
 _MAY_READ_Y = [
