@@ -353,6 +353,29 @@ def test_a_pointer_offset_computed_from_the_stored_argument_keeps_the_full_fence
     assert _full_fence_before_first_copy(compiled.asm["ptx"])
 
 
+@dsl.jit
+def _while_offset(y_ptr, x_ptr, z_ptr, n, rows, cols, stride_r, BLOCK_R: dsl.constexpr, BLOCK_C: dsl.constexpr,
+                  FROM_ADDRESS: dsl.constexpr):
+    # `old` reads x at an offset a while loop carries: made from integers alone (x's roots: the narrow fences, as
+    # the stream-K kernel's offsets need, whose pipelining changed when a while loop's value counted as an
+    # address: the session's fresh-clone CI) or from y's address (unknown roots: both stores fence everything)
+    offs = _box(BLOCK_R, BLOCK_C, stride_r)
+    shift = (y_ptr.to(dsl.int64) - x_ptr.to(dsl.int64)) // 4 if FROM_ADDRESS else (n * 0).to(dsl.int64)
+    steps = 0
+    while steps < n:
+        steps += 1
+        shift = shift + steps * 0       # carried through the loop
+    old = dsl.load(x_ptr + shift + (steps - n) + offs)
+    tile = dsl.load(x_ptr + offs)
+    _store_both(y_ptr, z_ptr, tile, old, rows, cols, stride_r, BLOCK_R, BLOCK_C)
+
+
+@pytest.mark.parametrize("from_address", [False, True])
+def test_an_offset_carried_by_a_while_loop_is_an_address_only_when_made_from_one(tma_ws0, from_address):
+    compiled = _while_offset.compile(*_tensors(), 3, 256, 256, 256, FROM_ADDRESS=from_address, **_T)
+    assert _fence_global(compiled) == {"y_ptr": [from_address], "z_ptr": [from_address]}
+
+
 def test_interpreter_reads_the_stored_tensor_through_the_int64_offset(seed):
     # the kernel above does read y (what makes its narrow fence wrong): z gets y's old box
     generator = torch.Generator().manual_seed(seed)
