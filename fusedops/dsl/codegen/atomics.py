@@ -20,9 +20,9 @@ from llvmlite.ir import instructions
 from ..ir import OpCode
 from ..language.dtypes import BlockType, float32
 from ..target import llvm_types as T
-from .elementwise import float_min_max
 from .memory import vector_widths
 from .ownership import owned_registers, owner_predicate, owners_values
+from .reduce import combined
 from .registry import lowering
 from .shared import barrier, element_pointer, reserve
 
@@ -106,7 +106,7 @@ def _system_rmw(ctx, kind: str, element, pointer, value):
     expected = b.phi(integer)
     expected.add_incoming(start, entry)
     current = b.bitcast(expected, ty) if element.is_floating else expected
-    new = _combined(ctx, kind, element, current, value)
+    new = _stored(ctx, kind, element, current, value)
     seen = _cmpxchg(b, pointer, expected, b.bitcast(new, integer) if element.is_floating else new, "relaxed", "sys")
     expected.add_incoming(seen, b.block)
     b.cbranch(b.icmp_unsigned("==", seen, expected), done, loop)
@@ -114,20 +114,15 @@ def _system_rmw(ctx, kind: str, element, pointer, value):
     return current
 
 
-def _combined(ctx, kind: str, element, old, value):
-    """What an RMW of `kind` stores over `old`: the interpreter's rule (float max / min propagate NaN)."""
+def _stored(ctx, kind: str, element, old, value):
+    """What an RMW of `kind` stores over `old`: the interpreter's rule (add, max and min as reductions combine:
+    float max / min propagate NaN)."""
     b = ctx.builder
     if kind == "xchg":
         return value
-    if kind == "add":
-        return (b.fadd if element.is_floating else b.add)(old, value)
     if kind in ("and", "or", "xor"):
         return {"and": b.and_, "or": b.or_, "xor": b.xor}[kind](old, value)
-    if element.is_floating:
-        return float_min_max(ctx, b, old, value, kind == "max")
-    compare = (">" if kind == "max" else "<")
-    greater = (b.icmp_signed if element.is_signed else b.icmp_unsigned)(compare, old, value)
-    return b.select(greater, old, value)
+    return combined(ctx, "sum" if kind == "add" else kind, element, old, value)
 
 
 def _fence(b, ordering: str, scope: str):

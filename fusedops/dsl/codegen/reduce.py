@@ -21,7 +21,8 @@ from .registry import lowering
 from .shared import barrier, element_pointer, linear_index, reserve, storage_bytes
 
 
-def _combine(ctx, kind: str, element, a, b):
+def combined(ctx, kind: str, element, a, b):
+    """a + b (kind "sum"), max or min of two registers of `element`s (floats: float_min_max's NaN rule)."""
     bld = ctx.builder
     if kind == "sum":
         return bld.fadd(a, b) if element.is_floating else bld.add(a, b)
@@ -109,7 +110,7 @@ def _warp_partials(ctx, op, arg: bool):
     lane_axis = ctx.lane_warp_coordinates(source.layout)[axis]
     num_results = 1 << len(plan.kept_register_bits)
     combine = (lambda a, b: _combine_arg(ctx, kind, element, a, b)) if arg else \
-        (lambda a, b: _combine(ctx, kind, element, a, b))
+        (lambda a, b: combined(ctx, kind, element, a, b))
     partials = []
     for j in range(num_results):
         acc = None
