@@ -28,12 +28,6 @@ def _without_reshapes(value: Value) -> Value:
     return value
 
 
-def _constant(value: Value):
-    """The CONSTANT op `value` is (possibly broadcast), else None."""
-    op = _without_reshapes(value).defining_op
-    return op if op is not None and op.opcode == OpCode.CONSTANT else None
-
-
 def is_literal_promotion(value: Value, carried_type) -> bool:
     """Whether `value`'s type differs from the carried type only because literals won the promotion: it is
     computed, by elementwise ops alone, from literals and one value x of the carried element type converted
