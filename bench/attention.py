@@ -12,7 +12,7 @@ that refuses a shape is reported as such and skipped. --compile adds torch.compi
 attention as a provider. Results: a table on stdout, attention.csv / attention.json (rows stamped
 with the GPU, torch and fusedops versions) and attention.png in --out.
 
---sweep instead times the kernels' launch configs (fusedops.kernels.attention.sweep_configs: the
+--sweep instead times the kernels' launch configs (fusedops.kernels.attention_configs.sweep_configs: the
 FORWARD_CONFIGS / BACKWARD_CONFIGS table entry, marked *, and its alternatives), fp16, forward and
 backward, at S in {1024, 4096} (or --seqlens), E in --head-dims, causal and not, with torch's flash
 backend as the reference column; a compact table (TFLOP/s per config and shape, the best per shape)
@@ -36,6 +36,7 @@ from timing import gpu_time_ms, write_rows  # noqa: E402
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import attention as kernels  # noqa: E402
+from fusedops.kernels.attention_configs import head_block, sweep_configs  # noqa: E402
 
 TOKENS = 16 * 1024
 MODEL_DIM = 2048
@@ -178,8 +179,8 @@ def sweep_point(length, dim, causal, repeats):
     scale = dim ** -0.5
     forward_flops = 4.0 * batch * heads * length * length * dim * (0.5 if causal else 1.0)
     label = {"S": length, "E": dim, "causal": causal}
-    block = kernels.head_block(dim)
-    forward_configs, backward_pairs = kernels.sweep_configs(block, block)
+    block = head_block(dim)
+    forward_configs, backward_pairs = sweep_configs(block, block)
     from torch.nn.attention import SDPBackend
     flash = _backend_sdpa(SDPBackend.FLASH_ATTENTION)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))

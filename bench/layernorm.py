@@ -24,7 +24,8 @@ triton.testing.do_bench_cudagraph measures it). The backward's acceptance compar
 table shows both.
 
 --sweep also times other fusedops kernel configurations (warps, fused or split backward, programs per
-SM; fusedops/kernels/norms.py ForwardConfig/BackwardConfig), to tune the heuristics there.
+SM; ForwardConfig in fusedops/kernels/norm_forward_config.py, BackwardConfig in norm_backward_config.py), to
+tune the heuristics there.
 Acceptance (issue 5), printed at the end for LayerNorm: forward >= 90% of the copy and >= torch, and
 backward >= 2x torch, at every N from 1024 to 32768.
 Outputs: a table on stdout; OUT/NAME.csv, OUT/NAME.json and OUT/NAME.png (--name, default layernorm).
@@ -46,7 +47,9 @@ from timing import times_or_failures_ms, write_rows  # noqa: E402
 import fusedops  # noqa: E402
 from fusedops.bench import scripts  # noqa: E402
 from fusedops.bench.report import format_table, plot_message, plot_op  # noqa: E402
-from fusedops.kernels import norms  # noqa: E402
+from fusedops.kernels.norm_backward_config import BackwardConfig  # noqa: E402
+from fusedops.kernels.norm_forward_config import ForwardConfig  # noqa: E402
+from fusedops.kernels.norm_launch import norm_backward, norm_forward  # noqa: E402
 
 M = 8192
 COLUMNS = (1000, 1024, 2048, 2049, 4096, 4097, 8192, 12289, 16384, 32768)
@@ -135,7 +138,7 @@ def _providers(op, n, compile_torch):
 
 def _label(config) -> str:
     """A short provider name for a kernel configuration."""
-    if isinstance(config, norms.ForwardConfig):
+    if isinstance(config, ForwardConfig):
         kind = "looped" if config.looped else f"rows={config.block_rows}"
         return f"fusedops fwd({kind},n={config.block_n},w={config.num_warps})"
     if config.split:
@@ -153,26 +156,26 @@ def _sweep_calls(op, n, dtype, inputs, dy, backward):
     block_n = 1 << (n - 1).bit_length()
     calls = []
     if not backward:
-        configs = [norms.ForwardConfig(False, rows, block_n, warps) for rows in (1, 2, 4, 8) for warps in (4, 8, 16, 32)
+        configs = [ForwardConfig(False, rows, block_n, warps) for rows in (1, 2, 4, 8) for warps in (4, 8, 16, 32)
                    if block_n * dtype.itemsize <= 64 * 1024 and 4 <= rows * block_n // (32 * warps) <= 64]
-        configs += [norms.ForwardConfig(True, 1, chunk, warps) for chunk, warps in ((4096, 8), (8192, 16))]
+        configs += [ForwardConfig(True, 1, chunk, warps) for chunk, warps in ((4096, 8), (8192, 16))]
         for config in configs:
-            calls.append((_label(config), lambda c=config: norms.norm_forward(
+            calls.append((_label(config), lambda c=config: norm_forward(
                 x, w, b, 1e-5, subtract_mean=op.has_bias, config=c)))
         return calls
-    _, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=op.has_bias)
-    configs = [norms.BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n,
-                                    num_warps=warps, programs_per_sm=per_sm, prefetch=prefetch)
+    _, mean, rstd = norm_forward(x, w, b, 1e-5, subtract_mean=op.has_bias)
+    configs = [BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n,
+                              num_warps=warps, programs_per_sm=per_sm, prefetch=prefetch)
                for warps in (4, 8, 16) for per_sm in (1, 2, 4, 8) for prefetch in (False, True)
                if block_n * dtype.itemsize <= 16 * 1024 and block_n // (32 * warps) <= 16
                and not (prefetch and warps > 8)]
-    configs += [norms.BackwardConfig(split=True, block_rows=rows, block_n=1024, num_warps=warps,
-                                     programs_per_sm=per_sm, prefetch=prefetch, input_block_rows=1,
-                                     input_block_n=input_n, input_num_warps=input_warps)
+    configs += [BackwardConfig(split=True, block_rows=rows, block_n=1024, num_warps=warps,
+                               programs_per_sm=per_sm, prefetch=prefetch, input_block_rows=1,
+                               input_block_n=input_n, input_num_warps=input_warps)
                 for rows, warps in ((2, 4), (4, 8)) for per_sm in (2, 4) for prefetch in (False, True)
                 for input_n, input_warps in ((2048, 4), (4096, 8))]
     for config in configs:
-        calls.append((_label(config), lambda c=config: norms.norm_backward(
+        calls.append((_label(config), lambda c=config: norm_backward(
             dy, x, w, mean, rstd, subtract_mean=op.has_bias, input_grad=True, weight_grad=True,
             bias_grad=op.has_bias, bias_dtype=dtype, config=c)))
     return calls

@@ -13,7 +13,7 @@ provider's fraction of its bandwidth (copy_ms / ms) and speedup over torch are r
 softmax.json (rows stamped with GPU, torch and fusedops versions) and softmax.png under --out.
 
 --sweep also times the forward and backward over alternative fusedops configs (tile, block,
-num_warps, one pass or online) at each N: the data to retune kernels/softmax.py's table.
+num_warps, one pass or online) at each N: the data to retune kernels/softmax_configs.py's table.
 --details prints, per N, the config the dispatcher picks, its registers and spills (ptxas), the
 theoretical occupancy and the 128-bit global loads/stores in its SASS (cuobjdump).
 """
@@ -32,6 +32,8 @@ from timing import gpu_time_ms, times_or_failures_ms, write_rows  # noqa: E402
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import softmax as K  # noqa: E402
+from fusedops.kernels.softmax_configs import Config, _next_power_of_2  # noqa: E402
+from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel  # noqa: E402
 
 M = 8192
 DEVICE = "cuda"
@@ -156,14 +158,14 @@ def sweep_rows(dtype_name, n, log, repeats):
     x = torch.randn(M, n, device=DEVICE, dtype=dtype).mul_(3)
     dy = torch.randn_like(x)
     y = K.softmax_forward(x, 1, log=log)
-    block = K._next_power_of_2(n)
+    block = _next_power_of_2(n)
     per_thread = range(4, 65)       # elements per thread worth trying
-    candidates = [K.Config("rows", 1, block, True, w) for w in (4, 8, 16, 32)
+    candidates = [Config("rows", 1, block, True, w) for w in (4, 8, 16, 32)
                   if block <= 32768 and block // (32 * w) in per_thread]
-    candidates += [K.Config("rows", 1, b, False, w) for b in (2048, 4096, 8192, 16384) if b < block
+    candidates += [Config("rows", 1, b, False, w) for b in (2048, 4096, 8192, 16384) if b < block
                    for w in (4, 8, 16) if b // (32 * w) in per_thread]
     if block < 2048:
-        candidates += [K.Config("rows", r, block, True, w) for r in (2, 4) for w in (4, 8)]
+        candidates += [Config("rows", r, block, True, w) for r in (2, 4) for w in (4, 8)]
     rows = []
     for config in candidates:
         for pass_name, fn in (("forward", lambda: K.softmax_forward(x, 1, log=log, config=config)),
@@ -186,8 +188,8 @@ def details(dtype_name, n):
     dtype = DTYPES[dtype_name]
     x = torch.empty(M, n, device="cuda", dtype=dtype)
     lines = []
-    for direction, kernel, tensors in (("forward", K._forward_kernel, (x, x)), ("backward", K._backward_kernel,
-                                                                               (x, x, x))):
+    for direction, kernel, tensors in (("forward", _forward_kernel, (x, x)), ("backward", _backward_kernel,
+                                                                             (x, x, x))):
         strides = tuple(t.stride() for t in tensors)
         dtypes = tuple(t.dtype for t in tensors)
         launch = K._plan_launch(x.shape, 1, strides, dtypes, direction == "backward", False, None, None)

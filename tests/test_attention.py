@@ -24,6 +24,12 @@ from fusedops.dsl.ir import OpCode
 from fusedops.dsl.passes import dot_layouts
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at
+from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+from fusedops.kernels.attention_configs import (
+    FORWARD_CONFIGS, INTERPRETER_CONFIG, TWO_CTA_FORWARD_CONFIGS, TWO_CTA_MAX_KEYS, AttentionConfig, backward_configs,
+    forward_config, head_block, sweep_configs)
+from fusedops.kernels.attention_forward_kernel import attention_forward_kernel
+from fusedops.kernels.attention_logits import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 from helpers import assert_close, random_tensor
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -282,8 +288,8 @@ def test_causal_gradients_in_float16(length_q, length_k, seed, interpret):
 # masks, the peeled first block and the masked tail, and dK/dV takes the causal mask only across the
 # diagonal: even and ragged lengths, causal with L < S and L > S.
 
-_SPLIT_CONFIGS = [at.AttentionConfig(16, 16, 4, 1), at.AttentionConfig(32, 16, 4, 1), at.AttentionConfig(16, 32, 4, 1),
-                  at.AttentionConfig(16, 32, 4, 1, kv_ring=True)]     # dK/dV loading K and V per query block
+_SPLIT_CONFIGS = [AttentionConfig(16, 16, 4, 1), AttentionConfig(32, 16, 4, 1), AttentionConfig(16, 32, 4, 1),
+                  AttentionConfig(16, 32, 4, 1, kv_ring=True)]     # dK/dV loading K and V per query block
 
 
 def _forward_and_backward(q, k, v, grad_out, mask, causal, scale, config):
@@ -312,7 +318,7 @@ def test_interior_and_tail_key_blocks(length_q, length_k, config, causal, seed):
         assert_close(grad, want, torch.float32)
 
 
-_DKDV_VARIANTS = [at.AttentionConfig(16, 32, 4, 1, kv_ring=True), at.AttentionConfig(16, 16, 4, 1, head_major=True)]
+_DKDV_VARIANTS = [AttentionConfig(16, 32, 4, 1, kv_ring=True), AttentionConfig(16, 16, 4, 1, head_major=True)]
 
 
 @pytest.mark.parametrize("config", _DKDV_VARIANTS, ids=["kv_ring", "head_major"])
@@ -353,26 +359,26 @@ def test_masks_on_even_lengths_take_the_masked_path(kind, causal, config, seed):
 
 def test_config_table_and_sweep_alternatives():
     for dim in (64, 128, 256):
-        forward, backward = at.sweep_configs(dim, dim)
-        assert forward[0] == at.forward_config(dim, dim) and backward[0] == at.backward_configs(dim, dim)
+        forward, backward = sweep_configs(dim, dim)
+        assert forward[0] == forward_config(dim, dim) and backward[0] == backward_configs(dim, dim)
         assert len(set(forward)) == len(forward) and len(set(backward)) == len(backward)
-    assert at.forward_config(80, 96) == at.TWO_CTA_FORWARD_CONFIGS[128]
+    assert forward_config(80, 96) == TWO_CTA_FORWARD_CONFIGS[128]
 
 
 def test_forward_config_choice():
     # two CTAs per SM on sm_90a without an attn_mask; E = 128 rows past TWO_CTA_MAX_KEYS keys, masked
     # forwards and mma.sync targets keep the one-CTA tiles (their 128-register cap would spill)
-    limit = at.TWO_CTA_MAX_KEYS[128]
-    assert at.forward_config(128, 128, length_k=limit) == at.TWO_CTA_FORWARD_CONFIGS[128]
-    assert at.forward_config(128, 128, length_k=limit + 1) == at.FORWARD_CONFIGS[128]
-    assert at.forward_config(64, 64, length_k=1 << 20) == at.TWO_CTA_FORWARD_CONFIGS[64]
+    limit = TWO_CTA_MAX_KEYS[128]
+    assert forward_config(128, 128, length_k=limit) == TWO_CTA_FORWARD_CONFIGS[128]
+    assert forward_config(128, 128, length_k=limit + 1) == FORWARD_CONFIGS[128]
+    assert forward_config(64, 64, length_k=1 << 20) == TWO_CTA_FORWARD_CONFIGS[64]
     for dim in (64, 128):
-        assert at.forward_config(dim, dim, masked=True) == at.FORWARD_CONFIGS[dim]
-        assert at.forward_config(dim, dim, wgmma=False) == at.FORWARD_CONFIGS[dim]
-        assert at.forward_config(dim, dim, vector_rows=False) == at.FORWARD_CONFIGS[dim]
-        assert at.TWO_CTA_FORWARD_CONFIGS[dim].min_blocks_per_sm == 2
-        assert at.FORWARD_CONFIGS[dim].min_blocks_per_sm == 0
-    assert at.forward_config(256, 256) == at.FORWARD_CONFIGS[256]
+        assert forward_config(dim, dim, masked=True) == FORWARD_CONFIGS[dim]
+        assert forward_config(dim, dim, wgmma=False) == FORWARD_CONFIGS[dim]
+        assert forward_config(dim, dim, vector_rows=False) == FORWARD_CONFIGS[dim]
+        assert TWO_CTA_FORWARD_CONFIGS[dim].min_blocks_per_sm == 2
+        assert FORWARD_CONFIGS[dim].min_blocks_per_sm == 0
+    assert forward_config(256, 256) == FORWARD_CONFIGS[256]
 
 # -- routing and errors ------------------------------------------------------------------------------------
 
@@ -492,36 +498,36 @@ def _strides(dim, heads=16, length=4096):
     return (heads * length * dim, length * dim, dim, 1)
 
 
-def compile_forward(dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a", config=None):
+def compile_forward(dim, causal=False, mask_kind=NO_MASK, dtype=torch.float16, arch="sm_90a", config=None):
     x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
-    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
-    block = at.head_block(dim)
-    config = config or at.forward_config(block, block, mask_kind != at.NO_MASK)
-    return dsl.jit(at.attention_forward_kernel.fn).compile(
+    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == BOOL_MASK else x
+    block = head_block(dim)
+    config = config or forward_config(block, block, mask_kind != NO_MASK)
+    return dsl.jit(attention_forward_kernel.fn).compile(
         x, stats, x, x, x, mask, *_strides(dim) * 4, *((0, 0, 4096, 1) if mask_kind else (0,) * 4),
         16, 1, 4096, 4096, dim, dim, 0.18, 0.0, target=arch, num_warps=config.num_warps, num_stages=config.num_stages,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal,
         MASK_KIND=mask_kind, ACC=dsl.float32, MIN_BLOCKS=config.min_blocks_per_sm)
 
 
-def compile_backward(kernel, dim, causal=False, mask_kind=at.NO_MASK, dtype=torch.float16, arch="sm_90a",
+def compile_backward(kernel, dim, causal=False, mask_kind=NO_MASK, dtype=torch.float16, arch="sm_90a",
                      config=None, deterministic=False):
     x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
-    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
-    block = at.head_block(dim)
-    kv_config, q_config = at.backward_configs(block, block, mask_kind != at.NO_MASK, deterministic=deterministic)
+    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == BOOL_MASK else x
+    block = head_block(dim)
+    kv_config, q_config = backward_configs(block, block, mask_kind != NO_MASK, deterministic=deterministic)
     config = config or (kv_config if kernel == "dkdv" else q_config)
     options = dict(target=arch, num_warps=config.num_warps, num_stages=config.num_stages, BLOCK_M=config.block_m,
                    BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal, MASK_KIND=mask_kind,
                    ACC=dsl.float32)
     mask_strides = (0, 0, 4096, 1) if mask_kind else (0,) * 4
     if kernel == "dkdv":
-        return dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
+        return dsl.jit(attention_backward_dkdv_kernel.fn).compile(
             x, x, x, x, x, x, stats, stats, mask, *_strides(dim) * 6, *mask_strides,
             16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, KV_RING=config.kv_ring, EARLY_DP=config.early_dp,
             HEAD_MAJOR=config.head_major, DQ_ATOMIC=config.dq_atomic, dq_ptr=stats if config.dq_atomic else None,
             **options)
-    return dsl.jit(at.attention_backward_dq_kernel.fn).compile(
+    return dsl.jit(attention_backward_dq_kernel.fn).compile(
         x, x, x, x, x, stats, stats, mask, *_strides(dim) * 5, *mask_strides,
         16, 1, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0, HEAD_MAJOR=config.head_major, **options)
 
@@ -540,7 +546,7 @@ _REGISTER_A = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16
 
 
 # Bytes the two-CTA E = 128 forward (128 registers) may spill: values live across its key loops, stored
-# before them and reloaded after (attention.py's comment above TWO_CTA_FORWARD_CONFIGS; measured 8 / 36).
+# before them and reloaded after (attention_configs.py's comment above TWO_CTA_FORWARD_CONFIGS; measured 8 / 36).
 TWO_CTA_SPILL_BYTES = 64
 # Bytes a causal dK/dV kernel (two query-block loops: the blocks that cross the diagonal, then the rest;
 # 238-255 registers) may spill: values live across the loops (the shipped E = 128 tile's SASS: 40 bytes, no
@@ -549,10 +555,10 @@ CAUSAL_DKDV_SPILL_BYTES = 64
 
 
 @needs_ptxas
-@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, at.NO_MASK), (64, True, at.NO_MASK),
-                                                  (64, True, at.BOOL_MASK), (128, True, at.NO_MASK),
-                                                  (128, False, at.NO_MASK), (128, False, at.ADDITIVE_MASK),
-                                                  (256, True, at.BOOL_MASK), (256, False, at.NO_MASK)])
+@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, NO_MASK), (64, True, NO_MASK),
+                                                  (64, True, BOOL_MASK), (128, True, NO_MASK),
+                                                  (128, False, NO_MASK), (128, False, ADDITIVE_MASK),
+                                                  (256, True, BOOL_MASK), (256, False, NO_MASK)])
 def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tmp_path, monkeypatch):
     """sm_90a, E <= 128: both dots of every key block on wgmma, P V with A from registers (P straight from
     the logits' accumulator), Q K^T with Q converted to a register fragment once before the loops (the one-CTA
@@ -562,7 +568,7 @@ def test_forward_ptx_uses_tensor_cores_without_spills(dim, causal, mask_kind, tm
     mma.sync."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     compiled = compile_forward(dim, causal, mask_kind)
-    config = at.forward_config(dim, dim, mask_kind != at.NO_MASK)
+    config = forward_config(dim, dim, mask_kind != NO_MASK)
     ptx = compiled.asm["ptx"]
     assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx     # P, alpha: subnormals flushed
     assert (".minnctapersm 2" in ptx) == (config.min_blocks_per_sm == 2)
@@ -609,7 +615,7 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
     assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx     # P: subnormals flushed
     on_wgmma = dim <= 128
     staged_v = kernel == "dkdv" and dim == 128
-    assert not at.backward_configs(dim, dim)[0].kv_ring
+    assert not backward_configs(dim, dim)[0].kv_ring
     dots = (4 if kernel == "dkdv" else 3)
     bodies = _loop_bodies(ptx)
     for body in bodies:
@@ -641,10 +647,10 @@ def test_backward_ptx_uses_tensor_cores_without_spills(kernel, dim, causal, tmp_
 
 
 @needs_ptxas
-@pytest.mark.parametrize("kernel,dim,causal,mask_kind", [("dkdv", 64, False, at.BOOL_MASK),
-                                                         ("dq", 64, True, at.ADDITIVE_MASK),
-                                                         ("dkdv", 128, True, at.BOOL_MASK),
-                                                         ("dq", 128, False, at.BOOL_MASK)])
+@pytest.mark.parametrize("kernel,dim,causal,mask_kind", [("dkdv", 64, False, BOOL_MASK),
+                                                         ("dq", 64, True, ADDITIVE_MASK),
+                                                         ("dkdv", 128, True, BOOL_MASK),
+                                                         ("dq", 128, False, BOOL_MASK)])
 def test_backward_ptx_with_attn_mask_without_spills(kernel, dim, causal, mask_kind, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     compiled = compile_backward(kernel, dim, causal, mask_kind)
@@ -659,7 +665,7 @@ def test_backward_ptx_with_attn_mask_without_spills(kernel, dim, causal, mask_ki
 def test_sweep_alternatives_assemble_without_spills(dim, tmp_path, monkeypatch):
     # causal: the kernels' largest variant (peeled block, interior and tail loops, diagonal branch)
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    forward, backward = at.sweep_configs(dim, dim)
+    forward, backward = sweep_configs(dim, dim)
     kernels = [("forward", c) for c in forward[1:]]
     kernels += [("dkdv", c) for c in dict.fromkeys(kv for kv, _ in backward[1:]) if c != backward[0][0]]
     kernels += [("dq", c) for c in dict.fromkeys(q for _, q in backward[1:]) if c != backward[0][1]]
@@ -673,13 +679,13 @@ def test_sweep_alternatives_assemble_without_spills(dim, tmp_path, monkeypatch):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, at.NO_MASK), (64, True, at.ADDITIVE_MASK),
-                                                  (128, True, at.NO_MASK)])
+@pytest.mark.parametrize("dim,causal,mask_kind", [(64, False, NO_MASK), (64, True, ADDITIVE_MASK),
+                                                  (128, True, NO_MASK)])
 def test_head_major_dq_assembles_like_launch_order(dim, causal, mask_kind, tmp_path, monkeypatch):
     """The dQ kernel taking its programs head by head (a batch of many heads) differs from launch order
     only in its program index: the same wgmma loop, no spills."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    config = at.backward_configs(dim, dim, mask_kind != at.NO_MASK, query_heads=1 << 20, sms=132)[1]
+    config = backward_configs(dim, dim, mask_kind != NO_MASK, query_heads=1 << 20, sms=132)[1]
     assert config.head_major
     head_major = compile_backward("dq", dim, causal, mask_kind, config=config)
     plain = compile_backward("dq", dim, causal, mask_kind, config=dataclasses.replace(config, head_major=False))
@@ -692,10 +698,10 @@ def test_head_major_dq_assembles_like_launch_order(dim, causal, mask_kind, tmp_p
 
 def test_dq_head_major_from_two_query_heads_per_sm():
     for dim in (64, 128):
-        assert not at.backward_configs(dim, dim, query_heads=2 * 132 - 1, sms=132)[1].head_major
-        kv, q = at.backward_configs(dim, dim, query_heads=2 * 132, sms=132)
-        assert q.head_major and kv == at.backward_configs(dim, dim)[0]
-        assert at.backward_configs(dim, dim, True, 1 << 20, 132)[0] == at.backward_configs(dim, dim, True)[0]
+        assert not backward_configs(dim, dim, query_heads=2 * 132 - 1, sms=132)[1].head_major
+        kv, q = backward_configs(dim, dim, query_heads=2 * 132, sms=132)
+        assert q.head_major and kv == backward_configs(dim, dim)[0]
+        assert backward_configs(dim, dim, True, 1 << 20, 132)[0] == backward_configs(dim, dim, True)[0]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -710,10 +716,10 @@ def test_head_major_forward_and_dq_in_the_interpreter(causal):
     expected = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=0.3, enable_gqa=True)
     expected.backward(do)
     for head_major in (False, True):
-        config = dataclasses.replace(at.INTERPRETER_CONFIG, head_major=head_major)
+        config = dataclasses.replace(INTERPRETER_CONFIG, head_major=head_major)
         o, lse = at.attention_forward(q, k, v, None, causal, 0.3, interpret=True, config=config)
         dq, dk, dv = at.attention_backward(do, q, k, v, o, lse, None, causal, 0.3, interpret=True,
-                                           configs=(at.INTERPRETER_CONFIG, config))
+                                           configs=(INTERPRETER_CONFIG, config))
         assert_close(o, expected.detach(), torch.float64, tol=1e-10)
         for got, leaf in zip((dq, dk, dv), leaves):
             assert_close(got, leaf.grad, torch.float64, tol=1e-10)
@@ -891,7 +897,7 @@ def test_gpu_head_major_dkdv_matches_launch_order_bit_for_bit(causal, seed):
     grad_out = random_tensor((3, 8, 1000, 64), torch.float16, seed=seed + 5, device="cuda")
     out, lse = at.attention_forward(q, k, v, None, causal, 0.125)
     for deterministic in (True, False):
-        kv_config, q_config = at.backward_configs(64, 64, deterministic=deterministic)
+        kv_config, q_config = backward_configs(64, 64, deterministic=deterministic)
         assert kv_config.head_major and kv_config.dq_atomic is not deterministic
         results = []
         for config in (kv_config, dataclasses.replace(kv_config, head_major=False)):
@@ -920,9 +926,9 @@ def test_gpu_backward_is_deterministic(seed):
 
 def _forward_ir(dim, min_blocks):
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
-    return dsl.jit(at.attention_forward_kernel.fn).ir(
+    return dsl.jit(attention_forward_kernel.fn).ir(
         x, stats, x, x, x, x, *_strides(dim) * 4, *(0,) * 4, 16, 1, 4096, 4096, dim, dim, 0.18, 0.0,
-        BLOCK_M=128, BLOCK_N=32, BLOCK_E=dim, BLOCK_EV=dim, CAUSAL=False, MASK_KIND=at.NO_MASK, ACC=dsl.float32,
+        BLOCK_M=128, BLOCK_N=32, BLOCK_E=dim, BLOCK_EV=dim, CAUSAL=False, MASK_KIND=NO_MASK, ACC=dsl.float32,
         MIN_BLOCKS=min_blocks)
 
 

@@ -24,46 +24,51 @@ import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at
+from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+from fusedops.kernels.attention_configs import (
+    ATOMIC_DKDV_CONFIGS, ATOMIC_DKDV_SHARED_BYTES, BACKWARD_CONFIGS, INTERPRETER_CONFIG, backward_configs, head_block,
+    sweep_configs)
+from fusedops.kernels.attention_logits import NO_MASK
 from helpers import random_tensor
 from test_attention import _assert_within_twice_torch, _loop_bodies, _qkv, compile_backward, reference
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
-_ATOMIC = at.ATOMIC_DKDV_CONFIGS[64]
+_ATOMIC = ATOMIC_DKDV_CONFIGS[64]
 
 
 # -- the config table ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dim,dim_v", [(16, 16), (32, 64), (64, 64), (64, 16)])
 def test_head_dims_up_to_64_add_dq_in_the_dkdv_kernel_unless_deterministic_or_masked(dim, dim_v):
-    block_e, block_ev = at.head_block(dim), at.head_block(dim_v)
-    assert at.backward_configs(block_e, block_ev)[0].dq_atomic
-    assert at.backward_configs(block_e, block_ev, query_heads=1 << 20, sms=132)[0].dq_atomic
-    assert not at.backward_configs(block_e, block_ev, deterministic=True)[0].dq_atomic
-    assert not at.backward_configs(block_e, block_ev, masked=True)[0].dq_atomic
-    assert at.backward_configs(block_e, block_ev, deterministic=True) == at.BACKWARD_CONFIGS[64]
+    block_e, block_ev = head_block(dim), head_block(dim_v)
+    assert backward_configs(block_e, block_ev)[0].dq_atomic
+    assert backward_configs(block_e, block_ev, query_heads=1 << 20, sms=132)[0].dq_atomic
+    assert not backward_configs(block_e, block_ev, deterministic=True)[0].dq_atomic
+    assert not backward_configs(block_e, block_ev, masked=True)[0].dq_atomic
+    assert backward_configs(block_e, block_ev, deterministic=True) == BACKWARD_CONFIGS[64]
     # a GPU granting a CTA 99 KiB (compute capability 8.6 / 8.9) keeps the deterministic kernels (80 KiB)
-    assert at.backward_configs(block_e, block_ev, shared_memory=99 * 1024) == at.BACKWARD_CONFIGS[64]
-    assert at.backward_configs(block_e, block_ev, shared_memory=227 * 1024)[0].dq_atomic
+    assert backward_configs(block_e, block_ev, shared_memory=99 * 1024) == BACKWARD_CONFIGS[64]
+    assert backward_configs(block_e, block_ev, shared_memory=227 * 1024)[0].dq_atomic
 
 
 @pytest.mark.parametrize("dim", [80, 128, 256])
 def test_wider_head_dims_keep_the_dq_kernel(dim):
-    block = at.head_block(dim)
-    assert not at.backward_configs(block, block)[0].dq_atomic
-    assert at.backward_configs(block, block)[0] == at.backward_configs(block, block, deterministic=True)[0]
+    block = head_block(dim)
+    assert not backward_configs(block, block)[0].dq_atomic
+    assert backward_configs(block, block)[0] == backward_configs(block, block, deterministic=True)[0]
 
 
 def test_the_sweep_times_the_atomic_kernel_first_and_the_deterministic_one_beside_it():
-    _, backward = at.sweep_configs(64, 64)
-    assert backward[0] == at.backward_configs(64, 64)
-    assert any(kv == at.BACKWARD_CONFIGS[64][0] for kv, _ in backward[1:])
+    _, backward = sweep_configs(64, 64)
+    assert backward[0] == backward_configs(64, 64)
+    assert any(kv == BACKWARD_CONFIGS[64][0] for kv, _ in backward[1:])
 
 
 def _count_dq_kernel_preparations(monkeypatch) -> list:
     """A list that gets an entry at every `prepare` of the dQ kernel (which then runs as usual)."""
     calls = []
-    prepare = at.attention_backward_dq_kernel.prepare
-    monkeypatch.setattr(at.attention_backward_dq_kernel, "prepare",
+    prepare = attention_backward_dq_kernel.prepare
+    monkeypatch.setattr(attention_backward_dq_kernel, "prepare",
                         lambda *args, **kwargs: calls.append(1) or prepare(*args, **kwargs))
     return calls
 
@@ -73,7 +78,7 @@ def _count_dq_kernel_preparations(monkeypatch) -> list:
 # Bytes the dK/dV kernel with dQ (255 registers) may spill, by causal: values live across its query-block
 # loops, stored before them and reloaded after (the SASS of E = 64: 24 bytes not causal, no local memory access
 # inside the loop; causal 144 bytes, 3 accesses inside the loop over the blocks that cross the diagonal and
-# none in the other; attention.py's comments above ATOMIC_DKDV_CONFIGS and in the dK/dV kernel).
+# none in the other; the comments above attention_configs.ATOMIC_DKDV_CONFIGS and in the dK/dV kernel).
 ATOMIC_SPILL_BYTES = {False: 32, True: 160}
 
 @needs_ptxas
@@ -98,7 +103,7 @@ def test_dkdv_kernel_adds_dq_with_vector_reductions_all_dots_on_wgmma(causal, tm
         assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d)", before_reductions)[-1] == "1"
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes <= ATOMIC_SPILL_BYTES[causal], result.log
-    assert compiled.shared_bytes <= at.ATOMIC_DKDV_SHARED_BYTES
+    assert compiled.shared_bytes <= ATOMIC_DKDV_SHARED_BYTES
 
 
 @needs_ptxas
@@ -107,12 +112,12 @@ def test_dkdv_kernel_with_dq_for_other_head_dims_assembles(dim, dim_v, tmp_path,
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
     strides = (16 * 4096 * dim, 4096 * dim, dim, 1)
-    compiled = dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
+    compiled = dsl.jit(attention_backward_dkdv_kernel.fn).compile(
         x, x, x, x, x, x, stats, stats, x, *strides * 6, 0, 0, 0, 0, 16, 1, 4096, 4096, dim, dim_v,
         0.18, 0.0, 0.125, 0.0, dq_ptr=stats, target="sm_90a", num_warps=_ATOMIC.num_warps,
         num_stages=_ATOMIC.num_stages,
-        BLOCK_M=_ATOMIC.block_m, BLOCK_N=_ATOMIC.block_n, BLOCK_E=at.head_block(dim), BLOCK_EV=at.head_block(dim_v),
-        CAUSAL=True, MASK_KIND=at.NO_MASK, ACC=dsl.float32, HEAD_MAJOR=True, DQ_ATOMIC=True)
+        BLOCK_M=_ATOMIC.block_m, BLOCK_N=_ATOMIC.block_n, BLOCK_E=head_block(dim), BLOCK_EV=head_block(dim_v),
+        CAUSAL=True, MASK_KIND=NO_MASK, ACC=dsl.float32, HEAD_MAJOR=True, DQ_ATOMIC=True)
     ptx = compiled.asm["ptx"]
     bodies = _loop_bodies(ptx)
     assert len(bodies) == 2
@@ -120,7 +125,7 @@ def test_dkdv_kernel_with_dq_for_other_head_dims_assembles(dim, dim_v, tmp_path,
         assert "mma.sync" not in body and re.search(r"red\.relaxed\.gpu\.global\.add\.v[24]\.f32", body)
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes <= ATOMIC_SPILL_BYTES[True], result.log
-    assert compiled.shared_bytes <= at.ATOMIC_DKDV_SHARED_BYTES
+    assert compiled.shared_bytes <= ATOMIC_DKDV_SHARED_BYTES
 
 
 # -- interpreter results --------------------------------------------------------------------------------
@@ -141,7 +146,7 @@ def test_atomic_dq_in_the_interpreter_matches_the_dq_kernel_and_float64_torch(ca
     do = torch.randn(batch, heads, length_q, dim_v, dtype=torch.float64, generator=generator)
     scale = 0.3
     o, lse = at.attention_forward(q, k, v, None, causal, scale, interpret=True)
-    plain = at.INTERPRETER_CONFIG
+    plain = INTERPRETER_CONFIG
     atomic = dataclasses.replace(plain, dq_atomic=True)
     two_kernels = at.attention_backward(do, q, k, v, o, lse, None, causal, scale, interpret=True,
                                         configs=(plain, plain))
@@ -162,9 +167,9 @@ def test_an_attn_mask_keeps_the_dq_kernel_even_with_an_atomic_config(monkeypatch
     mask = torch.rand(1, 1, 9, 9, generator=generator) > 0.3
     o, lse = at.attention_forward(q, k, v, mask, False, 0.4, interpret=True)
     calls = _count_dq_kernel_preparations(monkeypatch)
-    atomic = dataclasses.replace(at.INTERPRETER_CONFIG, dq_atomic=True)
+    atomic = dataclasses.replace(INTERPRETER_CONFIG, dq_atomic=True)
     grads = at.attention_backward(do, q, k, v, o, lse, mask, False, 0.4, interpret=True,
-                                  configs=(atomic, at.INTERPRETER_CONFIG))
+                                  configs=(atomic, INTERPRETER_CONFIG))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     expected = torch.autograd.grad(reference(*leaves, mask, scale=0.4), leaves, do)
     assert calls

@@ -420,17 +420,18 @@ def _forget_library_launchers() -> None:
     launches cached on them: the next launch builds them on this test's driver."""
     from fusedops.autograd import attention as attention_autograd, matmul as matmul_autograd
     from fusedops.autograd import norms as norms_autograd, softmax as softmax_autograd
-    from fusedops.kernels import attention, matmul, norm_kernels, norms, softmax
+    from fusedops.kernels import attention, matmul, softmax
+    from fusedops.kernels import norm_backward_kernels, norm_forward_kernels, norm_launch, norm_row_sweeps
 
-    for module in (attention, matmul, norm_kernels, softmax):
+    for module in (attention, matmul, norm_forward_kernels, norm_row_sweeps, norm_backward_kernels, softmax):
         for kernel in vars(module).values():
             if isinstance(kernel, JITFunction):
                 kernel._plans.clear()
                 for entry in kernel._cache.values():
                     if entry.compiled is not None:
                         entry.compiled._launchers.clear()
-    for cache in (softmax._FORWARD_LAUNCHES, softmax._BACKWARD_LAUNCHES, norms._FORWARD_LAUNCHES,
-                  norms._BACKWARD_LAUNCHES, matmul_autograd._FORWARD_LAUNCHES, attention._FORWARD_LAUNCHES,
+    for cache in (softmax._FORWARD_LAUNCHES, softmax._BACKWARD_LAUNCHES, norm_launch._FORWARD_LAUNCHES,
+                  norm_launch._BACKWARD_LAUNCHES, matmul_autograd._FORWARD_LAUNCHES, attention._FORWARD_LAUNCHES,
                   attention._BACKWARD_LAUNCHES, attention_autograd._KNOWN_LAUNCHES, matmul_autograd._KNOWN_PRODUCTS,
                   norms_autograd._KNOWN_LAUNCHES, softmax_autograd._KNOWN_LAUNCHES):
         cache.clear()
@@ -481,6 +482,8 @@ def _symbolic(launch: tuple, **tensors) -> tuple:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_softmax_launches_cached_per_layout(launches, dtype):
     from fusedops.kernels import softmax as K
+    from fusedops.kernels.softmax_kernels import _forward_kernel
+    from fusedops.kernels.softmax_rows import empty_in_order_of
 
     K._FORWARD_LAUNCHES.clear()
     shapes = [((4, 100), 1, False), ((4, 100), 1, True), ((100, 4), 0, False), ((3, 5, 8), 1, False)]
@@ -490,11 +493,11 @@ def test_softmax_launches_cached_per_layout(launches, dtype):
             x = base.t() if transposed else base
             # the prepared launch of softmax_forward's cached SoftmaxLaunches, into a y laid out as the kernels
             # write it (x's dim order: softmax_forward returns a permuted x's result copied to a contiguous one)
-            y = K.empty_in_order_of(x, x.dtype)
+            y = empty_in_order_of(x, x.dtype)
             K.softmax_launches(x, dim, log=False)._launch(y, x)
             cached = _symbolic(launches[-1], x=x, y=y)
             plan = K._plan_launch(x.shape, dim, (x.stride(), y.stride()), (x.dtype, y.dtype), False, False, None, None)
-            K._forward_kernel[plan.grid](y, x, *plan.arguments, **plan.constexprs)     # the uncached launch
+            _forward_kernel[plan.grid](y, x, *plan.arguments, **plan.constexprs)     # the uncached launch
             assert cached == _symbolic(launches[-1], x=x, y=y)
     assert len(K._FORWARD_LAUNCHES) == len(shapes)
     K.softmax_forward(torch.randn(4, 100, dtype=torch.float64 if dtype == torch.float32 else torch.float32), 1,
@@ -519,7 +522,9 @@ def test_softmax_backward_plan_matches_softmax_backward(launches, monkeypatch):
 
 @pytest.mark.parametrize("subtract_mean", [True, False])
 def test_norm_launches_cached_per_layout(launches, subtract_mean):
-    from fusedops.kernels import norms as N
+    from fusedops.kernels import norm_launch as N
+    from fusedops.kernels.norm_forward_config import forward_config
+    from fusedops.kernels.norm_rows import as_rows
 
     N._FORWARD_LAUNCHES.clear()
     N._BACKWARD_LAUNCHES.clear()
@@ -533,10 +538,10 @@ def test_norm_launches_cached_per_layout(launches, subtract_mean):
             y, mean, rstd = N.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, n_cols=64)
             names = dict(x=x, w=w, b=b, y=y, mean=mean, rstd=rstd)
             cached = _symbolic(launches[-1], **names)
-            rows = N.as_rows(x, 12, 64)
+            rows = as_rows(x, 12, 64)
             names["x"] = rows           # the uncached path reads the (12, 64) view (or copy) of x
             reference = N.norm_forward(rows, w, b, 1e-5, subtract_mean=subtract_mean,
-                                       config=N.forward_config(64, x.dtype))
+                                       config=forward_config(64, x.dtype))
             names.update(y=reference[0], mean=reference[1], rstd=reference[2])
             if rows.data_ptr() == x.data_ptr():
                 assert cached == _symbolic(launches[-1], **names)
@@ -552,6 +557,7 @@ def test_norm_launches_cached_per_layout(launches, subtract_mean):
 def test_matmul_and_attention_launches_cached_per_layout(launches):
     from fusedops.autograd import matmul as M
     from fusedops.kernels import attention as A
+    from fusedops.kernels.attention_configs import forward_config
     from fusedops.kernels import matmul as MK
 
     M._FORWARD_LAUNCHES.clear()
@@ -577,7 +583,7 @@ def test_matmul_and_attention_launches_cached_per_layout(launches):
             mask = None if mask_dtype is None else torch.ones(32, 32, dtype=mask_dtype).expand(1, 2, 32, 32)
             o, lse = A.attention_forward(q, k, v, mask, False, 0.25)
             cached = _symbolic(launches[-1], q=q, k=k, v=v, o=o, lse=lse, mask=mask)
-            reference = A.attention_forward(q, k, v, mask, False, 0.25, config=A.forward_config(16, 16))
+            reference = A.attention_forward(q, k, v, mask, False, 0.25, config=forward_config(16, 16))
             names = dict(q=q, k=k, v=v, o=reference[0], lse=reference[1], mask=mask)
             assert cached == _symbolic(launches[-1], **names)
     assert len(A._FORWARD_LAUNCHES) == 6        # 3 layouts, each with the table's config and the forced one

@@ -1,7 +1,7 @@
 """The LayerNorm/RMSNorm forward variants that re-read x (ForwardConfig.reload, output_chunks) and carry
-cache hints (cache_hints), forced through norms.norm_forward: the candidates of the H200 sweep
-(.scratch/ln_fwd_probe.py), some of which the shipped 16-bit LayerNorm configs use (norms.forward_config;
-tests/test_norms.py checks those defaults).
+cache hints (cache_hints), forced through norm_launch.norm_forward: the candidates of the H200 sweep
+(.scratch/ln_fwd_probe.py), some of which the shipped 16-bit LayerNorm configs use
+(norm_forward_config.forward_config; tests/test_norms.py checks those defaults).
 
 CPU tier: the interpreter against torch in float64 at odd shapes (whole-row and persistent kernels, the
 aligned window, strided columns, every affine combination, float16 and float32, rows past the end of the
@@ -16,11 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
-from fusedops.kernels import norms
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_forward_kernels
+from fusedops.kernels import norm_launch
+from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, random_tensor
 
-FC = norms.ForwardConfig
+FC = ForwardConfig
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def _check(config, shape, dtype, seed, subtract_mean, weight=True, bias=True, x_
     n = x.shape[-1]
     w = random_tensor((n,), dtype, "cpu", seed + 1, scale=0.5) + 1 if weight else None
     b = random_tensor((n,), dtype, "cpu", seed + 2) if bias and subtract_mean else None
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
     assert_close(y, _reference(x, w, b, 1e-5, subtract_mean), dtype)
     x64 = x.double()
     if subtract_mean:
@@ -96,13 +98,13 @@ def test_reload_strided_columns(interpret, subtract_mean, seed):
 def test_output_chunks_must_divide_block_n(interpret):
     x = torch.ones(2, 40)
     with pytest.raises(ValueError, match="output_chunks=3"):
-        norms.norm_forward(x, None, None, 1e-5, subtract_mean=True, config=FC(False, 1, 64, 4, reload=True,
-                                                                                  output_chunks=3))
+        norm_launch.norm_forward(x, None, None, 1e-5, subtract_mean=True, config=FC(False, 1, 64, 4, reload=True,
+                                                                                        output_chunks=3))
 
 
 def _probe_variants(n):
     """The candidate configs of .scratch/ln_fwd_probe.py at n columns (fp16): kept in step by hand."""
-    shipped = norms.forward_config(n, torch.float16, subtract_mean=False)     # the base tiles (RMSNorm's)
+    shipped = norm_forward_config.forward_config(n, torch.float16, subtract_mean=False)     # the base tiles (RMSNorm's)
     block, rows, warps = shipped.block_n, shipped.block_rows, shipped.num_warps
     out = [FC(False, rows, block, warps, cache_hints=True)]
 
@@ -131,10 +133,10 @@ def _compile(config, n, subtract_mean):
     constexprs = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, ALIGN=8,
                       RELOAD=config.reload, CHUNKS=config.output_chunks, CACHE_HINTS=config.cache_hints)
     if config.programs_per_sm:
-        kernel = K.forward_persistent_kernel
+        kernel = norm_forward_kernels.forward_persistent_kernel
         constexprs["PREFETCH"] = config.prefetch
     else:
-        kernel = K.forward_kernel
+        kernel = norm_forward_kernels.forward_kernel
     compiled = kernel.compile(*args, target="sm_90a", num_warps=config.num_warps, **constexprs)
     return assemble(compiled.asm["ptx"], "sm_90a")
 

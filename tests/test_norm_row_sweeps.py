@@ -1,5 +1,5 @@
-"""The LayerNorm/RMSNorm forward in row sweeps (ForwardConfig.row_sweeps: norm_kernels.forward_row_sweeps_kernel),
-forced through norms.norm_forward: the candidates of the H200 probe (.scratch/ln_fwd_probe.py, LN_SWEEPS=1).
+"""The LayerNorm/RMSNorm forward in row sweeps (ForwardConfig.row_sweeps: norm_row_sweeps.forward_row_sweeps_kernel),
+forced through norm_launch.norm_forward: the candidates of the H200 probe (.scratch/ln_fwd_probe.py, LN_SWEEPS=1).
 
 CPU tier: the interpreter against torch in float64 with small chunks, so that rows run several unmasked
 chunks and a masked tail (one or more pieces, rows shorter than a piece, odd N), float16/bfloat16/float32,
@@ -23,11 +23,14 @@ import torch
 import torch.nn.functional as F
 
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
-from fusedops.kernels import norms
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_forward_launcher
+from fusedops.kernels import norm_launch
+from fusedops.kernels import norm_row_sweeps
+from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, poison, random_tensor
 
-FC = norms.ForwardConfig
+FC = ForwardConfig
 LAYER_NORM, RMS_NORM = True, False
 OPS = pytest.mark.parametrize("subtract_mean", [LAYER_NORM, RMS_NORM], ids=["layer_norm", "rms_norm"])
 
@@ -55,8 +58,8 @@ def _check(config, x, subtract_mean, seed, weight=True, bias=True, eps=1e-5):
     n, dtype = x.shape[-1], x.dtype
     w = random_tensor((n,), dtype, x.device, seed + 1, scale=0.5) + 1 if weight else None
     b = random_tensor((n,), dtype, x.device, seed + 2) if bias and subtract_mean else None
-    y, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=config,
-                                       allocate=_poisoned_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=config,
+                                             allocate=_poisoned_empty)
     x64, w64, b64 = (None if t is None else t.double() for t in (x, w, b))
     if subtract_mean:
         assert_close(y, F.layer_norm(x64, (n,), w64, b64, eps), dtype)
@@ -95,7 +98,7 @@ def test_row_sweeps_strided_rows(interpret, subtract_mean, seed):
 
 def test_chunk_must_be_a_power_of_two(interpret):
     with pytest.raises(ValueError, match="block_n=384 is not a power of two"):
-        norms.norm_forward(torch.ones(2, 1000), None, None, 1e-5, subtract_mean=True, config=_sweeps(384))
+        norm_launch.norm_forward(torch.ones(2, 1000), None, None, 1e-5, subtract_mean=True, config=_sweeps(384))
 
 
 # The row-sweep candidates of .scratch/ln_fwd_probe.py (LN_SWEEPS=1), kept in step by hand: (chunk,
@@ -120,8 +123,8 @@ def _compile_candidate(config, n, dtype, subtract_mean):
     stats = torch.empty(64, dtype=torch.float32, device="meta")
     bias = x if subtract_mean else None
     args = (x, stats if subtract_mean else None, stats, x, x, bias, 8192, n, n, 1, n, 1e-5)
-    constexprs = norms.row_sweep_constexprs(config, dtype, x, bias, n, n, subtract_mean)
-    return K.forward_row_sweeps_kernel.compile(*args, target="sm_90a", **constexprs).asm["ptx"]
+    constexprs = norm_forward_launcher.row_sweep_constexprs(config, dtype, x, bias, n, n, subtract_mean)
+    return norm_row_sweeps.forward_row_sweeps_kernel.compile(*args, target="sm_90a", **constexprs).asm["ptx"]
 
 
 _HINTED = ("ld.global.L1::evict_last.L2::cache_hint.v4", "ld.global.L1::evict_first.L2::cache_hint.v4",
@@ -164,7 +167,7 @@ def test_probe_candidates_assemble_without_spills(n, tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def _shifted_affine_at_any_size(monkeypatch):
     # ForwardConfig.shifted_affine applies from SHIFTED_AFFINE_MIN_ELEMENTS on; the interpreter's rows are few.
-    monkeypatch.setattr(norms, "SHIFTED_AFFINE_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(norm_forward_launcher, "SHIFTED_AFFINE_MIN_ELEMENTS", 0)
 
 
 def _window(chunk, num_warps=1, **options):
@@ -176,8 +179,8 @@ SHIFTED = pytest.mark.parametrize("shifted", [False, True], ids=["affine", "shif
 
 def _shift_of(config, x, subtract_mean):
     """The SHIFT the launcher passes for x (2-D) with a weight and bias of x's dtype (0: none)."""
-    return norms.row_sweep_constexprs(config, x.dtype, x, x, x.stride(0), x.shape[1], subtract_mean,
-                                      x.stride(1)).get("SHIFT", 0)
+    return norm_forward_launcher.row_sweep_constexprs(config, x.dtype, x, x, x.stride(0), x.shape[1], subtract_mean,
+                                                      x.stride(1)).get("SHIFT", 0)
 
 
 # (chunk, num_warps, N) at 9 rows (fp16: row r starts at r * N mod 8: every offset for odd N): 512 at 1
@@ -214,7 +217,7 @@ def test_window_rows_starting_at_every_offset(interpret, offset, shifted, subtra
 @pytest.mark.parametrize("n, shift", [(1, 8), (7, 8), (301, 8), (1001, 4)])
 def test_shifted_affine_copies_line_up_with_every_window(n, shift):
     t = torch.arange(1, n + 1, dtype=torch.float32)
-    copies = norms.shifted_affine_copies(t, n, shift)
+    copies = norm_forward_launcher.shifted_affine_copies(t, n, shift)
     stride = copies.numel() // shift
     assert stride % shift == 0 and stride >= n + shift - 1
     for first in range(shift):                  # window position p of a row starting `first` past a boundary
@@ -296,7 +299,7 @@ def test_shipped_configs_shift_odd_rows_only():
     for n in (8192, 16384, 32768, 6001, 4105, 12289, 20001, 40001):
         for dtype in (torch.float16, torch.bfloat16):
             for subtract_mean in (LAYER_NORM, RMS_NORM):
-                config = norms.forward_config(n, dtype, subtract_mean=subtract_mean)
+                config = norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean)
                 if config.row_sweeps:
                     x = torch.empty((2, n), dtype=dtype, device="meta")
                     assert _shift_of(config, x, subtract_mean) == (8 if n % 8 else 0), (n, dtype, subtract_mean)
@@ -395,7 +398,7 @@ def test_gpu_more_than_2_31_elements(config, n_cols, subtract_mean, seed):
     x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")
     w = random_tensor((n_cols,), torch.float16, "cuda", seed, scale=0.5) + 1
     b = random_tensor((n_cols,), torch.float16, "cuda", seed + 1) if subtract_mean else None
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
     boundary = 2**31 // n_cols                      # the first row past element 2**31
     rows = torch.tensor([0, 1, n_rows // 2, boundary - 1, boundary, boundary + 1, n_rows - 1], device="cuda")
     x64 = x[rows].double()
@@ -414,8 +417,8 @@ def test_shifted_affine_copies_of_strided_weight_and_bias(interpret, subtract_me
     x = random_tensor((9, n), torch.float16, "cpu", seed) * 3 + 0.25
     w = random_tensor((2 * n,), torch.float16, "cpu", seed + 1)[::2] + 1
     b = random_tensor((3, n), torch.float16, "cpu", seed + 2)[1] if subtract_mean else None
-    y, _, _ = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean,
-                                 config=_window(64, shifted_affine=True), allocate=_poisoned_empty)
+    y, _, _ = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean,
+                                       config=_window(64, shifted_affine=True), allocate=_poisoned_empty)
     x64, w64 = x.double(), w.double()
     expected = (F.layer_norm(x64, (n,), w64, b.double(), 1e-5) if subtract_mean
                 else F.rms_norm(x64, (n,), w64, 1e-5))

@@ -1,4 +1,4 @@
-"""layer_norm and rms_norm: kernels (fusedops/kernels/norm_kernels.py, norms.py), autograd Functions,
+"""layer_norm and rms_norm: kernels (fusedops/kernels/norm_*.py), autograd Functions,
 the public functions and the nn modules.
 
 CPU tier: the kernels run in the interpreter (FUSEDOPS_INTERPRET=1) against torch in float64, forward
@@ -25,9 +25,18 @@ import fusedops.nn
 from fusedops.autograd import norms as autograd_norms
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
+from fusedops.kernels import norm_backward_config
+from fusedops.kernels import norm_backward_kernels
+from fusedops.kernels import norm_backward_launcher
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_forward_kernels
+from fusedops.kernels import norm_forward_launcher
+from fusedops.kernels import norm_launch
+from fusedops.kernels import norm_row_sweeps
+from fusedops.kernels import norm_rows
 from fusedops.kernels import norm_split_window
-from fusedops.kernels import norms
+from fusedops.kernels.norm_backward_config import BackwardConfig
+from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, poison, random_tensor
 
 LAYER_NORM, RMS_NORM = "layer_norm", "rms_norm"
@@ -120,16 +129,15 @@ def test_forward_reads_16_byte_vectors_when_row_strides_allow(n_cols, subtract_m
     # hints up to 2048; rows past 4096 columns take the row sweeps, tests/test_norm_row_sweeps.py).
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     x = torch.empty(8, n_cols, dtype=torch.float16)
-    config = norms.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
+    config = norm_forward_config.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
     assert config.shifted_sums == subtract_mean and not config.reload and config.cache_hints
-    align = norms._stride_alignment(x.stride(0), x.stride(0), x.element_size())
+    align = norm_rows._stride_alignment(x.stride(0), x.stride(0), x.element_size())
     assert align == 8
     stats = torch.empty(8)
-    compiled = K.forward_kernel.compile(x, stats if subtract_mean else None, stats, x, x[0], x[0], 8, n_cols, n_cols,
-                                        1, n_cols, 1e-5, target="sm_90a", num_warps=config.num_warps,
-                                        SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows,
-                                        BLOCK_N=config.block_n, ALIGN=align, SHIFTED_SUMS=config.shifted_sums,
-                                        CACHE_HINTS=config.cache_hints)
+    compiled = norm_forward_kernels.forward_kernel.compile(
+        x, stats if subtract_mean else None, stats, x, x[0], x[0], 8, n_cols, n_cols, 1, n_cols, 1e-5,
+        target="sm_90a", num_warps=config.num_warps, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows,
+        BLOCK_N=config.block_n, ALIGN=align, SHIFTED_SUMS=config.shifted_sums, CACHE_HINTS=config.cache_hints)
     ptx = compiled.asm["ptx"]
     assert re.search(r"ld\.global[.\w:]*\.v4", ptx) and re.search(r"st\.global[.\w:]*\.v4", ptx)
     # the shifted sums: one exchange of the statistics (one barrier pair) where the two reductions took two;
@@ -159,8 +167,8 @@ def test_looped_forward_and_split_backward(interpret, monkeypatch, op, dtype, pr
     # Force the long-row paths at a small size: 16-column chunks (so 57 columns end in a partial
     # chunk), 2-row tiles, 8-column dx tiles.
     _fresh_launch_caches(monkeypatch)
-    monkeypatch.setattr(norms, "forward_config", lambda n, d, **_: norms.ForwardConfig(True, 1, 16, 4))
-    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
+    monkeypatch.setattr(norm_forward_launcher, "forward_config", lambda n, d, **_: ForwardConfig(True, 1, 16, 4))
+    monkeypatch.setattr(norm_backward_launcher, "backward_config", lambda n, d, **_: BackwardConfig(
         True, 2, 16, 4, programs_per_sm=1, prefetch=prefetch, input_block_rows=2, input_block_n=8,
         input_num_warps=4))
     _check(op, (9, 57), (57,), dtype, seed)
@@ -171,7 +179,7 @@ def test_looped_forward_and_split_backward(interpret, monkeypatch, op, dtype, pr
 def test_fused_backward_without_prefetch(interpret, monkeypatch, op, seed):
     # The shipped configurations prefetch up to 8 warps and not at 16: both loops are tested.
     _fresh_launch_caches(monkeypatch)
-    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
+    monkeypatch.setattr(norm_backward_launcher, "backward_config", lambda n, d, **_: BackwardConfig(
         False, 2, 64, 4, programs_per_sm=1, prefetch=False))
     _check(op, (7, 50), (50,), torch.float32, seed)
 
@@ -179,7 +187,7 @@ def test_fused_backward_without_prefetch(interpret, monkeypatch, op, seed):
 def test_split_backward_sums_more_chunks_than_one_block(interpret, monkeypatch, seed):
     # 70 chunks of 1 column > BLOCK_CHUNKS = 64: backward_input_kernel loops over the c1/c2 partials.
     _fresh_launch_caches(monkeypatch)
-    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
+    monkeypatch.setattr(norm_backward_launcher, "backward_config", lambda n, d, **_: BackwardConfig(
         True, 1, 1, 1, programs_per_sm=1, input_block_rows=1, input_block_n=32, input_num_warps=1))
     _check(LAYER_NORM, (3, 70), (70,), torch.float32, seed)
 
@@ -189,22 +197,22 @@ def test_split_backward_sums_more_chunks_than_one_block(interpret, monkeypatch, 
 # splits a row into several parts and chunks.
 VARIANTS = {
     "affine_first+window / persistent one-pass+prefetch+window": (
-        norms.ForwardConfig(False, 2, 32, 1, affine_first=True, aligned_window=True),
-        norms.BackwardConfig(False, 2, 32, 1, 1, prefetch=True, persistent=True, aligned_window=True)),
+        ForwardConfig(False, 2, 32, 1, affine_first=True, aligned_window=True),
+        BackwardConfig(False, 2, 32, 1, 1, prefetch=True, persistent=True, aligned_window=True)),
     "persistent+prefetch+window / persistent two-pass parts+window": (
-        norms.ForwardConfig(False, 2, 32, 1, aligned_window=True, programs_per_sm=1, prefetch=True),
-        norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, aligned_window=True, chunk=4)),
+        ForwardConfig(False, 2, 32, 1, aligned_window=True, programs_per_sm=1, prefetch=True),
+        BackwardConfig(False, 1, 8, 1, 1, persistent=True, aligned_window=True, chunk=4)),
     "persistent looped / persistent two-pass whole rows+prefetch": (
-        norms.ForwardConfig(True, 1, 8, 1, programs_per_sm=1),
-        norms.BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True, two_pass=True, chunk=8)),
+        ForwardConfig(True, 1, 8, 1, programs_per_sm=1),
+        BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True, two_pass=True, chunk=8)),
     # the parts of a row in one cluster (dsl.cluster_sum): 21 columns in clusters of 3, 16 in clusters of 2,
     # one column in "clusters" of one
     "plain / persistent cluster parts+prefetch": (
-        norms.ForwardConfig(False, 1, 32, 1),
-        norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, prefetch=True, cluster=True)),
+        ForwardConfig(False, 1, 32, 1),
+        BackwardConfig(False, 1, 8, 1, 1, persistent=True, prefetch=True, cluster=True)),
     "plain / persistent cluster parts, 2-row tiles+window": (
-        norms.ForwardConfig(False, 1, 32, 1),
-        norms.BackwardConfig(False, 2, 8, 1, 1, persistent=True, cluster=True, aligned_window=True)),
+        ForwardConfig(False, 1, 32, 1),
+        BackwardConfig(False, 2, 8, 1, 1, persistent=True, cluster=True, aligned_window=True)),
 }
 
 
@@ -217,11 +225,11 @@ def _check_with_configs(op, shape, dtype, seed, forward_config, backward_config,
         x = x.t().contiguous().t()
     if expand_dy:
         dy = dy[:1].expand(shape)
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
-                                       interpret=True, allocate=_poisoned_cpu_empty)
-    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
-                                     config=backward_config, interpret=True, allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
+                                             interpret=True, allocate=_poisoned_cpu_empty)
+    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                           weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
+                                           config=backward_config, interpret=True, allocate=_poisoned_cpu_empty)
     _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
@@ -251,12 +259,12 @@ def test_issue5_variants_strided_x_and_expanded_dy(variant, seed):
 
 
 def test_aligned_window_applies_only_to_rows_of_stride_n():
-    assert norms._window_shift(True, 32, 21, 1, 2, (21, 1), (21, 1)) == 8
-    assert norms._window_shift(True, None, 21, 1, 2, (21, 1), (0, 1)) == 0      # expanded dy
-    assert norms._window_shift(True, 32, 21, 1, 2, (1, 21)) == 0                 # transposed x
-    assert norms._window_shift(True, 16, 21, 1, 2, (21, 1)) == 0                 # window past the block
-    assert norms._window_shift(True, 32, 24, 8, 2, (24, 1)) == 0                 # rows already aligned
-    assert norms._window_shift(False, 32, 21, 1, 2, (21, 1)) == 0
+    assert norm_rows._window_shift(True, 32, 21, 1, 2, (21, 1), (21, 1)) == 8
+    assert norm_rows._window_shift(True, None, 21, 1, 2, (21, 1), (0, 1)) == 0      # expanded dy
+    assert norm_rows._window_shift(True, 32, 21, 1, 2, (1, 21)) == 0                 # transposed x
+    assert norm_rows._window_shift(True, 16, 21, 1, 2, (21, 1)) == 0                 # window past the block
+    assert norm_rows._window_shift(True, 32, 24, 8, 2, (24, 1)) == 0                 # rows already aligned
+    assert norm_rows._window_shift(False, 32, 21, 1, 2, (21, 1)) == 0
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
@@ -280,8 +288,8 @@ def test_gradcheck_float64(interpret, op, weight, bias, seed):
 
 def test_gradcheck_float64_split_path(interpret, monkeypatch, seed):
     _fresh_launch_caches(monkeypatch)
-    monkeypatch.setattr(norms, "forward_config", lambda n, d, **_: norms.ForwardConfig(True, 1, 4, 1))
-    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: norms.BackwardConfig(
+    monkeypatch.setattr(norm_forward_launcher, "forward_config", lambda n, d, **_: ForwardConfig(True, 1, 4, 1))
+    monkeypatch.setattr(norm_backward_launcher, "backward_config", lambda n, d, **_: BackwardConfig(
         True, 2, 4, 1, programs_per_sm=1, prefetch=True, input_block_rows=1, input_block_n=4, input_num_warps=1))
     x, w, b, _ = _inputs((3, 11), (11,), torch.float64, seed, True, True)
     assert torch.autograd.gradcheck(lambda *a: fusedops.layer_norm(a[0], (11,), a[1], a[2]),
@@ -307,23 +315,23 @@ def test_row_of_zeros_with_tiny_eps_in_float16_gives_no_nan(interpret, op, seed)
 def _persistent_backward_config(n_cols, dtype, **_):
     """A persistent backward config for any row size (the default has it at 8192 columns only): whole rows,
     1024 // block_n rows a tile, 2 programs per SM (8 programs in the interpreter's 4 "SMs"), prefetch."""
-    block_n = norms._next_power_of_2(n_cols)
-    return norms.BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n, num_warps=4,
-                                programs_per_sm=2, prefetch=True, persistent=True)
+    block_n = norm_rows._next_power_of_2(n_cols)
+    return BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n, num_warps=4,
+                          programs_per_sm=2, prefetch=True, persistent=True)
 
 
 def _fresh_launch_caches(monkeypatch):
     """Empty launch caches for this test: the launches prepared for a layout are remembered across calls
     (and tests), so a config forced by monkeypatching applies only to layouts not seen before."""
-    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
-    monkeypatch.setattr(norms, "_BACKWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norm_launch, "_BACKWARD_LAUNCHES", BoundedCache(1024))
     monkeypatch.setattr(autograd_norms, "_KNOWN_LAUNCHES", BoundedCache(1024))
 
 
 def _force_backward(monkeypatch, persistent):
     if persistent:
         _fresh_launch_caches(monkeypatch)
-        monkeypatch.setattr(norms, "backward_config", _persistent_backward_config)
+        monkeypatch.setattr(norm_backward_launcher, "backward_config", _persistent_backward_config)
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
@@ -341,31 +349,31 @@ def test_default_backward_by_row_size(dtype):
     # (N - 1 padded to 1024..4096), the fused one for other odd rows up to 8192, the split one beyond.
     for n_cols in (64, 1000, 1024, 1025, 2048, 2049, 3001, 4096, 4097, 4098, 6144, 8191, 8192, 8200, 12289, 16384,
                    20001, 32761, 32762, 32768, 32776):
-        config = norms.backward_config(n_cols, dtype)
+        config = norm_backward_config.backward_config(n_cols, dtype)
         odd_clusters = dtype.itemsize == 2 and 8192 < n_cols <= 32761 and n_cols % 8 != 0
         persistent = dtype.itemsize == 2 and 4096 < n_cols <= 32768 and n_cols % 8 == 0 or odd_clusters
         window = dtype.itemsize == 2 and 514 <= n_cols <= 4097 and n_cols % 8 != 0
         split = n_cols > 16384 // dtype.itemsize and not persistent
         assert config.cluster == (persistent and n_cols > 8192), n_cols
         assert config.aligned_window == odd_clusters, n_cols
-        assert norms.backward_config(n_cols, dtype, clusters=False).cluster is False
+        assert norm_backward_config.backward_config(n_cols, dtype, clusters=False).cluster is False
         assert (config.persistent, config.split and not config.persistent) == (persistent, split), n_cols
         assert config.split_window == window, n_cols
         if window:
-            assert config.block_n == norms._next_power_of_2(n_cols - 1)
+            assert config.block_n == norm_rows._next_power_of_2(n_cols - 1)
         elif not persistent and not split:
             warps = min(16, max(4, config.block_n * 4 // 2048))
             rows = max(1, 1024 // config.block_n)
-            if dtype.itemsize == 2 and config.block_n in (1024, 2048):     # norms._HALF_BACKWARD_TILES
+            if dtype.itemsize == 2 and config.block_n in (1024, 2048):     # norm_backward_config._HALF_BACKWARD_TILES
                 rows, warps = 2, 4 if config.block_n == 1024 else 8
-            assert config == norms.BackwardConfig(split=False, block_rows=rows,
-                                                  block_n=config.block_n, num_warps=warps,
-                                                  programs_per_sm=max(1, 16 // warps), prefetch=warps <= 8)
+            assert config == BackwardConfig(split=False, block_rows=rows,
+                                            block_n=config.block_n, num_warps=warps,
+                                            programs_per_sm=max(1, 16 // warps), prefetch=warps <= 8)
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_default_half_backward_of_8192_columns_is_persistent(interpret, op, seed):
-    assert norms.backward_config(8192, torch.float16).persistent
+    assert norm_backward_config.backward_config(8192, torch.float16).persistent
     _check(op, (3, 8192), (8192,), torch.float16, seed)
 
 
@@ -395,11 +403,11 @@ def test_persistent_half_backward(interpret, monkeypatch, op, weight, bias, shap
     (1000, 1, True, False, False), (4000, 1, True, False, False), (16000, 1, True, True, False),
     (4104, 1, True, True, False), (20001, 1, True, True, True)])
 def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, sweeps, window, seed):
-    config = norms.forward_config(n_cols, dtype, subtract_mean=True)
+    config = norm_forward_config.forward_config(n_cols, dtype, subtract_mean=True)
     assert (config.block_rows, config.cache_hints, config.row_sweeps, config.aligned_window) == (rows, hints, sweeps,
                                                                                                 window)
-    assert not config.reload and config.shifted_sums == (not sweeps or norms.ROW_SWEEP_SHIFTED_SUMS)
-    plain = norms.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
+    assert not config.reload and config.shifted_sums == (not sweeps or norm_forward_config.ROW_SWEEP_SHIFTED_SUMS)
+    plain = norm_forward_config.forward_config(n_cols, dtype)         # RMSNorm (subtract_mean=False)
     assert not plain.reload and plain.row_sweeps == (n_cols in (4104, 20001))
     assert plain.cache_hints == (n_cols in (1000, 4104, 20001))
     assert plain.aligned_window == window
@@ -407,8 +415,8 @@ def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, swe
         subtract_mean = op == LAYER_NORM
         x, w, b, dy = _inputs((3, n_cols), (n_cols,), dtype, seed, True, subtract_mean)
         x = x * 3 + 0.25                    # a mean away from 0
-        y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
-                                           allocate=_poisoned_cpu_empty)
+        y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
+                                                 allocate=_poisoned_cpu_empty)
         assert_close(y, _reference(op, x, (n_cols,), w, b, 1e-5, dy)[0], dtype)
         x64 = x.double()
         if subtract_mean:
@@ -418,7 +426,7 @@ def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, swe
 
 
 def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Rows that stress the statistics of the shifted sums (norm_kernels' comment above forward_kernel):
+    """Rows that stress the statistics of the shifted sums (norm_statistics' comment on the shifted sums):
     an outlier in column 0 carrying the row's variance, a large mean, one nonzero element (in column 0,
     then elsewhere), zeros, a tiny spread around a large mean, a pair of opposite outliers, and (last, row
     7) outliers in two of the three columns the shift is the median of."""
@@ -440,16 +448,16 @@ def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("n_cols", [1000, 2047, 2048, 4096, 8192, 12289, 32768])
 def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed, monkeypatch):
     # The default 16-bit LayerNorm forward of these rows takes the shifted sums (2047: in the split window;
-    # 8192 and up: in the row sweeps with norms.ROW_SWEEP_SHIFTED_SUMS, 12289 through their aligned window);
-    # its outputs stay within twice the error of torch's own (float32 statistics, one rounding) against
-    # float64, and its statistics within the documented bounds.
-    monkeypatch.setattr(norms, "ROW_SWEEP_SHIFTED_SUMS", True)
-    config = norms.forward_config(n_cols, dtype, subtract_mean=True)
+    # 8192 and up: in the row sweeps with norm_forward_config.ROW_SWEEP_SHIFTED_SUMS, 12289 through their
+    # aligned window); its outputs stay within twice the error of torch's own (float32 statistics, one
+    # rounding) against float64, and its statistics within the documented bounds.
+    monkeypatch.setattr(norm_forward_config, "ROW_SWEEP_SHIFTED_SUMS", True)
+    config = norm_forward_config.forward_config(n_cols, dtype, subtract_mean=True)
     assert config.shifted_sums or config.split_window
     x = _hard_rows(n_cols, dtype, seed)
     w, b = (random_tensor((n_cols,), torch.float32, seed=seed + i).to(dtype) for i in (1, 2))
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, interpret=True,
-                                       allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=True, interpret=True,
+                                             allocate=_poisoned_cpu_empty)
     _check_hard_rows(x, w, b, y, mean, rstd, config)
 
 
@@ -460,10 +468,10 @@ def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed
 @pytest.mark.parametrize("n_cols", [1000, 2048, 4096, 777, 2049, 4097, 8192])
 @pytest.mark.parametrize("scale, eps", [(1e-18, 0.0), (1e-17, 1e-37)], ids=["1e-18-eps0", "1e-17-eps1e-37"])
 def test_whole_row_sums_of_tiny_spread_bf16_rows(n_cols, scale, eps, seed):
-    config = norms.forward_config(n_cols, torch.bfloat16, subtract_mean=True)
+    config = norm_forward_config.forward_config(n_cols, torch.bfloat16, subtract_mean=True)
     assert (config.shifted_sums or config.split_window) and not config.row_sweeps
     x = random_tensor((2, n_cols), torch.bfloat16, "cpu", seed, scale=scale)
-    y, mean, rstd = norms.norm_forward(x, None, None, eps, subtract_mean=True, interpret=True)
+    y, mean, rstd = norm_launch.norm_forward(x, None, None, eps, subtract_mean=True, interpret=True)
     assert torch.isfinite(y).all()
     x64 = x.double()
     exact = torch.rsqrt(x64.var(1, unbiased=False) + eps)
@@ -475,14 +483,14 @@ def test_whole_row_sums_of_tiny_spread_bf16_rows(n_cols, scale, eps, seed):
 # sum is not 0", meant to spare rows of one repeated value), leaving rstd = 1 / sqrt(0 + eps): inf with eps = 0.
 @pytest.mark.parametrize("n_cols", [1000, 2049, 8192, 12289, 16384])
 def test_shifted_sums_of_balanced_tiny_rows(n_cols, seed):
-    config = norms.forward_config(n_cols, torch.bfloat16, subtract_mean=True)
+    config = norm_forward_config.forward_config(n_cols, torch.bfloat16, subtract_mean=True)
     assert config.shifted_sums or config.split_window
     x = torch.zeros(3, n_cols)
     a = torch.rand(3, generator=torch.Generator().manual_seed(seed)) * 1e-15 + 1e-15
     x[:, 0], x[:, -1], x[:, 1], x[:, 2] = -a, a, a, -a        # columns 0, (N - 1) // 2, N - 1: -a, 0, a
     x = x.to(torch.bfloat16)
-    y, mean, rstd = norms.norm_forward(x, None, None, 0.0, subtract_mean=True, interpret=True,
-                                       allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, None, None, 0.0, subtract_mean=True, interpret=True,
+                                             allocate=_poisoned_cpu_empty)
     x64 = x.double()
     assert_close(rstd, torch.rsqrt(x64.var(1, unbiased=False)), torch.float32)
     assert_close(y, torch.nn.functional.layer_norm(x64, (n_cols,), eps=0.0), torch.bfloat16)
@@ -490,7 +498,7 @@ def test_shifted_sums_of_balanced_tiny_rows(n_cols, seed):
 
 def _check_hard_rows(x, w, b, y, mean, rstd, config):
     """y within twice torch's error (+ one ulp of the row's largest output) against float64, row by row; mean
-    and rstd within the bounds of norm_kernels' comment above forward_kernel (`config`: the forward's; the row
+    and rstd within the bounds of norm_statistics' comment on the shifted sums (`config`: the forward's; the row
     sweeps' threads add up runs of N / threads elements each)."""
     n_cols, dtype = x.shape[-1], x.dtype
     reference = torch.nn.functional.layer_norm(x.double(), (n_cols,), w.double(), b.double(), 1e-5)
@@ -515,40 +523,42 @@ def _check_hard_rows(x, w, b, y, mean, rstd, config):
 def test_default_forward_options_apply_to_16_bit_layer_norm_only():
     for n_cols in (1000, 4096, 16384, 32768):
         for dtype in (torch.float32, torch.float64):
-            config = norms.forward_config(n_cols, dtype, subtract_mean=True)
-            assert config == norms.forward_config(n_cols, dtype)
+            config = norm_forward_config.forward_config(n_cols, dtype, subtract_mean=True)
+            assert config == norm_forward_config.forward_config(n_cols, dtype)
             assert not (config.reload or config.cache_hints)
     for n_cols in (512, 65536):      # below the measured sizes, the looped kernel
-        assert norms.forward_config(n_cols, torch.float16, subtract_mean=True) == norms.forward_config(
-            n_cols, torch.float16)
-    # the aligned-window row sweeps: the same but for LayerNorm's shifted sums (norms.ROW_SWEEP_SHIFTED_SUMS)
-    layer_norm = norms.forward_config(12289, torch.float16, subtract_mean=True)
-    assert layer_norm.shifted_sums == norms.ROW_SWEEP_SHIFTED_SUMS
-    assert dataclasses.replace(layer_norm, shifted_sums=False) == norms.forward_config(12289, torch.float16)
+        assert (norm_forward_config.forward_config(n_cols, torch.float16, subtract_mean=True)
+                == norm_forward_config.forward_config(n_cols, torch.float16))
+    # the aligned-window row sweeps: the same but for LayerNorm's shifted sums
+    # (norm_forward_config.ROW_SWEEP_SHIFTED_SUMS)
+    layer_norm = norm_forward_config.forward_config(12289, torch.float16, subtract_mean=True)
+    assert layer_norm.shifted_sums == norm_forward_config.ROW_SWEEP_SHIFTED_SUMS
+    assert dataclasses.replace(layer_norm, shifted_sums=False) == norm_forward_config.forward_config(12289,
+                                                                                                     torch.float16)
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_default_forward_of_long_odd_half_rows_reads_an_aligned_window(op, seed):
     # 12289 columns: rows start off 16-byte boundaries; the shipped forward reads them through the window.
-    config = norms.forward_config(12289, torch.float16)
-    assert config.row_sweeps and norms._window_shift(config.aligned_window, None, 12289, 1, 2, (12289, 1)) == 8
+    config = norm_forward_config.forward_config(12289, torch.float16)
+    assert config.row_sweeps and norm_rows._window_shift(config.aligned_window, None, 12289, 1, 2, (12289, 1)) == 8
     subtract_mean = op == LAYER_NORM
     x, w, b, dy = _inputs((3, 12289), (12289,), torch.float16, seed, True, subtract_mean)
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
-                                       allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
+                                             allocate=_poisoned_cpu_empty)
     assert_close(y, _reference(op, x, (12289,), w, b, 1e-5, dy)[0], torch.float16)
 
 
 def test_strided_inputs_are_read_in_place(seed):
     base = random_tensor((6, 40), torch.float32, "cpu", seed)
     sliced = base[:, ::2]                                   # column stride 2
-    assert norms.as_rows(sliced, 6, 20).data_ptr() == sliced.data_ptr()
+    assert norm_rows.as_rows(sliced, 6, 20).data_ptr() == sliced.data_ptr()
     transposed = base.t()                                   # (40, 6): row stride 1, column stride 40
-    assert norms.as_rows(transposed, 40, 6).stride() == (1, 40)
+    assert norm_rows.as_rows(transposed, 40, 6).stride() == (1, 40)
     broadcast = base[:1].expand(5, 40)                      # stride-0 rows (an expanded gradient)
-    assert norms.as_rows(broadcast, 5, 40).stride() == (0, 1)
+    assert norm_rows.as_rows(broadcast, 5, 40).stride() == (0, 1)
     batch = random_tensor((3, 4, 8), torch.float32, "cpu", seed).transpose(0, 1)   # rows not one stride
-    rows = norms.as_rows(batch, 12, 8)
+    rows = norm_rows.as_rows(batch, 12, 8)
     assert rows.is_contiguous() and torch.equal(rows, batch.reshape(12, 8))
 
 
@@ -653,7 +663,7 @@ def test_arguments_laid_out_like_known_ones_are_still_checked(interpret, monkeyp
     assert_close(fusedops.rms_norm(x, (40,), w.int()), F.rms_norm(x.double(), (40,), w.int().double()),
                  torch.float32)                              # an integer weight, as torch takes it
     monkeypatch.delenv("FUSEDOPS_INTERPRET")                # CPU tensors: torch's op again
-    monkeypatch.setattr(norms, "norm_launches", None)
+    monkeypatch.setattr(norm_launch, "norm_launches", None)
     assert torch.equal(fusedops.layer_norm(x, (40,), w, b), F.layer_norm(x, (40,), w, b))
     assert torch.equal(fusedops.rms_norm(x, (40,), w), F.rms_norm(x, (40,), w))
 
@@ -745,8 +755,8 @@ def test_argument_errors():
 
 def test_cpu_tensors_run_torch_without_the_interpreter(monkeypatch, seed):
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.setattr(norms, "norm_forward", None)     # any kernel launch would fail
-    monkeypatch.setattr(norms, "norm_launches", None)
+    monkeypatch.setattr(norm_launch, "norm_forward", None)     # any kernel launch would fail
+    monkeypatch.setattr(norm_launch, "norm_launches", None)
     x, w, b, _ = _inputs((3, 10), (10,), torch.float32, seed, True, True)
     assert torch.equal(fusedops.layer_norm(x, (10,), w, b), F.layer_norm(x, (10,), w, b))
     assert torch.equal(fusedops.rms_norm(x, (10,), w), F.rms_norm(x, (10,), w))
@@ -811,21 +821,22 @@ def _shipped_launches(dtype, subtract_mean, sizes, monkeypatch):
             return lambda *tensors: None
         return prepare
 
-    for module in (K, norm_split_window):
+    for module in (norm_forward_kernels, norm_row_sweeps, norm_backward_kernels, norm_split_window):
         for name, kernel in vars(module).items():
             if isinstance(kernel, dsl.JITFunction) and not name.startswith("_"):
                 monkeypatch.setattr(kernel, "prepare", recorder(kernel))
-    monkeypatch.setattr(norms, "_sm_count", lambda device: 132)
-    acc = norms.accumulation_dtype(dtype)
+    monkeypatch.setattr(norm_forward_launcher, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(norm_backward_launcher, "_sm_count", lambda device: 132)
+    acc = norm_rows.accumulation_dtype(dtype)
     for n in sizes:
         x = torch.empty(1024, n, dtype=dtype)       # never written: its pages are not touched
         weight = torch.empty(n, dtype=dtype)
         bias = torch.empty(n, dtype=dtype) if subtract_mean else None
         mean = torch.empty(1024, dtype=acc) if subtract_mean else None
         rstd = torch.empty(1024, dtype=acc)
-        norms._forward_launcher(x, weight, bias, 1e-5, subtract_mean, None, None, True, torch.empty)
-        norms._backward_launcher(x, x, weight, mean, rstd, subtract_mean, True, True, subtract_mean, dtype, None,
-                                 None, True, torch.empty)
+        norm_forward_launcher._forward_launcher(x, weight, bias, 1e-5, subtract_mean, None, None, True, torch.empty)
+        norm_backward_launcher._backward_launcher(x, x, weight, mean, rstd, subtract_mean, True, True, subtract_mean,
+                                                  dtype, None, None, True, torch.empty)
     return list(launches.values())
 
 
@@ -843,7 +854,7 @@ LARGE_SIZES = (1024, 4096, 8192, 16384, 32768, 65536)
 KNOWN_SPILLS = {
     # N=8192 LayerNorm, the persistent backward with the next row prefetched (H200, fp16: 0.140 ms, against
     # 0.162 without the prefetch (12 bytes) and the fused 0.189, spills included; TWO_PASS: no spill, 0.229;
-    # session 22's dx from x and dy, norm_kernels._input_gradient: 0.126 ms, 16-24 bytes)
+    # session 22's dx from x and dy, norm_backward_kernels._input_gradient: 0.126 ms, 16-24 bytes)
     (torch.float16, "backward_persistent_kernel", 8192, True): 24,
     (torch.bfloat16, "backward_persistent_kernel", 8192, True): 24,
     # N=16384 and 32768 LayerNorm in clusters of 2048- and 4096-column parts with the next row prefetched
@@ -922,10 +933,10 @@ GPU_SHAPES = [(1, 1), (3, 17), (127, 1000), (33, 4097), (16, 8192), (9, 12289), 
 def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
     subtract_mean = op == LAYER_NORM
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, subtract_mean, device="cuda")
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
-    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                     weight_grad=True, bias_grad=subtract_mean, bias_dtype=dtype,
-                                     allocate=_poisoned_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
+    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                           weight_grad=True, bias_grad=subtract_mean, bias_dtype=dtype,
+                                           allocate=_poisoned_empty)
     _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
@@ -939,15 +950,15 @@ def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
                                            ((65, 16384), "row_sweeps"), ((33, 16000), "row_sweeps"),
                                            ((17, 20001), "aligned_window")])
 def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, seed):
-    assert getattr(norms.forward_config(shape[1], dtype, subtract_mean=True), option)
+    assert getattr(norm_forward_config.forward_config(shape[1], dtype, subtract_mean=True), option)
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, True, device="cuda")
     x = x * 3 + 0.25                            # a mean away from 0
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
     x64 = x.double()
     assert_close(mean, x64.mean(-1), torch.float32)
     assert_close(rstd, torch.rsqrt((x64 - x64.mean(-1, keepdim=True)).pow(2).mean(-1) + 1e-5), torch.float32)
-    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=True, input_grad=True, weight_grad=True,
-                                     bias_grad=True, bias_dtype=dtype, allocate=_poisoned_empty)
+    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=True, input_grad=True, weight_grad=True,
+                                           bias_grad=True, bias_dtype=dtype, allocate=_poisoned_empty)
     _compare(LAYER_NORM, shape[-1:], (y, dx, dw, db), _reference(LAYER_NORM, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
@@ -957,15 +968,15 @@ def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, s
 def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed, monkeypatch):
     # test_shifted_sums_within_twice_torchs_error_on_hard_rows on the GPU, against torch's CUDA kernel, with
     # the hard rows among 300 ordinary ones and poisoned outputs (2047: the split window's shifted sums; 8192
-    # and up: the row sweeps', norms.ROW_SWEEP_SHIFTED_SUMS).
-    monkeypatch.setattr(norms, "ROW_SWEEP_SHIFTED_SUMS", True)
-    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
-    config = norms.forward_config(n_cols, dtype, subtract_mean=True)
+    # and up: the row sweeps', norm_forward_config.ROW_SWEEP_SHIFTED_SUMS).
+    monkeypatch.setattr(norm_forward_config, "ROW_SWEEP_SHIFTED_SUMS", True)
+    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    config = norm_forward_config.forward_config(n_cols, dtype, subtract_mean=True)
     assert config.shifted_sums or config.split_window
     x = torch.cat([_hard_rows(n_cols, dtype, seed), random_tensor((300, n_cols), dtype, seed=seed + 3) * 3 + 0.25])
     x = x.cuda()
     w, b = (random_tensor((n_cols,), dtype, "cuda", seed + i) for i in (1, 2))
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
     _check_hard_rows(x, w, b, y, mean, rstd, config)
 
 
@@ -975,8 +986,8 @@ def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, 
 def test_gpu_default_odd_rows_read_shifted_affine_copies(op, dtype, seed):
     # Odd rows of the default window row sweeps, enough elements for the shifted weight/bias copies.
     shape = (401, 12289)
-    config = norms.forward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM)
-    assert config.shifted_affine and shape[0] * shape[1] >= norms.SHIFTED_AFFINE_MIN_ELEMENTS
+    config = norm_forward_config.forward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM)
+    assert config.shifted_affine and shape[0] * shape[1] >= norm_forward_launcher.SHIFTED_AFFINE_MIN_ELEMENTS
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, op == LAYER_NORM, device="cuda")
     actual = _run(op, x, shape[-1:], w, b, 1e-5, dy)
     _compare(op, shape[-1:], actual, _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
@@ -1005,7 +1016,7 @@ def test_gpu_strided_and_expanded(op, n_cols, seed):
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_gpu_more_than_65535_programs_and_deterministic(op, seed):
     subtract_mean = op == LAYER_NORM
-    rows_per_program = norms.forward_config(2048, torch.float16, subtract_mean=subtract_mean).block_rows
+    rows_per_program = norm_forward_config.forward_config(2048, torch.float16, subtract_mean=subtract_mean).block_rows
     shape = (70001 * rows_per_program, 2048)        # the forward launches 70001 programs
     x, w, b, dy = _inputs(shape, shape[-1:], torch.float16, seed, True, subtract_mean, device="cuda")
     first = _run(op, x, shape[-1:], w, b, 1e-5, dy)
@@ -1026,10 +1037,10 @@ def test_gpu_more_than_2_31_elements(op, n_cols, seed):
     x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")
     w = random_tensor((n_cols,), torch.float16, "cuda", seed, scale=0.5) + 1
     b = random_tensor((n_cols,), torch.float16, "cuda", seed + 1) if subtract_mean else None
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
     dy = torch.randn_like(x)
-    dx, dw, _ = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                    weight_grad=True, bias_grad=False)
+    dx, dw, _ = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                          weight_grad=True, bias_grad=False)
     boundary = 2**31 // n_cols                      # the first row past element 2**31
     rows = torch.tensor([0, 1, n_rows // 2, boundary - 1, boundary, n_rows - 1], device="cuda")
     expected = _reference(op, x[rows], (n_cols,), w, b, 1e-5, dy[rows])
@@ -1083,25 +1094,25 @@ def _candidate_launches():
     launches = []
     for n, warps in ((1024, 4), (2048, 4), (4096, 8), (8192, 16), (16384, 16)):
         forward_args = (x, stats, stats, x, x, x, 8192, n, n, 1, n, 1e-5)
-        launches.append(("forward affine_first", K.forward_kernel, forward_args,
+        launches.append(("forward affine_first", norm_forward_kernels.forward_kernel, forward_args,
                          dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=n, AFFINE_FIRST=True), warps, True))
         if n <= 8192:
-            launches.append(("forward persistent", K.forward_persistent_kernel, forward_args,
+            launches.append(("forward persistent", norm_forward_kernels.forward_persistent_kernel, forward_args,
                              dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=n, PREFETCH=True), warps, True))
-    launches.append(("forward looped persistent", K.forward_looped_kernel,
+    launches.append(("forward looped persistent", norm_forward_kernels.forward_looped_kernel,
                      (x, stats, stats, x, x, x, 8192, 32768, 32768, 1, 32768, 1e-5),
                      dict(SUBTRACT_MEAN=True, BLOCK_N=8192), 16, True))
     for n, block_n, warps, prefetch, two_pass in ((1024, 1024, 4, True, False), (2048, 2048, 8, True, False),
                                                   (4096, 4096, 8, True, False), (16384, 8192, 16, False, True)):
-        launches.append(("backward persistent", K.backward_persistent_kernel,
+        launches.append(("backward persistent", norm_backward_kernels.backward_persistent_kernel,
                          (x, stats, stats, x, x, x, stats, stats, 8192, n, 132, n // block_n, n, 1, n, 1, n),
                          dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=block_n, TWO_PASS=two_pass, CHUNK=4096,
                               PREFETCH=prefetch), warps, True))
     # The aligned window (odd N) costs registers: assembled, spills allowed (the GPU sweep decides).
-    launches.append(("forward window", K.forward_kernel, (x, stats, stats, x, x, x, 8192, 12289, 12289, 1, 12289,
-                                                          1e-5),
+    launches.append(("forward window", norm_forward_kernels.forward_kernel,
+                     (x, stats, stats, x, x, x, 8192, 12289, 12289, 1, 12289, 1e-5),
                      dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=16384, SHIFT=8), 8, True))
-    launches.append(("backward window", K.backward_persistent_kernel,
+    launches.append(("backward window", norm_backward_kernels.backward_persistent_kernel,
                      (x, stats, stats, x, x, x, stats, stats, 8192, 4097, 136, 1, 4097, 1, 4097, 1, 4097),
                      dict(SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=8192, TWO_PASS=False, CHUNK=4096, PREFETCH=False,
                           SHIFT=8), 16, False))

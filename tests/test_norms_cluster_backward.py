@@ -1,4 +1,4 @@
-"""The LayerNorm / RMSNorm backward of long 16-bit rows in thread block clusters (norms.BackwardConfig.cluster:
+"""The LayerNorm / RMSNorm backward of long 16-bit rows in thread block clusters (BackwardConfig.cluster:
 the parts of a row in one cluster, their row sums added by dsl.cluster_sum).
 
 CPU tier: the default config at 16384 columns in the interpreter against float64, the fallback where a
@@ -12,8 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusedops.kernels import norm_kernels as K
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_config
+from fusedops.kernels import norm_backward_kernels
+from fusedops.kernels import norm_backward_launcher
+from fusedops.kernels import norm_launch
+from fusedops.kernels.norm_backward_config import BackwardConfig
+from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import poison
 
 from test_norms import (LAYER_NORM, RMS_NORM, _check, _check_with_configs, _compare, _inputs, _poisoned_empty,
@@ -24,10 +28,10 @@ HALF_DTYPES = [torch.float16, torch.bfloat16]
 
 def _backward(op, x, w, b, dy, allocate=_poisoned_empty):
     subtract_mean = op == LAYER_NORM
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=allocate)
-    grads = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                                allocate=allocate)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=allocate)
+    grads = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                      weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                      allocate=allocate)
     return (y,) + tuple(grads)
 
 
@@ -37,7 +41,7 @@ def test_default_half_backward_in_clusters(interpret, op, n_cols, seed):
     # 16384-column rows in 8 parts of 2048 columns; rows off 16-byte boundaries whose aligned window (N + 7
     # positions at most) fits 8 such parts too (12289: 7 parts); else 4096-column parts (16392: 5 parts, the
     # last of 8 columns; 16383: 5 parts of the window)
-    config = norms.backward_config(n_cols, torch.float16, subtract_mean=op == LAYER_NORM)
+    config = norm_backward_config.backward_config(n_cols, torch.float16, subtract_mean=op == LAYER_NORM)
     in_2048 = n_cols == 16384 or (n_cols % 8 != 0 and n_cols + 7 <= 8 * 2048)
     assert config.cluster and config.persistent and config.block_n == (2048 if in_2048 else 4096)
     assert config.prefetch
@@ -46,15 +50,17 @@ def test_default_half_backward_in_clusters(interpret, op, n_cols, seed):
 
 
 def test_devices_without_clusters_take_the_split_backward(monkeypatch):
-    monkeypatch.setattr(norms, "_has_clusters", lambda device, interpret: False)
+    monkeypatch.setattr(norm_backward_launcher, "_has_clusters", lambda device, interpret: False)
     launched = []
-    monkeypatch.setattr(K.backward_partials_kernel, "prepare", lambda *a, **k: launched.append("split") or None)
-    monkeypatch.setattr(K.backward_input_kernel, "prepare", lambda *a, **k: None)
-    monkeypatch.setattr(K.backward_persistent_kernel, "prepare", lambda *a, **k: launched.append("cluster") or None)
+    monkeypatch.setattr(norm_backward_kernels.backward_partials_kernel, "prepare",
+                        lambda *a, **k: launched.append("split") or None)
+    monkeypatch.setattr(norm_backward_kernels.backward_input_kernel, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(norm_backward_kernels.backward_persistent_kernel, "prepare",
+                        lambda *a, **k: launched.append("cluster") or None)
     x = torch.zeros(4, 16384, dtype=torch.float16)
     rstd = torch.ones(4)
-    norms._backward_launcher(x, x, None, torch.zeros(4), rstd, True, True, False, False, None, None, None, False,
-                             torch.empty)
+    norm_backward_launcher._backward_launcher(x, x, None, torch.zeros(4), rstd, True, True, False, False, None, None,
+                                              None, False, torch.empty)
     assert launched == ["split"]
 
 
@@ -66,12 +72,12 @@ def test_window_programs_walk_rows_of_one_window_offset(op, block_rows, seed, mo
     # program walks all start at the same offset from a 16-byte boundary. Rows of 21 fp16 columns start at
     # all 8 offsets; 61 rows give each program several tiles (the interpreter plans for 4 SMs: 8 groups).
     grids = []
-    prepare = K.backward_persistent_kernel.prepare
-    monkeypatch.setattr(K.backward_persistent_kernel, "prepare",
+    prepare = norm_backward_kernels.backward_persistent_kernel.prepare
+    monkeypatch.setattr(norm_backward_kernels.backward_persistent_kernel, "prepare",
                         lambda grid, *a, **k: grids.append((grid, k)) or prepare(grid, *a, **k))
-    config = norms.BackwardConfig(False, block_rows, 8, 1, 1, persistent=True, prefetch=True, cluster=True,
-                                  aligned_window=True)
-    _check_with_configs(op, (61, 21), torch.float16, seed, norms.ForwardConfig(False, 1, 32, 1), config)
+    config = BackwardConfig(False, block_rows, 8, 1, 1, persistent=True, prefetch=True, cluster=True,
+                            aligned_window=True)
+    _check_with_configs(op, (61, 21), torch.float16, seed, ForwardConfig(False, 1, 32, 1), config)
     ((grid,), options), = grids
     assert options["SHIFT"] == 8 and options["CLUSTER"] == 4
     groups = grid // options["CLUSTER"]
@@ -92,7 +98,7 @@ GPU_SHAPES = [(1, 16384), (257, 16392), (1000, 16384), (61, 24576), (130, 32768)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 def test_gpu_cluster_backward_poisoned_outputs(op, dtype, shape, seed):
-    assert norms.backward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM).cluster
+    assert norm_backward_config.backward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM).cluster
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, op == LAYER_NORM, device="cuda")
     x = x * 3 + 0.25
     y, dx, dw, db = _backward(op, x, w, b, dy)
@@ -128,23 +134,24 @@ def test_gpu_cluster_backward_is_deterministic(op, seed):
 @pytest.mark.parametrize("n_cols", [16384, 32768])
 def test_gpu_resident_clusters_bound_the_grid(n_cols, monkeypatch):
     counts = []
-    query = K.backward_persistent_kernel.max_active_clusters
+    query = norm_backward_kernels.backward_persistent_kernel.max_active_clusters
 
     def spy(*args, **kwargs):
         counts.append((query(*args, **kwargs), kwargs["CLUSTER"]))
         return counts[-1][0]
 
-    monkeypatch.setattr(K.backward_persistent_kernel, "max_active_clusters", spy)
+    monkeypatch.setattr(norm_backward_kernels.backward_persistent_kernel, "max_active_clusters", spy)
     prepared = []
-    prepare = K.backward_persistent_kernel.prepare
-    monkeypatch.setattr(K.backward_persistent_kernel, "prepare",
+    prepare = norm_backward_kernels.backward_persistent_kernel.prepare
+    monkeypatch.setattr(norm_backward_kernels.backward_persistent_kernel, "prepare",
                         lambda grid, *a, **k: prepared.append(grid) or prepare(grid, *a, **k))
     x = poison(torch.empty(8192, n_cols, dtype=torch.float16, device="cuda"))
-    norms._backward_launcher(x, x, None, torch.zeros(8192, device="cuda"), torch.ones(8192, device="cuda"), True,
-                             True, False, False, None, None, None, None, torch.empty)
+    norm_backward_launcher._backward_launcher(x, x, None, torch.zeros(8192, device="cuda"),
+                                              torch.ones(8192, device="cuda"), True, True, False, False, None, None,
+                                              None, None, torch.empty)
     (resident, cluster), = counts
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    config = norms.backward_config(n_cols, torch.float16)
+    config = norm_backward_config.backward_config(n_cols, torch.float16)
     assert cluster == n_cols // config.block_n
     per_sm = config.programs_per_sm
     assert 0 < resident <= per_sm * sms // cluster

@@ -1,5 +1,5 @@
-"""A producer warp for the TMA operand ring (FUSEDOPS_WS=2; passes/pipelining.py `_pipeline_with_producer_warp`,
-codegen/async_copy.py `_producer_warp`).
+"""A producer warp for the TMA operand ring (FUSEDOPS_WS=2; passes/_pipelining_warp_specialized.py
+`pipeline_with_producer_warp`, codegen/async_copy.py `_producer_warp`).
 
 CPU tier:
   - the pass's IR: one `producer_warp` before the loop whose loop issues every fill after waiting on the empty

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import fusedops
 import fusedops.nn as fnn
-from fusedops.kernels import norms
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_launch
 
 D = torch.float64
 
@@ -29,8 +30,8 @@ def _generator(seed: int) -> torch.Generator:
 # 1. LayerNorm forward, 16-bit rows of 513..4096 columns: statistics from sums shifted by x[row, 0]
 # ------------------------------------------------------------------------------------------------
 def _layer_norm(x, w=None, b=None, eps=1e-5):
-    assert norms.forward_config(x.shape[-1], x.dtype, subtract_mean=True).shifted_sums
-    return norms.norm_forward(x, w, b, eps, subtract_mean=True, interpret=True)
+    assert norm_forward_config.forward_config(x.shape[-1], x.dtype, subtract_mean=True).shifted_sums
+    return norm_launch.norm_forward(x, w, b, eps, subtract_mean=True, interpret=True)
 
 
 @pytest.mark.parametrize("outlier", [1e19, 3e19, pytest.param(1e30, marks=pytest.mark.xfail(strict=True, reason=(

@@ -197,7 +197,7 @@ def test_unvectorized_jacobian_is_right(interpret):
 # returns 0 only for rows that are all -inf). The kernel's logits overflow to -inf (the mask scaled into
 # base 2, min * log2(e) < -float32 max) and the row is then taken for a fully masked one. The same through
 # MultiheadAttention with a float key_padding_mask of finfo.min padding a whole sequence. float16 (whose
-# min is small) is right. Likely at fault: fusedops/kernels/attention.py (the mask added after the log2(e)
+# min is small) is right. Likely at fault: fusedops/kernels/attention_logits.py (the mask added after the log2(e)
 # scaling, or the fully-masked-row test on the scaled logits).
 # ================================================================================================
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,9 +1,10 @@
-"""Review of the split window (commit 79f065b: fusedops/kernels/norm_split_window.py and its launchers in
-fusedops/kernels/norms.py): LayerNorm/RMSNorm of 16-bit rows of 514..4097 columns with N % 8 != 0.
+"""Review of the split window (commit 79f065b: fusedops/kernels/norm_split_window.py and its launchers, now in
+fusedops/kernels/norm_forward_launcher.py and norm_backward_launcher.py): LayerNorm/RMSNorm of 16-bit rows of
+514..4097 columns with N % 8 != 0.
 
 CPU tier only: the interpreter against torch in float64 (and torch in the same dtype where that is the
 bar), through the public API (fusedops.layer_norm / rms_norm / nn modules, autograd) and through
-norms.norm_forward / norm_backward with poisoned outputs; ptxas for shipped-kernel variants the commit's
+norm_launch.norm_forward / norm_backward with poisoned outputs; ptxas for shipped-kernel variants the commit's
 own PTX test does not compile.
 
 xfail(strict=True): defects found and left (documented); tests of fixed defects say so above them. The rest: cases checked that work (boundaries of the window's
@@ -24,7 +25,9 @@ import fusedops
 import fusedops.nn as fnn
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_split_window as W
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_config
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_launch
 from helpers import assert_close, poison, random_tensor
 from test_split_window_norms import _shipped_split_ptx
 
@@ -87,7 +90,7 @@ def _api_vs_float64(x, normalized_shape, w, b, subtract_mean, dy, eps=1e-5):
 
 
 # -- defects ----------------------------------------------------------------------------------------------
-# The split window's LayerNorm takes its statistics from norm_kernels' shifted sums (_shifted_moments /
+# The split window's LayerNorm takes its statistics from norm_statistics' shifted sums (_shifted_moments /
 # _shifted_mean_rstd): d = (x - K) * 2^-16. rstd was 2^-16 / sqrt(var * 2^-32 + eps * 2^-32): eps scaled by
 # 2^-32 became a float32 subnormal below ~5e-29 and 0 below ~3e-36 (a zero row with eps = 1e-37 gave
 # NaN where torch gives the bias; eps = 1e-35 a 9% error in rstd). Fixed: rstd = 1 / sqrt(var + eps), the
@@ -109,14 +112,14 @@ def test_layer_norm_zero_row_with_tiny_eps_is_bias_like_torch(interpret, n, seed
 @pytest.mark.parametrize("n", [1000, 2049, 8192])
 def test_layer_norm_rstd_of_zero_rows_with_tiny_eps(interpret, n):
     x = torch.zeros(2, n, dtype=torch.float16)
-    _, _, rstd = norms.norm_forward(x, None, None, 1e-35, subtract_mean=True, allocate=_poisoned_empty)
+    _, _, rstd = norm_launch.norm_forward(x, None, None, 1e-35, subtract_mean=True, allocate=_poisoned_empty)
     expected = 1 / torch.tensor(1e-35, dtype=torch.float32).double().sqrt()
     assert_close(rstd, expected.expand(2), torch.float32)
 
 
 # Fixed (session 31): bfloat16 LayerNorm with eps=0 of rows whose spread is ~1e-18 (variance ~1e-36, a normal
 # float32) gave +-inf where torch gives the normalized row: the shifted sums squared (x - K) * 2^-16, which
-# underflowed to 0; the split window now takes the second sums about the mean (norm_kernels._second_sums).
+# underflowed to 0; the split window now takes the second sums about the mean (norm_statistics._second_sums).
 @pytest.mark.parametrize("n", [2049, 4097])
 def test_bf16_layer_norm_of_tiny_spread_rows_with_eps_0(interpret, n, seed):
     x = random_tensor((3, n), torch.bfloat16, "cpu", seed, scale=1e-18)
@@ -132,12 +135,12 @@ def test_bf16_layer_norm_of_tiny_spread_rows_with_eps_0(interpret, n, seed):
 def test_window_region_boundaries(subtract_mean):
     for dtype in (torch.float16, torch.bfloat16):
         for n, block_n in ((514, 1024), (1025, 1024), (1026, 2048), (2049, 2048), (2050, 4096), (4097, 4096)):
-            forward = norms.forward_config(n, dtype, subtract_mean=subtract_mean)
-            backward = norms.backward_config(n, dtype, subtract_mean=subtract_mean)
+            forward = norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean)
+            backward = norm_backward_config.backward_config(n, dtype, subtract_mean=subtract_mean)
             assert forward.split_window and backward.split_window and forward.block_n == backward.block_n == block_n
         for n in (2, 7, 100, 511, 513, 4098, 4099, 4101, 8191):
-            assert not norms.forward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
-            assert not norms.backward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
+            assert not norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
+            assert not norm_backward_config.backward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
 
 
 # -- the public API against float64 --------------------------------------------------------------------------
@@ -307,10 +310,10 @@ def test_poisoned_outputs_fewer_rows_than_programs(interpret, subtract_mean, see
         x = random_tensor((rows, n), torch.bfloat16, "cpu", seed + rows) - 1
         w, b = _parameters((n,), torch.bfloat16, seed, bias=subtract_mean)
         dy = random_tensor((rows, n), torch.bfloat16, "cpu", seed + 3)
-        y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
-        dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                         weight_grad=True, bias_grad=b is not None, bias_dtype=torch.bfloat16,
-                                         allocate=_poisoned_empty)
+        y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
+        dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                               weight_grad=True, bias_grad=b is not None, bias_dtype=torch.bfloat16,
+                                               allocate=_poisoned_empty)
         leaves = [None if t is None else t.double().requires_grad_() for t in (x, w, b)]
         reference = (F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5) if subtract_mean
                      else F.rms_norm(leaves[0], (n,), leaves[1], 1e-5))

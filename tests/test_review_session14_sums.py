@@ -1,10 +1,10 @@
-"""Review of session 14's shifted-sum statistics in LayerNorm's row sweeps (norms.ROW_SWEEP_SHIFTED_SUMS, set
-for every test here; commits ffe59ed..4e7b0a1 and c7701ce's second sums:
-norm_kernels._add_moments / _row_statistics / _row_shift with SUMS, forward_row_sweeps_kernel's SHIFTED_SUMS,
-_shifted_mean_rstd's rstd = 1 / sqrt(variance + eps); norms._row_sweeps_config / _odd_row_window_config /
-row_sweep_constexprs).
+"""Review of session 14's shifted-sum statistics in LayerNorm's row sweeps (norm_forward_config.ROW_SWEEP_SHIFTED_SUMS,
+set for every test here; commits ffe59ed..4e7b0a1 and c7701ce's second sums:
+norm_row_sweeps._add_moments / _row_statistics / _row_shift with SUMS, forward_row_sweeps_kernel's SHIFTED_SUMS,
+norm_statistics._shifted_mean_rstd's rstd = 1 / sqrt(variance + eps); norm_forward_config._row_sweeps_config /
+_odd_row_window_config, norm_forward_launcher.row_sweep_constexprs).
 
-CPU tier only: the interpreter (norms.norm_forward(interpret=True) with NaN-poisoned outputs, and
+CPU tier only: the interpreter (norm_launch.norm_forward(interpret=True) with NaN-poisoned outputs, and
 fusedops.layer_norm under FUSEDOPS_INTERPRET=1) against torch in float64, with torch's own same-dtype error
 as the bar (the repo's bar of tests/test_norms.py::_check_hard_rows: twice torch's error plus one unit in the
 last place of the row's largest output); ptxas for the shipped row-sweep kernels.
@@ -25,11 +25,15 @@ import torch.nn.functional as F
 
 import fusedops
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_launcher
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_forward_launcher
+from fusedops.kernels import norm_launch
+from fusedops.kernels import norm_row_sweeps
+from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, assert_layer_norm_against_float64, poison, random_tensor
 
-FC = norms.ForwardConfig
+FC = ForwardConfig
 HALF = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 
 
@@ -40,10 +44,10 @@ def interpret(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def row_sweep_sums(monkeypatch):
-    # The shifted sums in the default row sweeps (norms.ROW_SWEEP_SHIFTED_SUMS, off until they run on the
-    # H200 with their second pass): these tests review that option as the defaults would take it.
-    monkeypatch.setattr(norms, "ROW_SWEEP_SHIFTED_SUMS", True)
-    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", type(norms._FORWARD_LAUNCHES)(1024))
+    # The shifted sums in the default row sweeps (norm_forward_config.ROW_SWEEP_SHIFTED_SUMS, off until they run on
+    # the H200 with their second pass): these tests review that option as the defaults would take it.
+    monkeypatch.setattr(norm_forward_config, "ROW_SWEEP_SHIFTED_SUMS", True)
+    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", type(norm_launch._FORWARD_LAUNCHES)(1024))
 
 
 def _poisoned_empty(shape, dtype, device):
@@ -51,8 +55,8 @@ def _poisoned_empty(shape, dtype, device):
 
 
 def _forward(x, w=None, b=None, eps=1e-5, config=None):
-    return norms.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
-                              allocate=_poisoned_empty)
+    return norm_launch.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
+                                    allocate=_poisoned_empty)
 
 
 def _sums(chunk, num_warps, window=True):
@@ -112,11 +116,11 @@ def _outlier_pair_rows(n, dtype):
 # Found: with 65504 in columns 0 and N - 1 the shift K is the outlier and E[d^2] - E[d]^2 cancelled ~N/2 of
 # float32's precision over per-thread runs: y 2.5-5.5x the bar at 16384 / 32768 / 32767, rstd 2.6e-3..5.9e-3
 # off (the Welford sweeps they replaced: 2e-7). Fixed: rows whose shift lies far from their mean take the
-# sums again about the mean (norm_kernels._row_shifted_statistics' `again`).
+# sums again about the mean (norm_row_sweeps._row_shifted_statistics' `again`).
 @pytest.mark.parametrize("n", [16384, 32768, 32767])
 def test_outlier_pair_in_the_sampled_columns_keeps_torchs_accuracy(interpret, n):
     x = _outlier_pair_rows(n, torch.float16)
-    assert norms.forward_config(n, torch.float16, subtract_mean=True).shifted_sums
+    assert norm_forward_config.forward_config(n, torch.float16, subtract_mean=True).shifted_sums
     y, mean, rstd = _forward(x)
     _assert_within_bar(x, None, None, y)
     _check_statistics(x, mean, rstd, rstd_bound=1e-5)
@@ -127,7 +131,7 @@ def test_outlier_pair_is_fine_without_the_sums_and_below_4097_columns(interpret)
     # session 14 replaced, and through the whole-row tiles' shifted sums at 4096 columns, are inside the bar.
     for n in (4096, 32768):
         x = _outlier_pair_rows(n, torch.float16)
-        config = norms.forward_config(n, torch.float16, subtract_mean=True)
+        config = norm_forward_config.forward_config(n, torch.float16, subtract_mean=True)
         if config.row_sweeps:
             config = dataclasses.replace(config, shifted_sums=False)
         y, _, _ = _forward(x, config=config)
@@ -136,12 +140,12 @@ def test_outlier_pair_is_fine_without_the_sums_and_below_4097_columns(interpret)
 
 # Found: bf16 rows of spread ~1e-18 with eps = 0 gave +-inf ((x - K) * 2^-16 squared underflowed), spread
 # 1e-17 with eps = 1e-37 rstd 1.5% off (subnormal squares). Fixed: such rows take the sums again about their
-# mean, unscaled (norm_kernels._row_shifted_statistics).
+# mean, unscaled (norm_row_sweeps._row_shifted_statistics).
 @pytest.mark.parametrize("n", [8192, 12289])
 @pytest.mark.parametrize("scale, eps", [(1e-18, 0.0), (1e-17, 1e-37)], ids=["1e-18-eps0", "1e-17-eps1e-37"])
 def test_bf16_tiny_spread_rows_with_tiny_eps(interpret, n, scale, eps, seed):
     x = random_tensor((2, n), torch.bfloat16, "cpu", seed, scale=scale)
-    assert norms.forward_config(n, torch.bfloat16, subtract_mean=True).shifted_sums
+    assert norm_forward_config.forward_config(n, torch.bfloat16, subtract_mean=True).shifted_sums
     y, mean, rstd = _forward(x, eps=eps)
     assert torch.isfinite(y).all(), f"{int((~torch.isfinite(y)).sum())} non-finite elements"
     _assert_within_bar(x, None, None, y, eps)
@@ -151,7 +155,7 @@ def test_bf16_tiny_spread_rows_with_tiny_eps(interpret, n, scale, eps, seed):
 # Fixed (session 31): a bfloat16 LayerNorm row of +-1 with 2e38 in columns (N-1)//2 and N-1 (the shift K = 2e38)
 # and -2e38 in column 5 gave a mean of -inf and a row of NaN, where torch's float32 statistics give a finite row
 # (rstd 0): x - K, formed in float32 before the 2^-16 scaling, overflowed. The sums now take x * 2^-16 - K * 2^-16
-# (norm_kernels._scaled_difference) and the sweeps' output x - mean. N: whole rows (1000, 8192), the split
+# (norm_statistics._scaled_difference) and the sweeps' output x - mean. N: whole rows (1000, 8192), the split
 # window (2049), the row sweeps (16384) and their aligned window (12289).
 @pytest.mark.parametrize("n", [1000, 2049, 8192, 12289, 16384])
 def test_bf16_rows_where_x_minus_the_shift_overflows(interpret, n, seed):
@@ -171,23 +175,25 @@ def test_bf16_rows_where_x_minus_the_shift_overflows(interpret, n, seed):
 def test_shipped_configs_take_the_sums_for_16_bit_layer_norm_only():
     meta = {dtype: torch.empty(64, dtype=dtype, device="meta") for dtype in (torch.float16, torch.bfloat16)}
     for dtype in (torch.float16, torch.bfloat16):
-        # (8192 columns: the whole-row tiles with the sums since session 31, norms._HALF_LAYER_NORM_WHOLE_ROWS_FROM)
-        whole = norms.forward_config(8192, dtype, subtract_mean=True)
+        # (8192 columns: the whole-row tiles with the sums since session 31,
+        # norm_forward_config._HALF_LAYER_NORM_WHOLE_ROWS_FROM)
+        whole = norm_forward_config.forward_config(8192, dtype, subtract_mean=True)
         assert whole.shifted_sums and not whole.row_sweeps and whole.block_n == 8192
         for n in (4104, 6144, 8200, 16384, 24576, 32768, 4099, 8191, 12289, 20001, 32767):
-            layer_norm = norms.forward_config(n, dtype, subtract_mean=True)
+            layer_norm = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
             assert layer_norm.row_sweeps and layer_norm.shifted_sums, (n, dtype)
             assert layer_norm.aligned_window == (n % 8 != 0)
             x = meta[dtype]
-            constexprs = norms.row_sweep_constexprs(layer_norm, dtype, x, x, n, n, True)
+            constexprs = norm_forward_launcher.row_sweep_constexprs(layer_norm, dtype, x, x, n, n, True)
             assert constexprs.get("SHIFTED_SUMS") is True
             assert constexprs.get("SHIFT", 0) == (8 if n % 8 else 0)
             # RMSNorm keeps its sums of squares: no SHIFTED_SUMS even from a config that asks for it
-            assert "SHIFTED_SUMS" not in norms.row_sweep_constexprs(layer_norm, dtype, x, None, n, n, False)
-            rms = norms.forward_config(n, dtype)
+            assert "SHIFTED_SUMS" not in norm_forward_launcher.row_sweep_constexprs(layer_norm, dtype, x, None, n, n,
+                                                                                    False)
+            rms = norm_forward_config.forward_config(n, dtype)
             assert not rms.shifted_sums
     for n in (8192, 12289, 32768):       # float32 rows: no row sweeps, no sums
-        assert not norms.forward_config(n, torch.float32, subtract_mean=True).shifted_sums
+        assert not norm_forward_config.forward_config(n, torch.float32, subtract_mean=True).shifted_sums
 
 
 # -- forced small row sweeps: many shapes ---------------------------------------------------------------------
@@ -330,8 +336,9 @@ def test_layouts_through_the_public_api(interpret, dtype, n, seed):
 def test_programs_looping_over_rows(interpret, monkeypatch, n, seed):
     # 32768 and 16392 take 2 programs per SM, each looping over rows: with one SM, 2 programs for 9 rows, each row
     # with its own shift (outliers in a different sampled column and a different mean per row).
-    monkeypatch.setattr(norms, "_sm_count", lambda device: 1)
-    assert norms.forward_config(n, torch.float16, subtract_mean=True).programs_per_sm == 2
+    monkeypatch.setattr(norm_forward_launcher, "_sm_count", lambda device: 1)
+    monkeypatch.setattr(norm_backward_launcher, "_sm_count", lambda device: 1)
+    assert norm_forward_config.forward_config(n, torch.float16, subtract_mean=True).programs_per_sm == 2
     x = random_tensor((9, n), torch.float16, "cpu", seed, scale=2) + torch.arange(9, dtype=torch.float16)[:, None] * 100
     for row in range(9):
         x[row, (0, (n - 1) // 2, n - 1)[row % 3]] = 1000.0 * (row + 1)
@@ -349,8 +356,8 @@ def test_gradients_and_rms_norm(interpret, dtype, n, seed):
     w, b = (random_tensor((n,), dtype, "cpu", seed + i).requires_grad_() for i in (1, 2))
     dy = random_tensor((3, n), dtype, "cpu", seed + 3)
     assert_layer_norm_against_float64(x, w, b, dy, dtype)
-    y, _, rstd = norms.norm_forward(x.detach(), w.detach(), None, 1e-5, subtract_mean=False, interpret=True,
-                                    allocate=_poisoned_empty)
+    y, _, rstd = norm_launch.norm_forward(x.detach(), w.detach(), None, 1e-5, subtract_mean=False, interpret=True,
+                                          allocate=_poisoned_empty)
     assert_close(y, F.rms_norm(x.detach().double(), (n,), w.detach().double(), 1e-5), dtype)
     assert_close(rstd, torch.rsqrt(x.detach().double().pow(2).mean(-1) + 1e-5), torch.float32)
 
@@ -366,15 +373,15 @@ def test_shipped_sums_sweeps_assemble(n, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     problems = []
     for dtype in (torch.float16, torch.bfloat16):
-        config = norms.forward_config(n, dtype, subtract_mean=True)
+        config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
         x = torch.empty(64, dtype=dtype, device="meta")
         stats = torch.empty(64, dtype=torch.float32, device="meta")
-        constexprs = norms.row_sweep_constexprs(config, dtype, x, x, n, n, True)
+        constexprs = norm_forward_launcher.row_sweep_constexprs(config, dtype, x, x, n, n, True)
         assert constexprs["SHIFTED_SUMS"] and constexprs.get("SHIFT", 0) == (8 if n % 8 else 0)
         if config.shifted_affine and constexprs.get("SHIFT"):
             constexprs["AFFINE_SHIFTED"] = constexprs["SHIFT"]
-        ptx = K.forward_row_sweeps_kernel.compile(x, stats, stats, x, x, x, 8192, n, n, 1, n, 1e-5,
-                                                  target="sm_90a", **constexprs).asm["ptx"]
+        ptx = norm_row_sweeps.forward_row_sweeps_kernel.compile(x, stats, stats, x, x, x, 8192, n, n, 1, n, 1e-5,
+                                                                target="sm_90a", **constexprs).asm["ptx"]
         result = assemble(ptx, "sm_90a")
         name = f"{n} {dtype}"
         if ptx.count("bar.sync") != 4:      # one exchange a row, and one more in the far-shift rows' second sums

@@ -29,8 +29,12 @@ import torch
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_config
+from fusedops.kernels import norm_backward_kernels
+from fusedops.kernels import norm_backward_launcher
+from fusedops.kernels import norm_launch
+from fusedops.kernels.norm_backward_config import BackwardConfig
+from fusedops.kernels.norm_forward_config import ForwardConfig
 
 from helpers import assert_close, launch_promptly, poison, random_tensor
 from test_cluster_sum_codegen import _compile_sums
@@ -441,11 +445,11 @@ def _spy_prepare(monkeypatch, kernel) -> list:
 
 def _backward_all(op, x, w, b, dy, config=None, input_grad=True):
     subtract_mean = op == LAYER_NORM
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
-                                       allocate=_poisoned_cpu_empty)
-    grads = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=input_grad,
-                                weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                                config=config, interpret=True, allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
+                                             allocate=_poisoned_cpu_empty)
+    grads = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=input_grad,
+                                      weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                      config=config, interpret=True, allocate=_poisoned_cpu_empty)
     return (y,) + tuple(grads)
 
 
@@ -453,9 +457,9 @@ def _backward_all(op, x, w, b, dy, config=None, input_grad=True):
 @pytest.mark.parametrize("shape,dtype", [((2, 24576), torch.bfloat16), ((1, 32768), torch.float16),
                                          ((3, 8200), torch.float16), ((4, 16384), torch.bfloat16)], ids=str)
 def test_default_cluster_backward_matches_float64(op, shape, dtype, seed, monkeypatch):
-    config = norms.backward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM)
+    config = norm_backward_config.backward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM)
     assert config.cluster
-    launches = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
+    launches = _spy_prepare(monkeypatch, norm_backward_kernels.backward_persistent_kernel)
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, op == LAYER_NORM)
     x = x * 3 + 0.25
     actual = _backward_all(op, x, w, b, dy)
@@ -473,7 +477,7 @@ def test_cluster_backward_of_offset_and_strided_views(op, seed, monkeypatch):
     the public functions and autograd in the interpreter."""
     _fresh_launch_caches(monkeypatch)
     monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    launches = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
+    launches = _spy_prepare(monkeypatch, norm_backward_kernels.backward_persistent_kernel)
     base = random_tensor((3, 32800), torch.float16, "cpu", seed)
     grad = random_tensor((3, 32800), torch.float16, "cpu", seed + 1)
     w = random_tensor((16384,), torch.float16, "cpu", seed + 2) + 1
@@ -502,7 +506,7 @@ def test_cluster_backward_of_zero_and_one_row(shape, seed):
 
 # -- norms: forced small cluster configs ------------------------------------------------------------------------
 
-FORWARD = norms.ForwardConfig(False, 1, 128, 1)
+FORWARD = ForwardConfig(False, 1, 128, 1)
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
@@ -515,9 +519,9 @@ FORWARD = norms.ForwardConfig(False, 1, 128, 1)
 ], ids=str)
 def test_forced_cluster_configs_match_float64(op, dtype, block_rows, block_n, num_warps, n_cols, prefetch, window,
                                               parts, seed, monkeypatch):
-    launches = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
-    config = norms.BackwardConfig(False, block_rows, block_n, num_warps, 1, persistent=True, prefetch=prefetch,
-                                  cluster=True, aligned_window=window)
+    launches = _spy_prepare(monkeypatch, norm_backward_kernels.backward_persistent_kernel)
+    config = BackwardConfig(False, block_rows, block_n, num_warps, 1, persistent=True, prefetch=prefetch,
+                            cluster=True, aligned_window=window)
     for weight, bias in [(True, True), (False, True), (True, False), (False, False)]:
         _check_with_configs(op, (9, n_cols), dtype, seed, FORWARD, config, weight=weight, bias=bias)
     assert len(launches) == 4
@@ -527,8 +531,8 @@ def test_forced_cluster_configs_match_float64(op, dtype, block_rows, block_n, nu
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_more_than_eight_parts_take_the_two_pass_kernel(op, seed, monkeypatch):
-    launches = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
-    config = norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, cluster=True)
+    launches = _spy_prepare(monkeypatch, norm_backward_kernels.backward_persistent_kernel)
+    config = BackwardConfig(False, 1, 8, 1, 1, persistent=True, cluster=True)
     _check_with_configs(op, (5, 75), torch.float16, seed, FORWARD, config)     # 10 parts
     ((_, options),) = launches
     assert options["CLUSTER"] == 1 and options["TWO_PASS"] is True
@@ -536,16 +540,16 @@ def test_more_than_eight_parts_take_the_two_pass_kernel(op, seed, monkeypatch):
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_more_than_65535_rows_in_clusters(op, seed, monkeypatch):
-    launches = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
-    config = norms.BackwardConfig(False, 2048, 8, 4, 1, persistent=True, cluster=True, prefetch=True)
-    _check_with_configs(op, (65537, 16), torch.float16, seed, norms.ForwardConfig(False, 1024, 16, 4), config)
+    launches = _spy_prepare(monkeypatch, norm_backward_kernels.backward_persistent_kernel)
+    config = BackwardConfig(False, 2048, 8, 4, 1, persistent=True, cluster=True, prefetch=True)
+    _check_with_configs(op, (65537, 16), torch.float16, seed, ForwardConfig(False, 1024, 16, 4), config)
     assert launches[0][1]["CLUSTER"] == 2
 
 
 def test_weight_gradients_alone_in_clusters(seed):
     """No dx: the kernel runs in clusters without a cluster_sum."""
     x, w, b, dy = _inputs((6, 30), (30,), torch.float16, seed, True, True)
-    config = norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, cluster=True)
+    config = BackwardConfig(False, 1, 8, 1, 1, persistent=True, cluster=True)
     y, dx, dw, db = _backward_all(LAYER_NORM, x, w, b, dy, config=config, input_grad=False)
     _, _, expected_dw, expected_db = _reference(LAYER_NORM, x, (30,), w, b, 1e-5, dy)
     assert dx is None
@@ -558,10 +562,10 @@ def test_weight_gradients_alone_in_clusters(seed):
 def test_forced_cluster_config_without_clusters_takes_the_two_pass_kernel(monkeypatch, seed):
     """A forced cluster config on a device without clusters takes the two-pass persistent kernel, as
     BackwardConfig's docstring says (the launcher replaced it by the default config; review fix)."""
-    monkeypatch.setattr(norms, "_has_clusters", lambda device, interpret: False)
-    persistent = _spy_prepare(monkeypatch, K.backward_persistent_kernel)
-    fused = _spy_prepare(monkeypatch, K.backward_fused_kernel)
-    config = norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, cluster=True)
+    monkeypatch.setattr(norm_backward_launcher, "_has_clusters", lambda device, interpret: False)
+    persistent = _spy_prepare(monkeypatch, norm_backward_kernels.backward_persistent_kernel)
+    fused = _spy_prepare(monkeypatch, norm_backward_kernels.backward_fused_kernel)
+    config = BackwardConfig(False, 1, 8, 1, 1, persistent=True, cluster=True)
     _check_with_configs(LAYER_NORM, (5, 21), torch.float16, seed, FORWARD, config)    # right either way
     assert not fused
     ((_, options),) = persistent

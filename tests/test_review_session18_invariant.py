@@ -955,23 +955,25 @@ def test_a_tile_too_large_for_shared_memory_on_the_gpu():
 def _attention_call(kernel, dim, causal, mask_kind, config, group=1):
     """(kernel, args, constexprs) of an attention kernel for a padded head dim and config (the arguments of
     tests/test_attention.py's compile_forward / compile_backward; `group` query heads per K/V head)."""
-    from fusedops.kernels import attention as at
+    from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+    from fusedops.kernels.attention_forward_kernel import attention_forward_kernel
+    from fusedops.kernels.attention_logits import BOOL_MASK
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
-    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
+    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == BOOL_MASK else x
     strides = (16 * 4096 * dim, 4096 * dim, dim, 1)
     mask_strides = (0, 0, 4096, 1) if mask_kind else (0,) * 4
     constexprs = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=dim, BLOCK_EV=dim, CAUSAL=causal,
                       MASK_KIND=mask_kind, ACC=dsl.float32)
     if kernel == "forward":
         args = (x, stats, x, x, x, mask, *strides * 4, *mask_strides, 16, group, 4096, 4096, dim, dim, 0.18, 0.0)
-        return at.attention_forward_kernel, args, dict(constexprs, MIN_BLOCKS=config.min_blocks_per_sm)
+        return attention_forward_kernel, args, dict(constexprs, MIN_BLOCKS=config.min_blocks_per_sm)
     if kernel == "dkdv":
         args = (x, x, x, x, x, x, stats, stats, mask, *strides * 6, *mask_strides,
                 16, group, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0)
-        return at.attention_backward_dkdv_kernel, args, dict(constexprs, KV_RING=config.kv_ring)
+        return attention_backward_dkdv_kernel, args, dict(constexprs, KV_RING=config.kv_ring)
     args = (x, x, x, x, x, stats, stats, mask, *strides * 5, *mask_strides,
             16, group, 4096, 4096, dim, dim, 0.18, 0.0, 0.125, 0.0)
-    return at.attention_backward_dq_kernel, args, constexprs
+    return attention_backward_dq_kernel, args, constexprs
 
 
 def _attention_function(kernel, dim, causal, mask_kind, config, group=1):
@@ -981,19 +983,22 @@ def _attention_function(kernel, dim, causal, mask_kind, config, group=1):
 
 
 def _library_cases():
-    from fusedops.kernels import attention as at
+    from fusedops.kernels.attention_configs import (
+        BACKWARD_CONFIGS, DKDV_ALTERNATIVES, DQ_ALTERNATIVES, FORWARD_ALTERNATIVES, FORWARD_CONFIGS, backward_configs,
+        forward_config)
+    from fusedops.kernels.attention_logits import ADDITIVE_MASK, BOOL_MASK, NO_MASK
     cases = []
     for dim in (64, 128, 256):
-        for config in (at.forward_config(dim, dim), at.FORWARD_CONFIGS[dim]) + at.FORWARD_ALTERNATIVES[dim]:
-            cases.append(("forward", dim, False, at.NO_MASK, config))
-        kv, q = at.BACKWARD_CONFIGS[dim]
-        for config in (kv,) + at.DKDV_ALTERNATIVES[dim]:
-            cases.append(("dkdv", dim, False, at.NO_MASK, config))
-        for config in (q,) + at.DQ_ALTERNATIVES[dim]:
-            cases.append(("dq", dim, False, at.NO_MASK, config))
-        cases += [("forward", dim, True, at.BOOL_MASK, at.FORWARD_CONFIGS[dim]),
-                  ("dkdv", dim, True, at.NO_MASK, kv), ("dq", dim, True, at.ADDITIVE_MASK, q),
-                  ("dkdv", dim, False, at.BOOL_MASK, at.backward_configs(dim, dim, True)[0])]
+        for config in (forward_config(dim, dim), FORWARD_CONFIGS[dim]) + FORWARD_ALTERNATIVES[dim]:
+            cases.append(("forward", dim, False, NO_MASK, config))
+        kv, q = BACKWARD_CONFIGS[dim]
+        for config in (kv,) + DKDV_ALTERNATIVES[dim]:
+            cases.append(("dkdv", dim, False, NO_MASK, config))
+        for config in (q,) + DQ_ALTERNATIVES[dim]:
+            cases.append(("dq", dim, False, NO_MASK, config))
+        cases += [("forward", dim, True, BOOL_MASK, FORWARD_CONFIGS[dim]),
+                  ("dkdv", dim, True, NO_MASK, kv), ("dq", dim, True, ADDITIVE_MASK, q),
+                  ("dkdv", dim, False, BOOL_MASK, backward_configs(dim, dim, True)[0])]
     return cases
 
 
@@ -1276,9 +1281,10 @@ def test_dkdv_e128_with_grouped_query_heads(causal):
     the head loop (K in registers; causal: K too, see test_library_attention_decisions), freed after it.
     The shipped 32 x 128 spills less here than the kv_ring form it replaced (68 / 88 bytes, not causal /
     causal, before session 33's two causal loops)."""
-    from fusedops.kernels import attention as at
-    config = at.BACKWARD_CONFIGS[128][0]
-    function = _attention_function("dkdv", 128, causal, at.NO_MASK, config, group=2)
+    from fusedops.kernels.attention_configs import BACKWARD_CONFIGS, AttentionConfig
+    from fusedops.kernels.attention_logits import NO_MASK
+    config = BACKWARD_CONFIGS[128][0]
+    function = _attention_function("dkdv", 128, causal, NO_MASK, config, group=2)
     tiles = _copied_tiles(function)
     assert len(tiles) == (2 if causal else 1) and all(tile.parent is function.body for tile in tiles)
     assert _tile_violations(function) == []
@@ -1286,8 +1292,8 @@ def test_dkdv_e128_with_grouped_query_heads(causal):
     assert all(function.body.ops.index(tile) < function.body.ops.index(head_loop) for tile in tiles)
     if ptxas_available():
         spills = []
-        for form in (config, at.AttentionConfig(32, 128, 8, 2, kv_ring=True)):
-            jitted, args, constexprs = _attention_call("dkdv", 128, causal, at.NO_MASK, form, group=2)
+        for form in (config, AttentionConfig(32, 128, 8, 2, kv_ring=True)):
+            jitted, args, constexprs = _attention_call("dkdv", 128, causal, NO_MASK, form, group=2)
             result = assemble(_compile(jitted, args, constexprs, form.num_warps, form.num_stages).asm["ptx"], "sm_90a")
             assert "serialized" not in result.log, result.log
             spills.append(result.spill_bytes)

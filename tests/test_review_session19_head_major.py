@@ -58,7 +58,13 @@ from fusedops.dsl.interpreter.arguments import bind_arguments
 from fusedops.dsl.interpreter.context import ProgramContext
 from fusedops.dsl.ir import print_function
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import attention as at
+from fusedops.kernels import attention as at, attention_backward_kernels
+from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel
+from fusedops.kernels.attention_configs import (
+    BACKWARD_CONFIGS, DKDV_ALTERNATIVES, DQ_HEAD_MAJOR_PER_SM, INTERPRETER_CONFIG, MASKED_DKDV_CONFIGS, AttentionConfig,
+    backward_configs, head_block, sweep_configs)
+from fusedops.kernels.attention_grid import _head_major_program
+from fusedops.kernels.attention_logits import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 from fusedops.kernels.device_info import INTERPRETER_SMS
 from codegen_helpers import interpret_ir, pipelined_ir
 from helpers import assert_close, poison, random_tensor
@@ -77,7 +83,7 @@ def _coverage_kernel(count_ptr, launch_ptr):
     # count_ptr, launch_ptr: (grid x * grid y,) int32 / int64, slot head * blocks + block. The interpreter
     # runs one program at a time, so the load + store count is exact; a head or block out of range is an
     # out-of-bounds access (an InterpreterError).
-    head, block = at._head_major_program()
+    head, block = _head_major_program()
     slot = head.to(dsl.int64) * dsl.num_programs(1) + block
     dsl.store(count_ptr + slot, dsl.load(count_ptr + slot) + 1)
     dsl.store(launch_ptr + slot, dsl.program_id(1).to(dsl.int64) * dsl.num_programs(0) + dsl.program_id(0))
@@ -86,7 +92,7 @@ def _coverage_kernel(count_ptr, launch_ptr):
 @dsl.jit
 def _mapping_kernel(out_ptr):
     # out_ptr: (2,) int32: (head, block) of the program
-    head, block = at._head_major_program()
+    head, block = _head_major_program()
     dsl.store(out_ptr, head)
     dsl.store(out_ptr + 1, block)
 
@@ -213,8 +219,8 @@ def test_head_major_ir_forms_the_launch_index_in_int64():
     texts = {}
     for head_major in (False, True):
         args, constexprs, _ = _dkdv_arguments((1, 2, 1, 20, 40, 64), torch.float16, False, None, 1,
-                                              at.BACKWARD_CONFIGS[64][0], head_major)
-        texts[head_major] = print_function(dsl.jit(at.attention_backward_dkdv_kernel.fn).ir(*args, **constexprs))
+                                              BACKWARD_CONFIGS[64][0], head_major)
+        texts[head_major] = print_function(dsl.jit(attention_backward_dkdv_kernel.fn).ir(*args, **constexprs))
     assert "num_programs" not in texts[False]
     head_major = texts[True]
     assert "num_programs {axis=0}" in head_major and "num_programs {axis=1}" in head_major
@@ -260,13 +266,13 @@ def _backward_pair(shape, dtype, causal, kind, per_head, config, seed, scale=0.3
     for head_major in (True, False):
         kv_config = dataclasses.replace(config, head_major=head_major)
         results.append(at.attention_backward(grad_out, q, k, v, out, lse, mask, causal, scale, interpret=True,
-                                             configs=(kv_config, at.INTERPRETER_CONFIG)))
+                                             configs=(kv_config, INTERPRETER_CONFIG)))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     expected = reference(q64, k64, v64, mask, causal=causal, scale=scale, enable_gqa=True)
     return results[0], results[1], torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())
 
 
-_HM = at.AttentionConfig(16, 16, 4, 1, head_major=True)
+_HM = AttentionConfig(16, 16, 4, 1, head_major=True)
 # (B, H, H_kv, L, S, E), dtype, causal, mask kind, mask per (batch, head), dK/dV config
 _CASES = [
     ((1, 1, 1, 9, 9, 32), torch.float32, False, None, False, _HM),           # one head, one key block
@@ -279,10 +285,10 @@ _CASES = [
     ((1, 3, 1, 17, 40, 80), torch.float32, True, "bool", True, _HM),         # E = 80 (BLOCK_E 128)
     ((2, 2, 1, 21, 35, 16), torch.float64, True, "float", False, _HM),       # float64 (gradcheck's dtype)
     ((2, 4, 2, 30, 70, 64), torch.float16, False, None, False, _HM),
-    ((2, 4, 2, 100, 300, 64), torch.float32, True, "bool", False, at.BACKWARD_CONFIGS[64][0]),   # the table's
+    ((2, 4, 2, 100, 300, 64), torch.float32, True, "bool", False, BACKWARD_CONFIGS[64][0]),   # the table's
     ((2, 6, 2, 37, 70, 64), torch.float32, True, None, False,
-     at.AttentionConfig(16, 32, 4, 1, kv_ring=True, head_major=True)),       # with kv_ring
-    ((3, 2, 1, 40, 37, 48), torch.float32, True, "float", False, at.AttentionConfig(32, 16, 4, 1, head_major=True)),
+     AttentionConfig(16, 32, 4, 1, kv_ring=True, head_major=True)),       # with kv_ring
+    ((3, 2, 1, 40, 37, 48), torch.float32, True, "float", False, AttentionConfig(32, 16, 4, 1, head_major=True)),
 ]
 
 
@@ -314,7 +320,7 @@ def _dkdv_arguments(shape, dtype, causal, kind, seed, config, head_major):
     dk, dv = poison(torch.empty_like(k)), poison(torch.empty_like(v))
     mask_arg, mask_strides, mask_kind = at._mask_arguments(mask, q)
     strides = [stride for t in (q, k, v, grad_out, dk, dv) for stride in at._strides(t)]
-    block = at.head_block(dim)
+    block = head_block(dim)
     arguments = (dk, dv, q, k, v, grad_out, lse, delta, mask_arg, *strides, *mask_strides, heads_kv, heads // heads_kv,
                  length_q, length_k, dim, dim, *at._float_pair(0.3 * at.LOG2E), *at._float_pair(0.3))
     constexprs = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal,
@@ -331,13 +337,13 @@ def test_pipelined_table_kernel_head_major_equals_launch_order(shape, causal, ki
     """The table's E = 64 dK/dV config (64 x 128, 8 warps, 2 stages) after the GPU pass pipeline (the IR
     that is lowered to PTX), float16, in the interpreter, dk / dv poisoned: head-major and launch-order
     give the same bits, and are within float16's tolerance of float64."""
-    config = at.BACKWARD_CONFIGS[64][0]
+    config = BACKWARD_CONFIGS[64][0]
     results = []
     for head_major in (True, False):
         arguments, constexprs, grid = _dkdv_arguments(shape, torch.float16, causal, kind, seed, config, head_major)
-        function, _ = pipelined_ir(at.attention_backward_dkdv_kernel, arguments, constexprs, config.num_warps,
+        function, _ = pipelined_ir(attention_backward_dkdv_kernel, arguments, constexprs, config.num_warps,
                                    arch=arch, num_stages=config.num_stages)
-        interpret_ir(at.attention_backward_dkdv_kernel, function, grid, arguments, constexprs)
+        interpret_ir(attention_backward_dkdv_kernel, function, grid, arguments, constexprs)
         results.append(arguments[:6])
     (dk, dv, q, k, v, grad_out), (dk_lo, dv_lo, *_) = results
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
@@ -357,13 +363,14 @@ def test_autograd_with_a_head_major_interpreter_config(kind, causal, seed, monke
     head-major: the CPU path does not reach the new mapping on its own); with that config made head-major,
     GQA and masks, the gradients equal the launch-order ones bit for bit and float64's within tolerance."""
     monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    assert not at.INTERPRETER_CONFIG.head_major
+    assert not INTERPRETER_CONFIG.head_major
     q, k, v = _qkv((2, 6, 29, 24), (2, 2, 45, 24), (2, 2, 45, 24), torch.float32, seed, requires_grad=True)
     grad_out = random_tensor((2, 6, 29, 24), torch.float32, seed=seed + 5)
     mask = None if kind is None else _mask_with_dead_rows(kind, (29, 45), seed)
     grads = {}
     for head_major in (False, True):
-        monkeypatch.setattr(at, "INTERPRETER_CONFIG", dataclasses.replace(at.INTERPRETER_CONFIG, head_major=head_major))
+        # patched where the launchers (kernels/attention.py) look it up
+        monkeypatch.setattr(at, "INTERPRETER_CONFIG", dataclasses.replace(INTERPRETER_CONFIG, head_major=head_major))
         for cache in (at._FORWARD_LAUNCHES, at._BACKWARD_LAUNCHES):
             cache.clear()
         out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
@@ -403,7 +410,7 @@ def test_gpu_launcher_asks_for_head_major_exactly_for_the_64_entry(dim, dim_v, m
     spies = {name: _PrepareSpy() for name in ("attention_backward_preprocess_kernel", "attention_backward_dkdv_kernel",
                                               "attention_backward_dq_kernel", "attention_backward_dq_convert_kernel")}
     for name, spy in spies.items():
-        monkeypatch.setattr(getattr(at, name), "prepare", spy)
+        monkeypatch.setattr(getattr(attention_backward_kernels, name), "prepare", spy)
     batch, heads, heads_kv, length_q, length_k = 3, 4, 2, 50, 300
     q = torch.randn(batch, heads, length_q, dim)
     k = torch.randn(batch, heads_kv, length_k, dim)
@@ -412,10 +419,10 @@ def test_gpu_launcher_asks_for_head_major_exactly_for_the_64_entry(dim, dim_v, m
     out, lse = torch.randn(batch, heads, length_q, dim_v), torch.randn(batch, heads, 2, length_q)
     at.attention_backward(out, q, k, v, out, lse, mask, False, 0.1, interpret=False)
     (grid, kwargs), = spies["attention_backward_dkdv_kernel"].calls
-    kv_config = at.backward_configs(at.head_block(dim), at.head_block(dim_v), masked)[0]
+    kv_config = backward_configs(head_block(dim), head_block(dim_v), masked)[0]
     assert kwargs["HEAD_MAJOR"] is head_major and kv_config.head_major is head_major
     assert grid == (batch * heads_kv, -(-length_k // kv_config.block_n))
-    many_heads = batch * heads >= at.DQ_HEAD_MAJOR_PER_SM * INTERPRETER_SMS
+    many_heads = batch * heads >= DQ_HEAD_MAJOR_PER_SM * INTERPRETER_SMS
     if kv_config.dq_atomic:     # (session 28: dQ added by the dK/dV kernel, then scaled by the conversion kernel)
         assert kwargs["DQ_ATOMIC"] and not masked and max(dim, dim_v) <= 64
         assert spies["attention_backward_dq_convert_kernel"].calls and not spies["attention_backward_dq_kernel"].calls
@@ -427,16 +434,16 @@ def test_sweep_keeps_the_launch_order_twin_of_the_table_entry():
     """The sweep times the E = 64 table entry (head-major) and the same tile in launch order, so one run
     compares the two; every head-major config in the tables is a dK/dV config (the dQ kernel's order
     follows the head count: backward_configs), and the interpreter's config is not head-major."""
-    table = at.BACKWARD_CONFIGS[64][0]
+    table = BACKWARD_CONFIGS[64][0]
     assert table.head_major and not table.kv_ring
-    _, backward = at.sweep_configs(64, 64)
-    assert backward[0][0] == at.backward_configs(64, 64)[0] and (table, at.BACKWARD_CONFIGS[64][1]) in backward
-    assert (dataclasses.replace(table, head_major=False), at.BACKWARD_CONFIGS[64][1]) in backward
+    _, backward = sweep_configs(64, 64)
+    assert backward[0][0] == backward_configs(64, 64)[0] and (table, BACKWARD_CONFIGS[64][1]) in backward
+    assert (dataclasses.replace(table, head_major=False), BACKWARD_CONFIGS[64][1]) in backward
     for dim in (64, 128, 256):
-        forward, pairs = at.sweep_configs(dim, dim)
+        forward, pairs = sweep_configs(dim, dim)
         assert not any(c.head_major for c in forward) and not any(q.head_major for _, q in pairs)
-    assert not at.INTERPRETER_CONFIG.head_major
-    assert not any(c.head_major for c in at.MASKED_DKDV_CONFIGS.values())
+    assert not INTERPRETER_CONFIG.head_major
+    assert not any(c.head_major for c in MASKED_DKDV_CONFIGS.values())
 
 
 # -- bench/attention.py --sweep names ---------------------------------------------------------------------------
@@ -457,11 +464,11 @@ def test_sweep_config_names_tell_head_major_apart():
     format_sweep); each name is the launch-order name plus the suffix."""
     bench = _bench_attention()
     name = bench._config_name
-    assert name(at.BACKWARD_CONFIGS[64][0]) == "64x128w8s2hm"
-    assert name(dataclasses.replace(at.BACKWARD_CONFIGS[64][0], head_major=False)) == "64x128w8s2"
-    assert name(at.AttentionConfig(16, 32, 4, 1, kv_ring=True, head_major=True)) == "16x32w4s1kvringhm"
+    assert name(BACKWARD_CONFIGS[64][0]) == "64x128w8s2hm"
+    assert name(dataclasses.replace(BACKWARD_CONFIGS[64][0], head_major=False)) == "64x128w8s2"
+    assert name(AttentionConfig(16, 32, 4, 1, kv_ring=True, head_major=True)) == "16x32w4s1kvringhm"
     for dim in (64, 128, 256):
-        forward, backward = at.sweep_configs(dim, dim)
+        forward, backward = sweep_configs(dim, dim)
         kv_configs = list(dict.fromkeys(kv for kv, _ in backward))
         kv_names = [name(c) for c in kv_configs]
         assert len(set(kv_names)) == len(kv_names), kv_names
@@ -474,7 +481,7 @@ def test_sweep_config_names_tell_head_major_apart():
 
 def test_format_sweep_gives_head_major_and_launch_order_their_own_lines():
     bench = _bench_attention()
-    _, backward = at.sweep_configs(64, 64)
+    _, backward = sweep_configs(64, 64)
     rows = []
     for index, (kv, q) in enumerate(backward):
         config = ("*" if index == 0 else "") + f"kv{bench._config_name(kv)}/q{bench._config_name(q)}"
@@ -493,11 +500,11 @@ def _compile_dkdv(dim, causal, mask_kind, arch, config):
     """attention_backward_dkdv_kernel compiled as compile_backward does, but with every field of `config`
     (HEAD_MAJOR and EARLY_DP too)."""
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
-    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == at.BOOL_MASK else x
-    block = at.head_block(dim)
+    mask = torch.empty(16, dtype=torch.uint8) if mask_kind == BOOL_MASK else x
+    block = head_block(dim)
     strides = (16 * 4096 * dim, 4096 * dim, dim, 1)
     mask_strides = (0, 0, 4096, 1) if mask_kind else (0,) * 4
-    return dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
+    return dsl.jit(attention_backward_dkdv_kernel.fn).compile(
         x, x, x, x, x, x, stats, stats, mask, *strides * 6, *mask_strides, 16, 1, 4096, 4096, dim, dim, 0.18, 0.0,
         0.125, 0.0, target=arch, num_warps=config.num_warps, num_stages=config.num_stages, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_E=block, BLOCK_EV=block, CAUSAL=causal, MASK_KIND=mask_kind, ACC=dsl.float32,
@@ -511,9 +518,9 @@ _LOOP_OPS = ("wgmma.mma_async", "mma.sync", "bar.sync", "cp.async", "ld.global",
 @needs_ptxas
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 @pytest.mark.parametrize("dim,causal,mask_kind,config", [
-    (64, False, at.NO_MASK, None), (64, True, at.NO_MASK, None), (64, False, at.BOOL_MASK, None),
-    (64, True, at.ADDITIVE_MASK, None), (32, True, at.NO_MASK, None),
-    (64, True, at.NO_MASK, at.DKDV_ALTERNATIVES[64][1]), (128, True, at.NO_MASK, at.DKDV_ALTERNATIVES[128][0])],
+    (64, False, NO_MASK, None), (64, True, NO_MASK, None), (64, False, BOOL_MASK, None),
+    (64, True, ADDITIVE_MASK, None), (32, True, NO_MASK, None),
+    (64, True, NO_MASK, DKDV_ALTERNATIVES[64][1]), (128, True, NO_MASK, DKDV_ALTERNATIVES[128][0])],
     ids=["64", "64-causal", "64-bool", "64-additive-causal", "32-causal", "64x64w4hm-causal", "32x128w8hm-E128-causal"])
 def test_head_major_configs_assemble_like_launch_order(dim, causal, mask_kind, config, arch, tmp_path, monkeypatch):
     """ptxas: each head-major config (the E = 64 table entry, also for E = 32 and with attn_masks; the head-major
@@ -522,8 +529,8 @@ def test_head_major_configs_assemble_like_launch_order(dim, causal, mask_kind, c
     instructions (the mapping is outside the loops), and its PTX reads nctaid.x / nctaid.y and divides in 64 bits,
     which the launch-order kernel does not."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    block = at.head_block(dim)
-    config = config or at.backward_configs(block, block, mask_kind != at.NO_MASK)[0]
+    block = head_block(dim)
+    config = config or backward_configs(block, block, mask_kind != NO_MASK)[0]
     assert config.head_major
     compiled = {hm: _compile_dkdv(dim, causal, mask_kind, arch, dataclasses.replace(config, head_major=hm))
                 for hm in (True, False)}
@@ -532,7 +539,7 @@ def test_head_major_configs_assemble_like_launch_order(dim, causal, mask_kind, c
     # a causal kernel without attn_mask has two query-block loops (session 33): at 255 registers ptxas spills
     # values live across them, a few bytes more or less by the mapping's registers (session 34, ex2.ftz: the
     # E = 64 atomic tile on sm_80 spills 20 bytes head major as before, 8 instead of 16 in launch order)
-    slack = 16 if causal and mask_kind == at.NO_MASK else 0
+    slack = 16 if causal and mask_kind == NO_MASK else 0
     assert results[True].spill_bytes <= results[False].spill_bytes + slack, results[True].log
     if arch == "sm_90a":
         assert results[True].spill_bytes <= (64 if slack else 0), results[True].log
@@ -550,7 +557,7 @@ def test_head_major_configs_assemble_like_launch_order(dim, causal, mask_kind, c
 @needs_ptxas
 def test_compile_backward_compiles_the_shipped_head_major_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    assert at.backward_configs(64, 64)[0].head_major
+    assert backward_configs(64, 64)[0].head_major
     assert "%nctaid" in compile_backward("dkdv", 64, True).asm["ptx"]
 
 
@@ -580,8 +587,8 @@ def test_gpu_head_major_dkdv_equals_launch_order_bit_for_bit(shape, dtype, causa
     mask = _mask(kind, batch, heads, length_q, length_k, seed, dtype, per_head, "cuda")
     scale = dim ** -0.5
     out, lse = at.attention_forward(q, k, v, mask, causal, scale)
-    block = at.head_block(dim)
-    kv_config, q_config = at.backward_configs(block, block, mask is not None)
+    block = head_block(dim)
+    kv_config, q_config = backward_configs(block, block, mask is not None)
     assert kv_config.head_major
     results = []
     for config in (kv_config, dataclasses.replace(kv_config, head_major=False)):
@@ -604,7 +611,7 @@ def test_gpu_autograd_default_path_equals_forced_launch_order(kind, seed, poison
     mask = _mask(kind, 2, 8, 1000, 1000, seed, torch.float16, False, "cuda")
     out = fusedops.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True, enable_gqa=True)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
-    kv_config, q_config = at.backward_configs(64, 64, mask is not None)
+    kv_config, q_config = backward_configs(64, 64, mask is not None)
     assert kv_config.head_major
     detached = [t.detach() for t in (q, k, v)]
     o, lse = at.attention_forward(*detached, mask, True, 0.125)

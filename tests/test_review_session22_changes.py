@@ -1,8 +1,9 @@
 """Review (session 22, the changes since af706cb), by a fresh reviewer acting as a new user.
 
-1. The one-pass persistent backward's dx (norm_kernels._input_gradient), forced at small sizes through norms.norm_backward(config=...) (one-pass whole rows, clusters, the
-   aligned window for odd N, rows masked at the end) on hard rows, against float64 torch and against the
-   two-pass form it replaced; the new backward_config choices and forward cache hints.
+1. The one-pass persistent backward's dx (norm_backward_kernels._input_gradient), forced at small sizes through
+   norm_launch.norm_backward(config=...) (one-pass whole rows, clusters, the aligned window for odd N, rows masked
+   at the end) on hard rows, against float64 torch and against the two-pass form it replaced; the new
+   backward_config choices and forward cache hints.
 2. Loop-carried tuples (frontend/loops.py _TupleSlots), in the interpreter and run on the host.
 3. nn.Linear / functional routing of sparse, complex and mixed-dtype-bias inputs to torch.
 4. The block-size limit, pointer + float offsets, dsl.Config validation, interpret given as a string.
@@ -23,8 +24,11 @@ import torch.nn.functional as F
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_config
+from fusedops.kernels import norm_backward_kernels
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_launch
+from fusedops.kernels.norm_backward_config import BackwardConfig
 from fusedops.nn.linear import linear
 from helpers import assert_close
 from host_jit import run_on_host
@@ -32,18 +36,18 @@ from kernel_source import jit_from_source
 
 # -- 1. the one-pass persistent backward ---------------------------------------------------------------
 
-ONE_PASS = norms.BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True)
-TWO_PASS = norms.BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True, two_pass=True, chunk=8)
-CLUSTER = norms.BackwardConfig(False, 1, 8, 1, 1, persistent=True, prefetch=True, cluster=True)
-CLUSTER_WINDOW = norms.BackwardConfig(False, 2, 8, 1, 1, persistent=True, cluster=True, aligned_window=True)
+ONE_PASS = BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True)
+TWO_PASS = BackwardConfig(False, 2, 32, 1, 1, persistent=True, prefetch=True, two_pass=True, chunk=8)
+CLUSTER = BackwardConfig(False, 1, 8, 1, 1, persistent=True, prefetch=True, cluster=True)
+CLUSTER_WINDOW = BackwardConfig(False, 2, 8, 1, 1, persistent=True, cluster=True, aligned_window=True)
 ONE_PASS_CONFIGS = {"one_pass": ONE_PASS, "cluster": CLUSTER, "cluster_window": CLUSTER_WINDOW}
 
 
 def _norm_grads(x, w, b, dy, eps, subtract_mean, config):
-    y, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, interpret=True)
-    return norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                               weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                               config=config, interpret=True)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, interpret=True)
+    return norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                     config=config, interpret=True)
 
 
 def _norm_reference(x, w, b, dy, eps, subtract_mean):
@@ -134,7 +138,7 @@ def test_one_pass_dx_stays_finite_for_tiny_variance_rows(config, subtract_mean):
 
 def test_default_bf16_8192_backward_dx_finite_with_large_gradients():
     n = 8192
-    assert norms.backward_config(n, torch.bfloat16).persistent
+    assert norm_backward_config.backward_config(n, torch.bfloat16).persistent
     x = (torch.randn(2, n) * 1e-3).bfloat16()
     w = (1 + 0.5 * torch.randn(n)).bfloat16()
     dy = (x.float() * 1e36).bfloat16()
@@ -147,34 +151,37 @@ def test_default_bf16_8192_backward_dx_finite_with_large_gradients():
 def test_new_backward_configs_for_long_16_bit_rows():
     for subtract_mean in (True, False):
         for dtype in (torch.float16, torch.bfloat16):
-            c16 = norms.backward_config(16384, dtype, subtract_mean=subtract_mean)
+            c16 = norm_backward_config.backward_config(16384, dtype, subtract_mean=subtract_mean)
             assert (c16.block_n, c16.num_warps, c16.programs_per_sm, c16.min_blocks_per_sm) == (2048, 4, 4, 4)
             assert c16.cluster and c16.persistent and c16.prefetch and not c16.aligned_window
-            c32 = norms.backward_config(32768, dtype, subtract_mean=subtract_mean)
+            c32 = norm_backward_config.backward_config(32768, dtype, subtract_mean=subtract_mean)
             assert (c32.block_n, c32.num_warps, c32.prefetch, c32.cluster) == (4096, 8, True, True)
             # 16392 pads to 32768 (4096-column parts, 5 of them), 16389 takes the aligned window
-            assert norms.backward_config(16392, dtype, subtract_mean=subtract_mean).block_n == 4096
-            assert norms.backward_config(16389, dtype, subtract_mean=subtract_mean).aligned_window
+            assert norm_backward_config.backward_config(16392, dtype, subtract_mean=subtract_mean).block_n == 4096
+            assert norm_backward_config.backward_config(16389, dtype, subtract_mean=subtract_mean).aligned_window
             # no clusters: not the cluster configs
-            assert not norms.backward_config(16384, dtype, subtract_mean=subtract_mean, clusters=False).cluster
-        assert not norms.backward_config(16384, torch.float32, subtract_mean=subtract_mean).cluster
+            assert not norm_backward_config.backward_config(16384, dtype, subtract_mean=subtract_mean,
+                                                            clusters=False).cluster
+        assert not norm_backward_config.backward_config(16384, torch.float32, subtract_mean=subtract_mean).cluster
 
 
 def test_forward_cache_hints_only_for_16_bit_rows_of_the_tables():
     for n, layer, rms in [(1024, True, True), (2048, True, True), (4096, True, False), (1000, True, True),
                           (600, True, True)]:
         for dtype in (torch.float16, torch.bfloat16):
-            assert getattr(norms.forward_config(n, dtype, subtract_mean=True), "cache_hints", False) == layer, n
-            assert getattr(norms.forward_config(n, dtype, subtract_mean=False), "cache_hints", False) == rms, n
+            assert getattr(norm_forward_config.forward_config(n, dtype, subtract_mean=True), "cache_hints",
+                           False) == layer, n
+            assert getattr(norm_forward_config.forward_config(n, dtype, subtract_mean=False), "cache_hints",
+                           False) == rms, n
         for dtype in (torch.float32, torch.float64):
-            assert not norms.forward_config(n, dtype, subtract_mean=False).cache_hints
+            assert not norm_forward_config.forward_config(n, dtype, subtract_mean=False).cache_hints
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_rms_norm_forward_with_cache_hints_matches_float64(interpret, dtype):
     x = (torch.randn(3, 1000) * 4 + 2).to(dtype)
     w = torch.randn(1000).to(dtype)
-    assert norms.forward_config(1000, dtype, subtract_mean=False).cache_hints
+    assert norm_forward_config.forward_config(1000, dtype, subtract_mean=False).cache_hints
     y = fusedops.rms_norm(x, (1000,), w, 1e-6)
     assert_close(y, F.rms_norm(x.double(), (1000,), w.double(), 1e-6), dtype)
 
@@ -183,10 +190,10 @@ def test_rms_norm_forward_with_cache_hints_matches_float64(interpret, dtype):
 def test_rms_norm_16384_cluster_backward_assembles_without_spills(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     n = 16384
-    config = norms.backward_config(n, torch.bfloat16, subtract_mean=False)
+    config = norm_backward_config.backward_config(n, torch.bfloat16, subtract_mean=False)
     x, stats = torch.zeros(8, dtype=torch.bfloat16), torch.zeros(8)
     args = (x, stats, None, x, x, x, stats, stats, 8192, n, 132, n // config.block_n, n, 1, n, 1, n)
-    compiled = K.backward_persistent_kernel.compile(
+    compiled = norm_backward_kernels.backward_persistent_kernel.compile(
         *args, target="sm_90a", num_warps=config.num_warps, SUBTRACT_MEAN=False, BLOCK_ROWS=1,
         BLOCK_N=config.block_n, TWO_PASS=False, CHUNK=min(config.chunk, config.block_n), PREFETCH=True,
         CLUSTER=n // config.block_n, MIN_BLOCKS_PER_SM=config.min_blocks_per_sm)

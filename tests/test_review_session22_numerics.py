@@ -25,8 +25,13 @@ import torch.nn.functional as F
 import fusedops
 from fusedops.autograd import norms as autograd_norms
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_launcher
+from fusedops.kernels import norm_forward_launcher
+from fusedops.kernels import norm_launch
 from fusedops.kernels import softmax as softmax_kernels
+from fusedops.kernels.norm_backward_config import BackwardConfig
+from fusedops.kernels.norm_forward_config import ForwardConfig
+from fusedops.kernels.softmax_configs import Config
 
 INF, NAN = math.inf, math.nan
 
@@ -70,8 +75,8 @@ def _special_rows(n: int) -> torch.Tensor:
 SOFTMAX_PATHS = {
     "default": {},
     "online": dict(max_one_pass_block=4),
-    "row_sweeps": dict(config=softmax_kernels.Config("rows", 1, 8, False, 2, 1, ("evict_last", "evict_first", ".cs"))),
-    "row_sweeps_reversed": dict(config=softmax_kernels.Config("rows", 1, 4, False, 1, 1, reverse=True)),
+    "row_sweeps": dict(config=Config("rows", 1, 8, False, 2, 1, ("evict_last", "evict_first", ".cs"))),
+    "row_sweeps_reversed": dict(config=Config("rows", 1, 4, False, 1, 1, reverse=True)),
 }
 
 
@@ -129,7 +134,7 @@ def test_softmax_fused_upcast_to_float64_is_float64_accurate(source, log, interp
 # ================================================================================================
 # layer_norm / rms_norm
 # ================================================================================================
-FC, BC = norms.ForwardConfig, norms.BackwardConfig
+FC, BC = ForwardConfig, BackwardConfig
 NORM_PATHS = {
     "default": None,
     "looped_split": (FC(True, 1, 8, 1), BC(True, 2, 8, 1, 1, input_block_rows=1, input_block_n=8, input_num_warps=1)),
@@ -143,12 +148,12 @@ NORM_PATHS = {
 def norm_path(request, monkeypatch):
     configs = NORM_PATHS[request.param]
     # launches are remembered per layout across calls and tests: a forced config applies only to fresh caches
-    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
-    monkeypatch.setattr(norms, "_BACKWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norm_launch, "_BACKWARD_LAUNCHES", BoundedCache(1024))
     monkeypatch.setattr(autograd_norms, "_KNOWN_LAUNCHES", BoundedCache(1024))
     if configs is not None:
-        monkeypatch.setattr(norms, "forward_config", lambda n, d, **_: configs[0])
-        monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: configs[1])
+        monkeypatch.setattr(norm_forward_launcher, "forward_config", lambda n, d, **_: configs[0])
+        monkeypatch.setattr(norm_backward_launcher, "backward_config", lambda n, d, **_: configs[1])
     return request.param
 
 

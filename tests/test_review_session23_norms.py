@@ -89,7 +89,7 @@ def _ln(m):
 # Fixed in session 23 (was: float64 LayerNorm rows of > 8192 columns (forward_looped_kernel) lose ...).
 @pytest.mark.parametrize("n", [8193, 20000])
 def test_float64_layer_norm_of_long_rows_keeps_float64_precision(interpret, n):
-    # norm_kernels._normalize_row_looped: `delta * (1.0 / (chunk + 1.0))` with an int32 `chunk` is a float32
+    # norm_forward_kernels._normalize_row_looped: `delta * (1.0 / (chunk + 1.0))` with an int32 `chunk` is a float32
     # scalar, so every lane mean is updated with a reciprocal rounded to float32 (1/3, 1/5, ... are inexact);
     # the statistics are then only float32-accurate: y off by ~1e-8 for rows offset by 5 (torch: 1e-15).
     x = torch.randn(2, n, dtype=D) * 3 + 5
@@ -103,7 +103,8 @@ def test_float64_layer_norm_of_long_rows_keeps_float64_precision(interpret, n):
 # Fixed in session 23 (was: rms_norm's dweight of a float64 weight on a float32 input is summed in ...).
 def test_rms_norm_float64_weight_gradient_is_accumulated_like_torch(interpret):
     # torch: y = (x_normed (fp32) * w (fp64)).to(fp32), so dweight = sum(dy * x_normed) is a float64 sum.
-    # kernels/norms.py _backward_launcher allocates the dweight partials in `acc = rstd.dtype` (float32).
+    # kernels/norm_backward_launcher.py _backward_launcher allocates the dweight partials in `acc = rstd.dtype`
+    # (float32).
     m, n = 16384, 2
     x, w, dy = torch.randn(m, n), torch.randn(n, dtype=D), torch.randn(m, n)
     ours = _grads(lambda x, w: fusedops.rms_norm(x, (n,), w, 1e-6), (x, w), dy, (0, 1))[1]

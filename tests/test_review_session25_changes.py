@@ -656,7 +656,7 @@ def test_negated_forward_inputs_still_run_torch(interpret):
 def test_norm_eps_past_float32_is_not_a_launch_error(interpret, eps, dtype):
     """The interpreter's new float32 range check reaches the library's eps argument: torch rounds eps to the
     accumulation type (1e39 -> inf). (At HEAD this raised LaunchError in the interpreter; the working tree's
-    norms._forward_launcher rounds eps itself.)"""
+    norm_forward_launcher._forward_launcher rounds eps itself.)"""
     x = torch.randn(3, 4, dtype=dtype, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(fusedops.layer_norm(x, (4,), eps=eps).double(), F.layer_norm(x, (4,), eps=eps).double(),
                                atol=2e-3, rtol=2e-3, equal_nan=True)
@@ -668,30 +668,32 @@ def test_norm_eps_past_float32_is_not_a_launch_error(interpret, eps, dtype):
 # (6) odd 16-bit norm rows around the new config boundaries
 # ================================================================================================
 def test_odd_row_config_boundaries():
-    from fusedops.kernels import norms
-    assert norms._odd_row_window_config(12799, True).block_n == 2048
-    assert norms._odd_row_window_config(12801, True).block_n == 4096
-    assert norms._odd_row_window_config(8191, False).block_n == 1024
-    assert norms.backward_config(16377, torch.float16).block_n == 2048         # N + 7 == 8 * 2048
-    assert norms.backward_config(16378, torch.float16).block_n == 4096
-    assert norms.backward_config(16377, torch.float16, clusters=False).cluster is False
+    from fusedops.kernels.norm_backward_config import backward_config
+    from fusedops.kernels.norm_forward_config import _odd_row_window_config
+    assert _odd_row_window_config(12799, True).block_n == 2048
+    assert _odd_row_window_config(12801, True).block_n == 4096
+    assert _odd_row_window_config(8191, False).block_n == 1024
+    assert backward_config(16377, torch.float16).block_n == 2048         # N + 7 == 8 * 2048
+    assert backward_config(16378, torch.float16).block_n == 4096
+    assert backward_config(16377, torch.float16, clusters=False).cluster is False
 
 
 @pytest.mark.parametrize("n,offset", [(12799, 3), (12801, 5), (16377, 1), (16377, 7), (8193, 4)])
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_odd_16bit_rows_at_the_boundaries_misaligned(interpret, monkeypatch, n, offset, op):
     from fusedops.autograd import norms as norms_autograd
-    from fusedops.kernels import norm_kernels as K, norms
-    norms._FORWARD_LAUNCHES.clear()         # prepare anew (the spy below sees the cluster size)
-    norms._BACKWARD_LAUNCHES.clear()
+    from fusedops.kernels import norm_launch
+    from fusedops.kernels.norm_backward_kernels import backward_persistent_kernel
+    norm_launch._FORWARD_LAUNCHES.clear()         # prepare anew (the spy below sees the cluster size)
+    norm_launch._BACKWARD_LAUNCHES.clear()
     norms_autograd._KNOWN_LAUNCHES.clear()
     clusters = []
-    prepare = K.backward_persistent_kernel.prepare
+    prepare = backward_persistent_kernel.prepare
 
     def spy(*args, **kwargs):
         clusters.append(kwargs.get("CLUSTER"))
         return prepare(*args, **kwargs)
-    monkeypatch.setattr(K.backward_persistent_kernel, "prepare", spy)
+    monkeypatch.setattr(backward_persistent_kernel, "prepare", spy)
     g = torch.Generator().manual_seed(n + offset)
     x = torch.randn(2 * n + 16, generator=g).half()[offset:offset + 2 * n].view(2, n).requires_grad_()
     w = torch.randn(n, generator=g).half().requires_grad_()

@@ -222,7 +222,10 @@ import fusedops.nn as fnn
 from fusedops.dsl.errors import CompilationError
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as attention_kernels
-from fusedops.kernels import norms as norm_kernels
+from fusedops.kernels.attention_configs import (
+    DQ_HEAD_MAJOR_PER_SM, INTERPRETER_CONFIG, AttentionConfig, backward_configs)
+from fusedops.kernels.norm_forward_config import ForwardConfig, forward_config
+from fusedops.kernels.norm_launch import norm_forward
 from fusedops.library import autocast as library_autocast
 from fusedops.nn.linear import linear as flinear
 from kernel_source import jit_from_source
@@ -709,7 +712,7 @@ def test_looped_layer_norm_of_long_rows_through_the_public_route(interpret):
     x[1] = 12345.678                                    # a constant row: exactly the bias
     x[2, 0] = 1.0e4                                     # a first element far from the others
     w, b = _randn(g, n, dtype=torch.float32), _randn(g, n, dtype=torch.float32)
-    assert norm_kernels.forward_config(n, torch.float32, subtract_mean=True).looped
+    assert forward_config(n, torch.float32, subtract_mean=True).looped
     y = fusedops.layer_norm(x, (n,), w, b)
     expected = _layer_norm64(x, w, b)
     for row in (0, 2):
@@ -723,7 +726,7 @@ def test_looped_layer_norm_of_long_rows_through_the_public_route(interpret):
 
 @pytest.mark.parametrize("n_cols", [1, 3, 16, 17, 40])
 def test_looped_layer_norm_shift_with_small_chunks(n_cols):
-    config = norm_kernels.ForwardConfig(looped=True, block_rows=1, block_n=16, num_warps=4)
+    config = ForwardConfig(looped=True, block_rows=1, block_n=16, num_warps=4)
     g = _gen(24)
     firsts = (0.0, float("nan"), float("inf"), -float("inf"), 1.0e4)
     x = _randn(g, len(firsts) + 1, n_cols, dtype=torch.float32)
@@ -732,7 +735,7 @@ def test_looped_layer_norm_shift_with_small_chunks(n_cols):
     w, b = _randn(g, n_cols, dtype=torch.float32), _randn(g, n_cols, dtype=torch.float32)
     strided = torch.empty(x.shape[0], 2 * n_cols).copy_(x.repeat_interleave(2, dim=1))[:, ::2]
     for xin in (x, strided):
-        y, mean, rstd = norm_kernels.norm_forward(xin, w, b, 1e-5, subtract_mean=True, config=config, interpret=True)
+        y, mean, rstd = norm_forward(xin, w, b, 1e-5, subtract_mean=True, config=config, interpret=True)
         expected = F.layer_norm(x, (n_cols,), w, b)
         assert torch.equal(torch.isnan(y), torch.isnan(expected))
         finite = ~torch.isnan(expected)
@@ -1147,8 +1150,8 @@ def test_head_major_forward_and_dq_match_launch_order_bit_for_bit(case):
     elif mask_kind == "float":
         mask = _randn(g, 1, heads, length_q, length_k, dtype=torch.float32).expand(batch, heads, length_q, length_k)
     scale = 1 / math.sqrt(dim)
-    base = attention_kernels.INTERPRETER_CONFIG
-    head_major = attention_kernels.AttentionConfig(16, 16, 4, 1, head_major=True)
+    base = INTERPRETER_CONFIG
+    head_major = AttentionConfig(16, 16, 4, 1, head_major=True)
     o1, l1 = attention_kernels.attention_forward(q, k, v, mask, causal, scale, interpret=True, config=base)
     o2, l2 = attention_kernels.attention_forward(q, k, v, mask, causal, scale, interpret=True, config=head_major)
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
@@ -1168,11 +1171,11 @@ def test_head_major_forward_and_dq_match_launch_order_bit_for_bit(case):
 
 
 def test_backward_configs_head_major_threshold():
-    per_sm = attention_kernels.DQ_HEAD_MAJOR_PER_SM
+    per_sm = DQ_HEAD_MAJOR_PER_SM
     for masked in (False, True):
-        assert attention_kernels.backward_configs(64, 64, masked, per_sm * 132, 132)[1].head_major
-        assert not attention_kernels.backward_configs(64, 64, masked, per_sm * 132 - 1, 132)[1].head_major
-        assert not attention_kernels.backward_configs(128, 128, masked)[1].head_major     # the defaults
+        assert backward_configs(64, 64, masked, per_sm * 132, 132)[1].head_major
+        assert not backward_configs(64, 64, masked, per_sm * 132 - 1, 132)[1].head_major
+        assert not backward_configs(128, 128, masked)[1].head_major     # the defaults
 
 
 def _attention64(q, k, v, m, gqa):

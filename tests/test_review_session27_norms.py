@@ -84,8 +84,8 @@ DEFECTS (all fixed in session 27; their tests, strict xfails until then, now pas
    - Actual: |y| = 0.525 for the constant row (its saved mean is 12345.676, 2 ulp off; rstd 269); 1.0 with
      eps=1e-12; float64 at 8193 columns: 1.2e-9 instead of 0. The noisy row: 0.43-0.77 against float64, where
      torch's error is 0.10 (4-8x; 12345.678 + 0.01 * noise and better-conditioned rows are fine).
-   - Cause: fusedops/kernels/norm_kernels.py `_normalize_row_looped` (forward_looped_kernel, the forward_config of
-     float32 rows past 64 KiB) merges the lane means as `sum(count * lane_mean) / n_cols` in the accumulation dtype;
+   - Cause: fusedops/kernels/norm_forward_kernels.py `_normalize_row_looped` (forward_looped_kernel, the
+     forward_config of float32 rows past 64 KiB) merges the lane means as `sum(count * lane_mean) / n_cols` in the accumulation dtype;
      that rounding (1-2 ulp of the mean) is multiplied by rstd (up to 1/sqrt(eps)) in `x - mean`. The whole-row
      tiles and the row sweeps (which shift by x[row, 0]) do not lose it.
 """

@@ -90,6 +90,7 @@ import torch
 import fusedops
 import fusedops.nn as fnn
 from fusedops.kernels import softmax as K
+from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel
 from helpers import assert_close
 from test_softmax import poisoned_outputs  # noqa: F401  (a fixture)
 
@@ -112,7 +113,7 @@ def kernel_runs(monkeypatch):
     """Counts the launches of the forward and backward kernels (the interpreter's prepared launches call
     `run`), to show that a case took the kernel path and not torch's fallback."""
     counts = {"forward": 0, "backward": 0}
-    for name, kernel in (("forward", K._forward_kernel), ("backward", K._backward_kernel)):
+    for name, kernel in (("forward", _forward_kernel), ("backward", _backward_kernel)):
         def counted(*args, _run=kernel.run, _name=name, **kwargs):
             counts[_name] += 1
             return _run(*args, **kwargs)

@@ -2,7 +2,7 @@
 kernel (DQ_ATOMIC, a float32 buffer, `attention_backward_dq_convert_kernel`), its config selection and launch
 caches, and the DSL rules it rests on: (a) a wgmma dot whose A is computed in its block staged every step
 (dot_layouts.wgmma_staged_computed_a), (b) block atomics run in their value's layout
-(layout_assignment._adds_in_place), (c) `red.relaxed.{gpu,cta}.global.add.v2/.v4.f32` for relaxed float32 adds
+(_layout_memory._adds_in_place), (c) `red.relaxed.{gpu,cta}.global.add.v2/.v4.f32` for relaxed float32 adds
 whose old values are unused (dce `result_unused`, codegen/atomics.py `_reduction_width` / `_vector_reductions`),
 (d) wgmma dots with a staged operand left in flight across "passable" ops, relaxed unused-result atomics among
 them (passes/wgmma_waits.py). All on the CPU: no GPU tool was used.
@@ -88,13 +88,16 @@ from fusedops.dsl.ir import OpCode
 from fusedops.dsl.language.dtypes import BlockType
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import attention as at
+from fusedops.kernels import attention as at, attention_backward_kernels
+from fusedops.kernels.attention_configs import (
+    ATOMIC_DKDV_CONFIGS, BACKWARD_CONFIGS, INTERPRETER_CONFIG, AttentionConfig, backward_configs, sweep_configs)
+from fusedops.kernels.attention_forward_kernel import attention_forward_kernel
 from codegen_helpers import interpret_ir, pipelined_ir
 from test_attention import compile_backward
 from test_review_session17_waits import _wait_violations
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
-_ATOMIC = dataclasses.replace(at.INTERPRETER_CONFIG, dq_atomic=True)
+_ATOMIC = dataclasses.replace(INTERPRETER_CONFIG, dq_atomic=True)
 
 
 @pytest.fixture(autouse=True)
@@ -474,7 +477,7 @@ def test_staged_computed_a_kernels_assemble_unserialized_without_spills(bn, e, w
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_library_dkdv_kernels_write_no_shared_memory_while_a_wgmma_is_in_flight(causal):
     """The oracle of defect 1 on the shipped kernels (their one loop body; the scan follows text order)."""
-    atomic = compile_backward("dkdv", 64, causal, config=at.ATOMIC_DKDV_CONFIGS[64])
+    atomic = compile_backward("dkdv", 64, causal, config=ATOMIC_DKDV_CONFIGS[64])
     assert re.search(r"red\.relaxed\.gpu\.global\.add\.v2\.f32", atomic.asm["ptx"])
     assert not _shared_writes_in_flight(atomic.asm["ptx"])
     assert not _shared_writes_in_flight(compile_backward("dkdv", 64, causal, deterministic=True).asm["ptx"])
@@ -509,7 +512,7 @@ def test_atomic_dq_matches_float64_torch(case, seed):
     q, k, v, do = _inputs(batch, heads, heads_kv, length_q, length_k, dim, dim_v, seed)
     o, lse = at.attention_forward(q, k, v, None, causal, 0.37, interpret=True)
     grads = at.attention_backward(do, q, k, v, o, lse, None, causal, 0.37, interpret=True,
-                                  configs=(_ATOMIC, at.INTERPRETER_CONFIG))
+                                  configs=(_ATOMIC, INTERPRETER_CONFIG))
     for ours, want in zip(grads, _torch_grads(q, k, v, do, causal, 0.37, heads != heads_kv)):
         assert ours.shape == want.shape and ours.is_contiguous()
         torch.testing.assert_close(ours, want, rtol=1e-10, atol=1e-12)
@@ -525,16 +528,16 @@ def test_atomic_dq_with_expanded_and_transposed_inputs_and_grad_out(seed):
     for causal in (False, True):
         o, lse = at.attention_forward(q, k, v, None, causal, 0.3, interpret=True)
         grads = at.attention_backward(do, q, k, v, o, lse, None, causal, 0.3, interpret=True,
-                                      configs=(_ATOMIC, at.INTERPRETER_CONFIG))
+                                      configs=(_ATOMIC, INTERPRETER_CONFIG))
         for ours, want in zip(grads, _torch_grads(q, k, v, do, causal, 0.3, True)):
             torch.testing.assert_close(ours, want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("kv_config, q_config", [
-    (at.ATOMIC_DKDV_CONFIGS[64], at.BACKWARD_CONFIGS[64][1]),            # the GPU's geometry
-    (at.AttentionConfig(32, 16, 4, 1, dq_atomic=True), at.INTERPRETER_CONFIG),   # dQ rows padded to 32, read by 16
-    (_ATOMIC, at.AttentionConfig(32, 16, 4, 1)),
-    (dataclasses.replace(_ATOMIC, kv_ring=True, early_dp=False, head_major=True), at.INTERPRETER_CONFIG),
+    (ATOMIC_DKDV_CONFIGS[64], BACKWARD_CONFIGS[64][1]),            # the GPU's geometry
+    (AttentionConfig(32, 16, 4, 1, dq_atomic=True), INTERPRETER_CONFIG),   # dQ rows padded to 32, read by 16
+    (_ATOMIC, AttentionConfig(32, 16, 4, 1)),
+    (dataclasses.replace(_ATOMIC, kv_ring=True, early_dp=False, head_major=True), INTERPRETER_CONFIG),
 ], ids=["gpu-geometry", "kv-block-wider", "q-block-wider", "kv-ring-late-dp-head-major"])
 def test_atomic_dq_for_other_block_shapes_and_options(kv_config, q_config, seed):
     q, k, v, do = _inputs(1, 2, 1, 70, 45, 33, 20, seed)
@@ -552,9 +555,9 @@ def test_16_bit_atomic_dq_equals_the_dq_kernel_bitwise_in_the_interpreter(dtype,
     q, k, v, do = _inputs(1, 2, 1, 19, 13, 24, 24, seed, dtype)
     o, lse = at.attention_forward(q, k, v, None, True, 0.3, interpret=True)
     atomic = at.attention_backward(do, q, k, v, o, lse, None, True, 0.3, interpret=True,
-                                   configs=(_ATOMIC, at.INTERPRETER_CONFIG))
+                                   configs=(_ATOMIC, INTERPRETER_CONFIG))
     plain = at.attention_backward(do, q, k, v, o, lse, None, True, 0.3, interpret=True,
-                                  configs=(at.INTERPRETER_CONFIG,) * 2)
+                                  configs=(INTERPRETER_CONFIG,) * 2)
     for a, b in zip(atomic, plain):
         assert a.dtype == dtype and torch.equal(a, b)
 
@@ -565,7 +568,7 @@ def test_atomic_dq_with_empty_tensors(shapes):
     q, k = torch.randn(*shapes[0], dtype=torch.float64), torch.randn(*shapes[1], dtype=torch.float64)
     o, lse = at.attention_forward(q, k, k, None, False, 0.3, interpret=True)
     grads = at.attention_backward(q, q, k, k, o, lse, None, False, 0.3, interpret=True,
-                                  configs=(_ATOMIC, at.INTERPRETER_CONFIG))
+                                  configs=(_ATOMIC, INTERPRETER_CONFIG))
     assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
     assert all(not g.any() for g in grads)
 
@@ -596,7 +599,7 @@ def spies(monkeypatch):
         "attention_backward_preprocess_kernel", "attention_backward_dkdv_kernel", "attention_backward_dq_kernel",
         "attention_backward_dq_convert_kernel")}
     for name, spy in found.items():
-        monkeypatch.setattr(getattr(at, name), "prepare", spy)
+        monkeypatch.setattr(getattr(attention_backward_kernels, name), "prepare", spy)
     monkeypatch.setattr(at, "_BACKWARD_LAUNCHES", BoundedCache(16))      # no launch cached by another test
     monkeypatch.setattr(at, "_FORWARD_LAUNCHES", BoundedCache(16))
     previous = torch.are_deterministic_algorithms_enabled()
@@ -615,21 +618,21 @@ def test_gpu_launcher_switches_dq_paths_with_the_deterministic_flag_and_caches_b
             at.attention_backward(o, q, k, v, o, lse, None, True, 0.1)
     dkdv = spies["attention_backward_dkdv_kernel"]
     assert [c[2]["DQ_ATOMIC"] for c in dkdv.calls] == [True, False]      # prepared once per flag
-    kv = at.ATOMIC_DKDV_CONFIGS[64]
+    kv = ATOMIC_DKDV_CONFIGS[64]
     grid, _, kwargs = dkdv.calls[0]
     assert grid == (b * hk, -(-length_k // kv.block_n)) and kwargs["BLOCK_M"] == kv.block_m
     assert tuple(kwargs["dq_ptr"].shape) == (b * h, -(-length_q // kv.block_m) * kv.block_m, 64)
     assert kwargs["dq_ptr"].dtype == torch.float32 and dkdv.calls[1][2]["dq_ptr"] is None
     assert [t[-1] is None for t in dkdv.launches] == [False, False, True, True] * 2
     (grid, args, kwargs), = spies["attention_backward_dq_convert_kernel"].calls
-    assert grid == (b * h, -(-length_q // at.BACKWARD_CONFIGS[64][1].block_m))
+    assert grid == (b * h, -(-length_q // BACKWARD_CONFIGS[64][1].block_m))
     assert args[-5:-2] == (length_q, e, -(-length_q // kv.block_m) * kv.block_m) and kwargs["BLOCK_E"] == 64
     assert len(spies["attention_backward_dq_kernel"].calls) == 1
     assert len(spies["attention_backward_dq_convert_kernel"].launches) == 4
 
 
 def test_attention_launches_backward_keys_on_the_deterministic_flag(spies, monkeypatch):
-    monkeypatch.setattr(at.attention_forward_kernel, "prepare", _Spy())
+    monkeypatch.setattr(attention_forward_kernel, "prepare", _Spy())
     q = torch.randn(1, 2, 30, 32)
     launches = at.attention_launches(q, q, q, None, False, 0.2)
     lse = torch.randn(1, 2, 2, 30)
@@ -651,14 +654,14 @@ def test_an_attn_mask_or_wide_head_dims_keep_the_dq_kernel_on_the_gpu_launcher(s
 
 def test_sweep_configs_time_each_pair_once_with_the_atomic_kernel_first():
     for dim in (64, 128, 256):
-        _, backward = at.sweep_configs(dim, dim)
+        _, backward = sweep_configs(dim, dim)
         assert len(set(backward)) == len(backward)
-        assert backward[0] == at.backward_configs(dim, dim)
-        assert at.BACKWARD_CONFIGS[dim] in backward
+        assert backward[0] == backward_configs(dim, dim)
+        assert BACKWARD_CONFIGS[dim] in backward
         assert all(not q.dq_atomic for _, q in backward)
         assert sum(kv.dq_atomic for kv, _ in backward) == (dim == 64)
     for block_e, block_ev in ((16, 128), (128, 16), (64, 64), (32, 16)):
-        atomic = at.backward_configs(block_e, block_ev)[0].dq_atomic
+        atomic = backward_configs(block_e, block_ev)[0].dq_atomic
         assert atomic == (max(block_e, block_ev) <= 64)
-        assert not at.backward_configs(block_e, block_ev, masked=True)[0].dq_atomic
-        assert not at.backward_configs(block_e, block_ev, query_heads=10 ** 6, sms=132, deterministic=True)[0].dq_atomic
+        assert not backward_configs(block_e, block_ev, masked=True)[0].dq_atomic
+        assert not backward_configs(block_e, block_ev, query_heads=10 ** 6, sms=132, deterministic=True)[0].dq_atomic

@@ -1,8 +1,8 @@
 """Review (session 29, norms): a demanding user tried to break the LayerNorm / RMSNorm backward on the CPU (the
 kernels in the NumPy interpreter), aiming at the persistent backward's aligned window for 16-bit rows whose length
 N is not a multiple of 8 (rows that start off 16-byte boundaries), and at today's change there: a program's tiles
-are masked by its FIRST tile's window placement (norm_kernels.backward_persistent_kernel, _placed_window_loads),
-which relies on the launcher making (groups * block_rows) a multiple of the window's SHIFT = 8.
+are masked by its FIRST tile's window placement (norm_backward_kernels.backward_persistent_kernel,
+_placed_window_loads), which relies on the launcher making (groups * block_rows) a multiple of the window's SHIFT = 8.
 
 Small forced configs (the interpreter plans for 4 SMs) run the same code paths as the shipped 8193..32761-column
 configs: clusters of parts, the two-pass parts, whole rows in one pass, 1-, 2- and 4-row tiles, prefetch or not.
@@ -18,15 +18,16 @@ views off 16-byte boundaries), unslothai/unsloth#4550 (a weight gradient never c
 DEFECT (fixed in session 29; the test below passes)
 
 1. A split-window backward config with programs_per_sm=0 returns garbage without an error.
-   - Repro: norms.norm_backward(..., config=norms.BackwardConfig(False, 1, 32, 1, 0, split_window=True)) for fp16
+   - Repro: norm_launch.norm_backward(..., config=BackwardConfig(False, 1, 32, 1, 0, split_window=True)) for fp16
      LayerNorm rows of 21 columns (7 rows, contiguous; the window applies).
    - Expected: the gradients (as every other backward path gives for programs_per_sm=0: the fused, split and
      persistent launchers take at least one program), or a ValueError naming the field.
    - Actual: dx is never written (NaN where the allocation was poisoned, garbage with torch.empty), dweight and
      dbias are exactly 0.
-   - Cause: norms._backward_launcher, split-window branch: groups = _round_up(min(cdiv(n_rows, block_rows),
-     target_programs), split_shift) with target_programs = SMs * 0 = 0 gives a grid of 0 programs and a
-     (0, N) partial buffer whose column sums are 0 (the persistent branch takes max(1, target // parts)).
+   - Cause: norm_backward_launcher._backward_launcher, split-window branch: groups =
+     _round_up(min(cdiv(n_rows, block_rows), target_programs), split_shift) with target_programs = SMs * 0 = 0
+     gives a grid of 0 programs and a (0, N) partial buffer whose column sums are 0 (the persistent branch takes
+     max(1, target // parts)).
      ForwardConfig documents programs_per_sm=0 as "one program per row tile" for the split window, so the same
      value is natural for the backward.
 """
@@ -42,15 +43,20 @@ import torch.nn.functional as F
 import fusedops
 import fusedops.nn
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
+from fusedops.kernels import norm_backward_config
+from fusedops.kernels import norm_backward_kernels
+from fusedops.kernels import norm_backward_launcher
+from fusedops.kernels import norm_forward_launcher
+from fusedops.kernels import norm_launch
 from fusedops.kernels import norm_split_window as W
-from fusedops.kernels import norms
+from fusedops.kernels.norm_backward_config import BackwardConfig
+from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close
 
 from test_norms import (LAYER_NORM, RMS_NORM, _compare, _fresh_launch_caches, _poisoned_cpu_empty, _reference,
                         interpret)  # noqa: F401  (interpret: a fixture)
 
-BC = norms.BackwardConfig
+BC = BackwardConfig
 # Persistent backward configs through the aligned window, at 8-column parts (N + 7 window positions).
 WINDOW_CONFIGS = {
     "clusters, 1-row tiles, prefetch": BC(False, 1, 8, 1, 1, persistent=True, prefetch=True, cluster=True,
@@ -86,18 +92,19 @@ def _data(op, shape, dtype, seed, weight=True, bias=True, param_dtype=None):
 
 
 def _forward_config(n_cols):
-    return norms.ForwardConfig(False, 1, max(32, 1 << (n_cols + 7).bit_length()), 1)
+    return ForwardConfig(False, 1, max(32, 1 << (n_cols + 7).bit_length()), 1)
 
 
 def _kernel_grads(op, x, w, b, dy, config, grads=(True, True, True), eps=1e-5):
     """(dx, dweight, dbias) of the launchers under `config`, outputs and scratch poisoned."""
     subtract_mean = op == LAYER_NORM
-    _, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=_forward_config(x.shape[-1]),
-                                       interpret=True, allocate=_poisoned_cpu_empty)
-    return norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=grads[0],
-                               weight_grad=w is not None and grads[1], bias_grad=b is not None and grads[2],
-                               bias_dtype=None if b is None else b.dtype, config=config, interpret=True,
-                               allocate=_poisoned_cpu_empty)
+    _, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean,
+                                             config=_forward_config(x.shape[-1]), interpret=True,
+                                             allocate=_poisoned_cpu_empty)
+    return norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=grads[0],
+                                     weight_grad=w is not None and grads[1], bias_grad=b is not None and grads[2],
+                                     bias_dtype=None if b is None else b.dtype, config=config, interpret=True,
+                                     allocate=_poisoned_cpu_empty)
 
 
 def _check(op, x, w, b, dy, config, eps=1e-5):
@@ -111,7 +118,7 @@ def _check(op, x, w, b, dy, config, eps=1e-5):
 def spy(monkeypatch):
     """The (grid, constexprs) of every backward_persistent_kernel / backward_split_kernel launch prepared."""
     seen = []
-    for kernel in (K.backward_persistent_kernel, W.backward_split_kernel):
+    for kernel in (norm_backward_kernels.backward_persistent_kernel, W.backward_split_kernel):
         def prepare(grid, *args, _original=kernel.prepare, _name=kernel.__name__, **options):
             seen.append((_name, grid, options))
             return _original(grid, *args, **options)
@@ -240,8 +247,9 @@ def test_float32_parameters_of_a_half_input_through_the_window(op, seed):
 def forced_window(interpret, monkeypatch):
     """The public functions and modules with the persistent window backward forced (2-row tiles in clusters)."""
     _fresh_launch_caches(monkeypatch)
-    monkeypatch.setattr(norms, "forward_config", lambda n, d, **_: _forward_config(n))
-    monkeypatch.setattr(norms, "backward_config", lambda n, d, **_: WINDOW_CONFIGS["clusters, 2-row tiles"])
+    monkeypatch.setattr(norm_forward_launcher, "forward_config", lambda n, d, **_: _forward_config(n))
+    monkeypatch.setattr(norm_backward_launcher, "backward_config",
+                        lambda n, d, **_: WINDOW_CONFIGS["clusters, 2-row tiles"])
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
@@ -365,7 +373,7 @@ def test_bitwise_deterministic_and_independent_of_the_storage_offset(config, see
 @pytest.mark.parametrize("n_cols", [8193, 16383])
 def test_default_backward_of_long_odd_rows_at_an_odd_storage_offset(interpret, op, n_cols, seed):
     # The shipped window configs (clusters of 2048- and 4096-column parts) on rows shifted by one element.
-    config = norms.backward_config(n_cols, torch.float16, subtract_mean=op == LAYER_NORM)
+    config = norm_backward_config.backward_config(n_cols, torch.float16, subtract_mean=op == LAYER_NORM)
     assert config.persistent and config.cluster and config.aligned_window
     x, w, b, dy = _data(op, (11, n_cols), torch.float16, seed)
     x, dy = _at_offset(x, 1), _at_offset(dy, 3)
@@ -392,7 +400,7 @@ def test_window_kernel_keeps_vectors_only_for_a_16_byte_aligned_base(tmp_path, m
     counts = {}
     for offset in (0, 1):
         x = buffer[offset:offset + 64 * n]
-        compiled = K.backward_persistent_kernel.compile(
+        compiled = norm_backward_kernels.backward_persistent_kernel.compile(
             x, stats, stats, x, x, x, stats, stats, 64, n, 8, 1, n, 1, n, 1, n, target="sm_90a", num_warps=4,
             SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=1024, TWO_PASS=False, CHUNK=1024, PREFETCH=True, SHIFT=8)
         ptx = compiled.asm["ptx"]

@@ -7,8 +7,8 @@ and 4096 blocks took one program per row before. LayerNorm runs on the same rows
 
 Everything runs in the CPU interpreter (FUSEDOPS_INTERPRET=1, or interpret=True at the launchers) against torch in
 float64 computed from the same 16-bit inputs, with the tolerances of tests/test_norms.py and
-tests/test_split_window_norms.py (helpers.assert_close). `norms._sm_count` is monkeypatched to 1-5 "SMs" (the
-launch caches emptied first) so that small grids walk many rows per program on the CPU; a spy on the persistent
+tests/test_split_window_norms.py (helpers.assert_close). The launchers' `_sm_count` is monkeypatched to 1-5 "SMs"
+(the launch caches emptied first) so that small grids walk many rows per program on the CPU; a spy on the persistent
 kernel's `prepare` checks that the defaults really take it (and the grid it gets). Outputs of the direct launchers
 are poisoned (NaN) through their `allocate=` hook so that an element no program writes is caught.
 
@@ -25,7 +25,7 @@ inputs; the nn modules; a backward with a dy laid out outside the window.
 Result: no defect found in the changed path. Two accumulation-range limits are pinned as torch's own behaviour
 (not defects; torch's CPU kernels accumulate 16-bit rows in float32 the same way): an RMSNorm bf16 row whose squares
 overflow float32 (|x| ~ 1e20) normalizes to zeros, as torch.nn.functional.rms_norm on the same bf16 tensor does;
-eps past float32's range becomes inf (y = 0), as documented in norms._forward_launcher.
+eps past float32's range becomes inf (y = 0), as documented in norm_forward_launcher._forward_launcher.
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ import fusedops.nn
 from fusedops.autograd import norms as autograd_norms
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.kernels import norm_split_window as W
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_launcher
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_forward_launcher
+from fusedops.kernels import norm_launch
 from helpers import assert_close, poison, random_tensor
 
 HALF = [torch.float16, torch.bfloat16]
@@ -60,8 +63,8 @@ def _poisoned(shape, dtype, device):
 
 
 def _fresh_caches(monkeypatch):
-    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
-    monkeypatch.setattr(norms, "_BACKWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norm_launch, "_BACKWARD_LAUNCHES", BoundedCache(1024))
     monkeypatch.setattr(autograd_norms, "_KNOWN_LAUNCHES", BoundedCache(1024))
 
 
@@ -70,7 +73,8 @@ def sms(monkeypatch):
     """set(count): the interpreter plans persistent grids for `count` SMs (fresh launch caches)."""
     def set_count(count):
         _fresh_caches(monkeypatch)
-        monkeypatch.setattr(norms, "_sm_count", lambda device: count)
+        monkeypatch.setattr(norm_forward_launcher, "_sm_count", lambda device: count)
+        monkeypatch.setattr(norm_backward_launcher, "_sm_count", lambda device: count)
     return set_count
 
 
@@ -133,11 +137,11 @@ def _inputs(shape, dtype, seed, weight=True, bias=False, offset=0.0):
 
 def _launchers(x, w, b, eps, dy, subtract_mean, forward_config=None):
     """(y, dx, dweight, dbias, rstd) of norm_forward / norm_backward with every output poisoned."""
-    y, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=forward_config,
-                                       interpret=True, allocate=_poisoned)
-    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                                     interpret=True, allocate=_poisoned)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=forward_config,
+                                             interpret=True, allocate=_poisoned)
+    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                           weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                           interpret=True, allocate=_poisoned)
     return y, dx, dw, db, rstd
 
 
@@ -145,13 +149,13 @@ def _launchers(x, w, b, eps, dy, subtract_mean, forward_config=None):
 @pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
 def test_defaults_take_the_persistent_split_forward_for_rms_norm(dtype):
     for n in ALL_N:
-        config = norms.forward_config(n, dtype, subtract_mean=False)
+        config = norm_forward_config.forward_config(n, dtype, subtract_mean=False)
         assert config.split_window and config.programs_per_sm > 0 and config.prefetch, n
         assert config.block_n == 1 << (n - 2).bit_length() >= n - 1, n
         assert config.block_rows == 1 and config.output_chunks == 1, n
-        assert norms.forward_config(n, dtype, subtract_mean=True).split_window, n
+        assert norm_forward_config.forward_config(n, dtype, subtract_mean=True).split_window, n
     for n in (513, 1024, 2048, 4096, 4098, 4105):       # aligned rows, or past the 4096 main tile
-        assert not norms.forward_config(n, dtype, subtract_mean=False).split_window, n
+        assert not norm_forward_config.forward_config(n, dtype, subtract_mean=False).split_window, n
 
 
 # -- every N x every row count through the public function (1 SM: 8 programs walk the rows) ----------------
@@ -165,7 +169,7 @@ def test_rms_norm_every_row_count(interpret, sms, grids, n, seed):
         grids.clear()
         actual = _public(x, w, None, 1e-5, dy, False)
         # the persistent kernel ran, on min(rows, 1 SM * programs_per_sm) programs rounded up to 8
-        per_sm = norms.forward_config(n, dtype, subtract_mean=False).programs_per_sm
+        per_sm = norm_forward_config.forward_config(n, dtype, subtract_mean=False).programs_per_sm
         assert [g[0] for g in grids] == [(-(-min(m, per_sm) // 8) * 8,)], (m, grids)
         _compare(actual, _reference(x, w, None, 1e-5, dy, False), dtype)
 
@@ -186,7 +190,8 @@ def test_layer_norm_same_rows_for_comparison(interpret, sms, n, seed):
 def test_many_rows_per_program_poisoned(sms, grids, subtract_mean, count, n, m, prefetch, seed):
     sms(count)
     dtype = HALF[n % 2]
-    config = dataclasses.replace(norms.forward_config(n, dtype, subtract_mean=subtract_mean), prefetch=prefetch)
+    config = dataclasses.replace(norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean),
+                                 prefetch=prefetch)
     x, w, b, dy = _inputs((m, n), dtype, seed, True, subtract_mean, offset=0.5 if subtract_mean else 0.0)
     *actual, rstd = _launchers(x, w, b, 1e-5, dy, subtract_mean, config)
     assert grids[0][0][0] == -(-min(m, count * config.programs_per_sm) // 8) * 8 < m
@@ -203,7 +208,7 @@ def test_explicit_programs_per_sm(sms, grids, count, seed):
     n, m = 1031, 29
     for dtype in HALF:
         x, w, _, _ = _inputs((m, n), dtype, seed + (dtype == torch.bfloat16))
-        base = norms.forward_config(n, dtype, subtract_mean=False)
+        base = norm_forward_config.forward_config(n, dtype, subtract_mean=False)
         reference = F.rms_norm(x.double(), (n,), w.double(), 1e-5)
         first = None
         for per_sm in range(1, 9):
@@ -211,8 +216,8 @@ def test_explicit_programs_per_sm(sms, grids, count, seed):
                 config = dataclasses.replace(base, programs_per_sm=per_sm, block_rows=block_rows,
                                              prefetch=per_sm % 2 == 1)
                 grids.clear()
-                y, mean, rstd = norms.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=config,
-                                                   interpret=True, allocate=_poisoned)
+                y, mean, rstd = norm_launch.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=config,
+                                                         interpret=True, allocate=_poisoned)
                 tiles = -(-m // block_rows)
                 assert grids == [((-(-min(tiles, count * per_sm) // 8) * 8,), per_sm % 2 == 1, block_rows)]
                 assert mean is None
@@ -227,11 +232,12 @@ def test_persistent_matches_one_program_per_row(seed):
     # the persistent programs (weight gathered once) against the per-row kernel (weight gathered per row)
     for n, dtype in ((777, torch.float16), (3001, torch.bfloat16)):
         x, w, _, _ = _inputs((19, n), dtype, seed + n)
-        base = norms.forward_config(n, dtype, subtract_mean=False)
-        persistent = norms.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=base, interpret=True)
+        base = norm_forward_config.forward_config(n, dtype, subtract_mean=False)
+        persistent = norm_launch.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=base, interpret=True)
         for chunks in (1, 4):
-            per_row = norms.norm_forward(x, w, None, 1e-5, subtract_mean=False, interpret=True,
-                                         config=dataclasses.replace(base, programs_per_sm=0, output_chunks=chunks))
+            per_row = norm_launch.norm_forward(
+                x, w, None, 1e-5, subtract_mean=False, interpret=True,
+                config=dataclasses.replace(base, programs_per_sm=0, output_chunks=chunks))
             assert_close(persistent[0], per_row[0].double(), dtype)
             assert_close(persistent[2], per_row[2].double(), torch.float32)
 

@@ -1,7 +1,7 @@
 """Review of session 31 (commit 2634a9d): LayerNorm's shifted sums take second sums in the whole-row tiles and
-the split window (norm_kernels._second_sums / _needs_second_sums / _second_scale / _scaled_difference),
+the split window (norm_statistics._second_sums / _needs_second_sums / _second_scale / _scaled_difference),
 16-bit LayerNorm rows of 6145..8192 columns (N % 8 == 0) on the 8192-column whole-row tiles
-(norms._HALF_LAYER_NORM_WHOLE_ROWS_FROM), and codegen's where() reading a condition proven constant over a
+(norm_forward_config._HALF_LAYER_NORM_WHOLE_ROWS_FROM), and codegen's where() reading a condition proven constant over a
 register run once (codegen/elementwise.py `_where`, codegen/memory.py `constant_run`).
 
 where() is checked where the interpreter cannot see it: the compiled sm_90a LLVM IR of small kernels is run on
@@ -37,13 +37,15 @@ import torch.nn.functional as F
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import norm_kernels as K
-from fusedops.kernels import norms
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_forward_kernels
+from fusedops.kernels import norm_launch
+from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, assert_layer_norm_against_float64, poison, random_tensor
 from host_jit import run_threads_on_host
 from kernel_source import jit_from_source
 
-FC = norms.ForwardConfig
+FC = ForwardConfig
 HALF = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 
 
@@ -463,13 +465,13 @@ def test_whole_row_8192_tiles_assemble_with_fewer_predicates(dtype, n, monkeypat
     # than the per-element lowering (forced here through constant_run), which needed ~90 registers.
     x = torch.empty(64, dtype=dtype, device="meta")
     stats = torch.empty(64, dtype=torch.float32, device="meta")
-    config = norms.forward_config(n, dtype, subtract_mean=True)
+    config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
     assert (config.block_n, config.num_warps, config.shifted_sums, config.row_sweeps) == (8192, 8, True, False)
 
     def build():
-        return dsl.jit(K.forward_kernel.fn).compile(x, stats, stats, x, x, x, 8192, n, n, 1, n, 1e-5, target="sm_90a",
-                                        num_warps=8, SUBTRACT_MEAN=True, BLOCK_ROWS=1, BLOCK_N=8192, ALIGN=8,
-                                        SHIFTED_SUMS=True).asm["ptx"]
+        return dsl.jit(norm_forward_kernels.forward_kernel.fn).compile(
+            x, stats, stats, x, x, x, 8192, n, n, 1, n, 1e-5, target="sm_90a", num_warps=8, SUBTRACT_MEAN=True,
+            BLOCK_ROWS=1, BLOCK_N=8192, ALIGN=8, SHIFTED_SUMS=True).asm["ptx"]
 
     ptx = build()
     result = assemble(ptx, "sm_90a")
@@ -487,22 +489,22 @@ def test_whole_row_8192_tiles_assemble_with_fewer_predicates(dtype, n, monkeypat
 def test_routing_around_6144_and_8192_columns():
     for dtype in (torch.float16, torch.bfloat16):
         for n in (6152, 7168, 8184, 8192):
-            config = norms.forward_config(n, dtype, subtract_mean=True)
+            config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
             assert (config.row_sweeps, config.block_n, config.num_warps, config.block_rows, config.shifted_sums) \
                 == (False, 8192, 8, 1, True), (n, dtype)
         for n in (4104, 6136, 6144, 8200, 16384):           # multiples of 8 outside 6145..8192: the sweeps
-            config = norms.forward_config(n, dtype, subtract_mean=True)
+            config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
             assert config.row_sweeps and config.shifted_sums and not config.aligned_window, (n, dtype)
         for n in (6145, 6151, 8190, 8191, 8193, 12289):     # not a multiple of 8: the aligned-window sweeps
-            config = norms.forward_config(n, dtype, subtract_mean=True)
+            config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
             assert config.row_sweeps and config.aligned_window and config.shifted_sums, (n, dtype)
         for n in (4096, 6144, 6152, 8192):                  # RMSNorm unchanged: the row sweeps from 4097 on
-            rms = norms.forward_config(n, dtype)
+            rms = norm_forward_config.forward_config(n, dtype)
             assert not rms.shifted_sums and rms.row_sweeps == (n > 4096), (n, dtype)
-        assert norms.forward_config(8192, dtype, subtract_mean=True, split_window=False).block_n == 8192
+        assert norm_forward_config.forward_config(8192, dtype, subtract_mean=True, split_window=False).block_n == 8192
     for dtype in (torch.float32, torch.float64):            # wider rows: untouched, no sums
         for n in (6152, 8192):
-            config = norms.forward_config(n, dtype, subtract_mean=True)
+            config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
             assert not config.row_sweeps and not config.shifted_sums
 
 
@@ -512,8 +514,8 @@ def _poisoned_empty(shape, dtype, device):
 
 
 def _forward(x, w=None, b=None, eps=1e-5, config=None):
-    return norms.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
-                              allocate=_poisoned_empty)
+    return norm_launch.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
+                                    allocate=_poisoned_empty)
 
 
 def _wide(t):
@@ -666,7 +668,7 @@ def test_whole_rows_match_the_sweeps_they_replace(interpret, seed):
     # rows that take the second sums (tiny spread, outlier pair, constant) included
     for n in (7168, 8192):
         x = _special_rows(n, torch.bfloat16, seed)
-        sweeps = norms._row_sweeps_config(8192, True)
+        sweeps = norm_forward_config._row_sweeps_config(8192, True)
         y_whole, mean_whole, rstd_whole = _forward(x)
         y_sweep, mean_sweep, rstd_sweep = _forward(x, config=sweeps)
         for y in (y_whole, y_sweep):
@@ -701,7 +703,8 @@ def test_rows_of_one_tile_do_not_change_each_others_statistics(interpret):
     problems = []
     cases = [(8192, FC(False, 2, 8192, 8, shifted_sums=True)), (1024, FC(False, 2, 1024, 4, shifted_sums=True)),
              (1024, FC(False, 4, 1024, 4, shifted_sums=True)),
-             (2049, dataclasses.replace(norms.forward_config(2049, torch.bfloat16, subtract_mean=True), block_rows=2))]
+             (2049, dataclasses.replace(norm_forward_config.forward_config(2049, torch.bfloat16, subtract_mean=True),
+                                        block_rows=2))]
     for n, config in cases:
         x = _tiny_and_huge_rows(n)
         for rows in (x, x[1:]):     # with the tiny-spread row, and the huge row alone (a padding row beside it)
@@ -782,8 +785,8 @@ def test_gpu_special_rows_match_the_interpreter(dtype, n, seed):
     b = random_tensor((n,), dtype, "cpu", seed + 2)
     for eps in (1e-5, 1e-37, 0.0):
         y, mean, rstd = _forward(x, w, b, eps)
-        yg, meang, rstdg = norms.norm_forward(x.cuda(), w.cuda(), b.cuda(), eps, subtract_mean=True,
-                                              allocate=_poisoned_empty)
+        yg, meang, rstdg = norm_launch.norm_forward(x.cuda(), w.cuda(), b.cuda(), eps, subtract_mean=True,
+                                                    allocate=_poisoned_empty)
         assert torch.equal(torch.isnan(yg.cpu()), torch.isnan(y))
         if eps:
             ours, bar = _errors(x, w, b, yg.cpu(), eps)
@@ -794,13 +797,13 @@ def test_gpu_special_rows_match_the_interpreter(dtype, n, seed):
 
 # Fixed (session 31, found by this review on the H200): 8192-column whole rows (runs of 32 elements per thread)
 # give rstd up to 7.6e-7 off on ordinary rows, above the fixed 2^-21 that _check_hard_rows held whole rows to; the
-# bound is now the documented model (norm_kernels, above forward_kernel): 2^-24 * (run + log2 N), 2.7e-6 here.
+# bound is now the documented model (norm_statistics' comment on the shifted sums): 2^-24 * (run + log2 N), 2.7e-6 here.
 @pytest.mark.cuda
 @HALF
 def test_gpu_8192_whole_rows_rstd_within_the_run_model_bound(dtype):
     x = (random_tensor((2000, 8192), dtype, "cuda", 31) * 3 + 0.25)
-    assert not norms.forward_config(8192, dtype, subtract_mean=True).row_sweeps
-    _, _, rstd = norms.norm_forward(x, None, None, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
+    assert not norm_forward_config.forward_config(8192, dtype, subtract_mean=True).row_sweeps
+    _, _, rstd = norm_launch.norm_forward(x, None, None, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
     exact = torch.rsqrt(x.double().var(1, unbiased=False) + 1e-5)
     error = (rstd.double() / exact - 1).abs()
     assert error.max() <= 2.0 ** -24 * (8192 / 256 + 13), error.max().item()

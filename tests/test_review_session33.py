@@ -14,7 +14,7 @@ Defects this review found (fixed in session 33; the tests below now assert the f
   - the two-CTA forward tile spilled 132-468 bytes at head dims whose rows are not 16-byte vectors
     (E = 36, 52, 68, 84, 100, 124 in fp16: no cp.async ring, tiles staged through registers under the
     128-register cap; at E = 68-124 ptxas also serialized the wgmmas, C7512): forward_config now keeps
-    the one-CTA tile there (`vector_rows`, attention._vector_rows);
+    the one-CTA tile there (`vector_rows`, attention_configs._vector_rows);
   - register_cap ignored the cap `.maxntid` alone sets (16 warps without launch bounds: 255, though ptxas
     gives 128); a 16-warp loop keeping its invariant A in registers on that budget spilled 224 bytes: the
     cap now counts one CTA's threads without launch bounds.
@@ -40,6 +40,12 @@ from fusedops.dsl.passes import dot_layouts
 from fusedops.dsl.runtime import launcher as dsl_launcher
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at
+from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel
+from fusedops.kernels.attention_configs import (
+    ATOMIC_DKDV_CONFIGS, BACKWARD_CONFIGS, FORWARD_CONFIGS, INTERPRETER_CONFIG, TWO_CTA_FORWARD_CONFIGS,
+    TWO_CTA_MAX_KEYS, AttentionConfig, _table_key, _vector_rows, forward_config, head_block)
+from fusedops.kernels.attention_forward_kernel import attention_forward_kernel
+from fusedops.kernels.attention_logits import BOOL_MASK, NO_MASK
 from fusedops.kernels.device_info import wgmma_target
 from helpers import assert_close, random_tensor
 from test_launch_bounds import bounded_softmax
@@ -78,7 +84,7 @@ def _inputs(seed, batch, heads, heads_kv, length_q, length_k, dim, dim_v, dtype=
     return q, k, v, do
 
 
-def _check_backward(seed, shape, causal, kv_config, mask_kind=None, scale=0.3, q_config=at.INTERPRETER_CONFIG):
+def _check_backward(seed, shape, causal, kv_config, mask_kind=None, scale=0.3, q_config=INTERPRETER_CONFIG):
     """Forward and backward in the interpreter (forced dK/dV config) against float64 autograd."""
     batch, heads, heads_kv, length_q, length_k, dim, dim_v = shape
     q, k, v, do = _inputs(seed, batch, heads, heads_kv, length_q, length_k, dim, dim_v)
@@ -121,18 +127,18 @@ CAUSAL_SHAPES = [
 ]
 
 KV_CONFIGS = {
-    "16x16": at.AttentionConfig(16, 16, 4, 1),
-    "16x32 (BLOCK_N > BLOCK_M)": at.AttentionConfig(16, 32, 4, 1),
-    "32x16 (BLOCK_N < BLOCK_M)": at.AttentionConfig(32, 16, 4, 1),
-    "16x64": at.AttentionConfig(16, 64, 4, 1),
-    "64x16": at.AttentionConfig(64, 16, 4, 1),
-    "16x16 dq_atomic": at.AttentionConfig(16, 16, 4, 1, dq_atomic=True),
-    "16x32 dq_atomic": at.AttentionConfig(16, 32, 4, 1, dq_atomic=True),
-    "32x16 dq_atomic head_major": at.AttentionConfig(32, 16, 4, 1, head_major=True, dq_atomic=True),
-    "16x32 kv_ring": at.AttentionConfig(16, 32, 4, 1, kv_ring=True),
-    "32x16 kv_ring dq_atomic": at.AttentionConfig(32, 16, 4, 1, kv_ring=True, dq_atomic=True),
-    "16x32 late dP": at.AttentionConfig(16, 32, 4, 1, early_dp=False),
-    "32x16 head_major": at.AttentionConfig(32, 16, 4, 1, head_major=True),
+    "16x16": AttentionConfig(16, 16, 4, 1),
+    "16x32 (BLOCK_N > BLOCK_M)": AttentionConfig(16, 32, 4, 1),
+    "32x16 (BLOCK_N < BLOCK_M)": AttentionConfig(32, 16, 4, 1),
+    "16x64": AttentionConfig(16, 64, 4, 1),
+    "64x16": AttentionConfig(64, 16, 4, 1),
+    "16x16 dq_atomic": AttentionConfig(16, 16, 4, 1, dq_atomic=True),
+    "16x32 dq_atomic": AttentionConfig(16, 32, 4, 1, dq_atomic=True),
+    "32x16 dq_atomic head_major": AttentionConfig(32, 16, 4, 1, head_major=True, dq_atomic=True),
+    "16x32 kv_ring": AttentionConfig(16, 32, 4, 1, kv_ring=True),
+    "32x16 kv_ring dq_atomic": AttentionConfig(32, 16, 4, 1, kv_ring=True, dq_atomic=True),
+    "16x32 late dP": AttentionConfig(16, 32, 4, 1, early_dp=False),
+    "32x16 head_major": AttentionConfig(32, 16, 4, 1, head_major=True),
 }
 
 
@@ -183,7 +189,7 @@ def test_causal_dkdv_ir_has_the_two_loops():
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
 
     def loops(causal, mask_kind):
-        function = dsl.jit(at.attention_backward_dkdv_kernel.fn).ir(
+        function = dsl.jit(attention_backward_dkdv_kernel.fn).ir(
             x, x, x, x, x, x, stats, stats, x, *(4096 * 64 * 16, 4096 * 64, 64, 1) * 6, *(0, 0, 4096, 1),
             16, 1, 4096, 4096, 64, 64, 0.18, 0.0, 0.125, 0.0, BLOCK_M=64, BLOCK_N=128, BLOCK_E=64, BLOCK_EV=64,
             CAUSAL=causal, MASK_KIND=mask_kind, ACC=dsl.float32)
@@ -191,8 +197,8 @@ def test_causal_dkdv_ir_has_the_two_loops():
         return sum(op.opcode == OpCode.FOR and not any(inner.opcode == OpCode.FOR for inner in list(op.walk())[1:])
                    for op in function.walk())
 
-    assert loops(True, at.NO_MASK) == 2
-    assert loops(True, at.BOOL_MASK) == 1 and loops(False, at.NO_MASK) == 1
+    assert loops(True, NO_MASK) == 2
+    assert loops(True, BOOL_MASK) == 1 and loops(False, NO_MASK) == 1
 
 
 # == 5ad001b: forward_config, the launcher's routing, wgmma_target =========================================
@@ -200,28 +206,28 @@ def test_causal_dkdv_ir_has_the_two_loops():
 @pytest.mark.parametrize("dim,dim_v,key", [(16, 16, 64), (40, 40, 64), (64, 64, 64), (64, 16, 64), (72, 72, 128),
                                            (80, 96, 128), (100, 100, 128), (128, 64, 128), (64, 128, 128)])
 def test_forward_config_two_cta_routing(dim, dim_v, key):
-    block_e, block_ev = at.head_block(dim), at.head_block(dim_v)
-    limit = at.TWO_CTA_MAX_KEYS.get(key)
-    two_cta = at.TWO_CTA_FORWARD_CONFIGS[key]
+    block_e, block_ev = head_block(dim), head_block(dim_v)
+    limit = TWO_CTA_MAX_KEYS.get(key)
+    two_cta = TWO_CTA_FORWARD_CONFIGS[key]
     assert two_cta.min_blocks_per_sm == 2 and two_cta.num_warps == 8
     for length_k in (0, 1, 4096):
-        assert at.forward_config(block_e, block_ev, length_k=length_k) == two_cta
+        assert forward_config(block_e, block_ev, length_k=length_k) == two_cta
     # past TWO_CTA_MAX_KEYS (E = 128 class only) the one-CTA tile
-    assert at.forward_config(block_e, block_ev, length_k=4097) == (at.FORWARD_CONFIGS[key] if limit else two_cta)
-    assert at.forward_config(block_e, block_ev, length_k=1 << 20) == (at.FORWARD_CONFIGS[key] if limit else two_cta)
+    assert forward_config(block_e, block_ev, length_k=4097) == (FORWARD_CONFIGS[key] if limit else two_cta)
+    assert forward_config(block_e, block_ev, length_k=1 << 20) == (FORWARD_CONFIGS[key] if limit else two_cta)
     # with an attn_mask, or on mma.sync, never two CTAs
     for length_k in (0, 4096, 1 << 20):
-        assert at.forward_config(block_e, block_ev, True, length_k) == at.FORWARD_CONFIGS[key]
-        assert at.forward_config(block_e, block_ev, False, length_k, wgmma=False) == at.FORWARD_CONFIGS[key]
-    assert at.FORWARD_CONFIGS[key].min_blocks_per_sm == 0
+        assert forward_config(block_e, block_ev, True, length_k) == FORWARD_CONFIGS[key]
+        assert forward_config(block_e, block_ev, False, length_k, wgmma=False) == FORWARD_CONFIGS[key]
+    assert FORWARD_CONFIGS[key].min_blocks_per_sm == 0
 
 
 @pytest.mark.parametrize("dim,dim_v", [(256, 256), (64, 256), (256, 16), (136, 136)])
 def test_forward_config_e256_keeps_the_table(dim, dim_v):
-    block_e, block_ev = at.head_block(dim), at.head_block(dim_v)
+    block_e, block_ev = head_block(dim), head_block(dim_v)
     for masked in (False, True):
         for wgmma in (False, True):
-            assert at.forward_config(block_e, block_ev, masked, 16, wgmma) == at.FORWARD_CONFIGS[256]
+            assert forward_config(block_e, block_ev, masked, 16, wgmma) == FORWARD_CONFIGS[256]
 
 
 def _record_forward_preparation(monkeypatch, wgmma):
@@ -257,8 +263,8 @@ def test_forward_launcher_passes_the_routed_config(dim, length_q, length_k, mask
     mask = torch.ones(1, 1, length_q, length_k, dtype=torch.bool) if masked else None
     at._forward_launcher(q, k, k, mask, False, 0.125, False, None)
     (call,) = calls
-    key = at._table_key(at.head_block(dim), at.head_block(dim))
-    config = at.TWO_CTA_FORWARD_CONFIGS[key] if expected == "two" else at.FORWARD_CONFIGS[key]
+    key = _table_key(head_block(dim), head_block(dim))
+    config = TWO_CTA_FORWARD_CONFIGS[key] if expected == "two" else FORWARD_CONFIGS[key]
     assert (call["MIN_BLOCKS"], call["BLOCK_M"], call["BLOCK_N"], call["num_warps"], call["num_stages"]) == (
         config.min_blocks_per_sm, config.block_m, config.block_n, config.num_warps, config.num_stages)
     assert call["grid"] == (1, -(-length_q // config.block_m))
@@ -269,7 +275,7 @@ def test_forward_launcher_interpreter_keeps_its_small_tile(monkeypatch):
     calls = _record_forward_preparation(monkeypatch, True)
     q = torch.zeros(1, 1, 8, 64, dtype=torch.float64)
     at._forward_launcher(q, q, q, None, True, 0.125, True, None)
-    assert calls[0]["MIN_BLOCKS"] == 0 and calls[0]["BLOCK_M"] == at.INTERPRETER_CONFIG.block_m
+    assert calls[0]["MIN_BLOCKS"] == 0 and calls[0]["BLOCK_M"] == INTERPRETER_CONFIG.block_m
 
 
 def test_wgmma_target_other_devices_are_never_wgmma(monkeypatch):
@@ -315,7 +321,7 @@ def test_two_cta_forward_tiles_in_the_interpreter(key, dtype, seed):
     """The forced two-CTA configs (MIN_BLOCKS = 2: launch_bounds, ignored by the interpreter; 128-row tiles)
     and the epilogue's o = acc * (1 / l): o and the lse pair against float64, with ragged L / S, causal or
     not, GQA, a single row and a single key."""
-    config = at.TWO_CTA_FORWARD_CONFIGS[key]
+    config = TWO_CTA_FORWARD_CONFIGS[key]
     cases = [(40, 40, 130, 70, True), (100, 72, 67, 200, True), (16, 16, 1, 1, False), (72, 72, 129, 129, False),
              (24, 16, 1, 300, False), (24, 16, 300, 1, True)]
     for i, (dim, dim_v, length_q, length_k, causal) in enumerate(cases):
@@ -339,11 +345,11 @@ def _strides(dim, heads=16, length=4096):
 def _compile_forward(dim, dim_v, causal, config, dtype=torch.float16, length_q=4096, length_k=4096):
     """The forward kernel for sm_90a with the launcher's arguments for contiguous (B, 16, L, E) tensors."""
     x, stats = torch.empty(16, dtype=dtype), torch.empty(16, dtype=torch.float32)
-    return dsl.jit(at.attention_forward_kernel.fn).compile(
+    return dsl.jit(attention_forward_kernel.fn).compile(
         x, stats, x, x, x, x, *_strides(dim), *_strides(dim), *_strides(dim_v), *_strides(dim_v), *(0,) * 4,
         16, 1, length_q, length_k, dim, dim_v, 0.18, 0.0, target="sm_90a", num_warps=config.num_warps,
-        num_stages=config.num_stages, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=at.head_block(dim),
-        BLOCK_EV=at.head_block(dim_v), CAUSAL=causal, MASK_KIND=at.NO_MASK, ACC=dsl.float32,
+        num_stages=config.num_stages, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=head_block(dim),
+        BLOCK_EV=head_block(dim_v), CAUSAL=causal, MASK_KIND=NO_MASK, ACC=dsl.float32,
         MIN_BLOCKS=config.min_blocks_per_sm)
 
 
@@ -359,10 +365,10 @@ def test_two_cta_forward_assembles_for_aligned_head_dims(dim, dim_v, causal):
     """Head dims the table maps to the 64 / 128 entries, rows 16-byte aligned: `.minnctapersm 2` with
     `.maxntid 256`, at most 128 registers, spills within the documented allowance, and two CTAs' shared
     memory within the 227 KiB an SM has."""
-    block_e, block_ev = at.head_block(dim), at.head_block(dim_v)
-    key = at._table_key(block_e, block_ev)
-    config = at.forward_config(block_e, block_ev, length_k=4096)
-    assert config == at.TWO_CTA_FORWARD_CONFIGS[key]
+    block_e, block_ev = head_block(dim), head_block(dim_v)
+    key = _table_key(block_e, block_ev)
+    config = forward_config(block_e, block_ev, length_k=4096)
+    assert config == TWO_CTA_FORWARD_CONFIGS[key]
     compiled = _compile_forward(dim, dim_v, causal, config)
     ptx = compiled.asm["ptx"]
     assert ".minnctapersm 2" in ptx and ".maxntid 256, 1, 1" in ptx
@@ -379,8 +385,8 @@ def test_one_cta_forward_at_unaligned_head_dims_does_not_spill(dim):
     """Rows of 36 / 100 fp16 elements (72 / 200 bytes) are not 16-byte aligned,
     so no cp.async ring (the tiles go through registers); the one-CTA tile forward_config gave these dims
     before 5ad001b assembles with 0 spills at up to 255 registers."""
-    key = at._table_key(at.head_block(dim), at.head_block(dim))
-    compiled = _compile_forward(dim, dim, True, at.FORWARD_CONFIGS[key])
+    key = _table_key(head_block(dim), head_block(dim))
+    compiled = _compile_forward(dim, dim, True, FORWARD_CONFIGS[key])
     assert "cp.async.cg" not in compiled.asm["ptx"]
     result = assemble(compiled.asm["ptx"], "sm_90a")
     assert result.spill_bytes == 0 and "C75" not in result.log, result.log
@@ -392,23 +398,23 @@ def test_unaligned_head_dims_keep_the_one_cta_forward(dim):
     go through registers) and the two-CTA tile's 128-register cap spilled 132-468 bytes there (E = 36 / 100:
     132 / 468 not causal, ptxas serializing the wgmmas at 68-124, C7512): forward_config keeps the one-CTA tile
     (`vector_rows`, from the launcher's `_vector_rows`)."""
-    block = at.head_block(dim)
-    key = at._table_key(block, block)
+    block = head_block(dim)
+    key = _table_key(block, block)
     q = torch.zeros(1, 2, 8, dim, dtype=torch.float16)
-    assert not at._vector_rows(q) and at._vector_rows(torch.zeros(1, 2, 8, 8 * (dim // 8 + 1), dtype=torch.float16))
-    assert at.forward_config(block, block, length_k=4096, vector_rows=False) == at.FORWARD_CONFIGS[key]
-    assert at.forward_config(block, block, length_k=4096) == at.TWO_CTA_FORWARD_CONFIGS[key]
+    assert not _vector_rows(q) and _vector_rows(torch.zeros(1, 2, 8, 8 * (dim // 8 + 1), dtype=torch.float16))
+    assert forward_config(block, block, length_k=4096, vector_rows=False) == FORWARD_CONFIGS[key]
+    assert forward_config(block, block, length_k=4096) == TWO_CTA_FORWARD_CONFIGS[key]
 
 
 def test_vector_rows_reads_strides():
     x = torch.zeros(2, 3, 16, 64, dtype=torch.float16)
-    assert at._vector_rows(x) and at._vector_rows(x.transpose(1, 2)) and at._vector_rows(x[:, :, :, :32])
-    assert not at._vector_rows(x.transpose(2, 3))                 # column stride 16
-    assert not at._vector_rows(x[:, :, :, 1:33])                  # data 2 bytes past a 16-byte boundary
-    assert at._vector_rows(x[:, :, :, 8:40])                      # 16 bytes past it
-    assert not at._vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float16)[..., :64])   # row stride 68
-    assert at._vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float32)[..., :64])       # 68 * 4 bytes
-    assert at._vector_rows(x[:, :1].expand(2, 3, 16, 64))         # stride 0 on heads
+    assert _vector_rows(x) and _vector_rows(x.transpose(1, 2)) and _vector_rows(x[:, :, :, :32])
+    assert not _vector_rows(x.transpose(2, 3))                 # column stride 16
+    assert not _vector_rows(x[:, :, :, 1:33])                  # data 2 bytes past a 16-byte boundary
+    assert _vector_rows(x[:, :, :, 8:40])                      # 16 bytes past it
+    assert not _vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float16)[..., :64])   # row stride 68
+    assert _vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float32)[..., :64])       # 68 * 4 bytes
+    assert _vector_rows(x[:, :1].expand(2, 3, 16, 64))         # stride 0 on heads
 
 
 # == 5ad001b: dot_layouts.register_cap ===================================================================
@@ -697,20 +703,20 @@ def test_zero_accumulator_dot_computes_in_the_interpreter(seed):
 
 def _compile_dkdv(dim, causal, config, group, length=4096):
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
-    block = at.head_block(dim)
-    return dsl.jit(at.attention_backward_dkdv_kernel.fn).compile(
+    block = head_block(dim)
+    return dsl.jit(attention_backward_dkdv_kernel.fn).compile(
         x, x, x, x, x, x, stats, stats, x, *_strides(dim) * 6, *(0,) * 4,
         16, group, length, length, dim, dim, 0.18, 0.0, 0.125, 0.0, KV_RING=config.kv_ring,
         EARLY_DP=config.early_dp, HEAD_MAJOR=config.head_major, DQ_ATOMIC=config.dq_atomic,
         dq_ptr=stats if config.dq_atomic else None, target="sm_90a", num_warps=config.num_warps,
         num_stages=config.num_stages, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_E=block,
-        BLOCK_EV=block, CAUSAL=causal, MASK_KIND=at.NO_MASK, ACC=dsl.float32)
+        BLOCK_EV=block, CAUSAL=causal, MASK_KIND=NO_MASK, ACC=dsl.float32)
 
 
 # What the suite allows (tests/test_attention.py, tests/test_attention_dq_atomic.py): the E = 64 deterministic
 # dK/dV kernel spills nothing, causal or not; the E = 64 kernel that adds dQ at most 160 bytes when causal.
 E64_ALLOWED = {"deterministic": 0, "dq_atomic": 160}
-E64_CONFIGS = {"deterministic": at.BACKWARD_CONFIGS[64][0], "dq_atomic": at.ATOMIC_DKDV_CONFIGS[64]}
+E64_CONFIGS = {"deterministic": BACKWARD_CONFIGS[64][0], "dq_atomic": ATOMIC_DKDV_CONFIGS[64]}
 
 
 @needs_ptxas

@@ -49,6 +49,8 @@ import fusedops.dsl as dsl
 from fusedops.dsl import CompilationError
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at
+from fusedops.kernels.attention_configs import INTERPRETER_CONFIG
+from fusedops.kernels.attention_logits import ADDITIVE_MASK
 from helpers import assert_close, poison
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -486,7 +488,7 @@ def test_constant_operands_are_not_folded_past_the_flush():
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
 def test_attention_backward_with_an_additive_mask_flushes_every_exp2(kernel):
     from test_attention import compile_backward
-    ptx = compile_backward(kernel, 64, causal=True, mask_kind=at.ADDITIVE_MASK).asm["ptx"]
+    ptx = compile_backward(kernel, 64, causal=True, mask_kind=ADDITIVE_MASK).asm["ptx"]
     assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx
     assemble(ptx, "sm_90a")
 
@@ -551,7 +553,7 @@ def test_alpha_underflowing_between_key_blocks_matches_float64():
     mask = torch.zeros(20, 48)
     mask[:, :16] = -95.0
     mask[3, 16:] = -1e30                                           # row 3: only the low block (uniform-ish)
-    got, lse = _run(q, k, v, mask, False, 0.25, grad_out, config=at.INTERPRETER_CONFIG)
+    got, lse = _run(q, k, v, mask, False, 0.25, grad_out, config=INTERPRETER_CONFIG)
     want = _reference(q, k, v, mask, False, 0.25, grad_out)
     for ours, theirs in zip(got, want):
         assert torch.isfinite(ours).all()

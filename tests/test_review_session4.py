@@ -14,16 +14,17 @@ from __future__ import annotations
 import pytest
 
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import attention as at
+from fusedops.kernels.attention_configs import DQ_ALTERNATIVES, AttentionConfig
+from fusedops.kernels.attention_logits import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 from test_attention import compile_backward
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
 # (E, causal, mask kind, spill bytes of the shipped dQ tile under ptxas 13.0; with an additive mask the
 # kernel also loads lse's lo half (kernels/attention.py, "Saved statistics"): 8-20 bytes more)
-_CASES = [(128, False, at.ADDITIVE_MASK, 20), (128, True, at.ADDITIVE_MASK, 76), (72, False, at.NO_MASK, 68),
-          (120, True, at.NO_MASK, 80), (80, True, at.BOOL_MASK, 0), (96, False, at.ADDITIVE_MASK, 20),
-          (100, True, at.ADDITIVE_MASK, 356), (200, False, at.NO_MASK, 40), (200, True, at.NO_MASK, 44)]
+_CASES = [(128, False, ADDITIVE_MASK, 20), (128, True, ADDITIVE_MASK, 76), (72, False, NO_MASK, 68),
+          (120, True, NO_MASK, 80), (80, True, BOOL_MASK, 0), (96, False, ADDITIVE_MASK, 20),
+          (100, True, ADDITIVE_MASK, 356), (200, False, NO_MASK, 40), (200, True, NO_MASK, 44)]
 
 
 @needs_ptxas
@@ -37,8 +38,8 @@ def test_dq_spills_stay_bounded(dim, causal, mask_kind, spills, tmp_path, monkey
 @needs_ptxas
 @pytest.mark.parametrize("dim,causal,mask_kind,spills", [c for c in _CASES if c[0] <= 128], ids=str)
 def test_dq_lean_alternative_assembles_without_spills(dim, causal, mask_kind, spills, tmp_path, monkeypatch):
-    lean = at.AttentionConfig(128, 32, 8, 2)
-    assert lean in at.DQ_ALTERNATIVES[128]
+    lean = AttentionConfig(128, 32, 8, 2)
+    assert lean in DQ_ALTERNATIVES[128]
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     result = assemble(compile_backward("dq", dim, causal, mask_kind, config=lean).asm["ptx"], "sm_90a")
     assert result.spill_bytes == 0, result.log

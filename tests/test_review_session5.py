@@ -21,6 +21,8 @@ import fusedops.dsl as dsl
 from fusedops.dsl.errors import CompilationError
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import softmax as K
+from fusedops.kernels.softmax_configs import L2_HINTS, Config
+from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel
 from helpers import assert_close, random_tensor
 from test_softmax import poisoned_outputs  # noqa: F401  (fixture)
 
@@ -47,7 +49,7 @@ def _reference_backward(y, dy, dim, log):
 # Softmax row sweeps at small forced configs
 # ------------------------------------------------------------------------------------------------
 def _config(block, warps, programs_per_sm=2, hints=True, reverse=False, min_blocks=0):
-    return K.Config("rows", 1, block, False, warps, programs_per_sm, K.L2_HINTS if hints else (), reverse, min_blocks)
+    return Config("rows", 1, block, False, warps, programs_per_sm, L2_HINTS if hints else (), reverse, min_blocks)
 
 
 # (config, dtype, output dtype, n_cols, rows, start offset of the rows in their storage, row padding)
@@ -146,9 +148,9 @@ def test_shipped_32768_sweeps_with_mixed_dtypes_assemble(direction, dtypes):
     backward = direction == "backward"
     strides = ((32768, 1),) * len(dtypes)
     launch = K._plan_launch((8192, 32768), 1, strides, dtypes, backward, True, None, None, sm_count=132)
-    assert launch.constexprs["PERSISTENT"] and launch.config.sweep_hints == K.L2_HINTS
+    assert launch.constexprs["PERSISTENT"] and launch.config.sweep_hints == L2_HINTS
     pointers = [torch.empty(16, dtype=d, device="meta") for d in dtypes][::-1]     # kernel order
-    kernel = K._backward_kernel if backward else K._forward_kernel
+    kernel = _backward_kernel if backward else _forward_kernel
     ptx = kernel.compile(*pointers, *launch.arguments, target="sm_90a", **launch.constexprs).asm["ptx"]
     result = assemble(ptx, "sm_90a")
     assert result.spill_bytes <= 8
@@ -291,9 +293,9 @@ def test_gpu_shipped_sweeps_more_rows_than_the_grid(dtype, seed, compiled):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("config", [
-    K.Config("rows", 1, 16384, False, 16, 2, K.L2_HINTS, True, 2),
-    K.Config("rows", 1, 16384, False, 32, 1, K.L2_HINTS, True),
-    K.Config("rows", 1, 8192, False, 16, 64, K.L2_HINTS, False, 3),
+    Config("rows", 1, 16384, False, 16, 2, L2_HINTS, True, 2),
+    Config("rows", 1, 16384, False, 32, 1, L2_HINTS, True),
+    Config("rows", 1, 8192, False, 16, 64, L2_HINTS, False, 3),
 ], ids=str)
 @pytest.mark.parametrize("n_cols, offset, out_dtype", [(50257, 3, None), (40000, 0, torch.float32), (16391, 5, None)])
 def test_gpu_sweeps_reverse_bounds_and_mixed_dtypes(config, n_cols, offset, out_dtype, seed, compiled,

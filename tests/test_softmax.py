@@ -23,6 +23,11 @@ import fusedops.nn
 from fusedops.autograd import softmax as softmax_autograd
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import softmax as K
+from fusedops.kernels.softmax_configs import (L2_HINTS, MAX_ONE_PASS_BLOCK, MAX_ONE_PASS_TILE, MIN_ROW_BLOCK,
+                                              ROW_TILE_ELEMENTS, Config, _next_power_of_2, choose_config,
+                                              shipped_configs, uses_column_tiles)
+from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel
+from fusedops.kernels.softmax_rows import empty_in_order_of, plan_rows
 from helpers import assert_close, poison, random_tensor
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -62,7 +67,7 @@ def interpret(monkeypatch):
 def poisoned_outputs(monkeypatch):
     """Every output the kernels allocate starts as NaN, so an element they miss cannot pass. The launches
     made before (and during) the test hold their allocators: they are forgotten before and after it."""
-    allocate, allocator = K.empty_in_order_of, K._dense_allocator
+    allocate, allocator = empty_in_order_of, K._dense_allocator
     monkeypatch.setattr(K, "empty_in_order_of", lambda x, dtype: poison(allocate(x, dtype)))
     monkeypatch.setattr(K, "_dense_allocator", lambda x, dtype: (lambda new: lambda t: poison(new(t)))(
         allocator(x, dtype)))
@@ -118,7 +123,7 @@ def test_non_contiguous_3d_inputs(view, dim, log, seed, interpret, poisoned_outp
 
 def test_inputs_that_do_not_collapse_to_two_row_groups_are_copied(seed, interpret):
     x = random_tensor((4, 6, 5, 7), torch.float32, seed=seed)[:, :3, 1:4, :]
-    assert K.plan_rows(x.shape, 3, (x.stride(),)) is None
+    assert plan_rows(x.shape, 3, (x.stride(),)) is None
     assert_close(fusedops.softmax(x, -1), reference(x, -1, False), torch.float32)
 
 
@@ -310,8 +315,8 @@ def test_errors_name_the_argument():
 # ------------------------------------------------------------------------------------------------
 # Persistent configs (Config.programs_per_sm): the row sweeps and the persistent tile loop
 # ------------------------------------------------------------------------------------------------
-def _sweeps(block: int, num_warps: int = 1, programs_per_sm: int = 2) -> K.Config:
-    return K.Config("rows", 1, block, False, num_warps, programs_per_sm)
+def _sweeps(block: int, num_warps: int = 1, programs_per_sm: int = 2) -> Config:
+    return Config("rows", 1, block, False, num_warps, programs_per_sm)
 
 
 def _sliced_rows(seed):
@@ -329,9 +334,9 @@ ROW_SWEEP_CASES = {
     "9x1001_two_vectors_per_thread": ((9, 1001), 1, _sweeps(512, 1, 1), torch.float16),
     "3x50x7_strided_dim": ((3, 50, 7), 1, _sweeps(16, 1, 1), torch.float32),
     "6x300_sliced_rows": (_sliced_rows, 1, _sweeps(64, 2, 1), torch.bfloat16),
-    "9x1001_l2_hints": ((9, 1001), 1, K.Config("rows", 1, 128, False, 2, 1, ("evict_last", "evict_first", ".cs")),
+    "9x1001_l2_hints": ((9, 1001), 1, Config("rows", 1, 128, False, 2, 1, ("evict_last", "evict_first", ".cs")),
                         torch.float16),
-    "7x999_reversed_second_sweep": (_sliced_rows, 1, K.Config("rows", 1, 64, False, 2, 1, reverse=True), torch.bfloat16),
+    "7x999_reversed_second_sweep": (_sliced_rows, 1, Config("rows", 1, 64, False, 2, 1, reverse=True), torch.bfloat16),
     # rows 16-byte aligned (SHIFT 0: no head edge) with a 3-element tail past the last whole vector
     "4x1003_aligned_rows_odd_length": (lambda seed: random_tensor((4, 1008), torch.float16, seed=seed, scale=2.0)[:, :1003],
                                        1, _sweeps(128, 2, 1), torch.float16),
@@ -371,7 +376,7 @@ def test_row_sweeps_windows_of_every_shift(seed, interpret):
 class _RowSweepsSoftmax(torch.autograd.Function):
     """The kernels with a persistent row-sweeps config of 4-column chunks."""
 
-    CONFIG = K.Config("rows", 1, 4, False, 1, 1)
+    CONFIG = Config("rows", 1, 4, False, 1, 1)
 
     @staticmethod
     def forward(ctx, x, log):
@@ -393,10 +398,10 @@ def test_gradcheck_float64_row_sweeps(log, interpret):
 
 
 @pytest.mark.parametrize("shape, dim, config", [
-    ((7, 50), 1, K.Config("rows", 2, 64, True, 1, 1)),              # one-pass tiles of two rows
-    ((3, 16, 20), 1, K.Config("columns", 8, 16, True, 1, 1)),        # one-pass column tiles
-    ((3, 40, 20), 1, K.Config("columns", 8, 4, False, 1, 2)),        # online column tiles
-    ((9, 40), 1, K.Config("rows", 2, 8, False, 1, 1)),               # online tiles of two rows
+    ((7, 50), 1, Config("rows", 2, 64, True, 1, 1)),                # one-pass tiles of two rows
+    ((3, 16, 20), 1, Config("columns", 8, 16, True, 1, 1)),          # one-pass column tiles
+    ((3, 40, 20), 1, Config("columns", 8, 4, False, 1, 2)),          # online column tiles
+    ((9, 40), 1, Config("rows", 2, 8, False, 1, 1)),                 # online tiles of two rows
 ], ids=str)
 def test_persistent_tile_loop(shape, dim, config, seed, interpret, poisoned_outputs):
     # Persistent configs that are not one-row online "rows" tiles loop over the usual tiles.
@@ -420,13 +425,13 @@ def test_persistent_launch_plans():
     # the dispatcher's choice for such rows (ROW_SWEEPS): 16384-column chunks at 16 warps, 2 programs per SM,
     # L2 hints, registers held to 2 CTAs per SM
     chosen = K._plan_launch((8192, 50257), 1, strides, dtypes, False, False, None, None, sm_count=132)
-    assert chosen.grid == (264,) and chosen.config == K.Config("rows", 1, 16384, False, 16, 2, K.L2_HINTS, False, 2)
+    assert chosen.grid == (264,) and chosen.config == Config("rows", 1, 16384, False, 16, 2, L2_HINTS, False, 2)
     backward = K._plan_launch((8192, 50257), 1, strides + ((50257, 1),), dtypes + (torch.float16,), True, False,
                               None, None, sm_count=132)
-    assert backward.grid == (132,) and backward.config == K.Config("rows", 1, 16384, False, 32, 1, K.L2_HINTS)
+    assert backward.grid == (132,) and backward.config == Config("rows", 1, 16384, False, 32, 1, L2_HINTS)
     # 32768 columns: past the one-pass limit, one program per row (64 per SM caps the grid above 8192 rows)
     assert K._plan_launch((8192, 32768), 1, ((32768, 1),) * 2, dtypes, False, False, None, None,
-                          sm_count=132).config == K.Config("rows", 1, 16384, False, 16, 64, K.L2_HINTS, False, 2)
+                          sm_count=132).config == Config("rows", 1, 16384, False, 16, 64, L2_HINTS, False, 2)
     # fp32 rows keep the online path
     online = K._plan_launch((8, 50257), 1, strides, (torch.float32,) * 2, False, False, None, None, sm_count=132)
     assert online.grid == (8,) and "PERSISTENT" not in online.constexprs
@@ -437,14 +442,13 @@ def test_persistent_launch_plans():
 
 
 # Persistent candidates of the H200 sweep (.scratch/sm_long_sweep.py): (direction, config).
-L2_HINTS = K.L2_HINTS
 PERSISTENT_PTX_CONFIGS = [
     ("forward", _sweeps(8192, 16, 2)), ("forward", _sweeps(16384, 32, 1)), ("forward", _sweeps(4096, 8, 4)),
     ("backward", _sweeps(8192, 32, 1)), ("backward", _sweeps(4096, 16, 2)), ("backward", _sweeps(16384, 32, 1)),
-    ("forward", K.Config("rows", 1, 8192, False, 16, 64, L2_HINTS)),
-    ("backward", K.Config("rows", 1, 16384, False, 32, 1, L2_HINTS, True)),
-    ("forward", K.Config("rows", 1, 16384, False, 16, 2, L2_HINTS, True)),
-    ("forward", K.Config("rows", 1, 16384, False, 16, 64, L2_HINTS, False, 2)),
+    ("forward", Config("rows", 1, 8192, False, 16, 64, L2_HINTS)),
+    ("backward", Config("rows", 1, 16384, False, 32, 1, L2_HINTS, True)),
+    ("forward", Config("rows", 1, 16384, False, 16, 2, L2_HINTS, True)),
+    ("forward", Config("rows", 1, 16384, False, 16, 64, L2_HINTS, False, 2)),
 ]
 
 
@@ -465,7 +469,7 @@ def test_row_sweeps_assemble_with_16_byte_vectors_and_no_barrier_per_chunk(n_col
             launch = K._plan_launch((8192, n_cols), 1, ((n_cols, 1),) * tensors, (dtype,) * tensors, backward, log,
                                     config, None, sm_count=132)
             pointer = torch.empty(16, dtype=dtype, device="meta")
-            kernel = (K._backward_kernel if backward else K._forward_kernel).compile(
+            kernel = (_backward_kernel if backward else _forward_kernel).compile(
                 *[pointer] * tensors, *launch.arguments, target="sm_90a", **launch.constexprs)
             ptx = kernel.asm["ptx"]
             result = assemble(ptx, "sm_90a")
@@ -519,39 +523,39 @@ def test_modules_keep_torchs_legacy_implicit_dim(name, rank, seed, interpret):
 # ------------------------------------------------------------------------------------------------
 def test_plan_rows_groups_dims_by_memory_order():
     contiguous = torch.empty(2, 3, 4, 5)
-    layout = K.plan_rows(contiguous.shape, 3, (contiguous.stride(),))
+    layout = plan_rows(contiguous.shape, 3, (contiguous.stride(),))
     assert (layout.outer, layout.n_cols, layout.inner, layout.strides) == (24, 5, 1, ((5, 0, 1),))
-    layout = K.plan_rows(contiguous.shape, 1, (contiguous.stride(),))
+    layout = plan_rows(contiguous.shape, 1, (contiguous.stride(),))
     assert (layout.outer, layout.n_cols, layout.inner, layout.strides) == (2, 3, 20, ((60, 1, 20),))
-    assert K.uses_column_tiles(layout)
+    assert uses_column_tiles(layout)
     transposed = torch.empty(7, 9).t()                        # reduce over dim 1: rows contiguous
-    layout = K.plan_rows(transposed.shape, 0, (transposed.stride(),))
+    layout = plan_rows(transposed.shape, 0, (transposed.stride(),))
     assert (layout.outer, layout.inner, layout.strides) == (7, 1, ((9, 0, 1),))
     expanded = torch.empty(3, 1).expand(3, 8)                 # stride-0 gradients
-    layout = K.plan_rows((3, 8), 1, (torch.empty(3, 8).stride(), expanded.stride()))
+    layout = plan_rows((3, 8), 1, (torch.empty(3, 8).stride(), expanded.stride()))
     assert layout.strides == ((8, 0, 1), (1, 0, 0))
 
 
 def test_outputs_keep_the_inputs_dim_order():
     x = torch.empty(4, 5, 6).permute(2, 0, 1)
-    y = K.empty_in_order_of(x, torch.float16)
+    y = empty_in_order_of(x, torch.float16)
     assert y.shape == x.shape and y.stride() == x.stride() and y.dtype == torch.float16
     sliced = torch.empty(6, 80)[:, :50]
-    assert K.empty_in_order_of(sliced, torch.float32).is_contiguous()
+    assert empty_in_order_of(sliced, torch.float32).is_contiguous()
 
 
 @pytest.mark.parametrize("n_cols", [1, 7, 512, 1000, 1025, 16384, 16385, 32768, 50257, 1 << 20])
 def test_config_table(n_cols):
-    layout = K.plan_rows((64, n_cols), 1, ((n_cols, 1),))
-    shipped = {(direction, config): sizes for direction, config, sizes in K.shipped_configs()}
-    for backward, element_bytes, limit in ((False, 2, K.MAX_ONE_PASS_BLOCK), (False, 4, K.MAX_ONE_PASS_TILE),
-                                           (True, 2, K.MAX_ONE_PASS_TILE)):
-        config = K.choose_config(layout, backward=backward, element_bytes=element_bytes)
+    layout = plan_rows((64, n_cols), 1, ((n_cols, 1),))
+    shipped = {(direction, config): sizes for direction, config, sizes in shipped_configs()}
+    for backward, element_bytes, limit in ((False, 2, MAX_ONE_PASS_BLOCK), (False, 4, MAX_ONE_PASS_TILE),
+                                           (True, 2, MAX_ONE_PASS_TILE)):
+        config = choose_config(layout, backward=backward, element_bytes=element_bytes)
         assert config.one_pass == (n_cols <= limit)
         assert config.block >= n_cols if config.one_pass else config.block <= limit
         assert config.tile == "rows"
-        short = K._next_power_of_2(n_cols) < K.MIN_ROW_BLOCK
-        assert config.rows == (K.ROW_TILE_ELEMENTS // config.block if short else 1)
+        short = _next_power_of_2(n_cols) < MIN_ROW_BLOCK
+        assert config.rows == (ROW_TILE_ELEMENTS // config.block if short else 1)
         assert element_bytes in shipped["backward" if backward else "forward", config]
 
 
@@ -568,7 +572,7 @@ def test_wide_column_offsets_switch_to_int64():
 # ------------------------------------------------------------------------------------------------
 # PTX of every shipped config
 # ------------------------------------------------------------------------------------------------
-def _compile(config: K.Config, dtype: torch.dtype, log: bool, backward: bool, wide: bool = False,
+def _compile(config: Config, dtype: torch.dtype, log: bool, backward: bool, wide: bool = False,
              n_cols: int = 100000, align: int = 16, shift: int = 0):
     pointer = torch.empty(16, dtype=dtype, device="meta")      # data_ptr 0: 16-byte aligned
     constexprs = dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
@@ -579,8 +583,8 @@ def _compile(config: K.Config, dtype: torch.dtype, log: bool, backward: bool, wi
     strides = (64 * n_cols, 1, 64) if config.tile == "columns" else (n_cols, 0, 1)
     sizes = (4096 * 64, n_cols, 64 if config.tile == "columns" else 1, 16)
     if backward:
-        return K._backward_kernel.compile(pointer, pointer, pointer, *sizes, *strides * 3, **constexprs)
-    return K._forward_kernel.compile(pointer, pointer, *sizes, *strides * 2, **constexprs)
+        return _backward_kernel.compile(pointer, pointer, pointer, *sizes, *strides * 3, **constexprs)
+    return _forward_kernel.compile(pointer, pointer, *sizes, *strides * 2, **constexprs)
 
 
 def _has_global_vectors(ptx: str, width: str) -> bool:
@@ -591,11 +595,11 @@ def _has_global_vectors(ptx: str, width: str) -> bool:
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not installed")
 @pytest.mark.parametrize("n_cols, backward", [(50257, False), (50257, True), (4001, False), (2001, True)])
 def test_rows_off_vector_boundaries_read_16_byte_vectors(n_cols, backward):
-    # Odd row lengths go through the shifted window (see K._tile): interior groups stay 16-byte
+    # Odd row lengths go through the shifted window (see softmax_tiles._tile): interior groups stay 16-byte
     # vectors, one pass or online, without spills.
-    layout = K.plan_rows((4, n_cols), 1, ((n_cols, 1),) * (3 if backward else 2))
+    layout = plan_rows((4, n_cols), 1, ((n_cols, 1),) * (3 if backward else 2))
     dtypes = (torch.float16,) * (3 if backward else 2)
-    config = K.choose_config(layout, backward=backward, element_bytes=2)
+    config = choose_config(layout, backward=backward, element_bytes=2)
     shift = K._row_shift(layout, config, dtypes, K._run_alignment(layout, config))
     assert shift == 8
     kernel = _compile(config, torch.float16, False, backward, n_cols=n_cols, align=1, shift=shift)
@@ -620,13 +624,13 @@ def test_shipped_configs_assemble_without_spills():
     """Every config the dispatcher can pick, in the direction it picks it for, through ptxas for
     sm_90a. The dtype and LOG rotate over the configs (the cross product is ~450 compiles); the
     largest one-pass tiles, where registers are tightest, get every dtype."""
-    shipped = K.shipped_configs()
+    shipped = shipped_configs()
     assert len(shipped) < 100, "the config table grew: keep it small"
     cases = []
     for i, (direction, config, sizes) in enumerate(shipped):
         dtypes = [d for d in DTYPES if d.itemsize in sizes]
         cases.append((direction, config, dtypes[i % len(dtypes)], bool(i % 2)))
-        if config.one_pass and config.tile == "rows" and config.block >= K.MAX_ONE_PASS_TILE:
+        if config.one_pass and config.tile == "rows" and config.block >= MAX_ONE_PASS_TILE:
             cases += [(direction, config, dtype, log) for dtype in dtypes for log in (False, True)]
     problems = []
     for direction, config, dtype, log in cases:
@@ -651,14 +655,14 @@ def test_rows_of_1000_elements_get_16_byte_vectors(dtype):
     for fp32. The launch specializes 1000 as a multiple of 8 too (ints divisible by 8 but not 16), so
     its rows get 16-byte vectors without ALIGN as well; a row stride of 1004 (a multiple of 4 only)
     does not."""
-    layout = K.plan_rows((8192, 1000), 1, ((1000, 1), (1000, 1)))
+    layout = plan_rows((8192, 1000), 1, ((1000, 1), (1000, 1)))
     launch = K._plan_launch((8192, 1000), 1, ((1000, 1), (1000, 1)), (dtype, dtype), False, False, None, None)
     assert launch.constexprs["ALIGN"] == 8
-    kernel = _compile(K.choose_config(layout), dtype, False, False, n_cols=1000, align=8)
+    kernel = _compile(choose_config(layout), dtype, False, False, n_cols=1000, align=8)
     assert _has_global_vectors(kernel.asm["ptx"], ".v4.b32")
-    specialized = _compile(K.choose_config(layout), dtype, False, False, n_cols=1000, align=1)
+    specialized = _compile(choose_config(layout), dtype, False, False, n_cols=1000, align=1)
     assert _has_global_vectors(specialized.asm["ptx"], ".v4.b32")
-    unhinted = _compile(K.choose_config(layout), dtype, False, False, n_cols=1004, align=1)
+    unhinted = _compile(choose_config(layout), dtype, False, False, n_cols=1004, align=1)
     assert not _has_global_vectors(unhinted.asm["ptx"], ".v4.b32")
 
 
@@ -781,7 +785,7 @@ def test_gpu_modules(name, seed, compiled):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", [K.Config("rows", 1, 8192, False, 16, 2), K.Config("rows", 1, 16384, False, 32, 1)],
+@pytest.mark.parametrize("config", [Config("rows", 1, 8192, False, 16, 2), Config("rows", 1, 16384, False, 32, 1)],
                          ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n_rows, n_cols", [(67, 1), (67, 7), (300, 1000), (67, 50257), (300, 65536),
@@ -799,7 +803,7 @@ def test_gpu_row_sweeps(n_rows, n_cols, dtype, config, seed, compiled, poisoned_
 @pytest.mark.cuda
 @pytest.mark.parametrize("view", ["sliced_unaligned", "strided_dim", "special_values"])
 def test_gpu_row_sweeps_layouts(view, seed, compiled, poisoned_outputs):
-    config = K.Config("rows", 1, 8192, False, 16, 2)
+    config = Config("rows", 1, 8192, False, 16, 2)
     base = random_tensor((40, 20003), torch.float16, "cuda", seed, scale=2.0)
     dim = 1
     if view == "sliced_unaligned":          # rows 3 elements into the storage, odd row stride
@@ -823,7 +827,7 @@ def test_gpu_row_sweeps_layouts(view, seed, compiled, poisoned_outputs):
 @pytest.mark.cuda
 def test_gpu_row_sweeps_more_than_2_to_the_31_elements(compiled):
     """int64 row offsets in the persistent row sweeps: a 4 GB fp16 tensor, checked at the start, middle and end."""
-    config = K.Config("rows", 1, 8192, False, 16, 2)
+    config = Config("rows", 1, 8192, False, 16, 2)
     shape = ((1 << 15) + 1, 1 << 16)
     x = torch.empty(shape, dtype=torch.float16, device="cuda").normal_(0, 3)
     y = K.softmax_forward(x, 1, log=False, config=config)

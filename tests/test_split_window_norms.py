@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_split_window as W
-from fusedops.kernels import norms
+from fusedops.kernels import norm_backward_config
+from fusedops.kernels import norm_forward_config
+from fusedops.kernels import norm_launch
 from helpers import assert_close, poison, random_tensor
 
 LAYER_NORM, RMS_NORM = True, False
@@ -47,11 +49,11 @@ def _check(x, subtract_mean, seed, weight=True, bias=True, dy=None, forward_conf
     w = random_tensor((n,), dtype, x.device, seed + 1, scale=0.5) + 1 if weight else None
     b = random_tensor((n,), dtype, x.device, seed + 2) if bias and subtract_mean else None
     dy = random_tensor(x.shape, dtype, x.device, seed + 3) if dy is None else dy
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
-                                       allocate=_poisoned_empty)
-    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
-                                     config=backward_config, allocate=_poisoned_empty)
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
+                                             allocate=_poisoned_empty)
+    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                           weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
+                                           config=backward_config, allocate=_poisoned_empty)
     leaves = [None if t is None else t.detach().double().requires_grad_() for t in (x, w, b)]
     x64, w64, b64 = leaves
     if subtract_mean:
@@ -77,15 +79,15 @@ def _check(x, subtract_mean, seed, weight=True, bias=True, dy=None, forward_conf
 @OPS
 def test_defaults_take_the_split_window_for_odd_rows_of_514_to_4097_columns(dtype, subtract_mean):
     for n in (514, 777, 1023, 1025, 1031, 1500, 2047, 2049, 3001, 4095, 4097):
-        forward = norms.forward_config(n, dtype, subtract_mean=subtract_mean)
-        backward = norms.backward_config(n, dtype, subtract_mean=subtract_mean)
+        forward = norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean)
+        backward = norm_backward_config.backward_config(n, dtype, subtract_mean=subtract_mean)
         assert forward.split_window and backward.split_window, n
         assert forward.block_n == backward.block_n == 1 << (n - 2).bit_length() >= n - 1, n
     for n in (100, 513, 1000, 1024, 2048, 4096, 4104, 4105, 12289):
-        assert not norms.forward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
-        assert not norms.backward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
-    assert not norms.forward_config(4097, torch.float32, subtract_mean=subtract_mean).split_window
-    assert not norms.backward_config(4097, torch.float32, subtract_mean=subtract_mean).split_window
+        assert not norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
+        assert not norm_backward_config.backward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
+    assert not norm_forward_config.forward_config(4097, torch.float32, subtract_mean=subtract_mean).split_window
+    assert not norm_backward_config.backward_config(4097, torch.float32, subtract_mean=subtract_mean).split_window
 
 
 # -- CPU tier: the interpreter ------------------------------------------------------------------------
@@ -119,7 +121,7 @@ FORWARD_VARIANTS = {
 @OPS
 @pytest.mark.parametrize("n_rows", [3, 37])
 def test_forward_variants(interpret, variant, subtract_mean, n_rows, seed):
-    base = norms.forward_config(1025, torch.float16, subtract_mean=subtract_mean)
+    base = norm_forward_config.forward_config(1025, torch.float16, subtract_mean=subtract_mean)
     config = dataclasses.replace(base, **FORWARD_VARIANTS[variant])
     _check(random_tensor((n_rows, 1025), torch.float16, "cpu", seed) - 2, subtract_mean, seed, forward_config=config)
 
@@ -129,7 +131,7 @@ def test_forward_variants(interpret, variant, subtract_mean, n_rows, seed):
 @pytest.mark.parametrize("n_rows", [2, 29])
 def test_backward_variants(interpret, subtract_mean, programs_per_sm, prefetch, n_rows, seed):
     # 8 or 24 programs (rounded up to a multiple of 8: each lane keeps one window offset) over fewer or more rows.
-    base = norms.backward_config(1031, torch.bfloat16, subtract_mean=subtract_mean)
+    base = norm_backward_config.backward_config(1031, torch.bfloat16, subtract_mean=subtract_mean)
     config = dataclasses.replace(base, programs_per_sm=programs_per_sm, prefetch=prefetch)
     _check(random_tensor((n_rows, 1031), torch.bfloat16, "cpu", seed), subtract_mean, seed, backward_config=config)
 
@@ -170,7 +172,7 @@ def _shipped_split_ptx(n, dtype, subtract_mean, parameter_dtype=None):
     p = torch.empty(64, dtype=parameter_dtype or dtype, device="meta")
     stats = torch.empty(64, dtype=torch.float32, device="meta")
     mean, bias = (stats, p) if subtract_mean else (None, None)
-    forward = norms.forward_config(n, dtype, subtract_mean=subtract_mean)
+    forward = norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean)
     tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=1, BLOCK_N=forward.block_n, SHIFT=8,
                  num_warps=forward.num_warps, target="sm_90a")
     args = (x, mean, stats, x, p, bias, 8192, n, n, 1e-5)
@@ -178,7 +180,7 @@ def _shipped_split_ptx(n, dtype, subtract_mean, parameter_dtype=None):
         fwd = W.forward_split_persistent_kernel.compile(*args, PREFETCH=forward.prefetch, **tiles)
     else:
         fwd = W.forward_split_kernel.compile(*args, CHUNKS=forward.output_chunks, **tiles)
-    backward = norms.backward_config(n, dtype, subtract_mean=subtract_mean)
+    backward = norm_backward_config.backward_config(n, dtype, subtract_mean=subtract_mean)
     bwd = W.backward_split_kernel.compile(x, stats, stats if subtract_mean else None, x, x, p, mean, stats, 8192, n,
                                           n, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=1, BLOCK_N=backward.block_n,
                                           SHIFT=8, PREFETCH=backward.prefetch, num_warps=backward.num_warps,
@@ -217,7 +219,7 @@ def test_gpu_default_launches_poisoned_outputs(dtype, subtract_mean, shape, seed
 @OPS
 @pytest.mark.parametrize("variant", list(FORWARD_VARIANTS))
 def test_gpu_forward_variants(variant, subtract_mean, seed):
-    config = dataclasses.replace(norms.forward_config(4097, torch.float16, subtract_mean=subtract_mean),
+    config = dataclasses.replace(norm_forward_config.forward_config(4097, torch.float16, subtract_mean=subtract_mean),
                                  **FORWARD_VARIANTS[variant])
     _check(random_tensor((700, 4097), torch.float16, "cuda", seed), subtract_mean, seed, forward_config=config)
 
@@ -230,11 +232,11 @@ def test_gpu_more_than_2_31_elements(subtract_mean, seed):
     x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")
     w = random_tensor((n_cols,), torch.float16, "cuda", seed, scale=0.5) + 1
     b = random_tensor((n_cols,), torch.float16, "cuda", seed + 1) if subtract_mean else None
-    assert norms.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean).split_window
-    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
+    assert norm_forward_config.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean).split_window
+    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
     dy = torch.randn_like(x)
-    dx, dw, _ = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                    weight_grad=True, bias_grad=False)
+    dx, dw, _ = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                          weight_grad=True, bias_grad=False)
     boundary = 2**31 // n_cols
     rows = torch.tensor([0, 1, n_rows // 2, boundary - 1, boundary, n_rows - 1], device="cuda")
     leaves = [t.double().requires_grad_() for t in (x[rows], w)]

@@ -1,5 +1,5 @@
 """Loop-carried tiles computed from tensor-core dots are carried in the accumulator layout
-(passes/layout_assignment.py `_prefer_tensor_core_carries`).
+(passes/_layout_preferences.py `prefer_tensor_core_carries`).
 
 A kernel that keeps a finished tile for a later iteration (`out = acc.to(fp16)` in a branch, stored in
 the next tile's first step: a deferred epilogue) starts `out` as a constant block. Carried in the

@@ -1,5 +1,6 @@
 """K-loop synchronization of the TMA operand ring (sm_90a) without a CTA barrier per step:
-FUSEDOPS_WS=1, per-stage "empty" mbarriers (passes/pipelining.py, `_pipeline_with_empty_barriers`).
+FUSEDOPS_WS=1, per-stage "empty" mbarriers (passes/_pipelining_warp_specialized.py,
+`pipeline_with_empty_barriers`).
 
 CPU tier:
   - a simulation of the full/empty mbarrier protocol (PTX ISA mbarrier phases and try_wait.parity),

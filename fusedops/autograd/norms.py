@@ -1,10 +1,10 @@
-"""The torch.autograd.Function of layer_norm and rms_norm (kernels: fusedops/kernels/norms.py), the
+"""The torch.autograd.Function of layer_norm and rms_norm (kernels: fusedops/kernels/norm_launch.py), the
 argument checks that give them torch's semantics, and their kernel path (fusedops.functional calls it
 once the arguments are checked; arguments laid out like earlier ones skip the checks).
 
 The input's trailing dims (normalized_shape) are flattened into N columns and its leading dims into
 M rows, read in place through one row and one column stride wherever torch could express them as a
-view (else copied, kernels.norms.as_rows). The forward saves x, weight, and the per-row statistics
+view (else copied, kernels.norm_rows.as_rows). The forward saves x, weight, and the per-row statistics
 (LayerNorm: mean and rstd; RMSNorm: rstd) in float32 (float64 for float64 inputs); the backward
 recomputes xhat from them.
 
@@ -30,7 +30,8 @@ from fusedops.autograd.arguments import float_argument
 from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
-from fusedops.kernels import norms as kernels
+from fusedops.kernels import norm_launch as kernels
+from fusedops.kernels.norm_rows import accumulation_dtype
 
 _FLOATING = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _HALF_DTYPES = frozenset((torch.float16, torch.bfloat16))
@@ -131,7 +132,7 @@ def check_rms_norm_arguments(x, normalized_shape, weight) -> Tuple[int, ...]:
 
 def default_rms_norm_eps(dtype: torch.dtype) -> float:
     """The eps torch's rms_norm uses when eps is None: the epsilon of the accumulation dtype."""
-    return _FLOAT64_EPS if kernels.accumulation_dtype(dtype) == torch.float64 else _FLOAT32_EPS
+    return _FLOAT64_EPS if accumulation_dtype(dtype) == torch.float64 else _FLOAT32_EPS
 
 
 _FLOAT32_EPS, _FLOAT64_EPS = torch.finfo(torch.float32).eps, torch.finfo(torch.float64).eps
@@ -218,7 +219,7 @@ def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[to
 
 class NormFunction(torch.autograd.Function):
     """forward(x, weight, bias, launches, normalized_shape) -> y: LayerNorm or RMSNorm (as `launches`,
-    a kernels.norms.NormLaunches, was made) over the trailing dims of x.
+    a kernels.norm_launch.NormLaunches, was made) over the trailing dims of x.
 
     x: float16/bfloat16/float32 CUDA tensor (any floating dtype on the CPU under FUSEDOPS_INTERPRET=1),
     any strides; weight, bias: shaped normalized_shape (a tuple of ints, x's trailing dims) or None;
@@ -232,7 +233,7 @@ class NormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, launches, normalized_shape):
-        # x is read (and saved) as is: the kernels take its rows through their strides (kernels.norms)
+        # x is read (and saved) as is: the kernels take its rows through their strides (kernels.norm_rows)
         y, mean, rstd = launches.forward(x, weight, bias)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.launches, ctx.normalized_shape = launches, normalized_shape

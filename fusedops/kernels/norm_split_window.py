@@ -24,15 +24,16 @@ The backward walks the rows g, g + G, ... of a persistent grid whose size G * BL
 makes a multiple of SHIFT: every row a lane sees starts at the same place in its window, so the lane
 gathers weight once and keeps its dweight/dbias column sums at fixed window positions.
 
-Arguments as norm_kernels' forward_kernel / backward_persistent_kernel, except: x, y, dy and dx share
-one row stride (`row_stride`: N, contiguous rows) and have unit column strides.
+Arguments as norm_forward_kernels.forward_kernel / norm_backward_kernels.backward_persistent_kernel, except:
+x, y, dy and dx share one row stride (`row_stride`: N, contiguous rows) and have unit column strides.
 """
 
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.norm_kernels import _affine_tiles, _load_statistics, _normalize, _row_shifts, \
-    _second_sums, _shifted_mean_rstd, _shifted_moments
+from fusedops.kernels.norm_backward_kernels import _load_statistics, _normalize
+from fusedops.kernels.norm_forward_kernels import _affine_tiles
+from fusedops.kernels.norm_statistics import _row_shifts, _second_sums, _shifted_mean_rstd, _shifted_moments
 
 
 @dsl.jit
@@ -70,9 +71,9 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     # The forward of the rows `rows` ((R,)) whose split-window tiles x and x_edge (own dtype, 0 where masked
     # off) were just loaded. weight, bias, edge_weight, edge_bias: their tiles (gathered once by a persistent
     # program), or None to gather them here from weight_ptr / bias_ptr (None: no weight / bias). LayerNorm:
-    # the shifted sums of norm_kernels (the comment above its forward_kernel: one cross-warp exchange for
-    # both statistics). CHUNKS > 1 (gathering here): the main tile's output in that many column chunks, each
-    # reading its x again (L1 hits) and gathering its weight and bias: fewer registers live at once.
+    # the shifted sums of norm_statistics (the comment there: one cross-warp exchange for both statistics).
+    # CHUNKS > 1 (gathering here): the main tile's output in that many column chunks, each reading its x
+    # again (L1 hits) and gathering its weight and bias: fewer registers live at once.
     acc_dtype = rstd_ptr.dtype.element
     row_mask = rows < n_rows
     offsets, columns, in_row, edge_offsets, edge_columns, edge_in_row = _split_window(rows, n_cols, row_stride,

@@ -1,5 +1,6 @@
-"""A row read in sweeps through an aligned window: the split of the window into masked edges,
-unmasked chunks and masked pieces, shared by the softmax and norm row sweeps.
+"""Rows read through 16-byte-aligned windows: the split of a swept window into masked edges, unmasked
+chunks and masked pieces (`sweep_parts`, shared by the softmax and norm row sweeps), and the offsets of a
+tile of rows in their windows (`row_window`, the norm kernels' whole-row tiles).
 
 Window positions [first, first + n_cols) hold a row's columns (first > 0 when the row starts off a
 16-byte boundary and is read from the boundary below it). A sweep reads the window in three parts:
@@ -9,8 +10,8 @@ Window positions [first, first + n_cols) hold a row's columns (first > 0 when th
   pieces  of PIECE (one vector per thread) from there to `middle`, masked by `position < middle`,
           which is constant over each vector.
 GROUP > first (or 0 when first is always 0) and middle = max(GROUP, (first + n_cols) rounded down to
-VECTOR) are multiples of VECTOR. (fusedops/kernels/softmax.py's comment above its row sweeps says
-more.)
+VECTOR) are multiples of VECTOR. (fusedops/kernels/softmax_row_sweeps.py's comment above its row
+sweeps says more.)
 """
 
 from __future__ import annotations
@@ -29,3 +30,24 @@ def sweep_parts(n_cols, first, BLOCK: dsl.constexpr, PIECE: dsl.constexpr, GROUP
     chunks = (middle - GROUP) // BLOCK
     tail = GROUP + chunks * BLOCK
     return edges, (edges >= first) & (edges < end), middle, chunks, tail, (middle - tail + PIECE - 1) // PIECE
+
+
+@dsl.jit
+def row_window(rows, cols, n_cols, row_stride, col_stride, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr):
+    # -> (offsets, logical, in_row): element offsets of the (rows, cols) tile of a tensor, the column of
+    # the row each element holds and whether it holds one (0 <= logical < n_cols). rows: (R,) int32.
+    # SHIFT = 0: `cols` are the row's columns; ALIGN (a power of two dividing the row stride) keeps
+    # 16-byte vectors for row strides such as 1000 fp16 elements. logical and in_row are then (1, C).
+    # SHIFT > 0 (the elements of a 16-byte vector; unit column stride, a row stride shared by every
+    # tensor addressed with it): rows that start anywhere (odd N) are read through a window that starts
+    # at the SHIFT-element boundary at or before the row, so whole 16-byte groups move as vectors;
+    # `cols` are window positions and the row's column c sits at position c + (row start mod SHIFT).
+    # logical and in_row are then (R, C). Row offsets are int64 (tensors may exceed 2**31 elements).
+    base = rows.to(dsl.int64) * row_stride
+    if SHIFT:
+        shift = base % SHIFT
+        logical = cols[None, :] - shift.to(dsl.int32)[:, None]
+        return (dsl.multiple_of(base - shift, SHIFT)[:, None] + cols[None, :], logical,
+                (logical >= 0) & (logical < n_cols))
+    logical = cols[None, :]
+    return dsl.multiple_of(base, ALIGN)[:, None] + logical * col_stride, logical, logical < n_cols

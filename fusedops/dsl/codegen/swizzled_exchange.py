@@ -2,7 +2,7 @@
 sides: the epilogue of a wgmma matmul, where the accumulator (pairs of elements per thread, rows
 spread over lanes) becomes a blocked layout whose threads store 16-byte vectors to global memory.
 
-`convert_layout {swizzled}` (set by the layout pass, `layout_assignment._mark_swizzled_store`)
+`convert_layout {swizzled}` (set by the layout pass, `_layout_memory.mark_swizzled_store`)
 lowers here instead of `shared.exchange_through_shared` (one scalar st.shared / ld.shared per
 element, row-major, no swizzle), and so does every other conversion of a 2-D tile of 16- or 32-bit
 elements (`exchanges_tiles`: e.g. attention's Q, loaded in 16-byte rows, into the wgmma A fragment:

@@ -39,7 +39,7 @@ from ..ir import Block, Function, Operation, OpCode, Value
 from ..ir.rewrite import replace_all_uses
 from ..language.dtypes import BlockType, DType, PointerType, int1, int64, shape_of, uint32, uint64, with_shape
 from .dce import eliminate_dead_code
-from .pipelining import Inserter, constant_int, replace_uses
+from ._rewriting import Inserter, constant_int, replace_uses
 
 _UNSIGNED = {32: uint32, 64: uint64}
 

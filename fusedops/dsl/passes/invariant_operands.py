@@ -36,7 +36,8 @@ from ..language.dtypes import shape_of
 from ..layouts.mma_shared import shared_contiguous_dim, wgmma_operand_tile
 from ..layouts.swizzle import contiguous_dim
 from .dce import eliminate_dead_code
-from .pipelining import MIN_COPY_BYTES, Inserter, copy_width, is_zero_constant, replace_uses
+from ._copy_width import MIN_COPY_BYTES, copy_width
+from ._rewriting import Inserter, is_zero_constant, replace_uses
 from .pointer_analysis import analyze_pointers
 
 

@@ -31,8 +31,8 @@ in the loop, one more stage in flight; rings filled by multicast copies keep 0's
 cluster barrier); 2 = 1's barriers with a producer warpgroup: 4 more warps in the CTA, whose first lane
 issues every copy of
 the ring, waiting on the empty barriers itself, and the num_warps consumer warps only wait for full
-slots and release them (where the loop qualifies: passes/pipelining.py `_producer_warp_fits`; else as
-1). Part of the compile cache key.
+slots and release them (where the loop qualifies: passes/_pipelining_warp_specialized.py
+`producer_warp_fits`; else as 1). Part of the compile cache key.
 
 Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty means False, unset the default above). Any
 other value raises `ValueError` naming the variable, so a typo is loud instead of ignored.
