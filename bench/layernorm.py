@@ -49,7 +49,7 @@ from fusedops.bench import scripts  # noqa: E402
 from fusedops.bench.report import format_table, plot_message, plot_op  # noqa: E402
 from fusedops.kernels.norm_backward_config import BackwardConfig  # noqa: E402
 from fusedops.kernels.norm_forward_config import ForwardConfig  # noqa: E402
-from fusedops.kernels.norm_launch import norm_backward, norm_forward  # noqa: E402
+from fusedops.kernels.norms import norm_backward, norm_forward  # noqa: E402
 
 M = 8192
 COLUMNS = (1000, 1024, 2048, 2049, 4096, 4097, 8192, 12289, 16384, 32768)

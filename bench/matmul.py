@@ -33,6 +33,7 @@ from timing import interleaved_gpu_times_ms, write_rows  # noqa: E402
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import matmul as K  # noqa: E402
+from fusedops.kernels.matmul_configs import SMALL_CONFIG
 from fusedops.kernels import matmul_persistent  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 4096), (8192, 11008, 4096), (8192, 4096, 11008),
@@ -65,7 +66,7 @@ def _chosen_config(a, b, out):
     # (the TMA kernel, when the product took it, has the same leading parameters)
     tuned = K.tuned_matmul_tma_kernel if K._uses_tma(out[None], a[None], b[None]) else K.tuned_matmul_kernel
     chosen = tuned.best.get(tuned.key_of((a, a, b, a, m, n, k), {}))
-    return ("tma" if tuned is K.tuned_matmul_tma_kernel else "cp.async"), (chosen or K.SMALL_CONFIG)
+    return ("tma" if tuned is K.tuned_matmul_tma_kernel else "cp.async"), (chosen or SMALL_CONFIG)
 
 
 def _store_variants(a, b, out) -> dict:

@@ -32,7 +32,8 @@ from timing import gpu_time_ms, times_or_failures_ms, write_rows  # noqa: E402
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import softmax as K  # noqa: E402
-from fusedops.kernels.softmax_configs import Config, _next_power_of_2  # noqa: E402
+from fusedops.kernels.sizes import next_power_of_2  # noqa: E402
+from fusedops.kernels.softmax_configs import Config  # noqa: E402
 from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel  # noqa: E402
 
 M = 8192
@@ -158,7 +159,7 @@ def sweep_rows(dtype_name, n, log, repeats):
     x = torch.randn(M, n, device=DEVICE, dtype=dtype).mul_(3)
     dy = torch.randn_like(x)
     y = K.softmax_forward(x, 1, log=log)
-    block = _next_power_of_2(n)
+    block = next_power_of_2(n)
     per_thread = range(4, 65)       # elements per thread worth trying
     candidates = [Config("rows", 1, block, True, w) for w in (4, 8, 16, 32)
                   if block <= 32768 and block // (32 * w) in per_thread]

@@ -26,6 +26,7 @@ import torch.autograd.forward_ad as _forward_ad
 from fusedops import library as _library
 from fusedops.library.common import matmul_runs_kernels, runs_kernels, wrap_dim
 from fusedops.autograd import matmul as _matmul
+from fusedops.autograd import matmul_reference as _matmul_reference
 from fusedops.autograd.function_host import torch_modes_active
 from fusedops.autograd import norms as _norms
 from fusedops.autograd import softmax as _softmax_autograd
@@ -314,17 +315,17 @@ def matmul(input: torch.Tensor, other: torch.Tensor, bias: Optional[torch.Tensor
     a, b = input, other
     if _transforms_active() or needs_torch(a, b, bias):
         if not (isinstance(a, torch.Tensor) and a.is_nested):     # (the checks read a's shape)
-            _matmul.check_arguments(a, b, bias, activation, out_dtype)
-        return _matmul.reference(a, b, bias, activation, out_dtype)
+            _matmul_reference.check_arguments(a, b, bias, activation, out_dtype)
+        return _matmul_reference.reference(a, b, bias, activation, out_dtype)
     autocast = _autocast_dtype("matmul", a) if isinstance(a, torch.Tensor) else None
     if autocast is not None:    # the autocast dtype (float16/bfloat16), as torch.matmul
         a, b, bias = (_library.autocast_cast(t, autocast) for t in (a, b, bias))
     # Arguments laid out like ones that took the kernel path before need neither checks nor routing.
     products = None if torch.compiler.is_compiling() else _matmul.known_products(a, b, bias, activation, out_dtype)
     if products is None:
-        _matmul.check_arguments(a, b, bias, activation, out_dtype)
+        _matmul_reference.check_arguments(a, b, bias, activation, out_dtype)
         if not _matmul_runs_kernels(a, out_dtype, bias):
-            return _matmul.reference(a, b, bias, activation, out_dtype)
+            return _matmul_reference.reference(a, b, bias, activation, out_dtype)
         if torch.compiler.is_compiling():
             return _library.matmul(a, b, bias, activation, out_dtype)
         products = _matmul.kernel_products(a, b, bias, activation, out_dtype)

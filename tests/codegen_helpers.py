@@ -9,6 +9,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.layouts import default_blocked, transpose
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_kernels import matmul_kernel, matmul_tma_kernel
 
 
 def xor_bits(bases, index: int) -> int:
@@ -42,7 +43,7 @@ def compile_library_matmul(config, dtype=torch.float16, arch="sm_90a", transpose
     row-major, B row-major or (transposed_b) column-major, no GPU needed."""
     x = torch.empty(16, dtype=dtype)
     b_strides = (k * n, 1, k) if transposed_b else (k * n, n, 1)
-    return dsl.jit(mm.matmul_kernel.fn).compile(
+    return dsl.jit(matmul_kernel.fn).compile(
         x, x, x, x, m, n, k, m * k, k, 1, *b_strides, m * n, n, 1, 1, target=arch,
         num_warps=config.num_warps, num_stages=config.num_stages, HAS_BIAS=True, ACTIVATION="gelu",
         ACC=dsl.float32, **config.constexprs)
@@ -60,7 +61,7 @@ def interpret_pipelined_tma_matmul(c, a, b, num_stages, expected_op, **tile):
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     args, constexprs, _ = mm._tma_launch(c, a[None], b[None], None, None)
     kwargs = dict(constexprs, **dict(dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1), **tile))
-    kernel = dsl.jit(mm.matmul_tma_kernel.fn)
+    kernel = dsl.jit(matmul_tma_kernel.fn)
     function = kernel.ir(*args, **kwargs)
     run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=num_stages))
     assert (k > 0) <= any(op.opcode == expected_op for op in function.walk())

@@ -11,6 +11,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.runtime import autotune as at
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import TMA_CONFIGS
 
 
 @dsl.jit
@@ -110,12 +111,12 @@ def test_the_tma_matmul_times_each_config_as_it_will_run(tmp_path, monkeypatch):
         assert (c_, a_, b_, interpret) == (c, a, b, False)
         return lambda: launched.append(config)
 
-    times = {index: 5.0 - index * 0.5 for index in range(len(mm.TMA_CONFIGS))}
-    fastest = mm.TMA_CONFIGS[max(times)]
+    times = {index: 5.0 - index * 0.5 for index in range(len(TMA_CONFIGS))}
+    fastest = TMA_CONFIGS[max(times)]
     monkeypatch.setattr(mm, "_tma_path", fake_path)
-    monkeypatch.setattr(mm, "time_launches", lambda launch, warmup=0: (launch(), times[mm.TMA_CONFIGS.index(launched[-1])])[1])
+    monkeypatch.setattr(mm, "time_launches", lambda launch, warmup=0: (launch(), times[TMA_CONFIGS.index(launched[-1])])[1])
     assert mm._tuned_tma_config(c, a, b, None, None) == fastest
-    assert set(launched) == set(mm.TMA_CONFIGS)
+    assert set(launched) == set(TMA_CONFIGS)
     key = mm.tuned_matmul_tma_kernel.key_of(mm._tma_launch(c, a, b, None, None)[0], mm._tma_launch(c, a, b, None, None)[1])
     assert mm.tuned_matmul_tma_kernel.best[key] == fastest
     launched.clear()

@@ -19,6 +19,8 @@ from fusedops.dsl.ir import OpCode
 from fusedops.dsl.runtime.launcher import ClusterLauncher, check_cluster_grid
 from fusedops.dsl.target import ptxas_available
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import _config, TMA_CLUSTER_CONFIGS, WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 
 from codegen_helpers import interpret_pipelined_tma_matmul
 from helpers import assert_close, poison, random_tensor
@@ -37,7 +39,7 @@ def _compile(config, dtype=torch.float16, arch="sm_90a", a_t=False, b_t=False, m
     a, b = _operand(m, k, dtype, a_t, 0), _operand(k, n, dtype, b_t, 1)
     c = torch.empty(1, m, n, dtype=dtype)
     args, constexprs, _ = mm._tma_launch(c, a[None], b[None], None, None)
-    return dsl.jit(mm.matmul_tma_kernel.fn).compile(*args, target=arch, num_warps=config.num_warps,
+    return dsl.jit(matmul_tma_kernel.fn).compile(*args, target=arch, num_warps=config.num_warps,
                                                     num_stages=config.num_stages, **constexprs, **config.constexprs)
 
 
@@ -185,7 +187,7 @@ def test_cluster_config_on_the_cp_async_path_drops_the_cluster(b_t, seed):
     a = random_tensor((2, 24, 40), torch.float32, "cpu", seed)
     b = _operand(40, 20, torch.float32, b_t, seed + 1)[None].expand(2, 40, 20)
     c = poison(torch.empty(2, 24, 20))
-    mm.matmul_into(c, a, b, interpret=True, config=mm._config(16, 16, 16, 4, 1, group_m=2, cluster_n=2))
+    mm.matmul_into(c, a, b, interpret=True, config=_config(16, 16, 16, 4, 1, group_m=2, cluster_n=2))
     assert_close(c, a.double() @ b.double(), torch.float32)
 
 
@@ -231,9 +233,9 @@ def test_multicast_ring_ignores_empty_barriers(tma_ws0):
     """FUSEDOPS_WS=1's empty mbarriers release a slot within one CTA only: a multicast ring keeps the
     cluster barrier schedule."""
     tma_ws0.setenv("FUSEDOPS_WS", "1")
-    ptx = _compile(mm.TMA_CLUSTER_CONFIGS[0]).asm["ptx"]
+    ptx = _compile(TMA_CLUSTER_CONFIGS[0]).asm["ptx"]
     assert "barrier.cluster.wait" in ptx and "mbarrier.arrive.shared::cta" not in ptx
-    assert "mbarrier.arrive.shared::cta" in _compile(mm.WGMMA_CONFIGS[0]).asm["ptx"]
+    assert "mbarrier.arrive.shared::cta" in _compile(WGMMA_CONFIGS[0]).asm["ptx"]
 
 
 # -- PTX ---------------------------------------------------------------------------------------------------------
@@ -244,9 +246,9 @@ def _multicast_copies(ptx: str) -> list:
 
 
 @pytest.mark.parametrize("config,shared_boxes,boxes", [
-    (mm.TMA_CLUSTER_CONFIGS[0], 2, {(128, 64), (64, 64)}),    # B: 64 x 256, four 64 x 64 boxes, two per CTA
-    (mm.TMA_CLUSTER_CONFIGS[1], 1, {(128, 64), (64, 64)}),    # A: 256 x 64, each CTA 128 rows of the one box
-    (mm.TMA_CLUSTER_CONFIGS[2], 2, {(64, 32), (32, 64)}),     # B: 32 x 256 (BLOCK_K 32), two boxes each
+    (TMA_CLUSTER_CONFIGS[0], 2, {(128, 64), (64, 64)}),    # B: 64 x 256, four 64 x 64 boxes, two per CTA
+    (TMA_CLUSTER_CONFIGS[1], 1, {(128, 64), (64, 64)}),    # A: 256 x 64, each CTA 128 rows of the one box
+    (TMA_CLUSTER_CONFIGS[2], 2, {(64, 32), (32, 64)}),     # B: 32 x 256 (BLOCK_K 32), two boxes each
 ], ids=["cluster_m 128x256", "cluster_n 256x128", "cluster_m 64x256x32"])
 def test_cluster_matmul_ptx(config, shared_boxes, boxes, tma_ws0):
     compiled = _compile(config)
@@ -266,12 +268,12 @@ def test_cluster_matmul_ptx_without_tma(monkeypatch, tmp_path):
     """FUSEDOPS_TMA=0: cp.async rings, no multicast, but still clusters (the grid is the same)."""
     monkeypatch.setenv("FUSEDOPS_TMA", "0")
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    ptx = _compile(mm.TMA_CLUSTER_CONFIGS[0]).asm["ptx"]
+    ptx = _compile(TMA_CLUSTER_CONFIGS[0]).asm["ptx"]
     assert ".reqnctapercluster 2, 1, 1" in ptx and "multicast" not in ptx and "barrier.cluster" not in ptx
 
 
 @needs_ptxas
-@pytest.mark.parametrize("config", mm.TMA_CLUSTER_CONFIGS, ids=str)
+@pytest.mark.parametrize("config", TMA_CLUSTER_CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype,a_t,b_t", [(torch.float16, False, False), (torch.bfloat16, True, True),
                                            (torch.float16, False, True)], ids=str)
 def test_cluster_matmul_ptx_is_accepted_by_ptxas_without_spills(config, dtype, a_t, b_t, tma_ws0):
@@ -286,8 +288,8 @@ _ORIENTATIONS = [(False, False), (True, False), (False, True), (True, True)]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", mm.TMA_CLUSTER_CONFIGS + [mm._config(128, 256, 64, 8, 4, cluster_n=2),
-                                                            mm._config(128, 128, 64, 4, 4, cluster_m=4)], ids=str)
+@pytest.mark.parametrize("config", TMA_CLUSTER_CONFIGS + [_config(128, 256, 64, 8, 4, cluster_n=2),
+                                                            _config(128, 128, 64, 4, 4, cluster_m=4)], ids=str)
 @pytest.mark.parametrize("a_t,b_t", _ORIENTATIONS, ids=str)
 @pytest.mark.parametrize("m,n,k", [(304, 496, 208), (400, 272, 1008), (64, 16, 16), (1008, 784, 4096)], ids=str)
 def test_gpu_cluster_matmul_matches_float64(m, n, k, a_t, b_t, config, seed, monkeypatch):

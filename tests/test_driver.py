@@ -15,7 +15,7 @@ from llvmlite import ir
 
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.language import dtypes
-from fusedops.dsl.runtime import driver
+from fusedops.dsl.runtime import driver, kernel_launcher
 from fusedops.dsl.runtime.launcher_args import ArgumentPacker, ParamKind, param_kind
 
 K = ParamKind
@@ -215,7 +215,7 @@ def test_load_and_launch_mixed_scalar_arguments(seed, form):
             pytest.skip("ptxas is not installed")
         image = ptxas.assemble(image, arch).cubin
     kernel = driver.load_module(image, "affine")
-    launcher = driver.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=4)
+    launcher = kernel_launcher.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=4)
     n = 1000
     generator = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(n + 17, device="cuda", generator=generator)
@@ -247,7 +247,7 @@ def test_dynamic_shared_memory_opt_in_and_limit():
     limit = kernel.context.properties.max_shared_memory_optin
     driver.set_dynamic_shared_memory(kernel, 100 * 1024)
     assert kernel.dynamic_shared_limit == 100 * 1024
-    launcher = driver.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=4, shared_bytes=limit)
+    launcher = kernel_launcher.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=4, shared_bytes=limit)
     x = torch.zeros(128, device="cuda")
     launcher.launch((1, 1, 1), driver.current_raw_stream(0), [x.data_ptr(), x.data_ptr(), 128, 1.0, 0.0, 0.0, 0,
                                                               False, 1])
@@ -261,8 +261,8 @@ def test_dynamic_shared_memory_opt_in_and_limit():
 def test_launch_errors_are_launch_errors():
     kernel = driver.load_module(_affine_kernel_ptx(_current_target_arch()), "affine")
     with pytest.raises(LaunchError, match="threads per block"):
-        driver.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=8)  # .maxntid 128
-    launcher = driver.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=4)
+        kernel_launcher.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=8)  # .maxntid 128
+    launcher = kernel_launcher.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=4)
     args = [0, 0, 0, 1.0, 0.0, 0.0, 0, False, 0]
     with pytest.raises(LaunchError, match="grid"):
         launcher.launch((0, 1, 1), driver.current_raw_stream(0), args)
@@ -326,17 +326,17 @@ def _mocked_launcher(monkeypatch, kinds, names=None):
 
     monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
     kernel = driver.LoadedKernel("k", None, None, None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT)
-    launcher = driver.KernelLauncher(kernel, kinds, num_warps=4, param_names=names)
+    launcher = kernel_launcher.KernelLauncher(kernel, kinds, num_warps=4, param_names=names)
     return launcher, calls
 
 
 def _inlined(launcher, count: int, fixed=None):
-    """`launch(grid_x, grid_y, grid_z, stream, v0, ...)` made of driver.inline_launch_statements."""
+    """`launch(grid_x, grid_y, grid_z, stream, v0, ...)` made of kernel_launcher.inline_launch_statements."""
     parts = launcher.inline(fixed)
     names = [f"v{i}" for i in range(count)]
+    statements = kernel_launcher.inline_launch_statements(names, "grid_x, grid_y, grid_z", "stream")
     source = "\n".join([f"def launch(grid_x, grid_y, grid_z, stream, {', '.join(names)}):",
-                        *("    " + line for line in driver.inline_launch_statements(names, "grid_x, grid_y, grid_z",
-                                                                                    "stream"))])
+                        *("    " + line for line in statements)])
     namespace = {"struct": struct, **parts._asdict()}
     exec(source, namespace)
     return namespace["launch"]
@@ -357,8 +357,8 @@ def test_inlined_launch_packs_and_fails_like_launch(monkeypatch):
     assert calls[-1] == ((3, 2, 1), None, (8192, 9, 2.0))
     with pytest.raises(LaunchError, match=r"argument 0 \(x_ptr\) of kind pointer"):
         with_fixed(1, 1, 1, 0, -1)
-    assert driver.KernelLauncher.inline(_mocked_launcher(monkeypatch, [K.BFLOAT16])[0]) is None
-    assert driver.KernelLauncher.inline(_mocked_launcher(monkeypatch, [])[0]) is None
+    assert kernel_launcher.KernelLauncher.inline(_mocked_launcher(monkeypatch, [K.BFLOAT16])[0]) is None
+    assert kernel_launcher.KernelLauncher.inline(_mocked_launcher(monkeypatch, [])[0]) is None
 
 
 def test_default_stream_is_passed_as_none(monkeypatch):

@@ -21,9 +21,9 @@ import fusedops
 import fusedops.nn as fnn
 from fusedops import library
 from fusedops.kernels import attention as attention_kernels
-from fusedops.kernels import matmul as matmul_kernels
-from fusedops.kernels import norm_launch
-from fusedops.kernels import softmax as softmax_kernels
+from fusedops.kernels import matmul as matmul_launch
+from fusedops.kernels import norms
+from fusedops.kernels import softmax
 from helpers import assert_close
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -89,9 +89,9 @@ def test_opcheck(case, path, monkeypatch):
 
 def test_operators_run_the_kernels_under_the_interpreter(interpret, monkeypatch):
     calls = []
-    for module, name in ((softmax_kernels, "softmax_forward"), (softmax_kernels, "softmax_backward"),
-                         (norm_launch, "norm_forward"), (norm_launch, "norm_backward"),
-                         (matmul_kernels, "matmul_into")):
+    for module, name in ((softmax, "softmax_forward"), (softmax, "softmax_backward"),
+                         (norms, "norm_forward"), (norms, "norm_backward"),
+                         (matmul_launch, "matmul_into")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     x = _leaf(3, 8)

@@ -1,5 +1,5 @@
 """Float `//` in the DSL (language/semantics.py `_float_floor_divide`) against torch.floor_divide, and signed
-zeros in max/min reductions and scans (language/numerics.py `_order_zeros`), in the interpreter; the compiled
+zeros in max/min reductions and scans (language/numerics/reductions.py `_order_zeros`), in the interpreter; the compiled
 floor division assembles for sm_80 and sm_90a."""
 
 from __future__ import annotations
@@ -61,16 +61,16 @@ def test_compiled_float_floor_divide_assembles(dtype, arch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_max_min_scans_order_signed_zeros(dtype):
-    # numerics.scan's max/min kinds (the interpreter's SCAN), as the compiled combiner (llvm.maximum/minimum)
-    from fusedops.dsl.language import numerics
+    # reductions.scan's max/min kinds (the interpreter's SCAN), as the compiled combiner (llvm.maximum/minimum)
+    from fusedops.dsl.language.numerics import reductions
     from fusedops.dsl.language.dtypes import float16, float32
     x = torch.tensor([-0.0, 0.0, -0.0, -1.0, 0.0, -0.0, float("nan"), 0.0], dtype=dtype).numpy()
     kind = float32 if dtype == torch.float32 else float16
-    cummax = torch.from_numpy(numerics.scan(x, "max", 0, False, kind))
-    cummin = torch.from_numpy(numerics.scan(x, "min", 0, False, kind))
+    cummax = torch.from_numpy(reductions.scan(x, "max", 0, False, kind))
+    cummin = torch.from_numpy(reductions.scan(x, "min", 0, False, kind))
     # running maximum: -0.0 until a +0.0 is seen; running minimum: -0.0 from the first -0.0; NaN from the NaN on
     assert torch.signbit(cummax[:6]).tolist() == [True, False, False, False, False, False]
     assert torch.signbit(cummin[:3]).tolist() == [True, True, True] and cummin[3:6].tolist() == [-1.0] * 3
     assert torch.isnan(cummax[6:]).all() and torch.isnan(cummin[6:]).all()
-    reversed_max = torch.from_numpy(numerics.scan(x[:3], "max", 0, True, kind).copy())
+    reversed_max = torch.from_numpy(reductions.scan(x[:3], "max", 0, True, kind).copy())
     assert torch.signbit(reversed_max).tolist() == [False, False, True]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fusedops.dsl as dsl
-from fusedops.dsl.runtime import driver
+from fusedops.dsl.runtime import driver, kernel_launcher
 from fusedops.dsl.runtime.jit import JITFunction
 
 
@@ -420,18 +420,21 @@ def _forget_library_launchers() -> None:
     launches cached on them: the next launch builds them on this test's driver."""
     from fusedops.autograd import attention as attention_autograd, matmul as matmul_autograd
     from fusedops.autograd import norms as norms_autograd, softmax as softmax_autograd
-    from fusedops.kernels import attention, matmul, softmax
-    from fusedops.kernels import norm_backward_kernels, norm_forward_kernels, norm_launch, norm_row_sweeps
+    from fusedops.kernels import attention, attention_backward_kernels, attention_forward, matmul_kernels, softmax, \
+        softmax_kernels
+    from fusedops.kernels import norm_backward_kernels, norm_forward_kernels, norm_row_sweeps, norm_split_window, norms
 
-    for module in (attention, matmul, norm_forward_kernels, norm_row_sweeps, norm_backward_kernels, softmax):
+    # the modules that define kernels (the entry-point modules only import theirs)
+    for module in (attention_forward, attention_backward_kernels, matmul_kernels, norm_forward_kernels,
+                   norm_row_sweeps, norm_split_window, norm_backward_kernels, softmax_kernels):
         for kernel in vars(module).values():
             if isinstance(kernel, JITFunction):
                 kernel._plans.clear()
                 for entry in kernel._cache.values():
                     if entry.compiled is not None:
                         entry.compiled._launchers.clear()
-    for cache in (softmax._FORWARD_LAUNCHES, softmax._BACKWARD_LAUNCHES, norm_launch._FORWARD_LAUNCHES,
-                  norm_launch._BACKWARD_LAUNCHES, matmul_autograd._FORWARD_LAUNCHES, attention._FORWARD_LAUNCHES,
+    for cache in (softmax._FORWARD_LAUNCHES, softmax._BACKWARD_LAUNCHES, norms._FORWARD_LAUNCHES,
+                  norms._BACKWARD_LAUNCHES, matmul_autograd._FORWARD_LAUNCHES, attention._FORWARD_LAUNCHES,
                   attention._BACKWARD_LAUNCHES, attention_autograd._KNOWN_LAUNCHES, matmul_autograd._KNOWN_PRODUCTS,
                   norms_autograd._KNOWN_LAUNCHES, softmax_autograd._KNOWN_LAUNCHES):
         cache.clear()
@@ -453,7 +456,7 @@ def launches(gpu, monkeypatch):
     def load_module(ptx, name, index=None):
         return driver.LoadedKernel(name, None, _Function(), None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT)
 
-    init = driver.KernelLauncher.__init__
+    init = kernel_launcher.KernelLauncher.__init__
 
     def recording_init(self, kernel, *args, **kwargs):
         init(self, kernel, *args, **kwargs)
@@ -465,7 +468,7 @@ def launches(gpu, monkeypatch):
         return (0,)
 
     monkeypatch.setattr(driver, "load_module", load_module)
-    monkeypatch.setattr(driver.KernelLauncher, "__init__", recording_init)
+    monkeypatch.setattr(kernel_launcher.KernelLauncher, "__init__", recording_init)
     monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
     monkeypatch.setattr(jit_module, "cuda_device", lambda kernel, params, values: torch.device("cuda", 0))
     yield recorded
@@ -522,7 +525,7 @@ def test_softmax_backward_plan_matches_softmax_backward(launches, monkeypatch):
 
 @pytest.mark.parametrize("subtract_mean", [True, False])
 def test_norm_launches_cached_per_layout(launches, subtract_mean):
-    from fusedops.kernels import norm_launch as N
+    from fusedops.kernels import norms as N
     from fusedops.kernels.norm_forward_config import forward_config
     from fusedops.kernels.norm_rows import as_rows
 

@@ -13,11 +13,14 @@ import torch
 import fusedops
 import fusedops.nn
 import fusedops.dsl as dsl
-from fusedops.autograd.matmul import MatmulFunction, reference
+from fusedops.autograd.matmul import MatmulFunction
+from fusedops.autograd.matmul_reference import reference
 from fusedops.dsl.errors import CompilationError, LaunchError
 from fusedops.dsl.ir import OpCode
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import _config, CONFIGS, INTERPRETER_CONFIG
+from fusedops.kernels.matmul_kernels import matmul_kernel
 from codegen_helpers import compile_library_matmul
 from helpers import assert_close, poison, random_tensor
 
@@ -163,7 +166,7 @@ _TILES = [(64, 64, 32, 4), (64, 64, 32, 8), (128, 128, 32, 4), (128, 128, 32, 8)
 def test_library_kernel_ptx_uses_tensor_cores_and_does_not_spill(tile, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     block_m, block_n, block_k, num_warps = tile
-    config = mm._config(block_m, block_n, block_k, num_warps, 3)
+    config = _config(block_m, block_n, block_k, num_warps, 3)
     compiled = compile_library_matmul(config, arch="sm_90")   # sm_90a: test_wgmma.py
     ptx = compiled.asm["ptx"]
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
@@ -175,7 +178,7 @@ def test_library_kernel_ptx_uses_tensor_cores_and_does_not_spill(tile, tmp_path,
 
 
 @needs_ptxas
-@pytest.mark.parametrize("config", [c for c in mm.CONFIGS if (c.constexprs["BLOCK_M"], c.constexprs["BLOCK_N"],
+@pytest.mark.parametrize("config", [c for c in CONFIGS if (c.constexprs["BLOCK_M"], c.constexprs["BLOCK_N"],
                                                               c.constexprs["BLOCK_K"], c.num_warps) not in _TILES],
                          ids=str)
 def test_shipped_configs_assemble_without_spills(config, tmp_path, monkeypatch):
@@ -189,11 +192,11 @@ def test_shipped_configs_assemble_without_spills(config, tmp_path, monkeypatch):
 @needs_ptxas
 def test_bf16_on_sm80_and_unaligned_shapes(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    ptx = compile_library_matmul(mm.CONFIGS[3], torch.bfloat16, "sm_80").asm["ptx"]
+    ptx = compile_library_matmul(CONFIGS[3], torch.bfloat16, "sm_80").asm["ptx"]
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "cp.async" in ptx
     assert assemble(ptx, "sm_80").spill_bytes == 0
     # K = 4099: rows are not 16-byte aligned, so no cp.async; the dot still runs on tensor cores
-    odd = compile_library_matmul(mm.CONFIGS[3], arch="sm_90", m=4095, n=4093, k=4099).asm["ptx"]
+    odd = compile_library_matmul(CONFIGS[3], arch="sm_90", m=4095, n=4093, k=4099).asm["ptx"]
     assert "mma.sync" in odd and "ldmatrix" in odd and "cp.async" not in odd
     assert assemble(odd, "sm_90").spill_bytes == 0
 
@@ -203,8 +206,8 @@ def test_pipelining_pass_builds_the_ring(tmp_path, monkeypatch):
     from fusedops.dsl.passes.manager import run_pipeline
     from fusedops.dsl.passes.pipeline import default_pipeline
     x = torch.empty(16, dtype=torch.float16)
-    config = mm.CONFIGS[3]
-    function = dsl.jit(mm.matmul_kernel.fn).ir(x, x, x, x, 256, 256, 256, 0, 256, 1, 0, 256, 1, 0, 256, 1, 1,
+    config = CONFIGS[3]
+    function = dsl.jit(matmul_kernel.fn).ir(x, x, x, x, 256, 256, 256, 0, 256, 1, 0, 256, 1, 0, 256, 1, 1,
                                                HAS_BIAS=False, ACTIVATION=None, ACC=dsl.float32, **config.constexprs)
     run_pipeline(function, default_pipeline(4, "sm_80", num_stages=4))
     top = [op.opcode for op in function.body.ops]
@@ -235,9 +238,9 @@ def test_pipelined_ir_computes_the_same_in_the_interpreter(m, n, k, num_stages, 
     a = random_tensor((m, k), torch.float16, seed=seed)
     b = random_tensor((k, n), torch.float16, seed=seed + 1)
     c = poison(torch.empty(m, n, dtype=torch.float16))
-    kernel = dsl.jit(mm.matmul_kernel.fn)
+    kernel = dsl.jit(matmul_kernel.fn)
     args = (c, a, b, c, m, n, k, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1), 0, c.stride(0), 1, 0)
-    kwargs = dict(HAS_BIAS=False, ACTIVATION=None, ACC=dsl.float32, **mm.INTERPRETER_CONFIG.constexprs)
+    kwargs = dict(HAS_BIAS=False, ACTIVATION=None, ACC=dsl.float32, **INTERPRETER_CONFIG.constexprs)
     function = kernel.ir(*args, **kwargs)
     run_pipeline(function, default_pipeline(4, "sm_80", num_stages=num_stages))
     assert sum(op.opcode == OpCode.LOCAL_ALLOC for op in function.body.ops) >= 1
@@ -303,13 +306,13 @@ def test_autotune_picks_the_fastest_skips_failures_and_persists(tmp_path, monkey
             raise value
         return value, config.num_warps in spills
 
-    tuner = dsl.autotune(configs, key=["M", "N", "K"])(mm.matmul_kernel)
+    tuner = dsl.autotune(configs, key=["M", "N", "K"])(matmul_kernel)
     assert tuner.select("key-1", measure) == configs[2]       # 8 warps is faster but spills
     skipped = [m for m in tuner.measurements["key-1"] if m.skipped]
     assert len(skipped) == 1 and "shared memory" in skipped[0].skipped
     files = list((tmp_path / "autotune").iterdir())
     assert len(files) == 1 and json.loads(files[0].read_text()) == {"key-1": 2}
-    fresh = dsl.autotune(configs, key=["M", "N", "K"])(mm.matmul_kernel)
+    fresh = dsl.autotune(configs, key=["M", "N", "K"])(matmul_kernel)
 
     def must_not_measure(config):
         raise AssertionError("the recorded choice should be used")
@@ -317,4 +320,4 @@ def test_autotune_picks_the_fastest_skips_failures_and_persists(tmp_path, monkey
     with pytest.raises(LaunchError, match="no config could run"):
         fresh.select("key-2", lambda c: (_ for _ in ()).throw(CompilationError("bad")))
     with pytest.raises(TypeError, match="not parameters"):
-        dsl.autotune(configs, key=["Q"])(mm.matmul_kernel)
+        dsl.autotune(configs, key=["Q"])(matmul_kernel)

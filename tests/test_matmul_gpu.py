@@ -16,8 +16,10 @@ import fusedops
 import fusedops.dsl as dsl
 import fusedops.nn
 import kernels_for_tests as K
-from fusedops.autograd.matmul import reference
+from fusedops.autograd.matmul_reference import reference
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import AUTOTUNE_MIN_WORK, CONFIGS, SMALL_CONFIG
+from fusedops.kernels.matmul_kernels import matmul_kernel
 from helpers import poison, random_tensor
 
 pytestmark = pytest.mark.cuda
@@ -40,7 +42,7 @@ def _check(actual, a, b, bias=None, activation=None, out_dtype=None):
     assert ours <= bound, f"error {ours:.3e} > bound {bound:.3e} (torch.matmul: {torch_error:.3e})"
 
 
-# Below mm.AUTOTUNE_MIN_WORK (SMALL_CONFIG, one compile per divisibility pattern); the autotuned
+# Below AUTOTUNE_MIN_WORK (SMALL_CONFIG, one compile per divisibility pattern); the autotuned
 # path is covered by test_large_autotuned_matmul and test_every_config.
 _SHAPES = [(1, 1, 1), (7, 13, 17), (16, 16, 16), (64, 64, 64), (127, 129, 131), (128, 256, 64), (257, 511, 129),
            (397, 389, 383), (1, 4096, 4096), (4096, 1, 4096), (33, 8192, 256), (2048, 2048, 8), (3, 5, 0)]
@@ -67,7 +69,7 @@ def test_large_autotuned_matmul(dtype, tma, seed, monkeypatch):
     assert tuner.best, "the autotuner recorded no choice"
 
 
-@pytest.mark.parametrize("config", mm.CONFIGS + [mm.SMALL_CONFIG], ids=str)
+@pytest.mark.parametrize("config", CONFIGS + [SMALL_CONFIG], ids=str)
 @pytest.mark.parametrize("m,n,k", [(512, 512, 512), (300, 496, 208)], ids=str)
 def test_every_config(config, m, n, k, seed):
     a = random_tensor((1, m, k), torch.float16, "cuda", seed)
@@ -165,7 +167,7 @@ def test_linear_matches_torch(seed):
 def test_autotune_records_its_choice(tmp_path, monkeypatch, seed):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FUSEDOPS_TMA", "0")     # matmul_into takes tuned_matmul_kernel, replaced below
-    tuner = dsl.autotune(mm.CONFIGS[:3], key=["M", "N", "K"])(mm.matmul_kernel)
+    tuner = dsl.autotune(CONFIGS[:3], key=["M", "N", "K"])(matmul_kernel)
     monkeypatch.setattr(mm, "tuned_matmul_kernel", tuner)
     a = random_tensor((1, 1024, 1024), torch.float16, "cuda", seed)
     b = random_tensor((1, 1024, 1024), torch.float16, "cuda", seed + 1)

@@ -23,6 +23,8 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.kernels import matmul as mm
+from fusedops.kernels import matmul_configs
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
 from fusedops.kernels import matmul_persistent as mp
 from fusedops.kernels.device_info import sm_count
 from fusedops.dsl.target import assemble, ptxas_available
@@ -33,7 +35,7 @@ CPU = torch.device("cpu")
 
 
 def _config(block_m=16, block_n=16, block_k=16, group_m=4, num_warps=8):
-    return mm._config(block_m, block_n, block_k, num_warps, 1, group_m=group_m)
+    return matmul_configs._config(block_m, block_n, block_k, num_warps, 1, group_m=group_m)
 
 
 # -- division by reciprocals -----------------------------------------------------------------------
@@ -177,7 +179,7 @@ def test_bad_knob_value_is_loud(monkeypatch):
 
 # -- PTX ---------------------------------------------------------------------------------------------
 
-_EIGHT_WARP_CONFIGS = [config for config in mm.WGMMA_CONFIGS if config.num_warps == 8]
+_EIGHT_WARP_CONFIGS = [config for config in WGMMA_CONFIGS if config.num_warps == 8]
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")

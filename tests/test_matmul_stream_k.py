@@ -18,6 +18,8 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.kernels import matmul as mm
+from fusedops.kernels import matmul_configs
+from fusedops.kernels.matmul_configs import INTERPRETER_CONFIG, WGMMA_CONFIGS
 from fusedops.kernels import matmul_stream_k as sk
 from fusedops.kernels.device_info import sm_count
 from fusedops.dsl.target import assemble, ptxas_available
@@ -28,7 +30,7 @@ CPU = torch.device("cpu")
 
 
 def _config(block_m=16, block_n=16, block_k=16, group_m=2):
-    return mm._config(block_m, block_n, block_k, 4, 1, group_m=group_m)
+    return matmul_configs._config(block_m, block_n, block_k, 4, 1, group_m=group_m)
 
 
 def _launch(c, a, b, bias, activation, config, programs, sk_tiles, interpret, epoch=None, workspace=None):
@@ -112,7 +114,7 @@ def test_public_matmul_takes_stream_k_where_planned_and_not_when_off(monkeypatch
     m, n, k = 16 * 50, 48, 320      # TMA-describable fp16; INTERPRETER_CONFIG's 16 x 16 tiles: 150, 2 split
     a = torch.randn(1, m, k, generator=generator).half()
     b = (torch.randn(1, k, n, generator=generator) * k ** -0.5).half()
-    assert sk.plan(m, n, k, mm.INTERPRETER_CONFIG, CPU) == (4, 150 % 4)
+    assert sk.plan(m, n, k, INTERPRETER_CONFIG, CPU) == (4, 150 % 4)
     for setting, calls in (("1", 1), ("0", 0)):
         monkeypatch.setenv("FUSEDOPS_STREAM_K", setting)
         with mock.patch.object(sk, "launch", wraps=sk.launch) as spy:
@@ -124,10 +126,10 @@ def test_public_matmul_takes_stream_k_where_planned_and_not_when_off(monkeypatch
 # -- PTX ---------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
-@pytest.mark.parametrize("index", range(len(mm.WGMMA_CONFIGS)))
+@pytest.mark.parametrize("index", range(len(WGMMA_CONFIGS)))
 def test_sm90a_ptx_uses_wgmma_and_tma_without_spills(index, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    config = mm.WGMMA_CONFIGS[index]
+    config = WGMMA_CONFIGS[index]
     a, b, c = (torch.empty(4096, 4096, dtype=torch.float16) for _ in range(3))
     args, options = sk._arguments(c, a, b, None, None, config, 132, 116, sk.new_epoch())
     ptx = sk.matmul_stream_k_kernel.compile(*args, target="sm_90a", **options).asm["ptx"]
@@ -140,10 +142,10 @@ def test_sm90a_ptx_uses_wgmma_and_tma_without_spills(index, tmp_path, monkeypatc
 # -- GPU tier ----------------------------------------------------------------------------------------
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("index", range(len(mm.WGMMA_CONFIGS)))
+@pytest.mark.parametrize("index", range(len(WGMMA_CONFIGS)))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_every_config_and_split(index, dtype, seed):
-    config = mm.WGMMA_CONFIGS[index]
+    config = WGMMA_CONFIGS[index]
     programs = sm_count(torch.device("cuda"))
     m, n, k = 2000, 1040, 1000     # ragged in M and K; 16 x 5..9 tiles of 128 or 256
     a, b = _gpu_operands(m, n, k, dtype, seed)
@@ -179,7 +181,7 @@ def test_gpu_public_matmul_with_a_partial_last_wave(m, n, k, seed, monkeypatch):
 
 @pytest.mark.cuda
 def test_gpu_cuda_graph_replays_the_fix_up(seed):
-    config = mm.WGMMA_CONFIGS[0]
+    config = WGMMA_CONFIGS[0]
     programs = sm_count(torch.device("cuda"))
     a, b = _gpu_operands(1536, 2048, 2048, torch.float16, seed)
     c = torch.empty(1536, 2048, device="cuda", dtype=torch.float16)

@@ -12,7 +12,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.errors import LaunchError
-from fusedops.dsl.runtime import driver, native_launch
+from fusedops.dsl.runtime import driver, kernel_launcher, native_launch
 from fusedops.dsl.runtime.launcher_args import ParamKind
 from helpers import run_in_threads
 
@@ -140,7 +140,7 @@ def stub_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
         name, None, None, None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
     monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))
-    monkeypatch.setattr(driver, "_native_stub", make)
+    monkeypatch.setattr(kernel_launcher, "_native_stub", make)
     from fusedops.dsl.runtime import jit as jit_module
     monkeypatch.setattr(jit_module, "cuda_device", lambda kernel, params, values: torch.device("cuda", 0))
     return fakes, fakes_result
@@ -150,7 +150,7 @@ def test_cached_and_prepared_launches_go_through_the_stub(stub_gpu, monkeypatch)
     fakes, _ = stub_gpu
     kernel = dsl.jit(_scale_kernel.fn)
     x, y = torch.zeros(64), torch.zeros(64)
-    monkeypatch.setattr(driver.KernelLauncher, "_build_launch", lambda self: lambda grid, stream, args: None)
+    monkeypatch.setattr(kernel_launcher.KernelLauncher, "_build_launch", lambda self: lambda grid, stream, args: None)
     kernel[(2,)](x, y, 64, 2.0, BLOCK=32)      # the full path (its launch is the launcher's own)
     kernel[(3,)](x, y, 48, 3.0, BLOCK=32)      # cached: through the stub
     (fake,) = fakes
@@ -170,7 +170,7 @@ def test_a_failed_stub_launch_raises_launch_error(stub_gpu, monkeypatch):
     fakes, result = stub_gpu
     kernel = dsl.jit(_scale_kernel.fn)
     x, y = torch.zeros(64), torch.zeros(64)
-    monkeypatch.setattr(driver.KernelLauncher, "_build_launch", lambda self: lambda grid, stream, args: None)
+    monkeypatch.setattr(kernel_launcher.KernelLauncher, "_build_launch", lambda self: lambda grid, stream, args: None)
     kernel[(1,)](x, y, 64, 2.0, BLOCK=32)
     result[0] = 1       # CUDA_ERROR_INVALID_VALUE
     fakes.clear()

@@ -1,5 +1,5 @@
 """The host path of the LayerNorm/RMSNorm backward (fusedops/autograd/norms.py NormFunction,
-kernels/norm_launch.py NormLaunches.backward).
+kernels/norms.py NormLaunches.backward).
 
 NormLaunches.backward finds its launch by the gradients asked for alone when dy, the saved x and the
 saved weight are contiguous, else by their strides: the cases here switch between the two within one

@@ -1,5 +1,5 @@
 """The LayerNorm/RMSNorm forward variants that re-read x (ForwardConfig.reload, output_chunks) and carry
-cache hints (cache_hints), forced through norm_launch.norm_forward: the candidates of the H200 sweep
+cache hints (cache_hints), forced through norms.norm_forward: the candidates of the H200 sweep
 (.scratch/ln_fwd_probe.py), some of which the shipped 16-bit LayerNorm configs use
 (norm_forward_config.forward_config; tests/test_norms.py checks those defaults).
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_forward_config
 from fusedops.kernels import norm_forward_kernels
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, random_tensor
 
@@ -45,7 +45,7 @@ def _check(config, shape, dtype, seed, subtract_mean, weight=True, bias=True, x_
     n = x.shape[-1]
     w = random_tensor((n,), dtype, "cpu", seed + 1, scale=0.5) + 1 if weight else None
     b = random_tensor((n,), dtype, "cpu", seed + 2) if bias and subtract_mean else None
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
     assert_close(y, _reference(x, w, b, 1e-5, subtract_mean), dtype)
     x64 = x.double()
     if subtract_mean:
@@ -98,7 +98,7 @@ def test_reload_strided_columns(interpret, subtract_mean, seed):
 def test_output_chunks_must_divide_block_n(interpret):
     x = torch.ones(2, 40)
     with pytest.raises(ValueError, match="output_chunks=3"):
-        norm_launch.norm_forward(x, None, None, 1e-5, subtract_mean=True, config=FC(False, 1, 64, 4, reload=True,
+        norms.norm_forward(x, None, None, 1e-5, subtract_mean=True, config=FC(False, 1, 64, 4, reload=True,
                                                                                         output_chunks=3))
 
 

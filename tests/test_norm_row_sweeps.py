@@ -1,5 +1,5 @@
 """The LayerNorm/RMSNorm forward in row sweeps (ForwardConfig.row_sweeps: norm_row_sweeps.forward_row_sweeps_kernel),
-forced through norm_launch.norm_forward: the candidates of the H200 probe (.scratch/ln_fwd_probe.py, LN_SWEEPS=1).
+forced through norms.norm_forward: the candidates of the H200 probe (.scratch/ln_fwd_probe.py, LN_SWEEPS=1).
 
 CPU tier: the interpreter against torch in float64 with small chunks, so that rows run several unmasked
 chunks and a masked tail (one or more pieces, rows shorter than a piece, odd N), float16/bfloat16/float32,
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_forward_config
 from fusedops.kernels import norm_forward_launcher
-from fusedops.kernels import norm_launch
 from fusedops.kernels import norm_row_sweeps
+from fusedops.kernels import norms
 from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, poison, random_tensor
 
@@ -58,8 +58,8 @@ def _check(config, x, subtract_mean, seed, weight=True, bias=True, eps=1e-5):
     n, dtype = x.shape[-1], x.dtype
     w = random_tensor((n,), dtype, x.device, seed + 1, scale=0.5) + 1 if weight else None
     b = random_tensor((n,), dtype, x.device, seed + 2) if bias and subtract_mean else None
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=config,
-                                             allocate=_poisoned_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=config,
+                                       allocate=_poisoned_empty)
     x64, w64, b64 = (None if t is None else t.double() for t in (x, w, b))
     if subtract_mean:
         assert_close(y, F.layer_norm(x64, (n,), w64, b64, eps), dtype)
@@ -98,7 +98,7 @@ def test_row_sweeps_strided_rows(interpret, subtract_mean, seed):
 
 def test_chunk_must_be_a_power_of_two(interpret):
     with pytest.raises(ValueError, match="block_n=384 is not a power of two"):
-        norm_launch.norm_forward(torch.ones(2, 1000), None, None, 1e-5, subtract_mean=True, config=_sweeps(384))
+        norms.norm_forward(torch.ones(2, 1000), None, None, 1e-5, subtract_mean=True, config=_sweeps(384))
 
 
 # The row-sweep candidates of .scratch/ln_fwd_probe.py (LN_SWEEPS=1), kept in step by hand: (chunk,
@@ -398,7 +398,7 @@ def test_gpu_more_than_2_31_elements(config, n_cols, subtract_mean, seed):
     x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")
     w = random_tensor((n_cols,), torch.float16, "cuda", seed, scale=0.5) + 1
     b = random_tensor((n_cols,), torch.float16, "cuda", seed + 1) if subtract_mean else None
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=config)
     boundary = 2**31 // n_cols                      # the first row past element 2**31
     rows = torch.tensor([0, 1, n_rows // 2, boundary - 1, boundary, boundary + 1, n_rows - 1], device="cuda")
     x64 = x[rows].double()
@@ -417,8 +417,8 @@ def test_shifted_affine_copies_of_strided_weight_and_bias(interpret, subtract_me
     x = random_tensor((9, n), torch.float16, "cpu", seed) * 3 + 0.25
     w = random_tensor((2 * n,), torch.float16, "cpu", seed + 1)[::2] + 1
     b = random_tensor((3, n), torch.float16, "cpu", seed + 2)[1] if subtract_mean else None
-    y, _, _ = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean,
-                                       config=_window(64, shifted_affine=True), allocate=_poisoned_empty)
+    y, _, _ = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean,
+                                 config=_window(64, shifted_affine=True), allocate=_poisoned_empty)
     x64, w64 = x.double(), w.double()
     expected = (F.layer_norm(x64, (n,), w64, b.double(), 1e-5) if subtract_mean
                 else F.rms_norm(x64, (n,), w64, 1e-5))

@@ -31,10 +31,11 @@ from fusedops.kernels import norm_backward_launcher
 from fusedops.kernels import norm_forward_config
 from fusedops.kernels import norm_forward_kernels
 from fusedops.kernels import norm_forward_launcher
-from fusedops.kernels import norm_launch
 from fusedops.kernels import norm_row_sweeps
 from fusedops.kernels import norm_rows
 from fusedops.kernels import norm_split_window
+from fusedops.kernels import norms
+from fusedops.kernels import sizes
 from fusedops.kernels.norm_backward_config import BackwardConfig
 from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, poison, random_tensor
@@ -131,7 +132,7 @@ def test_forward_reads_16_byte_vectors_when_row_strides_allow(n_cols, subtract_m
     x = torch.empty(8, n_cols, dtype=torch.float16)
     config = norm_forward_config.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
     assert config.shifted_sums == subtract_mean and not config.reload and config.cache_hints
-    align = norm_rows._stride_alignment(x.stride(0), x.stride(0), x.element_size())
+    align = norm_rows.stride_alignment(x.stride(0), x.stride(0), x.element_size())
     assert align == 8
     stats = torch.empty(8)
     compiled = norm_forward_kernels.forward_kernel.compile(
@@ -225,11 +226,11 @@ def _check_with_configs(op, shape, dtype, seed, forward_config, backward_config,
         x = x.t().contiguous().t()
     if expand_dy:
         dy = dy[:1].expand(shape)
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
-                                             interpret=True, allocate=_poisoned_cpu_empty)
-    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                           weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
-                                           config=backward_config, interpret=True, allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
+                                       interpret=True, allocate=_poisoned_cpu_empty)
+    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
+                                     config=backward_config, interpret=True, allocate=_poisoned_cpu_empty)
     _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
@@ -259,12 +260,12 @@ def test_issue5_variants_strided_x_and_expanded_dy(variant, seed):
 
 
 def test_aligned_window_applies_only_to_rows_of_stride_n():
-    assert norm_rows._window_shift(True, 32, 21, 1, 2, (21, 1), (21, 1)) == 8
-    assert norm_rows._window_shift(True, None, 21, 1, 2, (21, 1), (0, 1)) == 0      # expanded dy
-    assert norm_rows._window_shift(True, 32, 21, 1, 2, (1, 21)) == 0                 # transposed x
-    assert norm_rows._window_shift(True, 16, 21, 1, 2, (21, 1)) == 0                 # window past the block
-    assert norm_rows._window_shift(True, 32, 24, 8, 2, (24, 1)) == 0                 # rows already aligned
-    assert norm_rows._window_shift(False, 32, 21, 1, 2, (21, 1)) == 0
+    assert norm_rows.window_shift(True, 32, 21, 1, 2, (21, 1), (21, 1)) == 8
+    assert norm_rows.window_shift(True, None, 21, 1, 2, (21, 1), (0, 1)) == 0      # expanded dy
+    assert norm_rows.window_shift(True, 32, 21, 1, 2, (1, 21)) == 0                 # transposed x
+    assert norm_rows.window_shift(True, 16, 21, 1, 2, (21, 1)) == 0                 # window past the block
+    assert norm_rows.window_shift(True, 32, 24, 8, 2, (24, 1)) == 0                 # rows already aligned
+    assert norm_rows.window_shift(False, 32, 21, 1, 2, (21, 1)) == 0
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
@@ -315,7 +316,7 @@ def test_row_of_zeros_with_tiny_eps_in_float16_gives_no_nan(interpret, op, seed)
 def _persistent_backward_config(n_cols, dtype, **_):
     """A persistent backward config for any row size (the default has it at 8192 columns only): whole rows,
     1024 // block_n rows a tile, 2 programs per SM (8 programs in the interpreter's 4 "SMs"), prefetch."""
-    block_n = norm_rows._next_power_of_2(n_cols)
+    block_n = sizes.next_power_of_2(n_cols)
     return BackwardConfig(split=False, block_rows=max(1, 1024 // block_n), block_n=block_n, num_warps=4,
                           programs_per_sm=2, prefetch=True, persistent=True)
 
@@ -323,8 +324,8 @@ def _persistent_backward_config(n_cols, dtype, **_):
 def _fresh_launch_caches(monkeypatch):
     """Empty launch caches for this test: the launches prepared for a layout are remembered across calls
     (and tests), so a config forced by monkeypatching applies only to layouts not seen before."""
-    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
-    monkeypatch.setattr(norm_launch, "_BACKWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norms, "_BACKWARD_LAUNCHES", BoundedCache(1024))
     monkeypatch.setattr(autograd_norms, "_KNOWN_LAUNCHES", BoundedCache(1024))
 
 
@@ -360,7 +361,7 @@ def test_default_backward_by_row_size(dtype):
         assert (config.persistent, config.split and not config.persistent) == (persistent, split), n_cols
         assert config.split_window == window, n_cols
         if window:
-            assert config.block_n == norm_rows._next_power_of_2(n_cols - 1)
+            assert config.block_n == sizes.next_power_of_2(n_cols - 1)
         elif not persistent and not split:
             warps = min(16, max(4, config.block_n * 4 // 2048))
             rows = max(1, 1024 // config.block_n)
@@ -415,8 +416,8 @@ def test_default_half_layer_norm_forward_options(dtype, n_cols, rows, hints, swe
         subtract_mean = op == LAYER_NORM
         x, w, b, dy = _inputs((3, n_cols), (n_cols,), dtype, seed, True, subtract_mean)
         x = x * 3 + 0.25                    # a mean away from 0
-        y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
-                                                 allocate=_poisoned_cpu_empty)
+        y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
+                                           allocate=_poisoned_cpu_empty)
         assert_close(y, _reference(op, x, (n_cols,), w, b, 1e-5, dy)[0], dtype)
         x64 = x.double()
         if subtract_mean:
@@ -456,8 +457,8 @@ def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed
     assert config.shifted_sums or config.split_window
     x = _hard_rows(n_cols, dtype, seed)
     w, b = (random_tensor((n_cols,), torch.float32, seed=seed + i).to(dtype) for i in (1, 2))
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=True, interpret=True,
-                                             allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, interpret=True,
+                                       allocate=_poisoned_cpu_empty)
     _check_hard_rows(x, w, b, y, mean, rstd, config)
 
 
@@ -471,7 +472,7 @@ def test_whole_row_sums_of_tiny_spread_bf16_rows(n_cols, scale, eps, seed):
     config = norm_forward_config.forward_config(n_cols, torch.bfloat16, subtract_mean=True)
     assert (config.shifted_sums or config.split_window) and not config.row_sweeps
     x = random_tensor((2, n_cols), torch.bfloat16, "cpu", seed, scale=scale)
-    y, mean, rstd = norm_launch.norm_forward(x, None, None, eps, subtract_mean=True, interpret=True)
+    y, mean, rstd = norms.norm_forward(x, None, None, eps, subtract_mean=True, interpret=True)
     assert torch.isfinite(y).all()
     x64 = x.double()
     exact = torch.rsqrt(x64.var(1, unbiased=False) + eps)
@@ -489,8 +490,8 @@ def test_shifted_sums_of_balanced_tiny_rows(n_cols, seed):
     a = torch.rand(3, generator=torch.Generator().manual_seed(seed)) * 1e-15 + 1e-15
     x[:, 0], x[:, -1], x[:, 1], x[:, 2] = -a, a, a, -a        # columns 0, (N - 1) // 2, N - 1: -a, 0, a
     x = x.to(torch.bfloat16)
-    y, mean, rstd = norm_launch.norm_forward(x, None, None, 0.0, subtract_mean=True, interpret=True,
-                                             allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norms.norm_forward(x, None, None, 0.0, subtract_mean=True, interpret=True,
+                                       allocate=_poisoned_cpu_empty)
     x64 = x.double()
     assert_close(rstd, torch.rsqrt(x64.var(1, unbiased=False)), torch.float32)
     assert_close(y, torch.nn.functional.layer_norm(x64, (n_cols,), eps=0.0), torch.bfloat16)
@@ -541,11 +542,11 @@ def test_default_forward_options_apply_to_16_bit_layer_norm_only():
 def test_default_forward_of_long_odd_half_rows_reads_an_aligned_window(op, seed):
     # 12289 columns: rows start off 16-byte boundaries; the shipped forward reads them through the window.
     config = norm_forward_config.forward_config(12289, torch.float16)
-    assert config.row_sweeps and norm_rows._window_shift(config.aligned_window, None, 12289, 1, 2, (12289, 1)) == 8
+    assert config.row_sweeps and norm_rows.window_shift(config.aligned_window, None, 12289, 1, 2, (12289, 1)) == 8
     subtract_mean = op == LAYER_NORM
     x, w, b, dy = _inputs((3, 12289), (12289,), torch.float16, seed, True, subtract_mean)
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
-                                             allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
+                                       allocate=_poisoned_cpu_empty)
     assert_close(y, _reference(op, x, (12289,), w, b, 1e-5, dy)[0], torch.float16)
 
 
@@ -663,7 +664,7 @@ def test_arguments_laid_out_like_known_ones_are_still_checked(interpret, monkeyp
     assert_close(fusedops.rms_norm(x, (40,), w.int()), F.rms_norm(x.double(), (40,), w.int().double()),
                  torch.float32)                              # an integer weight, as torch takes it
     monkeypatch.delenv("FUSEDOPS_INTERPRET")                # CPU tensors: torch's op again
-    monkeypatch.setattr(norm_launch, "norm_launches", None)
+    monkeypatch.setattr(norms, "norm_launches", None)
     assert torch.equal(fusedops.layer_norm(x, (40,), w, b), F.layer_norm(x, (40,), w, b))
     assert torch.equal(fusedops.rms_norm(x, (40,), w), F.rms_norm(x, (40,), w))
 
@@ -755,8 +756,8 @@ def test_argument_errors():
 
 def test_cpu_tensors_run_torch_without_the_interpreter(monkeypatch, seed):
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.setattr(norm_launch, "norm_forward", None)     # any kernel launch would fail
-    monkeypatch.setattr(norm_launch, "norm_launches", None)
+    monkeypatch.setattr(norms, "norm_forward", None)     # any kernel launch would fail
+    monkeypatch.setattr(norms, "norm_launches", None)
     x, w, b, _ = _inputs((3, 10), (10,), torch.float32, seed, True, True)
     assert torch.equal(fusedops.layer_norm(x, (10,), w, b), F.layer_norm(x, (10,), w, b))
     assert torch.equal(fusedops.rms_norm(x, (10,), w), F.rms_norm(x, (10,), w))
@@ -834,9 +835,9 @@ def _shipped_launches(dtype, subtract_mean, sizes, monkeypatch):
         bias = torch.empty(n, dtype=dtype) if subtract_mean else None
         mean = torch.empty(1024, dtype=acc) if subtract_mean else None
         rstd = torch.empty(1024, dtype=acc)
-        norm_forward_launcher._forward_launcher(x, weight, bias, 1e-5, subtract_mean, None, None, True, torch.empty)
-        norm_backward_launcher._backward_launcher(x, x, weight, mean, rstd, subtract_mean, True, True, subtract_mean,
-                                                  dtype, None, None, True, torch.empty)
+        norm_forward_launcher.forward_launcher(x, weight, bias, 1e-5, subtract_mean, None, None, True, torch.empty)
+        norm_backward_launcher.backward_launcher(x, x, weight, mean, rstd, subtract_mean, True, True, subtract_mean,
+                                                 dtype, None, None, True, torch.empty)
     return list(launches.values())
 
 
@@ -933,10 +934,10 @@ GPU_SHAPES = [(1, 1), (3, 17), (127, 1000), (33, 4097), (16, 8192), (9, 12289), 
 def test_gpu_kernels_poisoned_outputs(op, dtype, shape, seed):
     subtract_mean = op == LAYER_NORM
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, subtract_mean, device="cuda")
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
-    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                           weight_grad=True, bias_grad=subtract_mean, bias_dtype=dtype,
-                                           allocate=_poisoned_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
+    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                     weight_grad=True, bias_grad=subtract_mean, bias_dtype=dtype,
+                                     allocate=_poisoned_empty)
     _compare(op, shape[-1:], (y.view(shape), dx, dw, db), _reference(op, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
@@ -953,12 +954,12 @@ def test_gpu_layer_norm_forward_options_poisoned_outputs(dtype, shape, option, s
     assert getattr(norm_forward_config.forward_config(shape[1], dtype, subtract_mean=True), option)
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, True, device="cuda")
     x = x * 3 + 0.25                            # a mean away from 0
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
     x64 = x.double()
     assert_close(mean, x64.mean(-1), torch.float32)
     assert_close(rstd, torch.rsqrt((x64 - x64.mean(-1, keepdim=True)).pow(2).mean(-1) + 1e-5), torch.float32)
-    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=True, input_grad=True, weight_grad=True,
-                                           bias_grad=True, bias_dtype=dtype, allocate=_poisoned_empty)
+    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=True, input_grad=True, weight_grad=True,
+                                     bias_grad=True, bias_dtype=dtype, allocate=_poisoned_empty)
     _compare(LAYER_NORM, shape[-1:], (y, dx, dw, db), _reference(LAYER_NORM, x, shape[-1:], w, b, 1e-5, dy), dtype)
 
 
@@ -970,13 +971,13 @@ def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, 
     # the hard rows among 300 ordinary ones and poisoned outputs (2047: the split window's shifted sums; 8192
     # and up: the row sweeps', norm_forward_config.ROW_SWEEP_SHIFTED_SUMS).
     monkeypatch.setattr(norm_forward_config, "ROW_SWEEP_SHIFTED_SUMS", True)
-    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
     config = norm_forward_config.forward_config(n_cols, dtype, subtract_mean=True)
     assert config.shifted_sums or config.split_window
     x = torch.cat([_hard_rows(n_cols, dtype, seed), random_tensor((300, n_cols), dtype, seed=seed + 3) * 3 + 0.25])
     x = x.cuda()
     w, b = (random_tensor((n_cols,), dtype, "cuda", seed + i) for i in (1, 2))
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
     _check_hard_rows(x, w, b, y, mean, rstd, config)
 
 
@@ -1037,10 +1038,10 @@ def test_gpu_more_than_2_31_elements(op, n_cols, seed):
     x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")
     w = random_tensor((n_cols,), torch.float16, "cuda", seed, scale=0.5) + 1
     b = random_tensor((n_cols,), torch.float16, "cuda", seed + 1) if subtract_mean else None
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
     dy = torch.randn_like(x)
-    dx, dw, _ = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                          weight_grad=True, bias_grad=False)
+    dx, dw, _ = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                    weight_grad=True, bias_grad=False)
     boundary = 2**31 // n_cols                      # the first row past element 2**31
     rows = torch.tensor([0, 1, n_rows // 2, boundary - 1, boundary, n_rows - 1], device="cuda")
     expected = _reference(op, x[rows], (n_cols,), w, b, 1e-5, dy[rows])

@@ -15,7 +15,7 @@ import torch
 from fusedops.kernels import norm_backward_config
 from fusedops.kernels import norm_backward_kernels
 from fusedops.kernels import norm_backward_launcher
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from fusedops.kernels.norm_backward_config import BackwardConfig
 from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import poison
@@ -28,10 +28,10 @@ HALF_DTYPES = [torch.float16, torch.bfloat16]
 
 def _backward(op, x, w, b, dy, allocate=_poisoned_empty):
     subtract_mean = op == LAYER_NORM
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=allocate)
-    grads = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                      weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                                      allocate=allocate)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=allocate)
+    grads = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                allocate=allocate)
     return (y,) + tuple(grads)
 
 
@@ -59,8 +59,8 @@ def test_devices_without_clusters_take_the_split_backward(monkeypatch):
                         lambda *a, **k: launched.append("cluster") or None)
     x = torch.zeros(4, 16384, dtype=torch.float16)
     rstd = torch.ones(4)
-    norm_backward_launcher._backward_launcher(x, x, None, torch.zeros(4), rstd, True, True, False, False, None, None,
-                                              None, False, torch.empty)
+    norm_backward_launcher.backward_launcher(x, x, None, torch.zeros(4), rstd, True, True, False, False, None, None,
+                                             None, False, torch.empty)
     assert launched == ["split"]
 
 
@@ -146,9 +146,9 @@ def test_gpu_resident_clusters_bound_the_grid(n_cols, monkeypatch):
     monkeypatch.setattr(norm_backward_kernels.backward_persistent_kernel, "prepare",
                         lambda grid, *a, **k: prepared.append(grid) or prepare(grid, *a, **k))
     x = poison(torch.empty(8192, n_cols, dtype=torch.float16, device="cuda"))
-    norm_backward_launcher._backward_launcher(x, x, None, torch.zeros(8192, device="cuda"),
-                                              torch.ones(8192, device="cuda"), True, True, False, False, None, None,
-                                              None, None, torch.empty)
+    norm_backward_launcher.backward_launcher(x, x, None, torch.zeros(8192, device="cuda"),
+                                             torch.ones(8192, device="cuda"), True, True, False, False, None, None,
+                                             None, None, torch.empty)
     (resident, cluster), = counts
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     config = norm_backward_config.backward_config(n_cols, torch.float16)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fusedops.dsl.language import dtypes as dt
-from fusedops.dsl.language import numerics
+from fusedops.dsl.language.numerics import arithmetic, conversions, reductions
 
 INT_TYPES = [dt.int8, dt.int16, dt.int32, dt.int64, dt.uint8, dt.uint16, dt.uint32, dt.uint64]
 
@@ -68,8 +68,8 @@ def _c_divide(a: int, b: int, dtype):
 @pytest.mark.parametrize("dtype", INT_TYPES, ids=str)
 def test_integer_division_truncates_toward_zero(dtype):
     a, b = _pairs(dtype, seed=1)
-    quotient = numerics.int_divide(a, b, dtype)
-    remainder = numerics.remainder(a, b, dtype)
+    quotient = arithmetic.int_divide(a, b, dtype)
+    remainder = arithmetic.remainder(a, b, dtype)
     assert quotient.dtype == dtype.numpy_dtype and remainder.dtype == dtype.numpy_dtype
     for x, y, q, r in zip(a.tolist(), b.tolist(), quotient.tolist(), remainder.tolist()):
         assert (q, r) == _c_divide(x, y, dtype), (x, y)
@@ -82,19 +82,19 @@ def test_integer_division_matches_torch_trunc_and_fmod(dtype):
     keep = (b != 0) & ~((a == low) & (b == -1))
     a, b = a[keep], b[keep]
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    np.testing.assert_array_equal(numerics.int_divide(a, b, dtype),
+    np.testing.assert_array_equal(arithmetic.int_divide(a, b, dtype),
                                   torch.div(ta, tb, rounding_mode="trunc").numpy())
-    np.testing.assert_array_equal(numerics.remainder(a, b, dtype), torch.fmod(ta, tb).numpy())
+    np.testing.assert_array_equal(arithmetic.remainder(a, b, dtype), torch.fmod(ta, tb).numpy())
 
 
 def test_division_by_zero_gives_all_ones_and_remainder_gives_dividend():
     a = np.array([5, -5, 0], dtype=np.int32)
     zero = np.zeros(3, dtype=np.int32)
-    np.testing.assert_array_equal(numerics.int_divide(a, zero, dt.int32), [-1, -1, -1])
-    np.testing.assert_array_equal(numerics.remainder(a, zero, dt.int32), a)
+    np.testing.assert_array_equal(arithmetic.int_divide(a, zero, dt.int32), [-1, -1, -1])
+    np.testing.assert_array_equal(arithmetic.remainder(a, zero, dt.int32), a)
     u = np.array([5, 0], dtype=np.uint16)
-    np.testing.assert_array_equal(numerics.int_divide(u, np.zeros(2, np.uint16), dt.uint16), [65535, 65535])
-    np.testing.assert_array_equal(numerics.remainder(u, np.zeros(2, np.uint16), dt.uint16), u)
+    np.testing.assert_array_equal(arithmetic.int_divide(u, np.zeros(2, np.uint16), dt.uint16), [65535, 65535])
+    np.testing.assert_array_equal(arithmetic.remainder(u, np.zeros(2, np.uint16), dt.uint16), u)
 
 
 @pytest.mark.parametrize("dtype", INT_TYPES, ids=str)
@@ -102,32 +102,32 @@ def test_division_by_zero_gives_all_ones_and_remainder_gives_dividend():
                                           ("mul", lambda x, y: x * y)])
 def test_integer_arithmetic_wraps_around_silently(dtype, name, python):
     a, b = _pairs(dtype, seed=3)
-    result = getattr(numerics, name)(a, b, dtype)
+    result = getattr(arithmetic, name)(a, b, dtype)
     assert result.dtype == dtype.numpy_dtype
     assert result.tolist() == [_wrap(python(x, y), dtype) for x, y in zip(a.tolist(), b.tolist())]
     # 0-d operands (scalars in kernels) take the same path without NumPy's scalar overflow warnings
     low, high = _range(dtype)
-    assert int(numerics.add(np.asarray(high, dtype.numpy_dtype), np.asarray(1, dtype.numpy_dtype),
+    assert int(arithmetic.add(np.asarray(high, dtype.numpy_dtype), np.asarray(1, dtype.numpy_dtype),
                             dtype)) == low
 
 
 @pytest.mark.parametrize("dtype", INT_TYPES, ids=str)
 def test_negative_and_absolute_wrap(dtype):
     x = _samples(dtype, seed=4)
-    assert numerics.negative(x, dtype).tolist() == [_wrap(-v, dtype) for v in x.tolist()]
+    assert arithmetic.negative(x, dtype).tolist() == [_wrap(-v, dtype) for v in x.tolist()]
     expected = [_wrap(abs(v), dtype) for v in x.tolist()]
-    assert numerics.absolute(x, dtype).tolist() == expected
+    assert arithmetic.absolute(x, dtype).tolist() == expected
 
 
 def test_int1_arithmetic_is_modulo_two():
     a = np.array([False, False, True, True])
     b = np.array([False, True, False, True])
-    assert numerics.add(a, b, dt.int1).tolist() == [False, True, True, False]
-    assert numerics.mul(a, b, dt.int1).tolist() == [False, False, False, True]
-    assert numerics.sub(a, b, dt.int1).tolist() == [False, True, True, False]
-    assert numerics.add(a, b, dt.int1).dtype == np.bool_
-    assert numerics.reduce(np.array([True, True, True]), "sum", 0, dt.int1).item() is True
-    assert numerics.invert(a, dt.int1).tolist() == [True, True, False, False]
+    assert arithmetic.add(a, b, dt.int1).tolist() == [False, True, True, False]
+    assert arithmetic.mul(a, b, dt.int1).tolist() == [False, False, False, True]
+    assert arithmetic.sub(a, b, dt.int1).tolist() == [False, True, True, False]
+    assert arithmetic.add(a, b, dt.int1).dtype == np.bool_
+    assert reductions.reduce(np.array([True, True, True]), "sum", 0, dt.int1).item() is True
+    assert arithmetic.invert(a, dt.int1).tolist() == [True, True, False, False]
 
 
 # -- shifts --------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_shifts_clamp_large_and_negative_amounts(dtype, left):
     amounts = rng.integers(max(low, -3), min(high, dtype.bits + 3), size=a.size, endpoint=True)
     amounts = np.concatenate([amounts[:-4], [0, dtype.bits - 1, dtype.bits, min(high, 200)]])
     amounts = amounts.astype(dtype.numpy_dtype)
-    function = numerics.shift_left if left else numerics.shift_right
+    function = arithmetic.shift_left if left else arithmetic.shift_right
     result = function(a, amounts, dtype)
     assert result.dtype == dtype.numpy_dtype
     expected = [_python_shift(x, s, dtype, left) for x, s in zip(a.tolist(), amounts.tolist())]
@@ -161,12 +161,12 @@ def test_shifts_clamp_large_and_negative_amounts(dtype, left):
 @pytest.mark.parametrize("dtype", [dt.float16, dt.bfloat16, dt.float32, dt.float64], ids=str)
 def test_float_remainder_is_fmod(dtype):
     rng = np.random.default_rng(6)
-    a = numerics.round_to_type(rng.standard_normal(200) * 10, dtype)
-    b = numerics.round_to_type(rng.standard_normal(200) * 3, dtype)
-    result = numerics.remainder(a, b, dtype)
+    a = conversions.round_to_type(rng.standard_normal(200) * 10, dtype)
+    b = conversions.round_to_type(rng.standard_normal(200) * 3, dtype)
+    result = arithmetic.remainder(a, b, dtype)
     expected = [math.fmod(x, y) for x, y in zip(a.astype(np.float64), b.astype(np.float64))]
     np.testing.assert_array_equal(result.astype(np.float64),
-                                  numerics.round_to_type(np.array(expected), dtype).astype(np.float64))
+                                  conversions.round_to_type(np.array(expected), dtype).astype(np.float64))
 
 
 @pytest.mark.parametrize("dtype, torch_dtype", [(dt.float16, torch.float16), (dt.bfloat16, torch.bfloat16)],
@@ -180,7 +180,7 @@ def test_half_arithmetic_rounds_once_like_torch(dtype, torch_dtype, name, torch_
     a, b = ta.float().numpy(), tb.float().numpy()
     if dtype == dt.float16:
         a, b = a.astype(np.float16), b.astype(np.float16)
-    result = getattr(numerics, name)(a, b, dtype)
+    result = getattr(arithmetic, name)(a, b, dtype)
     np.testing.assert_array_equal(np.asarray(result, dtype=np.float32), torch_op(ta, tb).float().numpy())
 
 
@@ -190,8 +190,8 @@ def test_half_arithmetic_rounds_once_like_torch(dtype, torch_dtype, name, torch_
 def test_unary_math_accuracy_against_float64(name, dtype):
     rng = np.random.default_rng(8)
     x = rng.uniform(0.1, 4.0, 300) * (1 if name in ("log", "log2", "sqrt", "rsqrt") else rng.choice([-1, 1], 300))
-    x = numerics.round_to_type(x, dtype)
-    result = numerics.unary_math(name, x, dtype)
+    x = conversions.round_to_type(x, dtype)
+    result = arithmetic.unary_math(name, x, dtype)
     assert result.dtype == dtype.numpy_dtype
     reference = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
                  "rsqrt": lambda v: 1 / np.sqrt(v), "sin": np.sin, "cos": np.cos,
@@ -207,14 +207,14 @@ def test_fma_rounds_once_for_float32():
     a = np.float32(1 + 2 ** -12)
     c = np.float32(-(1 + 2 ** -11))
     # a*a = 1 + 2**-11 + 2**-24: the unfused float32 product rounds the 2**-24 away
-    assert numerics.fma(a, a, c, dt.float32) == np.float32(2 ** -24)
+    assert arithmetic.fma(a, a, c, dt.float32) == np.float32(2 ** -24)
 
 
 @pytest.mark.parametrize("name, torch_op", [("minimum", torch.minimum), ("maximum", torch.maximum)])
 def test_minimum_maximum_propagate_nan(name, torch_op):
     a = np.array([1.0, np.nan, 3.0, np.nan, -np.inf], dtype=np.float32)
     b = np.array([np.nan, 2.0, 1.0, np.nan, 0.0], dtype=np.float32)
-    result = getattr(numerics, name)(a, b, dt.float32)
+    result = getattr(arithmetic, name)(a, b, dt.float32)
     np.testing.assert_array_equal(result, torch_op(torch.from_numpy(a), torch.from_numpy(b)).numpy())
     assert np.isnan(result[:2]).all()
 
@@ -239,7 +239,7 @@ def test_float_to_int_truncates_and_saturates(dtype, source):
     x = np.concatenate([specials, rng.standard_normal(200) * 10.0 ** rng.integers(0, 20, 200)])
     with np.errstate(over="ignore"):
         x = x.astype(source.numpy_dtype)
-    result = numerics.cast(x, source, dtype)
+    result = conversions.cast(x, source, dtype)
     assert result.dtype == dtype.numpy_dtype
     assert result.tolist() == [_python_float_to_int(float(v), dtype) for v in x]
 
@@ -249,7 +249,7 @@ def test_round_to_bfloat16_matches_torch_on_random_bit_patterns():
     bits = rng.integers(0, 2 ** 32, size=20000, dtype=np.uint64).astype(np.uint32)
     bits[:6] = [0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF7FFFFF, 0x00008000, 0x7F800001]  # ties, max, NaN
     x = bits.view(np.float32)
-    ours = numerics.round_to_bfloat16(x)
+    ours = conversions.round_to_bfloat16(x)
     theirs = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
     nan = np.isnan(x)
     assert np.isnan(ours[nan]).all()
@@ -261,7 +261,7 @@ def test_float64_to_bfloat16_rounds_once():
     # 1 + 2**-8 is halfway between the bfloat16 values 1 and 1 + 2**-7; x is just above it, but its
     # float32 rounding lands exactly on the halfway point, where a second rounding goes to even (1.0).
     x = np.array([1 + 2 ** -8 + 2 ** -30, 1 + 2 ** -8, -(1 + 2 ** -8 + 2 ** -30)])
-    result = numerics.cast(x, dt.float64, dt.bfloat16)
+    result = conversions.cast(x, dt.float64, dt.bfloat16)
     assert result.tolist() == [1 + 2 ** -7, 1.0, -(1 + 2 ** -7)]
 
 
@@ -271,12 +271,12 @@ def test_float32_and_int_to_float_round_to_nearest_even(target, torch_dtype):
     rng = np.random.default_rng(11)
     x = (rng.standard_normal(5000) * 10.0 ** rng.integers(-8, 8, 5000)).astype(np.float32)
     with np.errstate(over="ignore"):
-        result = numerics.cast(x, dt.float32, target)
+        result = conversions.cast(x, dt.float32, target)
     np.testing.assert_array_equal(np.asarray(result, np.float32),
                                   torch.from_numpy(x).to(torch_dtype).float().numpy())
     ints = rng.integers(-2 ** 31, 2 ** 31, 5000, dtype=np.int64).astype(np.int32)
     with np.errstate(over="ignore"):
-        result = numerics.cast(ints, dt.int32, target)
+        result = conversions.cast(ints, dt.int32, target)
     np.testing.assert_array_equal(np.asarray(result, np.float32),
                                   torch.from_numpy(ints).to(torch_dtype).float().numpy())
 
@@ -285,38 +285,38 @@ def test_float32_and_int_to_float_round_to_nearest_even(target, torch_dtype):
 @pytest.mark.parametrize("target", INT_TYPES, ids=str)
 def test_int_to_int_truncates_or_extends_by_source_signedness(source, target):
     x = _samples(source, seed=12, n=50)
-    assert numerics.cast(x, source, target).tolist() == [_wrap(v, target) for v in x.tolist()]
+    assert conversions.cast(x, source, target).tolist() == [_wrap(v, target) for v in x.tolist()]
 
 
 def test_casts_to_and_from_int1():
     x = np.array([0.0, -0.0, 0.5, np.nan, -np.inf], dtype=np.float32)
-    assert numerics.cast(x, dt.float32, dt.int1).tolist() == torch.from_numpy(x).bool().tolist()
-    assert numerics.cast(np.array([0, 256, -1], np.int32), dt.int32, dt.int1).tolist() == [False, True, True]
+    assert conversions.cast(x, dt.float32, dt.int1).tolist() == torch.from_numpy(x).bool().tolist()
+    assert conversions.cast(np.array([0, 256, -1], np.int32), dt.int32, dt.int1).tolist() == [False, True, True]
     flags = np.array([True, False])
-    assert numerics.cast(flags, dt.int1, dt.int32).tolist() == [1, 0]
-    assert numerics.cast(flags, dt.int1, dt.bfloat16).tolist() == [1.0, 0.0]
-    assert numerics.cast(flags, dt.int1, dt.uint8).dtype == np.uint8
+    assert conversions.cast(flags, dt.int1, dt.int32).tolist() == [1, 0]
+    assert conversions.cast(flags, dt.int1, dt.bfloat16).tolist() == [1.0, 0.0]
+    assert conversions.cast(flags, dt.int1, dt.uint8).dtype == np.uint8
 
 
 def test_bitcast_bfloat16_and_float32():
     x = np.array([1.0, -2.5, np.inf], dtype=np.float32)
-    bits = numerics.bitcast(x, dt.float32, dt.int32)
+    bits = conversions.bitcast(x, dt.float32, dt.int32)
     np.testing.assert_array_equal(bits, x.view(np.int32))
-    half_bits = numerics.bitcast(x, dt.bfloat16, dt.int16)
+    half_bits = conversions.bitcast(x, dt.bfloat16, dt.int16)
     np.testing.assert_array_equal(half_bits, torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy())
-    np.testing.assert_array_equal(numerics.bitcast(half_bits, dt.int16, dt.bfloat16), x)
+    np.testing.assert_array_equal(conversions.bitcast(half_bits, dt.int16, dt.bfloat16), x)
     with pytest.raises(ValueError, match="bit widths"):
-        numerics.bitcast(x, dt.float32, dt.int16)
+        conversions.bitcast(x, dt.float32, dt.int16)
 
 
 def test_from_python_scalars():
-    assert numerics.from_python(2 ** 32 + 5, dt.int32).item() == 5
-    assert numerics.from_python(0.1, dt.float32).item() == np.float32(0.1)
-    assert numerics.from_python(True, dt.float32).item() == 1.0
-    assert numerics.from_python(2 ** 64 - 1, dt.uint64).item() == 2 ** 64 - 1
-    assert numerics.from_python(float("inf"), dt.bfloat16).item() == float("inf")
+    assert conversions.from_python(2 ** 32 + 5, dt.int32).item() == 5
+    assert conversions.from_python(0.1, dt.float32).item() == np.float32(0.1)
+    assert conversions.from_python(True, dt.float32).item() == 1.0
+    assert conversions.from_python(2 ** 64 - 1, dt.uint64).item() == 2 ** 64 - 1
+    assert conversions.from_python(float("inf"), dt.bfloat16).item() == float("inf")
     with pytest.raises(TypeError):
-        numerics.from_python("1", dt.int32)
+        conversions.from_python("1", dt.int32)
 
 
 # -- reductions, scans, dot ----------------------------------------------------------------------------
@@ -329,9 +329,9 @@ def test_reductions_match_torch_and_propagate_nan(axis):
     t = torch.from_numpy(x)
     dims = {"dim": axis} if axis is not None else {}
     for kind, reference in [("max", torch.amax), ("min", torch.amin)]:
-        np.testing.assert_array_equal(numerics.reduce(x, kind, axis, dt.float32), reference(t, **dims).numpy())
+        np.testing.assert_array_equal(reductions.reduce(x, kind, axis, dt.float32), reference(t, **dims).numpy())
     clean = np.nan_to_num(x)
-    np.testing.assert_allclose(numerics.reduce(clean, "sum", axis, dt.float32),
+    np.testing.assert_allclose(reductions.reduce(clean, "sum", axis, dt.float32),
                                torch.from_numpy(clean).double().sum(**dims).numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -344,17 +344,17 @@ def test_argreduce_first_index_and_nan_like_torch(kind):
     t = torch.from_numpy(x)
     torch_op = torch.argmax if kind == "argmax" else torch.argmin
     for axis in (0, 1):
-        result = numerics.argreduce(x, kind, axis)
+        result = reductions.argreduce(x, kind, axis)
         assert result.dtype == np.int32
         np.testing.assert_array_equal(result, torch_op(t, dim=axis).numpy())
-    assert numerics.argreduce(x, kind, None) == torch_op(t).item()
+    assert reductions.argreduce(x, kind, None) == torch_op(t).item()
 
 
 def test_integer_sum_wraps_and_half_sum_accumulates_in_float32():
     x = np.full(4, 2 ** 30, dtype=np.int32)
-    assert numerics.reduce(x, "sum", 0, dt.int32) == 0
+    assert reductions.reduce(x, "sum", 0, dt.int32) == 0
     halves = np.full(4096, 1.0, dtype=np.float16)   # 2048 + 1 is not a float16: needs float32 accumulation
-    assert numerics.reduce(halves, "sum", 0, dt.float16) == 4096.0
+    assert reductions.reduce(halves, "sum", 0, dt.float16) == 4096.0
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -364,7 +364,7 @@ def test_scan_sum_matches_torch_cumsum(reverse):
     x[0, 0] = 2 ** 31 - 1
     t = torch.from_numpy(x).long()
     expected = torch.cumsum(t.flip(1), 1).flip(1) if reverse else torch.cumsum(t, 1)
-    result = numerics.scan(x, "sum", 1, reverse, dt.int32)
+    result = reductions.scan(x, "sum", 1, reverse, dt.int32)
     assert result.tolist() == [[_wrap(v, dt.int32) for v in row] for row in expected.tolist()]
 
 
@@ -373,7 +373,7 @@ def test_dot_float16_and_int8():
     a = rng.standard_normal((16, 32)).astype(np.float16)
     b = rng.standard_normal((32, 8)).astype(np.float16)
     acc = rng.standard_normal((16, 8)).astype(np.float32)
-    result = numerics.dot(a, b, acc, dt.float16, dt.float32)
+    result = reductions.dot(a, b, acc, dt.float16, dt.float32)
     assert result.dtype == np.float32
     reference = a.astype(np.float64) @ b.astype(np.float64) + acc
     np.testing.assert_allclose(result, reference, rtol=1e-5, atol=1e-5)
@@ -381,7 +381,7 @@ def test_dot_float16_and_int8():
     ib = rng.integers(-128, 128, (64, 16)).astype(np.int8)
     iacc = np.zeros((16, 16), np.int32)
     expected = (torch.from_numpy(ia).int() @ torch.from_numpy(ib).int()).numpy()
-    np.testing.assert_array_equal(numerics.dot(ia, ib, iacc, dt.int8, dt.int32), expected)
+    np.testing.assert_array_equal(reductions.dot(ia, ib, iacc, dt.int8, dt.int32), expected)
 
 
 
@@ -395,8 +395,8 @@ def test_float32_dot_is_rounded_once_whatever_the_orientation(k):
     a = (rng.standard_normal((16, k)) * 20).astype(np.float32)
     b = (rng.standard_normal((k, 40)) * 20).astype(np.float32)
     zeros = np.zeros((16, 40), np.float32)
-    product = numerics.dot(a, b, zeros, dt.float32, dt.float32)
-    transposed = numerics.dot(np.ascontiguousarray(b.T), np.ascontiguousarray(a.T), zeros.T, dt.float32, dt.float32)
+    product = reductions.dot(a, b, zeros, dt.float32, dt.float32)
+    transposed = reductions.dot(np.ascontiguousarray(b.T), np.ascontiguousarray(a.T), zeros.T, dt.float32, dt.float32)
     np.testing.assert_array_equal(product, transposed.T)
     np.testing.assert_array_equal(product, (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32))
 
@@ -404,7 +404,7 @@ def test_float32_dot_is_rounded_once_whatever_the_orientation(k):
 # Each 16-bit and float32 type as (bits dtype, bits per step of the significand's last place, a rounding of
 # float32 values to it): bfloat16 values are float32s whose low 16 bits are zero.
 _FMA_TYPES = {"float16": (np.uint16, 1, lambda v: v.astype(np.float16)),
-              "bfloat16": (np.uint32, 1 << 16, lambda v: numerics.round_to_bfloat16(v.astype(np.float32))),
+              "bfloat16": (np.uint32, 1 << 16, lambda v: conversions.round_to_bfloat16(v.astype(np.float32))),
               "float32": (np.uint32, 1, lambda v: v.astype(np.float32))}
 
 
@@ -435,6 +435,6 @@ def test_fma_rounds_the_exact_sum_once(name, data):
     b = data.draw(st.sampled_from([1.5, 1.25, 1.75, -1.5]))
     tiny = 2.0 ** (-24 if name == "float16" else data.draw(st.integers(-120, -40)))
     c = data.draw(st.sampled_from([tiny, -tiny, to_type(-a * b) + to_type(a * 2.0 ** -30)]))
-    result = numerics.fma(np.array([a]), np.array([b]), np.array([c]), getattr(dt, name))
+    result = arithmetic.fma(np.array([a]), np.array([b]), np.array([c]), getattr(dt, name))
     exact = Fraction(a) * Fraction(b) + Fraction(c)
     assert float(result[0]) == _rounded_once(exact, result, name), (a, b, c)

@@ -21,8 +21,8 @@ import fusedops.dsl as dsl
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.codegen import async_copy
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import matmul as mm
-from fusedops.kernels.matmul import _epilogue, _tile_coordinates
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import epilogue, tile_coordinates
 from helpers import poison
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -43,10 +43,10 @@ def flat_matmul_kernel(c_ptr, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, strid
     for it in range(0, my_tiles * k_iters):
         local = it // k_iters
         k = it - local * k_iters
-        pid_m, pid_n = _tile_coordinates(pid + local * programs, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = tile_coordinates(pid + local * programs, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k * BLOCK_K)), b_desc.load((k * BLOCK_K, pid_n * BLOCK_N)), acc)
         if k == k_iters - 1:
-            _epilogue(c_ptr, c_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, 0,
+            epilogue(c_ptr, c_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, 0,
                       BLOCK_M, BLOCK_N, False, None, dsl.float32)
             acc = dsl.zeros((BLOCK_M, BLOCK_N), dsl.float32)
 
@@ -64,7 +64,7 @@ def _compile(config, num_stages, m=4096, n=4096, k=4096):
 
 
 def test_flattened_loop_keeps_the_wgmma_in_flight_and_the_epilogue_waits(tma_ws0):
-    ir_text = _compile(mm.WGMMA_CONFIGS[0], 3).asm["ir"]
+    ir_text = _compile(WGMMA_CONFIGS[0], 3).asm["ir"]
     loop = ir_text[ir_text.index(" = for "):]
     dot = loop.index(" = dot ")
     assert 'pending=1' in loop[dot:loop.index("\n", dot)]
@@ -78,7 +78,7 @@ def test_flattened_loop_keeps_the_wgmma_in_flight_and_the_epilogue_waits(tma_ws0
 @needs_ptxas
 @pytest.mark.parametrize("num_stages", [3, 4])
 def test_flattened_loop_ptx_is_accepted_without_spills(tma_ws0, num_stages):
-    compiled = _compile(mm.WGMMA_CONFIGS[0], num_stages)
+    compiled = _compile(WGMMA_CONFIGS[0], num_stages)
     ptx = compiled.asm["ptx"]
     assert ptx.count("wgmma.wait_group.sync.aligned 1;") == 1 and "cp.async.bulk.tensor" in ptx
     result = assemble(ptx, "sm_90a")
@@ -95,7 +95,7 @@ def test_scratch_after_live_buffers_starts_on_16_bytes(start, nbytes):
 
 def test_three_stage_flattened_kernel_scratch_is_aligned(tma_ws0):
     # ring (144 KB) + 3 mbarriers (24 bytes) + the epilogue's exchange tile: its start is rounded up
-    compiled = _compile(mm.WGMMA_CONFIGS[0], 3)
+    compiled = _compile(WGMMA_CONFIGS[0], 3)
     assert compiled.shared_bytes == 3 * (128 * 64 + 64 * 256) * 2 + 32 + 128 * 256 * 2
 
 
@@ -111,7 +111,7 @@ def test_gpu_flattened_persistent_matmul(m, n, k, programs, seed):
     a = torch.randn(m, k, device="cuda", generator=generator).to(torch.float16)
     b = torch.randn(k, n, device="cuda", generator=generator).to(torch.float16)
     c = poison(torch.empty(m, n, device="cuda", dtype=torch.float16))
-    config = mm.WGMMA_CONFIGS[0]
+    config = WGMMA_CONFIGS[0]
     flat_matmul_kernel[(programs,)](*_arguments(c, a, b), num_warps=config.num_warps, num_stages=3,
                                     **config.constexprs)
     expected = a.double() @ b.double()
@@ -124,4 +124,4 @@ def test_gpu_too_much_shared_memory_is_a_clear_error():
     a, b, c = (torch.zeros(512, 512, device="cuda", dtype=torch.float16) for _ in range(3))
     with pytest.raises(LaunchError, match="bytes of shared memory per CTA"):
         flat_matmul_kernel[(4,)](*_arguments(c, a, b), num_warps=8, num_stages=4,
-                                 **mm.WGMMA_CONFIGS[0].constexprs)
+                                 **WGMMA_CONFIGS[0].constexprs)

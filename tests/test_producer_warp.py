@@ -21,11 +21,13 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.ir import OpCode
+from fusedops.dsl.passes.dot_layouts import PRODUCER_WARPS
 from fusedops.dsl.passes.manager import run_pipeline
 from fusedops.dsl.passes.pipeline import default_pipeline
-from fusedops.dsl.codegen.async_copy import PRODUCER_WARPS, producer_registers
+from fusedops.dsl.codegen.async_copy import producer_registers
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 from fusedops.kernels import matmul_persistent as mp
 from matmul_helpers import check_gpu, gpu_operands
 from tests.helpers import poison
@@ -43,7 +45,7 @@ def producer_warp(monkeypatch, tmp_path):
 
 def _pipelined_tma_matmul(num_stages: int):
     _, _, _, args, constexprs = _launch_args(64, 32, 96, b_t=True)
-    function = dsl.jit(mm.matmul_tma_kernel.fn).ir(*args, **constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
+    function = dsl.jit(matmul_tma_kernel.fn).ir(*args, **constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
     run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=num_stages))
     return function
 
@@ -114,7 +116,7 @@ def test_the_knob_modes():
 
 def _compile_tma(config, dtype=torch.float16, b_t=False):
     _, _, _, args, constexprs = _launch_args(304, 496, 208, dtype, False, b_t)
-    return dsl.jit(mm.matmul_tma_kernel.fn).compile(*args, target="sm_90a", num_warps=config.num_warps,
+    return dsl.jit(matmul_tma_kernel.fn).compile(*args, target="sm_90a", num_warps=config.num_warps,
                                                     num_stages=config.num_stages, **constexprs, **config.constexprs)
 
 
@@ -155,13 +157,13 @@ def _check_ptx(compiled, num_warps: int) -> None:
 
 
 @needs_ptxas
-@pytest.mark.parametrize("config", mm.WGMMA_CONFIGS, ids=str)
+@pytest.mark.parametrize("config", WGMMA_CONFIGS, ids=str)
 def test_tma_kernel_ptx(config, producer_warp):
     _check_ptx(_compile_tma(config), config.num_warps)
 
 
 @needs_ptxas
-@pytest.mark.parametrize("config", [c for c in mm.WGMMA_CONFIGS if c.num_warps == 8], ids=str)
+@pytest.mark.parametrize("config", [c for c in WGMMA_CONFIGS if c.num_warps == 8], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_persistent_kernel_ptx(config, dtype, producer_warp):
     _check_ptx(_compile_persistent(config, dtype), config.num_warps)
@@ -169,7 +171,7 @@ def test_persistent_kernel_ptx(config, dtype, producer_warp):
 
 @needs_ptxas
 def test_the_disk_cache_keeps_the_producer_warp(producer_warp):
-    config = mm.WGMMA_CONFIGS[2]
+    config = WGMMA_CONFIGS[2]
     first = _compile_tma(config)
     again = _compile_tma(config)            # a new JIT function: read back from the disk cache
     assert first.asm["ptx"] == again.asm["ptx"] and again.launch_warps == first.launch_warps == config.num_warps + 4
@@ -182,7 +184,7 @@ def test_the_disk_cache_keeps_the_producer_warp(producer_warp):
 # (the one-tile TMA kernel against float64: tests/test_warp_specialization.py's GPU test, both ring modes)
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", [c for c in mm.WGMMA_CONFIGS if c.num_warps == 8], ids=str)
+@pytest.mark.parametrize("config", [c for c in WGMMA_CONFIGS if c.num_warps == 8], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k", [(2000, 1040, 1000), (4096, 4096, 4096), (1500, 2100, 16)], ids=str)
 def test_gpu_persistent_kernel_matches_float64(m, n, k, dtype, config, producer_warp, monkeypatch, seed):
@@ -205,5 +207,5 @@ def test_gpu_persistent_bias_activation(out_dtype, activation, producer_warp, mo
     a, b = gpu_operands(m, n, k, dtype, seed)
     bias = torch.randn(n, device="cuda", dtype=dtype)
     c = poison(torch.empty(m, n, device="cuda", dtype=out_dtype))
-    mp.launch(c, a, b, bias, activation, mm.WGMMA_CONFIGS[0], 50)
+    mp.launch(c, a, b, bias, activation, WGMMA_CONFIGS[0], 50)
     check_gpu(c, a, b, bias, activation)

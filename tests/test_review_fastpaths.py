@@ -11,6 +11,7 @@ import torch
 
 import fusedops
 from fusedops.autograd import matmul as MA
+from fusedops.autograd.matmul_reference import input_gradients
 from fusedops.kernels import softmax as SK
 from test_launch_fast_path import _symbolic, gpu, launches  # noqa: F401  (the mocked driver's fixtures)
 
@@ -255,7 +256,7 @@ def _transposed(shape: tuple) -> torch.Tensor:
 def test_matmul_gradient_launches_match_input_gradients(kernel_launches, monkeypatch, a_shape, b_shape,
                                                         b_transposed, prepared):
     general = []
-    original = MA.input_gradients
+    original = input_gradients
     monkeypatch.setattr(MA, "input_gradients", lambda *args: general.append(1) or original(*args))
     a = torch.randn(a_shape, dtype=torch.float16, requires_grad=True)
     b = (_transposed(b_shape) if b_transposed else torch.randn(b_shape, dtype=torch.float16)).requires_grad_()
@@ -286,7 +287,7 @@ def test_matmul_gradient_launches_follow_the_saved_operands_layout(kernel_launch
     c.backward(dc)
     ours = [_masked(launch, dz=dc) for launch in kernel_launches[start:]]
     start = len(kernel_launches)
-    MA.input_gradients(dc, a.detach(), b.detach().contiguous(), (True, True, False), None, MA.forward_kernel)
+    input_gradients(dc, a.detach(), b.detach().contiguous(), (True, True, False), None, MA.forward_kernel)
     assert ours == [_masked(launch, dz=dc) for launch in kernel_launches[start:]]
 
 

@@ -1,11 +1,11 @@
 """Review of the native launch stubs (runtime/native_launch.py) and their use by cached and prepared
-launches (driver.py, fast_path.py), on the CPU.
+launches (kernel_launcher.py, launch_plans.py), on the CPU.
 
 The stub is called directly against a ctypes callback standing in for cuLaunchKernel (it reads the
 parameters back through kernelParams), or against libc functions whose C signature fits (`abs` as a
 driver that returns the CUfunction handle, `usleep` as one that sleeps); the launch paths run with a
 driver module that passes for cuda-python (`__name__` "cuda.bindings.driver"), so the real
-`driver._native_stub` decides whether a launcher gets a stub.
+`kernel_launcher._native_stub` decides whether a launcher gets a stub.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.errors import LaunchError
-from fusedops.dsl.runtime import driver, native_launch
+from fusedops.dsl.runtime import driver, kernel_launcher, native_launch
 from fusedops.dsl.runtime.launcher_args import ParamKind
 from helpers import run_in_threads
 from test_native_launch import _scale_kernel  # the same small test kernel
@@ -342,7 +342,7 @@ def mocked(monkeypatch, tmp_path):
     module = types.ModuleType("cuda.bindings.driver")
     module.cuLaunchKernel, module.CUresult = cu_launch_kernel, cuda_driver.CUresult
     context = types.SimpleNamespace(activate=lambda: state.activated.append(True))
-    original_init = driver.KernelLauncher.__init__
+    original_init = kernel_launcher.KernelLauncher.__init__
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
@@ -352,9 +352,9 @@ def mocked(monkeypatch, tmp_path):
     monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
     for name in ("FUSEDOPS_INTERPRET", "FUSEDOPS_NATIVE_LAUNCH", "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(driver.KernelLauncher, "__init__", init)
+    monkeypatch.setattr(kernel_launcher.KernelLauncher, "__init__", init)
     monkeypatch.setattr(driver, "_driver", lambda: module)
-    monkeypatch.setattr(driver, "_legacy_stream_launch_address", lambda: state.stub.address)
+    monkeypatch.setattr(kernel_launcher, "_legacy_stream_launch_address", lambda: state.stub.address)
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
         name, None, 0xF00D, context, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
     monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: state.stream))

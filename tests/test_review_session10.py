@@ -15,13 +15,14 @@ import torch
 
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import _config, WGMMA_CONFIGS
 from fusedops.kernels import matmul_persistent as mp
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 
 # The two shipped 8-warp configs, the ones the library runs persistent: 128 x 256 x 64 and 256 x 128 x 64,
 # 8 warps, 4 stages.
-_EIGHT_WARP_CONFIGS = [config for config in mm.WGMMA_CONFIGS if config.num_warps == 8]
+_EIGHT_WARP_CONFIGS = [config for config in WGMMA_CONFIGS if config.num_warps == 8]
 _TMA_STORE = "cp.async.bulk.tensor.2d.global.shared::cta"
 
 
@@ -80,7 +81,7 @@ def test_float32_c_bias_activation_assembles_without_spills(tma_ws0, index, acti
 def test_library_keeps_float32_c_off_the_persistent_kernel(monkeypatch):
     # (the interpreter's CPU tensors stand in for the GPU; the plan would take 16-bit C of this shape)
     monkeypatch.setenv("FUSEDOPS_PERSISTENT", "1")
-    config = mm._config(16, 16, 16, 8, 1)
+    config = _config(16, 16, 16, 8, 1)
     for dtype, expected in ((torch.float32, None), (torch.float16, 4)):
         c = torch.empty(1, 16 * 8, 16, dtype=dtype)
         assert mm._persistent_plan(c, 64, config) == expected, dtype

@@ -10,7 +10,7 @@ Bugs found, fixed the same session (the tests assert the correct behaviour; thei
 - `x % y` on float16 / bfloat16 blocks or scalars: the interpreter computes C fmod; code generation
   crashes with a bare TypeError ("math function fmod reached codegen with type half; widen 16-bit
   floats first"), for sm_80 and sm_90a alike.
-- `atomic_max` / `atomic_min` on float32 / float64: the interpreter propagates NaN (numerics.maximum,
+- `atomic_max` / `atomic_min` on float32 / float64: the interpreter propagates NaN (numerics.arithmetic.maximum,
   like `dsl.maximum`); the compiled kernel lowers to LLVM `atomicrmw fmax/fmin` (maxnum: NaN is
   dropped), a CAS loop around PTX `max.f32` / `min.f32`. On the H200: memory NaN, value 1.0 -> 1.0
   (interpreter NaN); memory 1.0, value NaN -> 1.0 (interpreter NaN).

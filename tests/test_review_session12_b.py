@@ -257,7 +257,7 @@ def test_jagged_nested_tensors_on_the_kernel_path(interpret, name):
 # supported for tensor subclasses" (the interpreter; on the GPU the launch reads data_ptr() of a
 # tensor without storage). torch's ops propagate fake tensors. The fallback path works, and so does
 # torch.compile / torch.export (custom ops with fake kernels): only eager calls under a fake mode break.
-# Worse, the failed call leaves its prepared launch in the layout caches (kernels/norm_launch.py, kernels/attention.py
+# Worse, the failed call leaves its prepared launch in the layout caches (kernels/norms.py, kernels/attention.py
 # allocators made under the fake mode): every later real call with that layout fails with "Cannot copy out
 # of meta tensor; no data!" for the rest of the process.
 # Likely fix: route tensors that are not plain torch.Tensor (or any active fake / dispatch mode) to the

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import fusedops
 import fusedops.nn as fnn
 from fusedops.kernels import norm_forward_config
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 
 D = torch.float64
 
@@ -31,7 +31,7 @@ def _generator(seed: int) -> torch.Generator:
 # ------------------------------------------------------------------------------------------------
 def _layer_norm(x, w=None, b=None, eps=1e-5):
     assert norm_forward_config.forward_config(x.shape[-1], x.dtype, subtract_mean=True).shifted_sums
-    return norm_launch.norm_forward(x, w, b, eps, subtract_mean=True, interpret=True)
+    return norms.norm_forward(x, w, b, eps, subtract_mean=True, interpret=True)
 
 
 @pytest.mark.parametrize("outlier", [1e19, 3e19, pytest.param(1e30, marks=pytest.mark.xfail(strict=True, reason=(

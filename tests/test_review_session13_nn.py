@@ -257,7 +257,7 @@ def test_mha_is_causal_hint_with_a_broadcastable_mask(interpret):
 # whose last dim is not in_features (and for a 0-d input); torch.nn.Linear raises RuntimeError ("mat1 and
 # mat2 shapes cannot be multiplied"), so `except RuntimeError` around a model stops catching it. (The same
 # for mismatched dtypes: TypeError from fusedops.matmul's checks, RuntimeError from torch.) Likely at
-# fault: fusedops/nn/linear.py Linear.forward (and fusedops/autograd/matmul.py check_arguments).
+# fault: fusedops/nn/linear.py Linear.forward (and fusedops/autograd/matmul_reference.py check_arguments).
 # ================================================================================================
 @pytest.mark.parametrize("case", ["last_dim", "zero_dim", "dtype"])
 def test_linear_errors_are_torchs(interpret, case):

@@ -4,7 +4,7 @@ fusedops/kernels/norm_forward_launcher.py and norm_backward_launcher.py): LayerN
 
 CPU tier only: the interpreter against torch in float64 (and torch in the same dtype where that is the
 bar), through the public API (fusedops.layer_norm / rms_norm / nn modules, autograd) and through
-norm_launch.norm_forward / norm_backward with poisoned outputs; ptxas for shipped-kernel variants the commit's
+norms.norm_forward / norm_backward with poisoned outputs; ptxas for shipped-kernel variants the commit's
 own PTX test does not compile.
 
 xfail(strict=True): defects found and left (documented); tests of fixed defects say so above them. The rest: cases checked that work (boundaries of the window's
@@ -27,7 +27,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_split_window as W
 from fusedops.kernels import norm_backward_config
 from fusedops.kernels import norm_forward_config
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from helpers import assert_close, poison, random_tensor
 from test_split_window_norms import _shipped_split_ptx
 
@@ -90,8 +90,8 @@ def _api_vs_float64(x, normalized_shape, w, b, subtract_mean, dy, eps=1e-5):
 
 
 # -- defects ----------------------------------------------------------------------------------------------
-# The split window's LayerNorm takes its statistics from norm_statistics' shifted sums (_shifted_moments /
-# _shifted_mean_rstd): d = (x - K) * 2^-16. rstd was 2^-16 / sqrt(var * 2^-32 + eps * 2^-32): eps scaled by
+# The split window's LayerNorm takes its statistics from norm_statistics' shifted sums (shifted_moments /
+# shifted_mean_rstd): d = (x - K) * 2^-16. rstd was 2^-16 / sqrt(var * 2^-32 + eps * 2^-32): eps scaled by
 # 2^-32 became a float32 subnormal below ~5e-29 and 0 below ~3e-36 (a zero row with eps = 1e-37 gave
 # NaN where torch gives the bias; eps = 1e-35 a 9% error in rstd). Fixed: rstd = 1 / sqrt(var + eps), the
 # variance unscaled first. The same sums serve the whole-row tiles (1000), the row sweeps (8192) and their
@@ -112,14 +112,14 @@ def test_layer_norm_zero_row_with_tiny_eps_is_bias_like_torch(interpret, n, seed
 @pytest.mark.parametrize("n", [1000, 2049, 8192])
 def test_layer_norm_rstd_of_zero_rows_with_tiny_eps(interpret, n):
     x = torch.zeros(2, n, dtype=torch.float16)
-    _, _, rstd = norm_launch.norm_forward(x, None, None, 1e-35, subtract_mean=True, allocate=_poisoned_empty)
+    _, _, rstd = norms.norm_forward(x, None, None, 1e-35, subtract_mean=True, allocate=_poisoned_empty)
     expected = 1 / torch.tensor(1e-35, dtype=torch.float32).double().sqrt()
     assert_close(rstd, expected.expand(2), torch.float32)
 
 
 # Fixed (session 31): bfloat16 LayerNorm with eps=0 of rows whose spread is ~1e-18 (variance ~1e-36, a normal
 # float32) gave +-inf where torch gives the normalized row: the shifted sums squared (x - K) * 2^-16, which
-# underflowed to 0; the split window now takes the second sums about the mean (norm_statistics._second_sums).
+# underflowed to 0; the split window now takes the second sums about the mean (norm_statistics.second_sums).
 @pytest.mark.parametrize("n", [2049, 4097])
 def test_bf16_layer_norm_of_tiny_spread_rows_with_eps_0(interpret, n, seed):
     x = random_tensor((3, n), torch.bfloat16, "cpu", seed, scale=1e-18)
@@ -310,10 +310,10 @@ def test_poisoned_outputs_fewer_rows_than_programs(interpret, subtract_mean, see
         x = random_tensor((rows, n), torch.bfloat16, "cpu", seed + rows) - 1
         w, b = _parameters((n,), torch.bfloat16, seed, bias=subtract_mean)
         dy = random_tensor((rows, n), torch.bfloat16, "cpu", seed + 3)
-        y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
-        dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                               weight_grad=True, bias_grad=b is not None, bias_dtype=torch.bfloat16,
-                                               allocate=_poisoned_empty)
+        y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, allocate=_poisoned_empty)
+        dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                         weight_grad=True, bias_grad=b is not None, bias_dtype=torch.bfloat16,
+                                         allocate=_poisoned_empty)
         leaves = [None if t is None else t.double().requires_grad_() for t in (x, w, b)]
         reference = (F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5) if subtract_mean
                      else F.rms_norm(leaves[0], (n,), leaves[1], 1e-5))

@@ -1,10 +1,10 @@
 """Review of session 14's shifted-sum statistics in LayerNorm's row sweeps (norm_forward_config.ROW_SWEEP_SHIFTED_SUMS,
 set for every test here; commits ffe59ed..4e7b0a1 and c7701ce's second sums:
 norm_row_sweeps._add_moments / _row_statistics / _row_shift with SUMS, forward_row_sweeps_kernel's SHIFTED_SUMS,
-norm_statistics._shifted_mean_rstd's rstd = 1 / sqrt(variance + eps); norm_forward_config._row_sweeps_config /
+norm_statistics.shifted_mean_rstd's rstd = 1 / sqrt(variance + eps); norm_forward_config._row_sweeps_config /
 _odd_row_window_config, norm_forward_launcher.row_sweep_constexprs).
 
-CPU tier only: the interpreter (norm_launch.norm_forward(interpret=True) with NaN-poisoned outputs, and
+CPU tier only: the interpreter (norms.norm_forward(interpret=True) with NaN-poisoned outputs, and
 fusedops.layer_norm under FUSEDOPS_INTERPRET=1) against torch in float64, with torch's own same-dtype error
 as the bar (the repo's bar of tests/test_norms.py::_check_hard_rows: twice torch's error plus one unit in the
 last place of the row's largest output); ptxas for the shipped row-sweep kernels.
@@ -28,8 +28,8 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_backward_launcher
 from fusedops.kernels import norm_forward_config
 from fusedops.kernels import norm_forward_launcher
-from fusedops.kernels import norm_launch
 from fusedops.kernels import norm_row_sweeps
+from fusedops.kernels import norms
 from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, assert_layer_norm_against_float64, poison, random_tensor
 
@@ -47,7 +47,7 @@ def row_sweep_sums(monkeypatch):
     # The shifted sums in the default row sweeps (norm_forward_config.ROW_SWEEP_SHIFTED_SUMS, off until they run on
     # the H200 with their second pass): these tests review that option as the defaults would take it.
     monkeypatch.setattr(norm_forward_config, "ROW_SWEEP_SHIFTED_SUMS", True)
-    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", type(norm_launch._FORWARD_LAUNCHES)(1024))
+    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", type(norms._FORWARD_LAUNCHES)(1024))
 
 
 def _poisoned_empty(shape, dtype, device):
@@ -55,8 +55,8 @@ def _poisoned_empty(shape, dtype, device):
 
 
 def _forward(x, w=None, b=None, eps=1e-5, config=None):
-    return norm_launch.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
-                                    allocate=_poisoned_empty)
+    return norms.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
+                              allocate=_poisoned_empty)
 
 
 def _sums(chunk, num_warps, window=True):
@@ -155,7 +155,7 @@ def test_bf16_tiny_spread_rows_with_tiny_eps(interpret, n, scale, eps, seed):
 # Fixed (session 31): a bfloat16 LayerNorm row of +-1 with 2e38 in columns (N-1)//2 and N-1 (the shift K = 2e38)
 # and -2e38 in column 5 gave a mean of -inf and a row of NaN, where torch's float32 statistics give a finite row
 # (rstd 0): x - K, formed in float32 before the 2^-16 scaling, overflowed. The sums now take x * 2^-16 - K * 2^-16
-# (norm_statistics._scaled_difference) and the sweeps' output x - mean. N: whole rows (1000, 8192), the split
+# (norm_statistics.scaled_difference) and the sweeps' output x - mean. N: whole rows (1000, 8192), the split
 # window (2049), the row sweeps (16384) and their aligned window (12289).
 @pytest.mark.parametrize("n", [1000, 2049, 8192, 12289, 16384])
 def test_bf16_rows_where_x_minus_the_shift_overflows(interpret, n, seed):
@@ -356,8 +356,8 @@ def test_gradients_and_rms_norm(interpret, dtype, n, seed):
     w, b = (random_tensor((n,), dtype, "cpu", seed + i).requires_grad_() for i in (1, 2))
     dy = random_tensor((3, n), dtype, "cpu", seed + 3)
     assert_layer_norm_against_float64(x, w, b, dy, dtype)
-    y, _, rstd = norm_launch.norm_forward(x.detach(), w.detach(), None, 1e-5, subtract_mean=False, interpret=True,
-                                          allocate=_poisoned_empty)
+    y, _, rstd = norms.norm_forward(x.detach(), w.detach(), None, 1e-5, subtract_mean=False, interpret=True,
+                                    allocate=_poisoned_empty)
     assert_close(y, F.rms_norm(x.detach().double(), (n,), w.detach().double(), 1e-5), dtype)
     assert_close(rstd, torch.rsqrt(x.detach().double().pow(2).mean(-1) + 1e-5), torch.float32)
 

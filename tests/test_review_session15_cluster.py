@@ -32,7 +32,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_backward_config
 from fusedops.kernels import norm_backward_kernels
 from fusedops.kernels import norm_backward_launcher
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from fusedops.kernels.norm_backward_config import BackwardConfig
 from fusedops.kernels.norm_forward_config import ForwardConfig
 
@@ -445,11 +445,11 @@ def _spy_prepare(monkeypatch, kernel) -> list:
 
 def _backward_all(op, x, w, b, dy, config=None, input_grad=True):
     subtract_mean = op == LAYER_NORM
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
-                                             allocate=_poisoned_cpu_empty)
-    grads = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=input_grad,
-                                      weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                                      config=config, interpret=True, allocate=_poisoned_cpu_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
+                                       allocate=_poisoned_cpu_empty)
+    grads = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=input_grad,
+                                weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                config=config, interpret=True, allocate=_poisoned_cpu_empty)
     return (y,) + tuple(grads)
 
 

@@ -7,7 +7,7 @@ torch.func transforms, module state_dict / pickle / deepcopy round-trips, argume
 
 Almost everything matched torch (or a float64 reference where torch's CPU kernel is itself wrong). The
 defects found are below, each asserting torch's behaviour; all six were fixed the same session
-(nn/softmax.py: no warning while dynamo traces; kernels/attention_logits.py `_held_in_range` / `_base2_logits`;
+(nn/softmax.py: no warning while dynamo traces; kernels/attention_logits.py `_held_in_range` / `base2_logits`;
 nn/normalization.py RuntimeError; functional.py dtype=float and 0-d-only tensor dims; autograd/norms.py
 0-d integer tensors in normalized_shape; autograd/arguments.py 0-d-only tensor floats).
 """

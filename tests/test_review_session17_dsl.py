@@ -121,7 +121,7 @@ def test_conditional_expression_does_not_load_in_the_untaken_arm():
 # Defect 2 (interpreter and compiled code disagree; operand order changes the result): minimum / maximum of
 # +0.0 and -0.0. The compiled code for float32/float16/bfloat16 uses llvm.minimum / llvm.maximum (min.NaN /
 # max.NaN), for which -0.0 < +0.0: maximum(-0.0, +0.0) = +0.0 and minimum = -0.0 whatever the order (IEEE
-# 754-2019 maximum / minimum). The interpreter (numerics.minimum / maximum = np.minimum / np.maximum) returns
+# 754-2019 maximum / minimum). The interpreter (numerics.arithmetic.minimum / maximum = np.minimum / np.maximum) returns
 # the second operand on ties: maximum(+0.0, -0.0) = -0.0 and minimum(-0.0, +0.0) = +0.0, and the compiled
 # float64 path (codegen/elementwise.py `_float_min_max`'s compare-and-select fallback) does the same. So a
 # ReLU written `dsl.maximum(0.0, x)` gives -0.0 for x = -0.0 in the interpreter and +0.0 on the GPU, and the
@@ -295,7 +295,7 @@ def test_bool_shape_entries_behave_alike_in_interpreter_and_compiler(what):
 # ================================================================================================
 # Defect 6 (interpreter breaks dsl.fma's contract): `dsl.fma` promises "x * y + z with a single rounding", and
 # the compiled code is llvm.fma (fma.rn.f64), but the interpreter computes float64 fma unfused
-# (numerics.fma: "float64 is computed unfused (NumPy has no fma)"): the product is rounded before the add.
+# (numerics.arithmetic.fma: "float64 is computed unfused (NumPy has no fma)"): the product is rounded before the add.
 # fma(1 + 2**-30, 1 - 2**-30, -1) is exactly -2**-60; the interpreter gives 0.0, so error-free transformations
 # (TwoProduct, double-double accumulators, compensated dot products) validated in the interpreter lose their
 # error term entirely. (float32/16 are computed exactly in float64 and rounded once: right.)

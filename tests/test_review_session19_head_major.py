@@ -1,7 +1,7 @@
-"""Review (session 19): the head-major dK/dV kernel (HEAD_MAJOR, `_head_major_program`, AttentionConfig.head_major,
+"""Review (session 19): the head-major dK/dV kernel (HEAD_MAJOR, `head_major_program`, AttentionConfig.head_major,
 on for BACKWARD_CONFIGS[64]; commits d9df98b..a2293a2), tried on the CPU.
 
-Tried: the mapping alone, through a kernel that records what `_head_major_program` gives each program:
+Tried: the mapping alone, through a kernel that records what `head_major_program` gives each program:
 every (head, key block) taken exactly once and in launch order (t = y * B * H_kv + x -> (t // blocks,
 t % blocks)) on 18 grids (1 x 1, one head, one key block, coprime, dividing either way, primes, 1000 x 1);
 the same on the IR after the sm_90a / sm_80 pass pipelines; grids at CUDA's limits (B * H_kv = 2**31 - 1,
@@ -63,7 +63,7 @@ from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_
 from fusedops.kernels.attention_configs import (
     BACKWARD_CONFIGS, DKDV_ALTERNATIVES, DQ_HEAD_MAJOR_PER_SM, INTERPRETER_CONFIG, MASKED_DKDV_CONFIGS, AttentionConfig,
     backward_configs, head_block, sweep_configs)
-from fusedops.kernels.attention_grid import _head_major_program
+from fusedops.kernels.attention_grid import head_major_program
 from fusedops.kernels.attention_logits import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 from fusedops.kernels.device_info import INTERPRETER_SMS
 from codegen_helpers import interpret_ir, pipelined_ir
@@ -76,14 +76,14 @@ INT32_MAX = 2**31 - 1
 MAX_GRID_Y = at.MAX_GRID_Y
 
 
-# -- the mapping itself: a kernel that records what `_head_major_program` gives each program ---------------
+# -- the mapping itself: a kernel that records what `head_major_program` gives each program ---------------
 
 @dsl.jit
 def _coverage_kernel(count_ptr, launch_ptr):
     # count_ptr, launch_ptr: (grid x * grid y,) int32 / int64, slot head * blocks + block. The interpreter
     # runs one program at a time, so the load + store count is exact; a head or block out of range is an
     # out-of-bounds access (an InterpreterError).
-    head, block = _head_major_program()
+    head, block = head_major_program()
     slot = head.to(dsl.int64) * dsl.num_programs(1) + block
     dsl.store(count_ptr + slot, dsl.load(count_ptr + slot) + 1)
     dsl.store(launch_ptr + slot, dsl.program_id(1).to(dsl.int64) * dsl.num_programs(0) + dsl.program_id(0))
@@ -92,7 +92,7 @@ def _coverage_kernel(count_ptr, launch_ptr):
 @dsl.jit
 def _mapping_kernel(out_ptr):
     # out_ptr: (2,) int32: (head, block) of the program
-    head, block = _head_major_program()
+    head, block = head_major_program()
     dsl.store(out_ptr, head)
     dsl.store(out_ptr + 1, block)
 

@@ -38,7 +38,7 @@ def _assemble(compiled, arch):
 # ================================================================================================
 # Defect: dsl.cdiv on runtime values overflows in the narrow operand type.
 # `dsl.cdiv(x, d)` with runtime x, d is lowered as `(x + d - 1) // d` in the promoted type of x and d
-# (language/core.py `cdiv`). Its docstring promises ceiling division "for non-negative x and positive
+# (language/elementwise_builtins.py `cdiv`). Its docstring promises ceiling division "for non-negative x and positive
 # div", but for uint8 x = 250, d = 10 the intermediate x + d wraps (260 -> 4) and the result is 0 instead
 # of 25; int8 100 / 64 gives -1 instead of 2; int32 2**31 - 10 / 64 gives -33554431. Expected: the ceiling
 # quotient whenever it is representable (e.g. x // d + (x % d != 0), which cannot overflow).

@@ -1,7 +1,7 @@
 """Review (session 22, the changes since af706cb), by a fresh reviewer acting as a new user.
 
 1. The one-pass persistent backward's dx (norm_backward_kernels._input_gradient), forced at small sizes through
-   norm_launch.norm_backward(config=...) (one-pass whole rows, clusters, the aligned window for odd N, rows masked
+   norms.norm_backward(config=...) (one-pass whole rows, clusters, the aligned window for odd N, rows masked
    at the end) on hard rows, against float64 torch and against the two-pass form it replaced; the new
    backward_config choices and forward cache hints.
 2. Loop-carried tuples (frontend/loops.py _TupleSlots), in the interpreter and run on the host.
@@ -27,7 +27,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_backward_config
 from fusedops.kernels import norm_backward_kernels
 from fusedops.kernels import norm_forward_config
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from fusedops.kernels.norm_backward_config import BackwardConfig
 from fusedops.nn.linear import linear
 from helpers import assert_close
@@ -44,10 +44,10 @@ ONE_PASS_CONFIGS = {"one_pass": ONE_PASS, "cluster": CLUSTER, "cluster_window": 
 
 
 def _norm_grads(x, w, b, dy, eps, subtract_mean, config):
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, interpret=True)
-    return norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                                     config=config, interpret=True)
+    y, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, interpret=True)
+    return norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                               weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                               config=config, interpret=True)
 
 
 def _norm_reference(x, w, b, dy, eps, subtract_mean):

@@ -16,7 +16,7 @@ Defects (strict xfails):
   8.6 KB; int8 64x64x64: 1.6 KB). Triton's FMA dot shares a row of A across the thread's columns.
   Fixed in session 23 (tests/test_fma_dot.py).
 - `dsl.dot(..., input_precision="tf32")` was documented as "float32 inputs on tensor cores"
-  (language/core.py `dot`), but it lowers through the same FMA path, rounding the inputs to tf32 with
+  (language/block_builtins.py `dot`), but it lowers through the same FMA path, rounding the inputs to tf32 with
   integer ops (codegen/dot.py `_round_to_tf32`): no mma.sync / wgmma .tf32 instruction in the PTX. The
   docstring now says so (session 22); the tensor-core lowering stays a strict xfail.
 - Fixed (session 22): a tuple of kernel values reassigned in a loop (`p = (p[0] + BK, p[1] + BK * N)`,

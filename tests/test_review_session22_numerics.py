@@ -27,7 +27,7 @@ from fusedops.autograd import norms as autograd_norms
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.kernels import norm_backward_launcher
 from fusedops.kernels import norm_forward_launcher
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from fusedops.kernels import softmax as softmax_kernels
 from fusedops.kernels.norm_backward_config import BackwardConfig
 from fusedops.kernels.norm_forward_config import ForwardConfig
@@ -148,8 +148,8 @@ NORM_PATHS = {
 def norm_path(request, monkeypatch):
     configs = NORM_PATHS[request.param]
     # launches are remembered per layout across calls and tests: a forced config applies only to fresh caches
-    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
-    monkeypatch.setattr(norm_launch, "_BACKWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norms, "_BACKWARD_LAUNCHES", BoundedCache(1024))
     monkeypatch.setattr(autograd_norms, "_KNOWN_LAUNCHES", BoundedCache(1024))
     if configs is not None:
         monkeypatch.setattr(norm_forward_launcher, "forward_config", lambda n, d, **_: configs[0])

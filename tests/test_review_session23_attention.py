@@ -19,7 +19,7 @@ Cases were drawn from bug reports of peer projects (pytorch/pytorch, Dao-AILab/f
     torch's errors, against torch.nn.MultiheadAttention with the same state_dict.
 
 Defects found are strict xfails asserting torch's behaviour (see each reason):
-  1. the torch fallback of fusedops.matmul (autograd/matmul.py `reference`) rounds a 16-bit product to 16 bits
+  1. the torch fallback of fusedops.matmul (autograd/matmul_reference.py `reference`) rounds a 16-bit product to 16 bits
      before adding the bias / casting to out_dtype: fusedops.nn.Linear(fp16) on the CPU gives inf where
      torch.nn.Linear gives 40000, matmul(out_dtype=float32) inf where the kernels give 80000 (also under
      torch.vmap on the kernel route, which runs that reference);
@@ -123,7 +123,7 @@ def test_fp16_linear_bias_is_added_before_rounding_on_the_kernel_route(interpret
     assert fusedops.matmul(a, b, out_dtype=torch.float32)[0, 0].item() == 80000.0
 
 
-# Fixed in session 23 (was: matmul's torch fallback (autograd/matmul.reference) rounds the fp16 ...).
+# Fixed in session 23 (was: matmul's torch fallback (autograd/matmul_reference.reference) rounds the fp16 ...).
 def test_fp16_linear_bias_is_added_before_rounding_on_the_cpu(fallback):
     ours, ref, x = _fp16_linear_pair()
     want = ref(x)

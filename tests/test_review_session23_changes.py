@@ -25,7 +25,7 @@ Checked and fine:
 Confirmed defects (strict xfails asserting the correct behaviour; details above each test at the end):
 1. int // float16/bfloat16 casts the int straight to float32 (semantics._float_floor_divide), not to the promoted
    16-bit dtype first: 2051 // fp16 2.0 = 1025 (torch 1026), 100001 // fp16 2.0 = 49984 (torch NaN).
-2. A float-annotated parameter given a Python int >= 2**64 is refused by the interpreter (numerics.from_python).
+2. A float-annotated parameter given a Python int >= 2**64 is refused by the interpreter (conversions.from_python).
 3. GPU packing of an annotated bfloat16 scalar rounds twice (llvm_types.bfloat16_bits), the interpreter once.
 4. autotune's search hashes Configs (77dd1d0): a list-valued constexpr raises "unhashable type: 'list'".
 5. A runtime `reverse=` / `keep_dims=` is taken as True (adjacent to bb845fd's shown(); pre-existing).
@@ -43,9 +43,9 @@ import torch
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.language import dtypes as _dtypes
-from fusedops.dsl.language import numerics
+from fusedops.dsl.language.numerics import conversions, reductions
 from fusedops.dsl.runtime import autotune as at
-from fusedops.dsl.runtime import jit as _jit
+from fusedops.dsl.runtime import kernel_parameters
 from fusedops.dsl.target import assemble, ptxas_available
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -184,7 +184,7 @@ def test_compiled_float_floor_divide_of_scalars_assembles(arch):
 
 
 # =====================================================================================================
-# signed zeros in max / min reductions (bb845fd, numerics._order_zeros)
+# signed zeros in max / min reductions (bb845fd, reductions._order_zeros)
 # =====================================================================================================
 
 @dsl.jit
@@ -219,7 +219,7 @@ def test_max_min_reductions_order_signed_zeros_on_every_axis(dtype):
 
 
 # =====================================================================================================
-# dtype annotations of scalar parameters (bb845fd, signature._annotated_scalar, jit._scalar_annotation)
+# dtype annotations of scalar parameters (bb845fd, signature._annotated_scalar, kernel_parameters._scalar_annotation)
 # =====================================================================================================
 
 @dsl.jit
@@ -240,9 +240,9 @@ def test_equal_to_one_specialization_keeps_the_annotated_type(one):
 
 @pytest.mark.parametrize("name", [n for n in dir(dsl) if isinstance(getattr(dsl, n), dsl.DType)])
 def test_every_dsl_dtype_spelled_as_a_string_annotation_is_read(name):
-    assert _jit._scalar_annotation(f"dsl.{name}") is getattr(dsl, name)
-    assert _jit._scalar_annotation(f"tl.{name}") is getattr(dsl, name)
-    assert _jit._scalar_annotation(name) is None          # a bare name is a Python type hint, not read
+    assert kernel_parameters._scalar_annotation(f"dsl.{name}") is getattr(dsl, name)
+    assert kernel_parameters._scalar_annotation(f"tl.{name}") is getattr(dsl, name)
+    assert kernel_parameters._scalar_annotation(name) is None          # a bare name is a Python type hint, not read
 
 
 @dsl.jit
@@ -319,7 +319,7 @@ def test_annotated_parameter_given_none_or_a_tensor():
 def test_gpu_packing_of_a_float16_scalar_matches_the_interpreter(value):
     from fusedops.dsl.runtime.launcher_args import ArgumentPacker, ParamKind
     (bits,) = struct.unpack("<H", ArgumentPacker([ParamKind.FLOAT16]).pack_values([value])[:2])
-    assert bits == int(np.asarray(numerics.from_python(value, _dtypes.float16)).view(np.uint16))
+    assert bits == int(np.asarray(conversions.from_python(value, _dtypes.float16)).view(np.uint16))
 
 
 # =====================================================================================================
@@ -424,7 +424,7 @@ def test_the_on_disk_record_is_used_by_a_new_tuner_without_measuring(tmp_path, m
 # =====================================================================================================
 
 def _oracle(a, b, bias, activation, dc=None):
-    from fusedops.autograd.matmul import apply_activation
+    from fusedops.autograd.matmul_reference import apply_activation
     a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
     bias64 = None if bias is None else bias.detach().double().requires_grad_()
     z = a64 @ b64 + (0 if bias64 is None else bias64)
@@ -549,7 +549,7 @@ def test_int_block_floor_divided_by_a_half_block_rounds_the_int_first(dtype):
 
 # 2. A float-annotated scalar parameter (`f: dsl.float64`) given a Python int beyond 64 bits: the annotation
 #    accepts it (signature._annotated_scalar: "float types [take] ints and floats") and `.compile` does too, but the
-#    interpreter refuses it (interpreter/arguments.py -> numerics.from_python: "does not fit in 64 bits").
+#    interpreter refuses it (interpreter/arguments.py -> conversions.from_python: "does not fit in 64 bits").
 
 @dsl.jit
 def _float_typed(o_ptr, f: dsl.float64, g: dsl.float32):
@@ -567,7 +567,7 @@ def test_float_annotated_parameter_takes_a_python_int_beyond_64_bits(value):
 
 # 3. An annotated bfloat16 scalar (`b: dsl.bfloat16`) is packed for a GPU launch by llvm_types.bfloat16_bits,
 #    which rounds double -> float32 -> bfloat16 (two roundings): 1 + 2**-8 + 2**-30 packs as 0x3F80 (1.0) where the
-#    interpreter (numerics.round_to_type, round-to-odd: one rounding, as PTX cvt.rn.bf16.f64) gives 0x3F81
+#    interpreter (conversions.round_to_type, round-to-odd: one rounding, as PTX cvt.rn.bf16.f64) gives 0x3F81
 #    (1.0078125). float16 ("e", one rounding) agrees with the interpreter.
 
 # Fixed in session 23 (was: GPU packing of a bfloat16 scalar rounds twice (llvm_types.bfloat16_bits); ...).
@@ -575,7 +575,7 @@ def test_float_annotated_parameter_takes_a_python_int_beyond_64_bits(value):
 def test_gpu_packing_of_a_bfloat16_scalar_rounds_once_like_the_interpreter(value):
     from fusedops.dsl.runtime.launcher_args import ArgumentPacker, ParamKind
     (bf16_bits,) = struct.unpack("<H", ArgumentPacker([ParamKind.BFLOAT16]).pack_values([value])[:2])
-    interpreted = np.asarray(numerics.from_python(value, _dtypes.bfloat16), dtype=np.float32)
+    interpreted = np.asarray(conversions.from_python(value, _dtypes.bfloat16), dtype=np.float32)
     assert bf16_bits == int(interpreted.view(np.uint32)) >> 16
 
 

@@ -20,8 +20,9 @@ Confirmed defects (strict xfails, each asserts the correct behaviour):
   +0.0] is +0.0 (float32 / float64 / float16), max of [-0.0, +0.0, ...] in float16 is -0.0, and the result
   depends on the element order and the dtype. The compiled reductions combine with llvm.minimum /
   llvm.maximum (`min.NaN.f32`; for float64 the compare chain of `_float_min_max`), for which -0.0 < +0.0
-  whatever the order, as the elementwise `dsl.minimum` / `dsl.maximum` rules (numerics._ordered_zeros) already
-  do in the interpreter. Location: language/numerics.py `reduce` ("max" / "min" use np.max / np.min).
+  whatever the order, as the elementwise `dsl.minimum` / `dsl.maximum` rules (numerics.arithmetic._ordered_zeros)
+  already do in the interpreter. Location: language/numerics/reductions.py `reduce` ("max" / "min" use np.max /
+  np.min).
 - Float `//` is floor(x / y) of the *rounded* quotient (language/semantics.py `binary`, op "floordiv" on a
   floating type): 1.0 // 0.1 gives 10.0 and 7.0 // 0.1 gives 70.0, where Python, NumPy, torch (and the same
   expression folded as a constexpr in the kernel) give 9.0 and 69.0; the compiled code does the same
@@ -73,7 +74,7 @@ def _min_max_reduce(o_ptr, x_ptr, B: dsl.constexpr):
 _ZERO_ROWS = [[0.0, -0.0, 0.0, 0.0], [-0.0, 0.0, 0.0, 0.0], [0.0, 0.0, -0.0, 0.0], [-0.0, -0.0, 0.0, -0.0]]
 
 
-# Fixed in session 23 (language/numerics.py _order_zeros; scans too).
+# Fixed in session 23 (language/numerics/reductions.py _order_zeros; scans too).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_min_max_reductions_order_signed_zeros(dtype):
     for row in _ZERO_ROWS:

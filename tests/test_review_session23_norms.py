@@ -103,7 +103,7 @@ def test_float64_layer_norm_of_long_rows_keeps_float64_precision(interpret, n):
 # Fixed in session 23 (was: rms_norm's dweight of a float64 weight on a float32 input is summed in ...).
 def test_rms_norm_float64_weight_gradient_is_accumulated_like_torch(interpret):
     # torch: y = (x_normed (fp32) * w (fp64)).to(fp32), so dweight = sum(dy * x_normed) is a float64 sum.
-    # kernels/norm_backward_launcher.py _backward_launcher allocates the dweight partials in `acc = rstd.dtype`
+    # kernels/norm_backward_launcher.py backward_launcher allocates the dweight partials in `acc = rstd.dtype`
     # (float32).
     m, n = 16384, 2
     x, w, dy = torch.randn(m, n), torch.randn(n, dtype=D), torch.randn(m, n)

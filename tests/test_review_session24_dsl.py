@@ -18,7 +18,7 @@ Defects found (fixed in the same session; the tests assert the correct behaviour
   CompilationError).
 - An int literal (or `dsl.full` value) wider than 53 bits that adopts a float32 type is rounded twice:
   `x_f32 + 9007199791611905` (2**53 + 2**29 + 1) adds 2**53, where the one rounding the conversion rules
-  promise (numerics.cast: int -> float32 rounds to nearest even; `.to(dsl.float32)` of the same int64, and
+  promise (numerics.conversions.cast: int -> float32 rounds to nearest even; `.to(dsl.float32)` of the same int64, and
   Triton's sitofp) gives 9007200328482816.0. `Semantics.constant` turns the int into a Python float
   (float64) first, and the compiled constant is that double rounded again (same wrong value on the host).
   Fixed: the int is rounded to the dtype's significand first (`semantics._int_rounded`), then converted.

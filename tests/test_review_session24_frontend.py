@@ -21,9 +21,9 @@ Defects found (fixed in the same session; the tests assert the correct behaviour
   kernel.compile); `kernel[grid](o, a=6)` with `def k(o_ptr, a, /)` too. Expected: Python's TypeError.
 - `B: "dsl.constexpr"` (a quoted annotation) in a module with `from __future__ import annotations` is not a
   constexpr parameter: the annotation string is then `'dsl.constexpr'` with its quotes, which
-  `jit._is_constexpr_annotation` does not recognize, so B silently becomes a runtime int32 (`dsl.arange(0, B)`
-  then fails with "arange bounds must be constexpr ints"). Expected: a constexpr parameter, as without the
-  quotes or without the __future__ import.
+  `kernel_parameters._is_constexpr_annotation` does not recognize, so B silently becomes a runtime int32
+  (`dsl.arange(0, B)` then fails with "arange bounds must be constexpr ints"). Expected: a constexpr parameter,
+  as without the quotes or without the __future__ import.
 - `and` / `or` on runtime scalars evaluate both operands: `i < n and dsl.load(x_ptr + i) > 0` loads
   x_ptr + i even when i >= n (an out-of-bounds error in the interpreter, an unguarded read on the GPU), while
   `dsl.load(x_ptr + i) if i < n else 0`, the same guard written as a ternary, branches and does not load

@@ -13,7 +13,7 @@ for float64 inputs, whose float64 reference is torch's own result).
 
 One defect was found (fixed in the same session): float32 layer_norm of a row of one repeated value (10000.3) was
 off by +-0.3..1 from the bias, the rounding of sum(x) / N amplified by rstd ~ 1/sqrt(eps); the two-pass
-statistics now take that rounding out again (norm_statistics._corrected_mean). The other tests pin what was
+statistics now take that rounding out again (norm_statistics.corrected_mean). The other tests pin what was
 checked and holds.
 
 Checked and not flagged (no test): float32 layer_norm of values of ~1e19..1e20 (squares past float32 max) gives

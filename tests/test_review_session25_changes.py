@@ -1,5 +1,5 @@
 """Review (session 25, today's changes): a fresh reviewer tried to break, as a user would and on the CPU only,
-what f3ec72b..HEAD changed in fusedops/: (1) numerics.fma in the interpreter (TwoSum + rounding to odd) against
+what f3ec72b..HEAD changed in fusedops/: (1) arithmetic.fma in the interpreter (TwoSum + rounding to odd) against
 the compiled llvm.fma (run on the host, tests/host_jit.py) and rationals; (2) function_host.dual /
 once_differentiable / functional.needs_torch for forward-mode AD, vmap and torch.compile; (3) nn.Linear's bias
 shape routing; (4) the launcher: the `positive` hint of ints divisible by 16 (keys 16 / 17), refusing tensors
@@ -56,7 +56,7 @@ from torch.func import vmap
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.errors import LaunchError
-from fusedops.dsl.language import numerics
+from fusedops.dsl.language.numerics import arithmetic
 from fusedops.dsl.language.dtypes import bfloat16, float16, float32
 from fusedops.nn.linear import linear as fused_linear
 from host_jit import run_on_host
@@ -84,7 +84,7 @@ def _same_float(x: float, y: float) -> bool:
 
 
 # ================================================================================================
-# (1) numerics.fma against the compiled llvm.fma and rationals
+# (1) arithmetic.fma against the compiled llvm.fma and rationals
 # ================================================================================================
 _FMA_LOOP = _kernel("def k(o_ptr, a_ptr, b_ptr, c_ptr, n):\n    for i in range(n):\n"
                     "        dsl.store(o_ptr + i, dsl.fma(dsl.load(a_ptr + i), dsl.load(b_ptr + i), dsl.load(c_ptr + i)))\n",
@@ -138,7 +138,7 @@ def test_float32_fma_random_bits_subnormals_and_cancellations_match_the_compiled
     compiled = torch.zeros(n)
     run_on_host(_FMA_LOOP, compiled, *(torch.from_numpy(v) for v in (a, b, c)), n)
     with np.errstate(all="ignore"):
-        interpreted = np.asarray(numerics.fma(a, b, c, float32), dtype=np.float32)
+        interpreted = np.asarray(arithmetic.fma(a, b, c, float32), dtype=np.float32)
     got = compiled.numpy()
     same = (got.view(np.uint32) == interpreted.view(np.uint32)) | (np.isnan(got) & np.isnan(interpreted))
     assert same.all(), np.nonzero(~same)[0][:5]
@@ -173,7 +173,7 @@ def test_bfloat16_fma_rounds_the_exact_sum_once_including_overflow():
         c = -(a * b) * (1 + rng.choice([0.0, 2.0 ** -8, -2.0 ** -8, 2.0 ** -9], n))
         c = np.where(rng.random(n) < 0.3, _bf16_values(rng.integers(0, 2 ** 16, n)), c)
         c = torch.from_numpy(c).to(torch.bfloat16).double().numpy()
-        out = np.asarray(numerics.fma(a.astype(np.float32), b.astype(np.float32), c.astype(np.float32), bfloat16),
+        out = np.asarray(arithmetic.fma(a.astype(np.float32), b.astype(np.float32), c.astype(np.float32), bfloat16),
                          dtype=np.float32).astype(np.float64)
     for i in range(n):
         if np.isfinite(a[i]) and np.isfinite(b[i]) and np.isfinite(c[i]):
@@ -197,12 +197,12 @@ def test_float16_fma_at_the_overflow_boundary():
 
 
 def test_numerics_fma_shapes_scalars_and_broadcasting():
-    r = numerics.fma(np.float32(1.5), np.float32(2.0), np.float32(-0.0), float32)
+    r = arithmetic.fma(np.float32(1.5), np.float32(2.0), np.float32(-0.0), float32)
     assert np.asarray(r).shape == () and float(r) == 3.0
-    r = numerics.fma(np.ones((2, 1), np.float32), np.arange(3, dtype=np.float32), np.float32(2 ** -30), float32)
+    r = arithmetic.fma(np.ones((2, 1), np.float32), np.arange(3, dtype=np.float32), np.float32(2 ** -30), float32)
     assert np.asarray(r).shape == (2, 3)
     assert np.asarray(r, dtype=np.float32).tolist() == [[2 ** -30, 1.0, 2.0]] * 2
-    r = numerics.fma(np.float16(1.0), np.float16(1.0), np.float16(2 ** -24), float16)    # 1 + 2**-24: below a tie
+    r = arithmetic.fma(np.float16(1.0), np.float16(1.0), np.float16(2 ** -24), float16)    # 1 + 2**-24: below a tie
     assert float(r) == 1.0
 
 
@@ -656,7 +656,7 @@ def test_negated_forward_inputs_still_run_torch(interpret):
 def test_norm_eps_past_float32_is_not_a_launch_error(interpret, eps, dtype):
     """The interpreter's new float32 range check reaches the library's eps argument: torch rounds eps to the
     accumulation type (1e39 -> inf). (At HEAD this raised LaunchError in the interpreter; the working tree's
-    norm_forward_launcher._forward_launcher rounds eps itself.)"""
+    norm_forward_launcher.forward_launcher rounds eps itself.)"""
     x = torch.randn(3, 4, dtype=dtype, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(fusedops.layer_norm(x, (4,), eps=eps).double(), F.layer_norm(x, (4,), eps=eps).double(),
                                atol=2e-3, rtol=2e-3, equal_nan=True)
@@ -682,10 +682,10 @@ def test_odd_row_config_boundaries():
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_odd_16bit_rows_at_the_boundaries_misaligned(interpret, monkeypatch, n, offset, op):
     from fusedops.autograd import norms as norms_autograd
-    from fusedops.kernels import norm_launch
+    from fusedops.kernels import norms
     from fusedops.kernels.norm_backward_kernels import backward_persistent_kernel
-    norm_launch._FORWARD_LAUNCHES.clear()         # prepare anew (the spy below sees the cluster size)
-    norm_launch._BACKWARD_LAUNCHES.clear()
+    norms._FORWARD_LAUNCHES.clear()         # prepare anew (the spy below sees the cluster size)
+    norms._BACKWARD_LAUNCHES.clear()
     norms_autograd._KNOWN_LAUNCHES.clear()
     clusters = []
     prepare = backward_persistent_kernel.prepare

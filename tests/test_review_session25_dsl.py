@@ -12,7 +12,7 @@ the compiled rounding matters.
 Defect found and fixed: the interpreter's `dsl.fma` rounded a * b + c through float64 and then to the
 type, twice, where the compiled `llvm.fma` rounds once: bfloat16 fma(1.0078125, 1.5, -2**-100) gave
 1.515625 (a * b is a bfloat16 tie that the float64 sum kept), float32 fma(1 + 2**-23, 1.5, -2**-100) gave
-1.5 + 2**-22. numerics.fma now rounds the exact sum once (TwoSum, then rounding to odd);
+1.5 + 2**-22. numerics.arithmetic.fma now rounds the exact sum once (TwoSum, then rounding to odd);
 tests/test_numerics.py checks it against rationals.
 """
 

@@ -47,7 +47,7 @@ DEFECTS (all fixed in session 26; their tests, strict xfails until then, now pas
    `p = kernel.prepare((1,), x, b, y)` then `p(x, None, y)` raises "AttributeError: 'NoneType' object has no
    attribute 'data_ptr'" from `<prepared launch>`; the interpreter's prepared launch runs the None
    specialization. Expected: the full path (as for a tensor where None was prepared), or an error naming
-   `b_ptr`. Cause: fast_path._prepared_factory reads `t{i}.data_ptr()` for every tensor slot before any test.
+   `b_ptr`. Cause: launch_plans._prepared_factory reads `t{i}.data_ptr()` for every tensor slot before any test.
 5. reset_to_zero zeroes the caller's tensor although no tuning launch ran: when the config comes from the
    on-disk autotune record (a later process), the first launch for the key zeroes `out` (Autotuner._tune's
    `finally: reset()` after `select` found the record), so `out` pre-filled with 5.0 plus one launch gives

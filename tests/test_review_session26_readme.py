@@ -44,7 +44,7 @@ now pass):
 5. fusedops.matmul with an integer bias: ValueError "bias must be a floating tensor on cpu" for a bias that
    *is* on the CPU: it does not say the dtype is the problem nor what it got (and the docstring lists
    non-floating dtypes under TypeError). A list bias is likewise a ValueError ("got list"), where a list
-   a/b or layer_norm weight is a TypeError. Cause: autograd/matmul.check_arguments folds dtype and device
+   a/b or layer_norm weight is a TypeError. Cause: autograd/matmul_reference.check_arguments folds dtype and device
    into one message.
 6. On a machine without a GPU, `python -m fusedops.bench --out DIR` (and --quick, --compile, --triton) is
    accepted and silently ignored: no DIR, no file, no word that the self-check writes nothing. Cause:

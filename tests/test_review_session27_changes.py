@@ -80,7 +80,7 @@ had a strict xfail test below that asserts the correct behaviour:
    - Expected: torch.matmul's gradients, dA = g @ B^H and dB = A^H @ g.
    - Actual: `TypeError: fusedops.matmul(): out_dtype need floating-point operands, got torch.complex128`,
      raised inside the backward.
-   - Cause: library/matmul_ops.py `_matmul_backward` → autograd/matmul.py `input_gradients` calls the operator
+   - Cause: library/matmul_ops.py `_matmul_backward` → autograd/matmul_reference.py `input_gradients` calls the operator
      with `out_dtype=a.dtype`, which check_arguments now refuses for complex (and integer) operands. The
      formula also transposes without conjugating.
 2. fusedops.nn.Linear (fusedops.nn.linear.linear) with an integer weight and an integer bias raises.
@@ -102,7 +102,7 @@ had a strict xfail test below that asserts the correct behaviour:
      mismatch gives under the same compile.
    - Actual: `TorchRuntimeError: Dynamo failed to run FX node with fake tensors: call_function
      <function broadcast_shapes> ...`.
-   - Cause: autograd/matmul.py `check_arguments` calls `torch.broadcast_shapes`, which dynamo traces. Its error
+   - Cause: autograd/matmul_reference.py `check_arguments` calls `torch.broadcast_shapes`, which dynamo traces. Its error
      aborts the trace before the `except RuntimeError` can turn it into the ValueError. A plain-int check, such
      as attention's `_broadcast_shapes`, would not be traced.
 4. Forward-over-reverse through the operators silently drops the tangent. refuse_dual guards only the forward
@@ -156,8 +156,8 @@ had a strict xfail test below that asserts the correct behaviour:
      and `=5` raise a bare "'NoneType' object is not iterable" that names nothing.
    - Expected: the names are taken (read once), or a TypeError naming do_not_specialize. This is the same bug
      class session 27 fixed in dsl.autotune's configs.
-   - Cause: runtime/jit.py `_parameters`: the new `all(...)` validation consumes a one-shot iterable before
-     `bad` / `skip` read it.
+   - Cause: runtime/kernel_parameters.py `parameters`: the new `all(...)` validation consumes a one-shot
+     iterable before `bad` / `skip` read it.
 10. A cached launch (the fast path) launches a view at an offset into a freed storage with a bogus address.
     - Repro: `base = torch.ones(8); view = base[4:]; base.untyped_storage().resize_(0)`. After two launches of
       an ordinary (4,) float32 CUDA view, give `view` (as a CUDA tensor) to the same kernel. `view.data_ptr()`
@@ -179,7 +179,7 @@ had a strict xfail test below that asserts the correct behaviour:
     - Expected: the full path's TypeError naming the argument. The commit says "the fast path and prepared
       launches take the full path for them".
     - Actual: the launch happens (the mocked driver records it), with a NULL pointer or with address 16.
-    - Cause: fast_path.py `_prepared_factory` falls back only when data_ptr() raises. A data_ptr() of 0 (or
+    - Cause: launch_plans.py `_prepared_factory` falls back only when data_ptr() raises. A data_ptr() of 0 (or
       of an offset) with elements passes the `& 15` alignment test.
 12. Whether a loop-carried value follows the literal-adoption rule or the convert-back rule depends on how its
     load's address was computed.
@@ -225,7 +225,7 @@ from fusedops.kernels import attention as attention_kernels
 from fusedops.kernels.attention_configs import (
     DQ_HEAD_MAJOR_PER_SM, INTERPRETER_CONFIG, AttentionConfig, backward_configs)
 from fusedops.kernels.norm_forward_config import ForwardConfig, forward_config
-from fusedops.kernels.norm_launch import norm_forward
+from fusedops.kernels.norms import norm_forward
 from fusedops.library import autocast as library_autocast
 from fusedops.nn.linear import linear as flinear
 from kernel_source import jit_from_source

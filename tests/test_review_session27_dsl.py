@@ -10,7 +10,7 @@ interpreter), #9022 / #10291 / #10697 / #11615 (argmax / argmin / max / min with
 #10435 (an int argument in [2**31, 2**32) in the interpreter), #4613 (how a Python scalar promotes against a
 block), #7402 / #7957 / #1074 (atomics' old values, broadcasts), #2060 (dot dtype-mismatch message),
 triton-lang/triton-cpu #200 (device_print of negative ints); plus the project's rules: C `//` / `%` and shifts
-past the width (README, language/numerics.py), weakly typed literals (promotion.py), loop-carried values
+past the width (README, language/numerics/), weakly typed literals (promotion.py), loop-carried values
 (frontend/control_flow.py docstring), non-power-of-two / size-1 / empty / transposed / expanded inputs and
 rows longer than one block.
 

@@ -39,7 +39,7 @@ ValueErrors naming both shapes on both routes, and the operands are named input 
    expected: torch.matmul(a, a) (int64, exact); actual: TypeError "fusedops.matmul(): expected floating-point
    operands, got torch.int64". Same for complex64 (torch gives the complex product) and for
    fusedops.nn.linear.linear(int_x, int_w) (torch's F.linear gives the int64 result).
-   Cause: fusedops/autograd/matmul.py check_arguments refuses every non-floating dtype before the routing. Note
+   Cause: fusedops/autograd/matmul_reference.py check_arguments refuses every non-floating dtype before the routing. Note
    for the fix: the fallback `reference` computes in _wide(dtype), i.e. float32 for every non-float64 dtype, so
    merely letting these dtypes through would round int64 products (2**30 * 2**30 is not exact in float32) and
    drop imaginary parts; they must reach torch.matmul in their own dtype (bias / activation / out_dtype aside).
@@ -102,6 +102,8 @@ import torch.nn.functional as F
 import fusedops
 import fusedops.autograd.matmul as amm
 import fusedops.kernels.matmul as kmm
+from fusedops.kernels.matmul_configs import SMALL_CONFIG
+from fusedops.kernels.matmul_kernels import matmul_kernel
 import fusedops.library  # noqa: F401  (registers torch.ops.fusedops.*)
 import fusedops.nn as fnn
 from fusedops.nn.linear import linear as flinear
@@ -507,8 +509,8 @@ def test_ptx_with_an_int64_stride_assembles(tmp_path, monkeypatch):
     x = torch.empty(16, dtype=torch.float16)
     c = torch.empty(16, dtype=torch.float32)
     bias = torch.empty(4, dtype=torch.float32)
-    config = kmm.SMALL_CONFIG
-    compiled = dsl.jit(kmm.matmul_kernel.fn).compile(
+    config = SMALL_CONFIG
+    compiled = dsl.jit(matmul_kernel.fn).compile(
         c, x, x, bias, 1, 77, 45, 0, 2 ** 40, 1, 0, 1, 45, 77, 77, 1, 0, target="sm_90a",
         num_warps=config.num_warps, num_stages=config.num_stages, HAS_BIAS=True, ACTIVATION="relu",
         ACC=dsl.float32, **config.constexprs)

@@ -45,13 +45,14 @@ kernel can read is a TypeError naming the argument at launch, on every path; a f
 2. `dsl.jit(do_not_specialize=["BLOCK"])` where BLOCK is a `dsl.constexpr` parameter is accepted silently, and
    every BLOCK value still compiles its own kernel (a constexpr is a literal of the code: it cannot be left
    unspecialized). Expected: a TypeError naming BLOCK at decoration, as Triton's maintainers decided in
-   triton#8273 (vLLM hit the recompilations). Cause: runtime/jit.py `_parameters` checks only that the names
-   exist, not that they are runtime parameters.
+   triton#8273 (vLLM hit the recompilations). Cause: runtime/kernel_parameters.py `parameters` checks only that
+   the names exist, not that they are runtime parameters.
 3. `dsl.jit(do_not_specialize="n_cols")` iterates the string character by character: the TypeError says
    "do_not_specialize names ['_', 'c', 'l', 'n', 'o', 's'], which are not parameters", naming neither `n_cols`
    nor that a list is expected (and a one-letter name such as "n" silently works). dsl.autotune's key= /
    reset_to_zero= refuse a str ("must be a list of the kernel's parameter names"). Expected: the same TypeError
-   here, or the string taken as one name. Cause: runtime/jit.py `_parameters` (and `jit`) take any iterable.
+   here, or the string taken as one name. Cause: runtime/kernel_parameters.py `parameters` (and `jit`) take any
+   iterable.
 4. A CUDA tensor that has no storage reaches the GPU launch as a NULL pointer instead of being refused: a
    `__torch_dispatch__` wrapper subclass (built with `torch.Tensor._make_wrapper_subclass(cls, (4,), ...,
    device="cuda:0")`, as many tensor subclasses are: data_ptr() is 0, numel() is 4, layout strided) given as

@@ -89,7 +89,6 @@ import torch
 
 import fusedops
 import fusedops.nn as fnn
-from fusedops.kernels import softmax as K
 from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel
 from helpers import assert_close
 from test_softmax import poisoned_outputs  # noqa: F401  (a fixture)

@@ -25,7 +25,7 @@ saturation, no `.ftz` on exp / exp2 / sqrt) and every cast pair and a large elem
 float dtype were assembled with ptxas for sm_80, sm_90 and sm_90a.
 
 DEFECTS found: none. Every probe above computed what Triton's documented semantics (or, where Triton
-leaves a case undefined, the project's written rule in fusedops/dsl/language/numerics.py) say, the
+leaves a case undefined, the project's written rule in fusedops/dsl/language/numerics/) say, the
 interpreter agreed with the expected values, and every wrong kernel raised a CompilationError (or
 UnsupportedError) naming the problem at the user's source line. Two points that differ from Triton by
 design and are documented (so not reported): float `//` floors as torch.floor_divide does (Triton
@@ -161,7 +161,7 @@ def _cast_values(x, dsl_dtype, torch_dtype):
 
 
 def test_float_to_int_casts_saturate_and_map_nan_to_zero():
-    # triton-lang/triton#10658: defined here (numerics.cast): truncate, saturate, NaN -> 0
+    # triton-lang/triton#10658: defined here (numerics.conversions.cast): truncate, saturate, NaN -> 0
     f = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e9, -3e9, -0.9, 2.5, -2.0**31])
     assert _cast_values(f, dsl.int32, torch.int32) == [0, 2**31 - 1, -2**31, 2**31 - 1, -2**31, 0, 2, -2**31]
     assert _cast_values(f, dsl.uint8, torch.uint8) == [0, 255, 0, 255, 0, 0, 2, 0]

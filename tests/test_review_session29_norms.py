@@ -18,14 +18,14 @@ views off 16-byte boundaries), unslothai/unsloth#4550 (a weight gradient never c
 DEFECT (fixed in session 29; the test below passes)
 
 1. A split-window backward config with programs_per_sm=0 returns garbage without an error.
-   - Repro: norm_launch.norm_backward(..., config=BackwardConfig(False, 1, 32, 1, 0, split_window=True)) for fp16
+   - Repro: norms.norm_backward(..., config=BackwardConfig(False, 1, 32, 1, 0, split_window=True)) for fp16
      LayerNorm rows of 21 columns (7 rows, contiguous; the window applies).
    - Expected: the gradients (as every other backward path gives for programs_per_sm=0: the fused, split and
      persistent launchers take at least one program), or a ValueError naming the field.
    - Actual: dx is never written (NaN where the allocation was poisoned, garbage with torch.empty), dweight and
      dbias are exactly 0.
-   - Cause: norm_backward_launcher._backward_launcher, split-window branch: groups =
-     _round_up(min(cdiv(n_rows, block_rows), target_programs), split_shift) with target_programs = SMs * 0 = 0
+   - Cause: norm_backward_launcher.backward_launcher, split-window branch: groups =
+     round_up(min(cdiv(n_rows, block_rows), target_programs), split_shift) with target_programs = SMs * 0 = 0
      gives a grid of 0 programs and a (0, N) partial buffer whose column sums are 0 (the persistent branch takes
      max(1, target // parts)).
      ForwardConfig documents programs_per_sm=0 as "one program per row tile" for the split window, so the same
@@ -47,8 +47,8 @@ from fusedops.kernels import norm_backward_config
 from fusedops.kernels import norm_backward_kernels
 from fusedops.kernels import norm_backward_launcher
 from fusedops.kernels import norm_forward_launcher
-from fusedops.kernels import norm_launch
 from fusedops.kernels import norm_split_window as W
+from fusedops.kernels import norms
 from fusedops.kernels.norm_backward_config import BackwardConfig
 from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close
@@ -98,13 +98,13 @@ def _forward_config(n_cols):
 def _kernel_grads(op, x, w, b, dy, config, grads=(True, True, True), eps=1e-5):
     """(dx, dweight, dbias) of the launchers under `config`, outputs and scratch poisoned."""
     subtract_mean = op == LAYER_NORM
-    _, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean,
-                                             config=_forward_config(x.shape[-1]), interpret=True,
-                                             allocate=_poisoned_cpu_empty)
-    return norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=grads[0],
-                                     weight_grad=w is not None and grads[1], bias_grad=b is not None and grads[2],
-                                     bias_dtype=None if b is None else b.dtype, config=config, interpret=True,
-                                     allocate=_poisoned_cpu_empty)
+    _, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean,
+                                       config=_forward_config(x.shape[-1]), interpret=True,
+                                       allocate=_poisoned_cpu_empty)
+    return norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=grads[0],
+                               weight_grad=w is not None and grads[1], bias_grad=b is not None and grads[2],
+                               bias_dtype=None if b is None else b.dtype, config=config, interpret=True,
+                               allocate=_poisoned_cpu_empty)
 
 
 def _check(op, x, w, b, dy, config, eps=1e-5):

@@ -22,7 +22,7 @@ Defect found and fixed (session 29):
 - test_sum_of_negative_zeros_is_negative_zero: the interpreter's dsl.sum of a block of -0.0 returned
   +0.0 (NumPy's np.sum starts from a +0.0 identity), while the compiled code adds the elements only
   (no identity: `fadd x0, x1`, then shuffles) and returns -0.0; the interpreter's own cumsum of the same
-  block ended in -0.0 (language/numerics.reduce now keeps the sign).
+  block ended in -0.0 (language/numerics/reductions.py `reduce` now keeps the sign).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 
 import fusedops
 import fusedops.dsl as dsl
-from fusedops.kernels import matmul as matmul_kernels
+from fusedops.kernels import matmul as matmul_launch
 from test_launch_fast_path import _constant_kernel, _counting_lookups, _cuda, _new_kernel, gpu, launches  # noqa: F401
 from test_review_fastpaths import kernel_launches  # noqa: F401
 
@@ -108,8 +108,8 @@ def test_layer_norm_backward_follows_the_saved_weights_layout(interp):
 # ------------------------------------------------------------------------------------------------
 def test_matmul_sees_a_changed_tma_setting(kernel_launches, monkeypatch):
     decisions = []      # the TMA setting each time the kernel path chooses between the TMA and cp.async kernels
-    monkeypatch.setattr(matmul_kernels, "_uses_tma",
-                        lambda c, a, b: decisions.append(matmul_kernels._tma_enabled()) or False)
+    monkeypatch.setattr(matmul_launch, "_uses_tma",
+                        lambda c, a, b: decisions.append(matmul_launch._tma_enabled()) or False)
     a, b = torch.randn(64, 64, dtype=torch.float16), torch.randn(64, 64, dtype=torch.float16)
     fusedops.matmul(a, b)       # FUSEDOPS_TMA=0 (the fixture's)
     monkeypatch.setenv("FUSEDOPS_TMA", "1")

@@ -25,7 +25,7 @@ inputs; the nn modules; a backward with a dy laid out outside the window.
 Result: no defect found in the changed path. Two accumulation-range limits are pinned as torch's own behaviour
 (not defects; torch's CPU kernels accumulate 16-bit rows in float32 the same way): an RMSNorm bf16 row whose squares
 overflow float32 (|x| ~ 1e20) normalizes to zeros, as torch.nn.functional.rms_norm on the same bf16 tensor does;
-eps past float32's range becomes inf (y = 0), as documented in norm_forward_launcher._forward_launcher.
+eps past float32's range becomes inf (y = 0), as documented in norm_forward_launcher.forward_launcher.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from fusedops.kernels import norm_split_window as W
 from fusedops.kernels import norm_backward_launcher
 from fusedops.kernels import norm_forward_config
 from fusedops.kernels import norm_forward_launcher
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from helpers import assert_close, poison, random_tensor
 
 HALF = [torch.float16, torch.bfloat16]
@@ -63,8 +63,8 @@ def _poisoned(shape, dtype, device):
 
 
 def _fresh_caches(monkeypatch):
-    monkeypatch.setattr(norm_launch, "_FORWARD_LAUNCHES", BoundedCache(1024))
-    monkeypatch.setattr(norm_launch, "_BACKWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norms, "_FORWARD_LAUNCHES", BoundedCache(1024))
+    monkeypatch.setattr(norms, "_BACKWARD_LAUNCHES", BoundedCache(1024))
     monkeypatch.setattr(autograd_norms, "_KNOWN_LAUNCHES", BoundedCache(1024))
 
 
@@ -137,11 +137,11 @@ def _inputs(shape, dtype, seed, weight=True, bias=False, offset=0.0):
 
 def _launchers(x, w, b, eps, dy, subtract_mean, forward_config=None):
     """(y, dx, dweight, dbias, rstd) of norm_forward / norm_backward with every output poisoned."""
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=forward_config,
-                                             interpret=True, allocate=_poisoned)
-    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                           weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
-                                           interpret=True, allocate=_poisoned)
+    y, mean, rstd = norms.norm_forward(x, w, b, eps, subtract_mean=subtract_mean, config=forward_config,
+                                       interpret=True, allocate=_poisoned)
+    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=x.dtype,
+                                     interpret=True, allocate=_poisoned)
     return y, dx, dw, db, rstd
 
 
@@ -216,8 +216,8 @@ def test_explicit_programs_per_sm(sms, grids, count, seed):
                 config = dataclasses.replace(base, programs_per_sm=per_sm, block_rows=block_rows,
                                              prefetch=per_sm % 2 == 1)
                 grids.clear()
-                y, mean, rstd = norm_launch.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=config,
-                                                         interpret=True, allocate=_poisoned)
+                y, mean, rstd = norms.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=config,
+                                                   interpret=True, allocate=_poisoned)
                 tiles = -(-m // block_rows)
                 assert grids == [((-(-min(tiles, count * per_sm) // 8) * 8,), per_sm % 2 == 1, block_rows)]
                 assert mean is None
@@ -233,9 +233,9 @@ def test_persistent_matches_one_program_per_row(seed):
     for n, dtype in ((777, torch.float16), (3001, torch.bfloat16)):
         x, w, _, _ = _inputs((19, n), dtype, seed + n)
         base = norm_forward_config.forward_config(n, dtype, subtract_mean=False)
-        persistent = norm_launch.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=base, interpret=True)
+        persistent = norms.norm_forward(x, w, None, 1e-5, subtract_mean=False, config=base, interpret=True)
         for chunks in (1, 4):
-            per_row = norm_launch.norm_forward(
+            per_row = norms.norm_forward(
                 x, w, None, 1e-5, subtract_mean=False, interpret=True,
                 config=dataclasses.replace(base, programs_per_sm=0, output_chunks=chunks))
             assert_close(persistent[0], per_row[0].double(), dtype)

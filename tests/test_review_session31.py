@@ -1,5 +1,5 @@
 """Review of session 31 (commit 2634a9d): LayerNorm's shifted sums take second sums in the whole-row tiles and
-the split window (norm_statistics._second_sums / _needs_second_sums / _second_scale / _scaled_difference),
+the split window (norm_statistics.second_sums / needs_second_sums / second_scale / scaled_difference),
 16-bit LayerNorm rows of 6145..8192 columns (N % 8 == 0) on the 8192-column whole-row tiles
 (norm_forward_config._HALF_LAYER_NORM_WHOLE_ROWS_FROM), and codegen's where() reading a condition proven constant over a
 register run once (codegen/elementwise.py `_where`, codegen/memory.py `constant_run`).
@@ -39,7 +39,7 @@ import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_forward_config
 from fusedops.kernels import norm_forward_kernels
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from fusedops.kernels.norm_forward_config import ForwardConfig
 from helpers import assert_close, assert_layer_norm_against_float64, poison, random_tensor
 from host_jit import run_threads_on_host
@@ -514,8 +514,8 @@ def _poisoned_empty(shape, dtype, device):
 
 
 def _forward(x, w=None, b=None, eps=1e-5, config=None):
-    return norm_launch.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
-                                    allocate=_poisoned_empty)
+    return norms.norm_forward(x, w, b, eps, subtract_mean=True, config=config, interpret=True,
+                              allocate=_poisoned_empty)
 
 
 def _wide(t):
@@ -696,7 +696,7 @@ def test_huge_row_alone_is_normalized_by_the_scaled_sums(interpret):
         assert_close(y, F.layer_norm(x.double(), (n,), None, None, 1e-5), torch.bfloat16)
 
 
-# Fixed (session 31, found by this review): _second_sums took the sums of EVERY row of a multi-row tile again once
+# Fixed (session 31, found by this review): second_sums took the sums of EVERY row of a multi-row tile again once
 # any row (padding rows included: their sums are 0) needed them, unscaled where the row's first rstd was not 0, so
 # a fine 1e19 bf16 row beside a tiny-spread one (or beside a padding row) overflowed its squares: rstd 0, y 0.
 def test_rows_of_one_tile_do_not_change_each_others_statistics(interpret):
@@ -785,8 +785,8 @@ def test_gpu_special_rows_match_the_interpreter(dtype, n, seed):
     b = random_tensor((n,), dtype, "cpu", seed + 2)
     for eps in (1e-5, 1e-37, 0.0):
         y, mean, rstd = _forward(x, w, b, eps)
-        yg, meang, rstdg = norm_launch.norm_forward(x.cuda(), w.cuda(), b.cuda(), eps, subtract_mean=True,
-                                                    allocate=_poisoned_empty)
+        yg, meang, rstdg = norms.norm_forward(x.cuda(), w.cuda(), b.cuda(), eps, subtract_mean=True,
+                                              allocate=_poisoned_empty)
         assert torch.equal(torch.isnan(yg.cpu()), torch.isnan(y))
         if eps:
             ours, bar = _errors(x, w, b, yg.cpu(), eps)
@@ -803,7 +803,7 @@ def test_gpu_special_rows_match_the_interpreter(dtype, n, seed):
 def test_gpu_8192_whole_rows_rstd_within_the_run_model_bound(dtype):
     x = (random_tensor((2000, 8192), dtype, "cuda", 31) * 3 + 0.25)
     assert not norm_forward_config.forward_config(8192, dtype, subtract_mean=True).row_sweeps
-    _, _, rstd = norm_launch.norm_forward(x, None, None, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
+    _, _, rstd = norms.norm_forward(x, None, None, 1e-5, subtract_mean=True, allocate=_poisoned_empty)
     exact = torch.rsqrt(x.double().var(1, unbiased=False) + 1e-5)
     error = (rstd.double() / exact - 1).abs()
     assert error.max() <= 2.0 ** -24 * (8192 / 256 + 13), error.max().item()

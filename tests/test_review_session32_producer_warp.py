@@ -30,7 +30,8 @@ from fusedops.dsl.ir import OpCode
 from fusedops.dsl.passes.manager import run_pipeline
 from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 from fusedops.kernels import matmul_persistent as mp
 from matmul_helpers import check_gpu, gpu_operands
 from tests.codegen_helpers import interpret_pipelined_tma_matmul
@@ -236,7 +237,7 @@ def test_two_rings_ptx(num_warps, producer_warp):
 def test_thirty_two_warps_keep_a_launchable_cta(producer_warp):
     """32 warps leave no room for the producer warpgroup (1024 threads at most): WS=1's ring, its copies issued."""
     _, _, _, args, constexprs = _launch_args(512, 512, 512)
-    compiled = dsl.jit(mm.matmul_tma_kernel.fn).compile(*args, target="sm_90a", num_warps=32, num_stages=3,
+    compiled = dsl.jit(matmul_tma_kernel.fn).compile(*args, target="sm_90a", num_warps=32, num_stages=3,
                                                         **constexprs, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=1)
     assert 32 * compiled.launch_warps <= 1024 and "cp.async.bulk.tensor" in compiled.asm["ptx"]
 
@@ -263,7 +264,7 @@ def test_persistent_bias_activation_does_not_spill_more(producer_warp):
     """ptxas sizes a 12-warp CTA's registers at 168 per thread; the consumers take 240 back from the producer
     warpgroup (setmaxnreg): bias + silu spill no more than under WS=0 (one extra warp spilled 768 bytes)."""
     a, c = torch.empty(2048, 2048, dtype=torch.bfloat16), torch.empty(2048, 2048, dtype=torch.bfloat16)
-    args, options = mp._arguments(c, a, a, a[0], "silu", mm.WGMMA_CONFIGS[0], 128)     # 128 x 256 x 64, 8 warps
+    args, options = mp._arguments(c, a, a, a[0], "silu", WGMMA_CONFIGS[0], 128)     # 128 x 256 x 64, 8 warps
     spills = {}
     for mode in "02":
         producer_warp.setenv("FUSEDOPS_WS", mode)
@@ -300,11 +301,12 @@ def test_cache_round_trips_keep_the_cta_size(producer_warp):
 
 def test_the_driver_launcher_gets_the_launched_warps(producer_warp, monkeypatch):
     """CompiledKernel.launcher sizes the CTA by launch_warps (every launch path, prepared and native, uses it)."""
-    from fusedops.dsl.runtime import driver, tensor_map
+    from fusedops.dsl.runtime import driver, kernel_launcher, tensor_map
     compiled = _compile_epilogue(num_warps=8)
     seen = []
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, device: "module")
-    monkeypatch.setattr(driver, "KernelLauncher", lambda kernel, kinds, warps, shared, names: seen.append(warps))
+    monkeypatch.setattr(kernel_launcher, "KernelLauncher",
+                        lambda kernel, kinds, warps, shared, names: seen.append(warps))
     monkeypatch.setattr(tensor_map, "TensorMapLauncher", lambda launcher, maps: launcher)
     compiled.launcher(0)
     assert seen == [12]
@@ -339,7 +341,7 @@ def test_a_malformed_cached_producer_warps_is_recompiled(bad, producer_warp, tmp
 def test_interpret_mode_is_unaffected(producer_warp, seed):
     """interpret=True runs the frontend IR: no pass, no producer warp, the same result."""
     a, b, c, args, constexprs = _launch_args(70, 40, 96, b_t=True, seed=seed)
-    kernel = dsl.jit(mm.matmul_tma_kernel.fn)
+    kernel = dsl.jit(matmul_tma_kernel.fn)
     kernel[(4,)](*args, **constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=3,
                  interpret=True)
     assert_close(c[0], a.double() @ b.double(), torch.float16)
@@ -431,5 +433,5 @@ def test_gpu_persistent_transposed(a_t, b_t, out_dtype, producer_warp, monkeypat
     bias = torch.randn(n, device="cuda", dtype=torch.float16)
     for programs in (7, 96):
         c = poison(torch.empty(m, n, device="cuda", dtype=out_dtype))
-        mp.launch(c, a, b, bias, "gelu", mm.WGMMA_CONFIGS[1], programs)
+        mp.launch(c, a, b, bias, "gelu", WGMMA_CONFIGS[1], programs)
         check_gpu(c, a, b, bias, "gelu")

@@ -23,6 +23,8 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from fusedops.kernels import matmul_configs
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
 from fusedops.kernels import matmul_persistent as mp
 from helpers import poison
 from matmul_helpers import reference as _mm_reference
@@ -673,7 +675,7 @@ def test_sigmoid_of_a_constant(c):
 # =====================================================================================================
 
 def _config(block_m=16, block_n=16, block_k=16, group_m=4, num_warps=8):
-    return mm._config(block_m, block_n, block_k, num_warps, 1, group_m=group_m)
+    return matmul_configs._config(block_m, block_n, block_k, num_warps, 1, group_m=group_m)
 
 
 _TOL = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
@@ -759,7 +761,7 @@ def test_interpreted_deferred_store_every_activation_and_bias(activation, bias, 
     torch.testing.assert_close(c.double(), _mm_reference(a, b, bias_t, activation), rtol=3e-3, atol=3e-3)
 
 
-_EIGHT_WARP_CONFIGS = [config for config in mm.WGMMA_CONFIGS if config.num_warps == 8]
+_EIGHT_WARP_CONFIGS = [config for config in WGMMA_CONFIGS if config.num_warps == 8]
 
 
 @needs_ptxas

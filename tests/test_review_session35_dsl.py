@@ -40,7 +40,7 @@ DEFECTS found (fixed the same session; their tests below now pass):
 5. The documented loop-carry rule (`x = x + 1.5` on an int32 carry converts back, as C's `x += 1.5`) is applied
    to `c %= 2.0`, `c *= 0.5`, `c = dsl.maximum(c, 2.5)` but `c //= 2.0` is refused with a type-change error.
 6. `dsl.erf` of a constant block in the interpreter prints torch's "The given NumPy array is not writable"
-   UserWarning (numerics.erf hands a read-only array to torch.from_numpy).
+   UserWarning (numerics.arithmetic._erf hands a read-only array to torch.from_numpy).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import INTERPRETER_CONFIG
 from fusedops.kernels import matmul_stream_k as sk
 from fusedops.dsl.target import assemble, ptxas_available
 from helpers import poison
@@ -78,7 +79,7 @@ def test_public_matmul_stream_k_edge_shapes(m, n, k, a_cm, b_cm, seed, monkeypat
     monkeypatch.setenv("FUSEDOPS_STREAM_K", "1")
     a, b = _operands(m, n, k, torch.float16, seed, a_cm, b_cm)
     assert mm._uses_tma(torch.empty(1, m, n), a[None], b[None])
-    assert sk.plan(m, n, k, mm.INTERPRETER_CONFIG, CPU) is not None
+    assert sk.plan(m, n, k, INTERPRETER_CONFIG, CPU) is not None
     with mock.patch.object(sk, "launch", wraps=sk.launch) as spy:
         c = mm.matmul(a[None], b[None], interpret=True)[0]
     assert spy.call_count == 1

@@ -26,8 +26,8 @@ from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.runtime.signature import specialize
 from fusedops.dsl.runtime.tensor_map import encode_arguments
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import matmul as mm
-from fusedops.kernels.matmul import _tile_coordinates
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import tile_coordinates
 from test_tma_store import _expected, _matmul_args, store_matmul_kernel
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -407,7 +407,7 @@ def variant_kernel(c_ptr, a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
     for it in range(0, my_tiles * k_iters):
         local = it // k_iters
         k = it - local * k_iters
-        pid_m, pid_n = _tile_coordinates(pid + local * programs, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = tile_coordinates(pid + local * programs, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k * BLOCK_K)), b_desc.load((k * BLOCK_K, pid_n * BLOCK_N)), acc)
         if VARIANT == "base":
             if k == k_iters - 1:
@@ -561,7 +561,7 @@ def _store_matmul(c, persistent, num_stages):
     a, b = torch.empty(4096, 4096, dtype=torch.float16), torch.empty(4096, 4096, dtype=torch.float16)
     return dsl.jit(store_matmul_kernel.fn).compile(*_matmul_args(c, a, b), target="sm_90a", num_warps=8,
                                                    num_stages=num_stages, PERSISTENT=persistent,
-                                                   **mm.WGMMA_CONFIGS[0].constexprs)
+                                                   **WGMMA_CONFIGS[0].constexprs)
 
 
 def _assert_store_matmul_not_serialized(dtype, column_major):

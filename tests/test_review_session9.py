@@ -17,6 +17,8 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.ir import ops as ir_ops
 from fusedops.kernels import matmul as mm
+from fusedops.kernels import matmul_configs
+from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 
 from helpers import assert_close, poison, random_tensor
 
@@ -36,7 +38,7 @@ def _config(**cluster):
 # -- the library matmul's cluster constexprs -----------------------------------------------------------------------
 
 def test_matmul_cluster_m_and_cluster_n_together_is_rejected_or_correct(seed):
-    """CLUSTER_M=2 and CLUSTER_N=2 (also `mm._config(..., cluster_m=2, cluster_n=2)`): matmul_tma_kernel
+    """CLUSTER_M=2 and CLUSTER_N=2 (also `matmul_configs._config(..., cluster_m=2, cluster_n=2)`): matmul_tma_kernel
     takes its CLUSTER_N branch (clusters of 2 along a row of tiles, different B tiles) but still passes
     multicast=CLUSTER_M > 1 to B's load, so on the GPU each CTA gets half of its own B tile and half of
     its neighbour's (wrong c, no error); the interpreter stops inside the library kernel. Expected: an
@@ -54,7 +56,7 @@ def test_matmul_cluster_m_and_cluster_n_together_is_rejected_or_correct(seed):
 @pytest.mark.parametrize("cluster,name", [
     ({"CLUSTER_M": 0}, "CLUSTER_M"),          # now: CompilationError "cdiv by zero" (host grid, _programs)
     ({"CLUSTER_N": 0}, "CLUSTER_N"),          # now: the same
-    ({"CLUSTER_M": 16}, "CLUSTER_M"),         # now: "cluster_dims: size must be ..." at matmul.py's directive
+    ({"CLUSTER_M": 16}, "CLUSTER_M"),         # now: "cluster_dims: size must be ..." at matmul_kernels.py's directive
     ({"CLUSTER_N": 2.0}, "CLUSTER_N"),        # now: LaunchError "grid entry 0 ... got float 12.0"
 ], ids=str)
 def test_matmul_bad_cluster_constexpr_is_named(cluster, name, seed):
@@ -133,7 +135,7 @@ def test_interpreter_cluster_matmul_fp16_runs_the_cluster_kernel(cluster, seed, 
     """What test_clusters.test_interpreter_cluster_matmul_matches_float64 means to test: 16-bit operands
     take matmul_tma_kernel with the cluster constexprs (float32 ones never do), ragged edges."""
     launched = []
-    original = mm.matmul_tma_kernel
+    original = matmul_tma_kernel
 
     class _Spy:
         def __getitem__(self, grid):

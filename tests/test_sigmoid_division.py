@@ -13,6 +13,8 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 from helpers import poison
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -88,11 +90,11 @@ def test_gpu_values_within_a_few_ulp(dtype):
 def test_tma_matmul_silu_and_gelu_tanh_epilogues_do_not_spill(index, activation, bias, tmp_path, monkeypatch):
     # 128 x 256 and 256 x 128 on 8 warps: 255 registers and 168-328 bytes spilled with the IEEE division
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    config = mm.WGMMA_CONFIGS[index]
+    config = WGMMA_CONFIGS[index]
     c = torch.empty(1, 4096, 4096, dtype=torch.float16)
     args, constexprs, _ = mm._tma_launch(c, c, c, torch.empty(4096, dtype=torch.float16) if bias else None,
                                          activation)
-    ptx = mm.matmul_tma_kernel.compile(*args, target="sm_90a", num_warps=config.num_warps,
+    ptx = matmul_tma_kernel.compile(*args, target="sm_90a", num_warps=config.num_warps,
                                        num_stages=config.num_stages, **dict(constexprs, **config.constexprs)).asm["ptx"]
     assert "rcp.approx.f32" in ptx
     result = assemble(ptx, "sm_90a")

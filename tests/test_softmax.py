@@ -23,9 +23,10 @@ import fusedops.nn
 from fusedops.autograd import softmax as softmax_autograd
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import softmax as K
+from fusedops.kernels.sizes import next_power_of_2
 from fusedops.kernels.softmax_configs import (L2_HINTS, MAX_ONE_PASS_BLOCK, MAX_ONE_PASS_TILE, MIN_ROW_BLOCK,
-                                              ROW_TILE_ELEMENTS, Config, _next_power_of_2, choose_config,
-                                              shipped_configs, uses_column_tiles)
+                                              ROW_TILE_ELEMENTS, Config, choose_config, shipped_configs,
+                                              uses_column_tiles)
 from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel
 from fusedops.kernels.softmax_rows import empty_in_order_of, plan_rows
 from helpers import assert_close, poison, random_tensor
@@ -554,7 +555,7 @@ def test_config_table(n_cols):
         assert config.one_pass == (n_cols <= limit)
         assert config.block >= n_cols if config.one_pass else config.block <= limit
         assert config.tile == "rows"
-        short = _next_power_of_2(n_cols) < MIN_ROW_BLOCK
+        short = next_power_of_2(n_cols) < MIN_ROW_BLOCK
         assert config.rows == (ROW_TILE_ELEMENTS // config.block if short else 1)
         assert element_bytes in shipped["backward" if backward else "forward", config]
 

@@ -24,7 +24,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import norm_split_window as W
 from fusedops.kernels import norm_backward_config
 from fusedops.kernels import norm_forward_config
-from fusedops.kernels import norm_launch
+from fusedops.kernels import norms
 from helpers import assert_close, poison, random_tensor
 
 LAYER_NORM, RMS_NORM = True, False
@@ -49,11 +49,11 @@ def _check(x, subtract_mean, seed, weight=True, bias=True, dy=None, forward_conf
     w = random_tensor((n,), dtype, x.device, seed + 1, scale=0.5) + 1 if weight else None
     b = random_tensor((n,), dtype, x.device, seed + 2) if bias and subtract_mean else None
     dy = random_tensor(x.shape, dtype, x.device, seed + 3) if dy is None else dy
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
-                                             allocate=_poisoned_empty)
-    dx, dw, db = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                           weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
-                                           config=backward_config, allocate=_poisoned_empty)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, config=forward_config,
+                                       allocate=_poisoned_empty)
+    dx, dw, db = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                     weight_grad=w is not None, bias_grad=b is not None, bias_dtype=dtype,
+                                     config=backward_config, allocate=_poisoned_empty)
     leaves = [None if t is None else t.detach().double().requires_grad_() for t in (x, w, b)]
     x64, w64, b64 = leaves
     if subtract_mean:
@@ -233,10 +233,10 @@ def test_gpu_more_than_2_31_elements(subtract_mean, seed):
     w = random_tensor((n_cols,), torch.float16, "cuda", seed, scale=0.5) + 1
     b = random_tensor((n_cols,), torch.float16, "cuda", seed + 1) if subtract_mean else None
     assert norm_forward_config.forward_config(n_cols, x.dtype, subtract_mean=subtract_mean).split_window
-    y, mean, rstd = norm_launch.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
+    y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean)
     dy = torch.randn_like(x)
-    dx, dw, _ = norm_launch.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
-                                          weight_grad=True, bias_grad=False)
+    dx, dw, _ = norms.norm_backward(dy, x, w, mean, rstd, subtract_mean=subtract_mean, input_grad=True,
+                                    weight_grad=True, bias_grad=False)
     boundary = 2**31 // n_cols
     rows = torch.tensor([0, 1, n_rows // 2, boundary - 1, boundary, n_rows - 1], device="cuda")
     leaves = [t.double().requires_grad_() for t in (x[rows], w)]

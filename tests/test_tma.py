@@ -234,6 +234,8 @@ from fusedops.dsl.ir import OpCode                                        # noqa
 from fusedops.dsl.runtime.launcher_args import ArgumentPacker, ParamKind  # noqa: E402
 from fusedops.dsl.runtime.tensor_map import TensorMapLauncher             # noqa: E402
 from fusedops.kernels import matmul as mm                                  # noqa: E402
+from fusedops.kernels.matmul_configs import _config, TMA_CONFIGS, WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 from tests.helpers import assert_close, poison, random_tensor              # noqa: E402
 from tests.codegen_helpers import interpret_pipelined_tma_matmul           # noqa: E402
 
@@ -305,7 +307,7 @@ def test_interpreter_tma_matmul_matches_float64(a_t, b_t, dtype, seed, monkeypat
     a, b = _operand(m, k, dtype, a_t, seed), _operand(k, n, dtype, b_t, seed + 1)
     c = poison(torch.empty(1, m, n, dtype=dtype))
     assert mm._uses_tma(c, a[None], b[None])
-    mm.matmul_into(c, a[None], b[None], interpret=True, config=mm._config(32, 32, 32, 4, 1, group_m=2))
+    mm.matmul_into(c, a[None], b[None], interpret=True, config=_config(32, 32, 32, 4, 1, group_m=2))
     assert_close(c[0], a.double() @ b.double(), dtype)
 
 
@@ -318,7 +320,7 @@ def _tma_matmul_args(m, n, k, dtype, a_t, b_t, seed=0):
 
 def _compile_tma_matmul(config, dtype=torch.float16, a_t=False, b_t=False, arch="sm_90a", m=304, n=496, k=208):
     args, constexprs = _tma_matmul_args(m, n, k, dtype, a_t, b_t)
-    return dsl.jit(mm.matmul_tma_kernel.fn).compile(*args, target=arch, num_warps=config.num_warps,
+    return dsl.jit(matmul_tma_kernel.fn).compile(*args, target=arch, num_warps=config.num_warps,
                                                     num_stages=config.num_stages, **constexprs, **config.constexprs)
 
 
@@ -333,7 +335,7 @@ def tma_on(monkeypatch, tmp_path):
 def test_descriptor_loads_stay_plain_loads_without_tma(knob, arch, monkeypatch, tmp_path):
     monkeypatch.setenv("FUSEDOPS_TMA", knob)
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    compiled = _compile_tma_matmul(mm.WGMMA_CONFIGS[2], arch=arch)
+    compiled = _compile_tma_matmul(WGMMA_CONFIGS[2], arch=arch)
     ptx = compiled.asm["ptx"]
     assert "cp.async.bulk.tensor" not in ptx and "mbarrier" not in ptx and not compiled.tensor_maps
     assert "cp.async.cg.shared.global" in ptx
@@ -345,7 +347,7 @@ def test_pipelined_tma_ring_schedule(tma_on):
     schedule; tests/test_warp_specialization.py has FUSEDOPS_WS=1's.)"""
     tma_on.setenv("FUSEDOPS_WS", "0")
     args, constexprs = _tma_matmul_args(64, 32, 96, torch.float16, False, True)
-    kernel = dsl.jit(mm.matmul_tma_kernel.fn)
+    kernel = dsl.jit(matmul_tma_kernel.fn)
     function = kernel.ir(*args, **constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
     run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=4))
     ops = list(function.walk())
@@ -369,9 +371,9 @@ def test_pipelined_tma_ir_computes_the_same_in_the_interpreter(m, n, k, num_stag
     assert_close(c[0], a.double() @ b.double(), torch.float16)
 
 
-_PTXAS_CASES = [(config, torch.float16, False, False) for config in mm.TMA_CONFIGS] + [
-    (mm.WGMMA_CONFIGS[0], torch.float16, True, True), (mm.WGMMA_CONFIGS[2], torch.bfloat16, False, True),
-    (mm.WGMMA_CONFIGS[1], torch.bfloat16, True, False)]
+_PTXAS_CASES = [(config, torch.float16, False, False) for config in TMA_CONFIGS] + [
+    (WGMMA_CONFIGS[0], torch.float16, True, True), (WGMMA_CONFIGS[2], torch.bfloat16, False, True),
+    (WGMMA_CONFIGS[1], torch.bfloat16, True, False)]
 
 
 @needs_ptxas
@@ -405,8 +407,8 @@ class _BytesDriver(_FakeDriver):
 
 
 def _runtime_values(compiled, args: tuple) -> tuple:
-    """The runtime values a launch of `mm.matmul_tma_kernel` with `args` passes (tensors as addresses)."""
-    bound = dict(zip([p.name for p in mm.matmul_tma_kernel.params], args))
+    """The runtime values a launch of `matmul_tma_kernel` with `args` passes (tensors as addresses)."""
+    bound = dict(zip([p.name for p in matmul_tma_kernel.params], args))
     return tuple(bound[name].data_ptr() if isinstance(bound[name], torch.Tensor) else bound[name]
                  for name in compiled.parameter_names)
 
@@ -415,7 +417,7 @@ def _runtime_values(compiled, args: tuple) -> tuple:
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
 def test_tensor_maps_are_encoded_from_the_launch_arguments(dtype, name, a_t, b_t, tma_on):
     m, n, k = 304, 496, 208                            # ragged tiles, strides multiples of 16
-    config = mm.WGMMA_CONFIGS[2]                       # 128 x 128 x 64
+    config = WGMMA_CONFIGS[2]                       # 128 x 128 x 64
     args, constexprs = _tma_matmul_args(m, n, k, dtype, a_t, b_t)
     compiled = _compile_tma_matmul(config, dtype, a_t, b_t, m=m, n=n, k=k)
     fake, inner = _BytesDriver(), _RecordingLauncher()
@@ -449,8 +451,8 @@ def test_tensor_maps_are_encoded_from_the_launch_arguments(dtype, name, a_t, b_t
 def test_compiled_kernel_launcher_appends_tensor_map_parameters(tma_on):
     """CompiledKernel.launcher (what the full path, cached plans and prepared launches all use)
     packs one 128-byte TENSOR_MAP argument per map after the kernel's own parameters."""
-    from fusedops.dsl.runtime import driver
-    compiled = _compile_tma_matmul(mm.WGMMA_CONFIGS[2])
+    from fusedops.dsl.runtime import driver, kernel_launcher
+    compiled = _compile_tma_matmul(WGMMA_CONFIGS[2])
     made = {}
 
     class FakeKernelLauncher:
@@ -459,7 +461,7 @@ def test_compiled_kernel_launcher_appends_tensor_map_parameters(tma_on):
             self.launch, self.stream_of = _RecordingLauncher().launch, lambda device: 0
 
     tma_on.setattr(driver, "load_module", lambda ptx, name, device=0: object())
-    tma_on.setattr(driver, "KernelLauncher", FakeKernelLauncher)
+    tma_on.setattr(kernel_launcher, "KernelLauncher", FakeKernelLauncher)
     launcher = compiled.launcher(0)
     assert isinstance(launcher, TensorMapLauncher)
     assert made["kinds"][-2:] == [ParamKind.TENSOR_MAP] * 2 and made["names"][-1] == "tensor_map1"
@@ -471,7 +473,7 @@ def test_tensor_map_encode_host_cost(tma_on):
     """Host cost per launch of the maps (fake driver: the Python side of the encode, not the driver's
     own ~µs): a repeated launch must stay near a dict lookup per map."""
     import time
-    compiled = _compile_tma_matmul(mm.WGMMA_CONFIGS[2])
+    compiled = _compile_tma_matmul(WGMMA_CONFIGS[2])
     args, _ = _tma_matmul_args(304, 496, 208, torch.float16, False, False)
     launcher = TensorMapLauncher(_RecordingLauncher(), compiled.tensor_maps, driver=_BytesDriver())
     encoder = launcher.encoder
@@ -493,8 +495,8 @@ def test_tensor_map_encode_host_cost(tma_on):
 # -- GPU tier: the TMA matmul against float64 ----------------------------------------------------------------
 
 _ORIENTATIONS = [(False, False), (True, False), (False, True), (True, True)]
-_GPU_CASES = ([(config, torch.float16, a_t, b_t) for config in mm.TMA_CONFIGS for a_t, b_t in _ORIENTATIONS]
-              + [(config, torch.bfloat16, a_t, b_t) for config in mm.TMA_CONFIGS[1:3] for a_t, b_t in _ORIENTATIONS])
+_GPU_CASES = ([(config, torch.float16, a_t, b_t) for config in TMA_CONFIGS for a_t, b_t in _ORIENTATIONS]
+              + [(config, torch.bfloat16, a_t, b_t) for config in TMA_CONFIGS[1:3] for a_t, b_t in _ORIENTATIONS])
 
 
 @pytest.mark.cuda
@@ -515,10 +517,10 @@ def test_gpu_tma_ptx_is_what_runs(monkeypatch, tmp_path):
     a = torch.randn(256, 512, dtype=torch.float16, device="cuda")
     b = torch.randn(512, 384, dtype=torch.float16, device="cuda")
     c = torch.empty(1, 256, 384, dtype=torch.float16, device="cuda")
-    config = mm.WGMMA_CONFIGS[2]
+    config = WGMMA_CONFIGS[2]
     mm.matmul_into(c, a[None], b[None], config=config)
     args, constexprs, _ = mm._tma_launch(c, a[None], b[None], None, None)
-    compiled = mm.matmul_tma_kernel.compile(*args, target="sm_90a", num_warps=config.num_warps,
+    compiled = matmul_tma_kernel.compile(*args, target="sm_90a", num_warps=config.num_warps,
                                             num_stages=config.num_stages, **constexprs, **config.constexprs)
     assert "cp.async.bulk.tensor" in compiled.asm["ptx"]
     assert_close(c[0], a.double() @ b.double(), torch.float16)
@@ -532,7 +534,7 @@ def test_gpu_tma_knob_on_and_off_in_one_process(dtype, seed, monkeypatch):
     for knob in ("1", "0", "1"):
         monkeypatch.setenv("FUSEDOPS_TMA", knob)
         c = poison(torch.empty(1, 640, 384, dtype=dtype, device="cuda"))
-        mm.matmul_into(c, a[None], b[None], config=mm.WGMMA_CONFIGS[0])
+        mm.matmul_into(c, a[None], b[None], config=WGMMA_CONFIGS[0])
         assert_close(c[0], a.double() @ b.double(), dtype)
         outputs.append(c[0].double())
     assert float((outputs[0] - outputs[1]).abs().max()) <= 2.0 ** -6 * float(outputs[1].abs().max())
@@ -562,7 +564,7 @@ def test_gpu_tma_prepared_launch_follows_new_addresses(seed, monkeypatch):
 
 @pytest.mark.cuda
 def test_gpu_tma_sass_uses_utmaldg_and_hgmma(tma_on):
-    compiled = _compile_tma_matmul(mm.WGMMA_CONFIGS[0])
+    compiled = _compile_tma_matmul(WGMMA_CONFIGS[0])
     try:
         sass = compiled.asm["sass"]
     except KeyError as error:

@@ -20,9 +20,9 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.codegen.tma_store import MAX_SHARED_BYTES, boxes_per_chunk, chunk_buffers
 from fusedops.dsl.target import assemble, ptxas_available
-from fusedops.kernels import matmul as mm
 from fusedops.kernels import matmul_persistent as mp
-from fusedops.kernels.matmul import _tile_coordinates
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import tile_coordinates
 from helpers import poison, random_tensor
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
@@ -181,14 +181,14 @@ def store_matmul_kernel(c_ptr, a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stri
         for it in range(0, my_tiles * k_iters):
             local = it // k_iters
             k = it - local * k_iters
-            pid_m, pid_n = _tile_coordinates(pid + local * programs, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            pid_m, pid_n = tile_coordinates(pid + local * programs, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k * BLOCK_K)), b_desc.load((k * BLOCK_K, pid_n * BLOCK_N)),
                           acc)
             if k == k_iters - 1:
                 c_desc.store((pid_m * BLOCK_M, pid_n * BLOCK_N), acc)
                 acc = dsl.zeros((BLOCK_M, BLOCK_N), dsl.float32)
     else:
-        pid_m, pid_n = _tile_coordinates(dsl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = tile_coordinates(dsl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = dsl.zeros((BLOCK_M, BLOCK_N), dsl.float32)
         for k in range(0, k_iters):
             acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k * BLOCK_K)), b_desc.load((k * BLOCK_K, pid_n * BLOCK_N)),
@@ -203,7 +203,7 @@ def _matmul_args(c, a, b):
 
 @needs_ptxas
 def test_persistent_store_next_to_a_4_stage_ring_goes_through_two_buffers(tma_ws0):
-    config = mm.WGMMA_CONFIGS[0]
+    config = WGMMA_CONFIGS[0]
     a, b, c = (torch.empty(4096, 4096, dtype=torch.float16) for _ in range(3))
     compiled = dsl.jit(store_matmul_kernel.fn).compile(*_matmul_args(c, a, b), target="sm_90a", num_warps=8,
                                                        num_stages=4, PERSISTENT=True, **config.constexprs)
@@ -263,7 +263,7 @@ def test_the_proxy_fence_covers_global_memory_only_where_generic_accesses_may_pr
     # its TMA store fences the shared tile alone (a full fence.proxy.async cost 1-2% on the H200, session 11).
     for bias, activation in ((None, None), (torch.empty(4096, dtype=torch.float16), "gelu")):
         a = torch.empty(4096, 4096, dtype=torch.float16)
-        args, options = mp._arguments(a, a, a, bias, activation, mm.WGMMA_CONFIGS[0], 132)
+        args, options = mp._arguments(a, a, a, bias, activation, WGMMA_CONFIGS[0], 132)
         ptx = mp.matmul_persistent_kernel.compile(*args, target="sm_90a", **options).asm["ptx"]
         assert _fences(ptx)[0] == 0 and _fences(ptx)[1] >= 4, bias
     # The box kernel stores what it loaded: shared only. So do stores whose other loads read other arguments.
@@ -320,7 +320,7 @@ def test_gpu_store_matmul(m, n, k, programs, out_dtype, persistent, seed):
     a = torch.randn(m, k, device="cuda", generator=generator).to(in_dtype)
     b = torch.randn(k, n, device="cuda", generator=generator).to(in_dtype)
     c = poison(torch.empty(m, n, device="cuda", dtype=out_dtype))
-    config = mm.WGMMA_CONFIGS[0]
+    config = WGMMA_CONFIGS[0]
     grid = (programs,) if persistent else (dsl.cdiv(m, 128) * dsl.cdiv(n, 256),)
     store_matmul_kernel[grid](*_matmul_args(c, a, b), num_warps=8, num_stages=4, PERSISTENT=persistent,
                               **config.constexprs)
@@ -340,7 +340,7 @@ def test_gpu_store_matmul_column_major_c(persistent, seed):
     c = poison(torch.empty(n, m, device="cuda", dtype=torch.float16)).t()        # stride (1, m)
     grid = (5,) if persistent else (dsl.cdiv(m, 128) * dsl.cdiv(n, 256),)
     store_matmul_kernel[grid](*_matmul_args(c, a, b), num_warps=8, num_stages=4, PERSISTENT=persistent,
-                              **mm.WGMMA_CONFIGS[0].constexprs)
+                              **WGMMA_CONFIGS[0].constexprs)
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=2e-3, atol=2e-3 * k ** 0.5)
 
 

@@ -29,6 +29,8 @@ from fusedops.dsl.passes.manager import run_pipeline
 from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 from tests.helpers import assert_close, poison, random_tensor
 from tests.codegen_helpers import interpret_pipelined_tma_matmul
 
@@ -222,7 +224,7 @@ def _launch_args(m, n, k, dtype=torch.float16, a_t=False, b_t=False, seed=0):
 @pytest.mark.parametrize("num_stages,fills", [(4, 3), (2, 2)])     # one wgmma in flight at 4; none at 2
 def test_empty_barrier_schedule(num_stages, fills, empty_barriers):
     _, _, _, args, constexprs = _launch_args(64, 32, 96, b_t=True)
-    function = dsl.jit(mm.matmul_tma_kernel.fn).ir(*args, **constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
+    function = dsl.jit(matmul_tma_kernel.fn).ir(*args, **constexprs, BLOCK_M=64, BLOCK_N=32, BLOCK_K=32, GROUP_M=1)
     run_pipeline(function, default_pipeline(4, "sm_90a", num_stages=num_stages))
     ops = list(function.walk())
     allocs = [op for op in ops if op.opcode == OpCode.LOCAL_ALLOC and op.result.type.tile_shape == (1,)]
@@ -252,7 +254,7 @@ def test_empty_barrier_ir_computes_the_same_in_the_interpreter(m, n, k, num_stag
 
 def _compile(config, dtype=torch.float16, a_t=False, b_t=False, m=304, n=496, k=208):
     _, _, _, args, constexprs = _launch_args(m, n, k, dtype, a_t, b_t)
-    return dsl.jit(mm.matmul_tma_kernel.fn).compile(*args, target="sm_90a", num_warps=config.num_warps,
+    return dsl.jit(matmul_tma_kernel.fn).compile(*args, target="sm_90a", num_warps=config.num_warps,
                                                     num_stages=config.num_stages, **constexprs, **config.constexprs)
 
 
@@ -266,9 +268,9 @@ def k_loop(ptx: str) -> str:
 
 
 @needs_ptxas
-@pytest.mark.parametrize("config,dtype,a_t,b_t", [(c, torch.float16, False, False) for c in mm.WGMMA_CONFIGS]
-                         + [(mm.WGMMA_CONFIGS[0], torch.bfloat16, True, True),
-                            (mm.WGMMA_CONFIGS[2], torch.bfloat16, False, True)], ids=str)
+@pytest.mark.parametrize("config,dtype,a_t,b_t", [(c, torch.float16, False, False) for c in WGMMA_CONFIGS]
+                         + [(WGMMA_CONFIGS[0], torch.bfloat16, True, True),
+                            (WGMMA_CONFIGS[2], torch.bfloat16, False, True)], ids=str)
 def test_empty_barrier_ptx_has_no_cta_barrier_in_the_k_loop(config, dtype, a_t, b_t, empty_barriers):
     ptx = _compile(config, dtype, a_t, b_t).asm["ptx"]
     loop = k_loop(ptx)
@@ -294,7 +296,7 @@ def test_the_knob_is_part_of_the_compile_cache_key(monkeypatch, tmp_path):
     texts = []
     for knob in ("0", "1", "0"):
         monkeypatch.setenv("FUSEDOPS_WS", knob)
-        texts.append(_compile(mm.WGMMA_CONFIGS[2]).asm["ptx"])
+        texts.append(_compile(WGMMA_CONFIGS[2]).asm["ptx"])
     assert "bar.sync" in k_loop(texts[0]) and "bar.sync" not in k_loop(texts[1]) and texts[0] == texts[2]
 
 
@@ -312,7 +314,7 @@ GPU_TMA_SHAPES = [(1000, 1000, 1000, False, False), (304, 496, 208, True, False)
                   (64, 16, 16, False, False), (130, 260, 0, False, False), (1008, 784, 4096, True, True)]
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", mm.WGMMA_CONFIGS, ids=str)
+@pytest.mark.parametrize("config", WGMMA_CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k,a_t,b_t", GPU_TMA_SHAPES, ids=str)
 @pytest.mark.parametrize("mode", ["1", "2"], ids=["empty_barriers", "producer_warp"])
@@ -324,7 +326,7 @@ def test_gpu_ring_modes_match_float64(m, n, k, a_t, b_t, dtype, config, mode, mo
 def check_tma_kernel_against_float64(m, n, k, a_t, b_t, dtype, config, seed) -> None:
     """matmul_tma_kernel under the FUSEDOPS_WS in force, one program per tile, against float64."""
     # A fresh JIT function: the library's keeps the kernels it compiled under the other setting.
-    kernel = dsl.jit(mm.matmul_tma_kernel.fn)
+    kernel = dsl.jit(matmul_tma_kernel.fn)
     a, b = _tma_operand(m, k, dtype, a_t, seed), _tma_operand(k, n, dtype, b_t, seed + 1)
     c = poison(torch.empty(1, m, n, dtype=dtype, device="cuda"))
     assert mm._uses_tma(c, a[None], b[None])

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import fusedops.dsl as dsl
-from fusedops.autograd.matmul import reference
+from fusedops.autograd.matmul_reference import reference
 from fusedops.dsl.codegen.mma import tile_store_groups
 from fusedops.dsl.codegen.wgmma import wgmma_plan
 from fusedops.dsl.interpreter import Interpreter
@@ -47,6 +47,8 @@ from fusedops.dsl.passes.pipeline import default_pipeline
 from fusedops.dsl.runtime.signature import specialize
 from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import matmul as mm
+from fusedops.kernels.matmul_configs import CONFIGS, MMA_CONFIGS, SMALL_CONFIG, WGMMA_CONFIGS
+from fusedops.kernels.matmul_kernels import matmul_kernel
 from codegen_helpers import compile_library_matmul, source_layout, vector_accesses, xor_bits
 from helpers import assert_close, poison, random_tensor
 
@@ -361,7 +363,7 @@ def _matmul_ir(m, n, k, arch, num_stages, a=None, b=None, block=(64, 32, 32), nu
     args = (c, a, b, c, m, n, k, 0, *strides_a, 0, *strides_b, 0, n, 1, 0)
     kwargs = dict(HAS_BIAS=False, ACTIVATION=None, ACC=dsl.float32, BLOCK_M=block[0], BLOCK_N=block[1],
                   BLOCK_K=block[2], GROUP_M=1)
-    kernel = dsl.jit(mm.matmul_kernel.fn)
+    kernel = dsl.jit(matmul_kernel.fn)
     function = kernel.ir(*args, **kwargs)
     run_pipeline(function, default_pipeline(num_warps, arch, num_stages=num_stages))
     values = kernel._bind(args, kwargs)
@@ -596,9 +598,9 @@ def test_register_a_dot_beside_a_runtime_branch_stays_off_wgmma(branch, tmp_path
 
 @needs_ptxas
 @pytest.mark.parametrize("config,dtype,transposed_b", [
-    (mm.WGMMA_CONFIGS[0], torch.float16, False), (mm.WGMMA_CONFIGS[1], torch.bfloat16, True),
-    (mm.WGMMA_CONFIGS[2], torch.float16, True), (mm.WGMMA_CONFIGS[4], torch.float16, False),
-    (mm.SMALL_CONFIG, torch.bfloat16, False),
+    (WGMMA_CONFIGS[0], torch.float16, False), (WGMMA_CONFIGS[1], torch.bfloat16, True),
+    (WGMMA_CONFIGS[2], torch.float16, True), (WGMMA_CONFIGS[4], torch.float16, False),
+    (SMALL_CONFIG, torch.bfloat16, False),
 ], ids=lambda v: str(v) if isinstance(v, dsl.Config) else None)
 def test_library_matmul_on_sm90a_uses_wgmma_without_spills(config, dtype, transposed_b, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
@@ -629,7 +631,7 @@ def test_library_matmul_on_sm90a_uses_wgmma_without_spills(config, dtype, transp
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_other_targets_keep_mma_sync(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    ptx = compile_library_matmul(mm.CONFIGS[3], arch=arch).asm["ptx"]
+    ptx = compile_library_matmul(CONFIGS[3], arch=arch).asm["ptx"]
     assert "mma.sync.aligned.m16n8k16" in ptx and "ldmatrix" in ptx and "wgmma" not in ptx
     assert "fence.proxy" not in ptx and ".align 1024" not in ptx
     assert assemble(ptx, arch).spill_bytes == 0
@@ -638,10 +640,10 @@ def test_other_targets_keep_mma_sync(arch, tmp_path, monkeypatch):
 def test_disable_knob_keeps_mma_sync_and_keys_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FUSEDOPS_DISABLE_WGMMA", "1")
-    ptx = compile_library_matmul(mm.SMALL_CONFIG).asm["ptx"]
+    ptx = compile_library_matmul(SMALL_CONFIG).asm["ptx"]
     assert "mma.sync" in ptx and "wgmma" not in ptx
     monkeypatch.delenv("FUSEDOPS_DISABLE_WGMMA")
-    assert "wgmma.mma_async" in compile_library_matmul(mm.SMALL_CONFIG).asm["ptx"]   # not the cached mma.sync kernel
+    assert "wgmma.mma_async" in compile_library_matmul(SMALL_CONFIG).asm["ptx"]   # not the cached mma.sync kernel
 
 
 # -- GPU tier -----------------------------------------------------------------------------------------------
@@ -667,7 +669,7 @@ def _operands(m, n, k, dtype, transpose_a, transpose_b, seed):
     return (a.t() if transpose_a else a), (b.t() if transpose_b else b)
 
 
-_GPU_CONFIGS = mm.WGMMA_CONFIGS + [mm.SMALL_CONFIG, mm.MMA_CONFIGS[4]]
+_GPU_CONFIGS = WGMMA_CONFIGS + [SMALL_CONFIG, MMA_CONFIGS[4]]
 
 
 @pytest.mark.cuda
@@ -687,7 +689,7 @@ def test_gpu_wgmma_matmul_matches_float64(m, n, k, config, transpose_a, transpos
 @pytest.mark.parametrize("m,n,k", [(1024, 768, 8192), (257, 129, 4097), (64, 16, 16), (3, 5, 0)], ids=str)
 def test_gpu_many_k_iterations_and_dtypes(m, n, k, dtype, transpose_b, seed):
     a, b = _operands(m, n, k, dtype, False, transpose_b, seed)
-    for config in (mm.WGMMA_CONFIGS[0], mm.WGMMA_CONFIGS[2]):
+    for config in (WGMMA_CONFIGS[0], WGMMA_CONFIGS[2]):
         c = poison(torch.empty(1, m, n, dtype=dtype, device="cuda"))
         mm.matmul_into(c, a[None], b[None], config=config)
         if k:
@@ -700,7 +702,7 @@ def _compile_like_the_runtime(c, a, b, config, arch="sm_90a"):
     """The specialization `matmul_into(c, a, b, config=config)` launches (same args, so the same
     divisibility-by-16 facts), compiled for `arch` without a GPU."""
     args, constexprs, _ = mm._launch(c, a, b, None, None)
-    return dsl.jit(mm.matmul_kernel.fn).compile(*args, target=arch, num_warps=config.num_warps,
+    return dsl.jit(matmul_kernel.fn).compile(*args, target=arch, num_warps=config.num_warps,
                                                 num_stages=config.num_stages, **constexprs, **config.constexprs)
 
 
@@ -715,7 +717,7 @@ def test_unaligned_rows_stage_through_shared_memory(m, n, k, b_ring, tmp_path, m
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     a, b = torch.empty(1, m, k, dtype=torch.bfloat16), torch.empty(1, k, n, dtype=torch.bfloat16)
     c = torch.empty(1, m, n, dtype=torch.bfloat16)
-    compiled = _compile_like_the_runtime(c, a, b, mm.WGMMA_CONFIGS[2])
+    compiled = _compile_like_the_runtime(c, a, b, WGMMA_CONFIGS[2])
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "st.shared" in ptx and "fence.proxy.async.shared::cta" in ptx
     assert ("cp.async.cg.shared.global" in ptx) == b_ring
@@ -728,7 +730,7 @@ def test_gpu_unaligned_rows_use_the_staged_path(m, n, k, seed):
     """K odd: A staged with st.shared every iteration (B too when its rows are not 16-byte aligned:
     N % 8 != 0 for bf16; the runtime specializes ints divisible by 16, or else by 8), then wgmma."""
     a, b = _operands(m, n, k, torch.bfloat16, False, False, seed)
-    config = mm.WGMMA_CONFIGS[2]
+    config = WGMMA_CONFIGS[2]
     c = poison(torch.empty(1, m, n, dtype=torch.bfloat16, device="cuda"))
     ptx = _compile_like_the_runtime(c, a[None], b[None], config).asm["ptx"]
     assert "wgmma.mma_async" in ptx and ("cp.async.cg" in ptx) == (n % 8 == 0)
@@ -769,9 +771,9 @@ def test_gpu_wgmma_and_mma_sync_agree(seed, monkeypatch):
     outputs = []
     for disabled in ("0", "1"):
         monkeypatch.setenv("FUSEDOPS_DISABLE_WGMMA", disabled)
-        monkeypatch.setattr(mm, "matmul_kernel", dsl.jit(mm.matmul_kernel.fn))    # a fresh in-memory cache
+        monkeypatch.setattr(mm, "matmul_kernel", dsl.jit(matmul_kernel.fn))    # a fresh in-memory cache
         c = poison(torch.empty(1, 640, 384, dtype=torch.float16, device="cuda"))
-        mm.matmul_into(c, a[None], b[None], config=mm.MMA_CONFIGS[3])
+        mm.matmul_into(c, a[None], b[None], config=MMA_CONFIGS[3])
         _check_gpu(c[0], a, b)
         outputs.append(c[0].double())
     assert float((outputs[0] - outputs[1]).abs().max()) <= 2.0 ** -6 * float(outputs[1].abs().max())
@@ -780,7 +782,7 @@ def test_gpu_wgmma_and_mma_sync_agree(seed, monkeypatch):
 @pytest.mark.cuda
 def test_gpu_sass_uses_hgmma(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
-    compiled = compile_library_matmul(mm.WGMMA_CONFIGS[0])
+    compiled = compile_library_matmul(WGMMA_CONFIGS[0])
     try:
         sass = compiled.asm["sass"]
     except KeyError as error:

@@ -1,4 +1,4 @@
-"""The torch.autograd.Function of layer_norm and rms_norm (kernels: fusedops/kernels/norm_launch.py), the
+"""The torch.autograd.Function of layer_norm and rms_norm (kernels: fusedops/kernels/norms.py), the
 argument checks that give them torch's semantics, and their kernel path (fusedops.functional calls it
 once the arguments are checked; arguments laid out like earlier ones skip the checks).
 
@@ -30,7 +30,7 @@ from fusedops.autograd.arguments import float_argument
 from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
-from fusedops.kernels import norm_launch as kernels
+from fusedops.kernels import norms
 from fusedops.kernels.norm_rows import accumulation_dtype
 
 _FLOATING = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
@@ -195,8 +195,8 @@ def kernel_launches(op: str, x: torch.Tensor, normalized_shape, weight: Optional
     (None: rms_norm's default). Raises TypeError for an eps that is not a number."""
     normalized_shape = normalized_shape_tuple(normalized_shape)
     eps_value = default_rms_norm_eps(x.dtype) if eps is None and op == "rms_norm" else eps_number(op, eps)
-    launches = kernels.norm_launches(x, weight, bias, eps_value, subtract_mean=op == "layer_norm",
-                                     n_cols=_columns(normalized_shape))
+    launches = norms.norm_launches(x, weight, bias, eps_value, subtract_mean=op == "layer_norm",
+                                   n_cols=_columns(normalized_shape))
     known = (launches, normalized_shape)
     try:
         _KNOWN_LAUNCHES.put(_argument_key(op, x, normalized_shape, weight, bias, eps), known)
@@ -206,7 +206,7 @@ def kernel_launches(op: str, x: torch.Tensor, normalized_shape, weight: Optional
 
 
 def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-              launches: kernels.NormLaunches, normalized_shape: Tuple[int, ...]) -> torch.Tensor:
+              launches: norms.NormLaunches, normalized_shape: Tuple[int, ...]) -> torch.Tensor:
     """The normalization of x by `launches` (kernel_launches): through NormFunction when a gradient
     is needed, else the forward alone. Returns y shaped like x, contiguous, in x's dtype."""
     if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
@@ -219,7 +219,7 @@ def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[to
 
 class NormFunction(torch.autograd.Function):
     """forward(x, weight, bias, launches, normalized_shape) -> y: LayerNorm or RMSNorm (as `launches`,
-    a kernels.norm_launch.NormLaunches, was made) over the trailing dims of x.
+    a kernels.norms.NormLaunches, was made) over the trailing dims of x.
 
     x: float16/bfloat16/float32 CUDA tensor (any floating dtype on the CPU under FUSEDOPS_INTERPRET=1),
     any strides; weight, bias: shaped normalized_shape (a tuple of ints, x's trailing dims) or None;
@@ -272,7 +272,7 @@ def reference_backward(dy, x, n_rows: int, n_cols: int, weight, mean, rstd) -> t
     return rstd[:, None] * (g - correction), (dy * xhat).sum(0), dy.sum(0)
 
 
-def _torch_backward(dy, x, weight, mean, rstd, launches: kernels.NormLaunches, normalized_shape: Tuple[int, ...],
+def _torch_backward(dy, x, weight, mean, rstd, launches: norms.NormLaunches, normalized_shape: Tuple[int, ...],
                     needs_input_grad: tuple) -> tuple:
     """The backward kernels' (dx, dweight, dbias) by `reference_backward` (torch ops, which vmap can batch),
     for a dy the kernels cannot read (function_host.vmapped); dx shaped like x in its dtype, dweight and

@@ -5,13 +5,15 @@ compiled or launched.
 """
 
 from .errors import BackendError, CompilationError, FusedOpsError, InterpreterError, LaunchError, UnsupportedError
-from .language.core import (abs, arange, argmax, argmin, atomic_add, atomic_and, atomic_cas, atomic_max,
-                            atomic_min, atomic_or, atomic_xchg, atomic_xor, barrier, broadcast_to, cast, cdiv, ceil,
-                            clamp, cluster_dims, cluster_sum,
-                            constexpr, cos, cumsum, device_assert, device_print, dot, erf, exp, exp2,
-                            expand_dims, floor, fma, full, launch_bounds, load, log, log2, max, max_contiguous, maximum, min,
-                            minimum, multiple_of, num_programs, program_id, reshape, rsqrt, sigmoid, sin, sqrt,
-                            static_assert, static_range, store, sum, tanh, trans, where, zeros)
+from .language.block_builtins import (arange, argmax, argmin, broadcast_to, cumsum, dot, expand_dims, full, max,
+                                      max_contiguous, min, multiple_of, reshape, sum, trans, zeros)
+from .language.core import constexpr, static_range
+from .language.elementwise_builtins import (abs, cast, cdiv, ceil, clamp, cos, erf, exp, exp2, floor, fma, log, log2,
+                                            maximum, minimum, rsqrt, sigmoid, sin, sqrt, tanh, where)
+from .language.memory_builtins import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or,
+                                       atomic_xchg, atomic_xor, load, store)
+from .language.program_builtins import (barrier, cluster_dims, cluster_sum, device_assert, device_print, launch_bounds,
+                                        num_programs, program_id, static_assert)
 from .language.descriptors import TensorDescriptor, make_tensor_descriptor
 from .language.dtypes import (BlockType, DType, PointerType, bfloat16, float16, float32, float64, int1, int8,
                               int16, int32, int64, pointer_type, uint8, uint16, uint32, uint64)

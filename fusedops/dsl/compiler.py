@@ -67,7 +67,7 @@ class CompiledKernel:
     def launcher(self, device_index: int):
         launcher = self._launchers.get(device_index)
         if launcher is None:
-            from .runtime import driver
+            from .runtime import driver, kernel_launcher
             from .runtime.launcher_args import param_kind
             with self._lock:
                 launcher = self._launchers.get(device_index)
@@ -79,7 +79,7 @@ class CompiledKernel:
                         from .runtime.launcher_args import ParamKind
                         kinds += [ParamKind.TENSOR_MAP] * len(self.tensor_maps)
                         names += [f"tensor_map{i}" for i in range(len(self.tensor_maps))]
-                    launcher = driver.KernelLauncher(kernel, kinds, self.launch_warps, self.shared_bytes, names)
+                    launcher = kernel_launcher.KernelLauncher(kernel, kinds, self.launch_warps, self.shared_bytes, names)
                     if self.tensor_maps:
                         from .runtime.tensor_map import TensorMapLauncher
                         launcher = TensorMapLauncher(launcher, self.tensor_maps)

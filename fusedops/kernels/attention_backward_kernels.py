@@ -8,8 +8,8 @@ docstring; their launches: attention.attention_backward.
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.attention_grid import _head_major_program, _query_program, _row_tile
-from fusedops.kernels.attention_logits import _apply_masks, _base2_logits, _unmasked_key_end
+from fusedops.kernels.attention_grid import head_major_program, query_program, row_tile
+from fusedops.kernels.attention_logits import apply_masks, base2_logits, unmasked_key_end
 
 
 @dsl.jit
@@ -19,7 +19,7 @@ def attention_backward_preprocess_kernel(
         stride_dob, stride_doh, stride_dom, stride_doe,
         H, L, EV, BLOCK_M: dsl.constexpr, BLOCK_EV: dsl.constexpr, ACC: dsl.constexpr):
     # delta_ptr: (B * H, L) contiguous ACC; o_ptr, do_ptr: (B, H, L, EV). Grid: (B * H, cdiv(L, BLOCK_M)).
-    bh, b, h, rm, rev, mask = _row_tile(H, L, EV, BLOCK_M, BLOCK_EV)
+    bh, b, h, rm, rev, mask = row_tile(H, L, EV, BLOCK_M, BLOCK_EV)
     rows = rm.to(dsl.int64)[:, None]
     o = dsl.load(o_ptr + b * stride_ob + h * stride_oh + rows * stride_om + rev.to(dsl.int64)[None, :] * stride_oe,
                  mask=mask, other=0.0)
@@ -66,9 +66,9 @@ def _dkdv_step(dk, dv, k, v, qt_base, q_base, do_base, dot_base, mask_base, lse_
     if EARLY_DP:
         # dP^T issued right after S^T: on sm_90a both wgmmas run while P^T is computed (passes/wgmma_waits.py)
         dpt = _transposed_dp(v, dot_base, rm, rows_ok, rev, EV, stride_dom, BLOCK_N, BLOCK_M, ACC)
-    st = _base2_logits(st, qk_scale, qt_base.dtype.element)
+    st = base2_logits(st, qk_scale, qt_base.dtype.element)
     if MASK_KIND != 0:
-        st = _apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, False)
+        st = apply_masks(st, rm[None, :], rn[:, None], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, False)
     elif CAUSAL:
         st = dsl.where(rn[:, None] <= rm[None, :], st, -float("inf"))
     # rows past L (and fully masked rows) have lse = (+inf, 0): their P is 0
@@ -127,13 +127,13 @@ def attention_backward_dkdv_kernel(
     # Grid: (B * H_KV, cdiv(S, BLOCK_N)). The program sums the contributions of the GROUP query heads.
     # KV_RING: K and V are loaded in every query block's step instead of once; EARLY_DP: dP^T issued right
     # after S^T where that assembles without spills (_dkdv_step); HEAD_MAJOR: programs taken head by head in
-    # launch order (_head_major_program).
+    # launch order (head_major_program).
     # Query blocks: without causal or attn_mask no block needs a mask; under a causal mask the loops
     # start at the first block that reaches the diagonal, and (without attn_mask) the blocks that cross it
     # take the mask in a first loop, the rest none in a second.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
     if HEAD_MAJOR:
-        bhk, pid_n = _head_major_program()
+        bhk, pid_n = head_major_program()
     else:
         bhk = dsl.program_id(0)
         pid_n = dsl.program_id(1)
@@ -215,9 +215,9 @@ def _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base,
         # dP = dO V^T issued right after S: both in flight while P is computed (see _dkdv_step; with an
         # attn_mask the two logit tiles live at once spill 8-60 bytes more, tests/test_review_session4.py)
         dp = _values_dp(do, vt_base, cols, rev, EV, keys_ok, stride_vn, BLOCK_M, BLOCK_N, ACC)
-    s = _base2_logits(s, qk_scale, kt_base.dtype.element)
+    s = base2_logits(s, qk_scale, kt_base.dtype.element)
     if MASKED:
-        s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, True)
+        s = apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn, MASK_KIND, CAUSAL, True)
     # lse and delta are loaded here, not once before the loops: a load used only by a broadcast is read
     # straight in the accumulator's row layout (L1 hits), where a loop-invariant vector would move to
     # that layout through shared memory (2 barriers) every iteration
@@ -259,7 +259,7 @@ def attention_backward_dq_kernel(
     # cdiv(L, BLOCK_M)).
     # Key blocks: the interior ones without any mask, then the ragged / diagonal tail with the masks.
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
-    bh, b, h, kvh, pid_m = _query_program(H, GROUP, HEAD_MAJOR)
+    bh, b, h, kvh, pid_m = query_program(H, GROUP, HEAD_MAJOR)
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
     re = dsl.arange(0, BLOCK_E)
@@ -280,7 +280,7 @@ def attention_backward_dq_kernel(
     end_n = S
     if CAUSAL:
         end_n = dsl.minimum(S, (pid_m + 1) * BLOCK_M)
-    unmasked_end = _unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
+    unmasked_end = unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
     for start_n in range(0, unmasked_end, BLOCK_N):
         dq = _dq_step(dq, q, do, lse_row, delta_row, kt_base, k_base, vt_base, mask_base, start_n, rm, rn0, re, rev, L, S,
                       E, EV, stride_kn, stride_vn, stride_mm, stride_mn, qk_scale, BLOCK_M, BLOCK_N, ACC, MASK_KIND, CAUSAL,
@@ -300,7 +300,7 @@ def attention_backward_dq_convert_kernel(
         BLOCK_M: dsl.constexpr, BLOCK_E: dsl.constexpr, ACC: dsl.constexpr):
     # dq = acc * scale in dq's dtype. dq_ptr: (B, H, L, E); acc_ptr: (B * H, ROWS, BLOCK_E) contiguous ACC,
     # the dK/dV kernel's DQ_ATOMIC sums (ROWS >= L). Grid: (B * H, cdiv(L, BLOCK_M)).
-    bh, b, h, rm, re, mask = _row_tile(H, L, E, BLOCK_M, BLOCK_E)
+    bh, b, h, rm, re, mask = row_tile(H, L, E, BLOCK_M, BLOCK_E)
     acc = dsl.load(acc_ptr + bh.to(dsl.int64) * ROWS * BLOCK_E + rm.to(dsl.int64)[:, None] * BLOCK_E + re[None, :],
                    mask=mask, other=0.0)
     dq = acc * (scale_hi.to(ACC) + scale_lo.to(ACC))

@@ -112,8 +112,8 @@ TWO_CTA_MAX_KEYS = {128: 4096}
 # backward keeps the mma.sync 32 x 64 (MASKED_DKDV_CONFIGS: the wgmma tiles spill 40-64 bytes with an
 # attn_mask).
 # E = 256 keeps mma.sync. Spill-free otherwise, per tests/test_attention.py.
-# E = 64 dK/dV takes its programs head by head (head_major, _head_major_program): in launch order the
-# programs running at once were one key block of 132 different heads, each streaming its own head's Q and
+# E = 64 dK/dV takes its programs head by head (head_major, attention_grid.head_major_program): in launch
+# order the programs running at once were one key block of 132 different heads, each streaming its own head's Q and
 # dO (B * H * L * E * 4 bytes for one key block of every head, past the 50 MB L2); head by head they share one head's
 # stream. Session 19 (H200, one process, dK/dV kernel ms, launch order -> head major, S = 4k / 16k): not
 # causal 3.78 -> 3.25 / 14.14 -> 12.34, causal 2.14 -> 2.02 / 7.70 -> 7.19 (whole backward x flash 0.86 ->
@@ -129,13 +129,13 @@ BACKWARD_CONFIGS = {
 }
 # The dQ kernel reads every key block of its head for each query block. In launch order (heads fastest) the
 # programs in flight at once are one query block of as many heads, each streaming its own head's K and V
-# (past the L2 at B * S = 16k tokens); head by head (`_query_program`'s HEAD_MAJOR) they are the query blocks
-# of a few heads, sharing them. That pays where the batch has at least two query heads per SM. Session 27 (H200,
-# .scratch/hm_probe.py, interleaved, whole backward x torch's flash, fp16, launch order -> head major), E = 64:
-# S = 1k (B * H = 512) 0.926 -> 0.963, causal 1.016 -> 1.052; S = 2k (256) 0.895 -> 0.895, causal 0.961 ->
-# 0.961; S = 4k / 8k 0.88 / 0.87 -> 0.88 / 0.865, causal 0.93 / 0.89 -> 0.92 / 0.87; E = 128: S = 1k (256)
-# 1.094 -> 1.099, causal 1.100 -> 1.110; S = 4k / 8k 1.05 / 1.01 -> 1.01 / 1.00, causal 1.04 / 1.03 -> 1.01 /
-# 0.99. The forward, head major: E = 64 S = 1k 0.902 -> 0.919, slower elsewhere (by up to 9% with causal).
+# (past the L2 at B * S = 16k tokens); head by head (`attention_grid.query_program`'s HEAD_MAJOR) they are the query
+# blocks of a few heads, sharing them. That pays where the batch has at least two query heads per SM. Session 27
+# (H200, .scratch/hm_probe.py, interleaved, whole backward x torch's flash, fp16, launch order -> head major), E =
+# 64: S = 1k (B * H = 512) 0.926 -> 0.963, causal 1.016 -> 1.052; S = 2k (256) 0.895 -> 0.895, causal 0.961 ->
+# 0.961; S = 4k / 8k 0.88 / 0.87 -> 0.88 / 0.865, causal 0.93 / 0.89 -> 0.92 / 0.87; E = 128: S = 1k (256) 1.094 ->
+# 1.099, causal 1.100 -> 1.110; S = 4k / 8k 1.05 / 1.01 -> 1.01 / 1.00, causal 1.04 / 1.03 -> 1.01 / 0.99. The
+# forward, head major: E = 64 S = 1k 0.902 -> 0.919, slower elsewhere (by up to 9% with causal).
 DQ_HEAD_MAJOR_PER_SM = 2
 # The dK/dV kernel that also adds each step's dS K into a float32 dQ (DQ_ATOMIC: `red.global.add.v2.f32`, run
 # to run the sums' order differs), where it pays: 5 dots per block pair instead of the two kernels' 7 (the
@@ -153,9 +153,9 @@ DQ_HEAD_MAJOR_PER_SM = 2
 # Session 33: its three dots on zero accumulators (S^T, dP^T, dQ) no longer zero 96 registers first (wgmma's scale-d
 # false, codegen/wgmma.py): at 255 registers ptxas had made room by waiting for the in-flight wgmma (C7517); it now
 # spills 24 bytes, values live across the query-block loop (the SASS: stored before it, reloaded after; causal, with
-# its two loops: 144 bytes, see _dkdv_step). Whole backward x flash (.scratch/s33/bwd_probe.py, interleaved, S = 2k
-# / 4k, not causal | causal): 0.972 / 0.945 | 0.998 / 0.947 -> 1.038 / 1.016 | 1.011 / 0.958 (E = 128, S = 4k: 1.03
-# | 1.03 -> 1.06 | 1.03).
+# its two loops: 144 bytes, see attention_backward_kernels._dkdv_step). Whole backward x flash
+# (.scratch/s33/bwd_probe.py, interleaved, S = 2k / 4k, not causal | causal): 0.972 / 0.945 | 0.998 / 0.947 -> 1.038
+# / 1.016 | 1.011 / 0.958 (E = 128, S = 4k: 1.03 | 1.03 -> 1.06 | 1.03).
 ATOMIC_DKDV_CONFIGS = {64: AttentionConfig(64, 128, 8, 3, head_major=True, dq_atomic=True)}
 # Its shared memory (sm_80 / sm_90a, any head dims <= 64): a GPU that grants a CTA less (compute capability
 # 8.6 / 8.9: 99 KiB) runs the deterministic kernels (80 KiB).
@@ -196,9 +196,9 @@ def forward_config(block_e: int, block_ev: int, masked: bool = False, length_k: 
                    wgmma: bool = True, vector_rows: bool = True) -> AttentionConfig:
     """The forward tile for padded head dims (BLOCK_E, BLOCK_EV): TWO_CTA_FORWARD_CONFIGS where the dots run
     on wgmma (`wgmma`: sm_90a), without an attn_mask (`masked`), for at most TWO_CTA_MAX_KEYS keys per row
-    (`length_k`) and where q, k and v rows are read in 16-byte vectors (`vector_rows`, `_vector_rows`: the
-    cp.async ring; else their tiles go through registers, which the two-CTA tiles' 128-register cap spills:
-    132-468 bytes at E = 36-124 off 16-byte rows), else FORWARD_CONFIGS."""
+    (`length_k`) and where q, k and v rows are read in 16-byte vectors (`vector_rows`: the launcher passes the
+    function `vector_rows` of each; the cp.async ring; else their tiles go through registers, which the two-CTA
+    tiles' 128-register cap spills: 132-468 bytes at E = 36-124 off 16-byte rows), else FORWARD_CONFIGS."""
     key = _table_key(block_e, block_ev)
     two_cta = TWO_CTA_FORWARD_CONFIGS.get(key)
     if two_cta is None or masked or not wgmma or not vector_rows or length_k > TWO_CTA_MAX_KEYS.get(key, length_k):
@@ -206,7 +206,7 @@ def forward_config(block_e: int, block_ev: int, masked: bool = False, length_k: 
     return two_cta
 
 
-def _vector_rows(t: torch.Tensor) -> bool:
+def vector_rows(t: torch.Tensor) -> bool:
     """Whether `t`'s rows (its last dim) are read in 16-byte vectors: unit column stride, the other strides
     and the row length multiples of 16 bytes, and its data (now: a launch prepared for these strides may see
     other offsets, which only cost speed) at a 16-byte boundary."""

@@ -1,7 +1,7 @@
 """Where a flash-attention program lies on its grid: its batch, head and block, in launch order or head by
 head.
 
-Shared by the forward kernel (attention_forward_kernel.py) and the backward kernels
+Shared by the forward kernel (attention_forward.py) and the backward kernels
 (attention_backward_kernels.py); the grids' limits: fusedops/kernels/attention.py's module docstring.
 """
 
@@ -11,7 +11,7 @@ import fusedops.dsl as dsl
 
 
 @dsl.jit
-def _head_major_program():
+def head_major_program():
     """(batch * heads index, block index) of a program on a grid (batch * heads, blocks), taking the
     programs in launch order (axis 0 fastest) head by head: the programs running at once share their
     head's Q / dO stream in L2, instead of each reading another head's (the dK/dV kernel's HEAD_MAJOR)."""
@@ -21,13 +21,13 @@ def _head_major_program():
 
 
 @dsl.jit
-def _query_program(H, GROUP, HEAD_MAJOR: dsl.constexpr):
+def query_program(H, GROUP, HEAD_MAJOR: dsl.constexpr):
     """(batch * heads index, batch, head, kv head, query block) of a program on the grid
     (B * H, cdiv(L, BLOCK_M)); batch and heads as int64 offsets. The last query blocks have the most keys
     under a causal mask: they run first (HEAD_MAJOR: the blocks of a head one after the other in launch
-    order, `_head_major_program`, the last first; else every head's last block first)."""
+    order, `head_major_program`, the last first; else every head's last block first)."""
     if HEAD_MAJOR:
-        bh, block = _head_major_program()
+        bh, block = head_major_program()
     else:
         bh = dsl.program_id(0)
         block = dsl.program_id(1)
@@ -39,7 +39,7 @@ def _query_program(H, GROUP, HEAD_MAJOR: dsl.constexpr):
 
 
 @dsl.jit
-def _row_tile(H, L, COLS, BLOCK_M: dsl.constexpr, BLOCK_C: dsl.constexpr):
+def row_tile(H, L, COLS, BLOCK_M: dsl.constexpr, BLOCK_C: dsl.constexpr):
     """(bh, b, h, rows, cols, mask) of a program on the grid (B * H, cdiv(L, BLOCK_M)) over the (L, COLS) rows
     of head bh = b * H + h (b and h as int64 offsets), its block of BLOCK_M rows and BLOCK_C columns and
     their bounds mask."""

@@ -1,7 +1,7 @@
 """The base-2 logits of the flash-attention kernels: q . k times the base-2 scale, held in range, with the
 masks applied (attn_mask, causal, ragged keys), and which key blocks need no mask.
 
-Shared by the forward kernel (attention_forward_kernel.py) and the backward kernels
+Shared by the forward kernel (attention_forward.py) and the backward kernels
 (attention_backward_kernels.py); the numerics and the masks' rules: fusedops/kernels/attention.py's module
 docstring.
 """
@@ -24,9 +24,9 @@ def _held_in_range(s, source):
 
 
 @dsl.jit
-def _base2_logits(qk, qk_scale, IN_DTYPE: dsl.constexpr):
+def base2_logits(qk, qk_scale, IN_DTYPE: dsl.constexpr):
     # (q . k) * qk_scale for inputs of IN_DTYPE. float32 / float64 inputs can give q . k past finfo.max /
-    # log2(e): held in range (as a mask's, `_apply_masks`), not +-inf (NaN). 16-bit inputs cannot (|q . k|
+    # log2(e): held in range (as a mask's, `apply_masks`), not +-inf (NaN). 16-bit inputs cannot (|q . k|
     # <= E * 65504^2 in fp16; bfloat16 products past float32's range are inf in q . k itself, as in
     # torch): no instruction added to their kernels.
     s = qk * qk_scale
@@ -36,8 +36,8 @@ def _base2_logits(qk, qk_scale, IN_DTYPE: dsl.constexpr):
 
 
 @dsl.jit
-def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
-                 MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, CHECK_KEYS: dsl.constexpr):
+def apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
+                MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, CHECK_KEYS: dsl.constexpr):
     # s: base-2 logits block; qi / kj: query / key index blocks that broadcast to s's shape (either
     # orientation: s or s^T). mask_ptr is already offset to this (batch, head). With MASK_KIND = 0 and
     # CAUSAL, CHECK_KEYS False this is the identity and compiles to nothing (an interior block).
@@ -60,8 +60,8 @@ def _apply_masks(s, qi, kj, L, S, mask_ptr, stride_mm, stride_mn,
 
 
 @dsl.jit
-def _unmasked_key_end(pid_m, S, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, MASK_KIND: dsl.constexpr,
-                      CAUSAL: dsl.constexpr):
+def unmasked_key_end(pid_m, S, BLOCK_M: dsl.constexpr, BLOCK_N: dsl.constexpr, MASK_KIND: dsl.constexpr,
+                     CAUSAL: dsl.constexpr):
     """Key blocks starting below this index need no mask for query block pid_m: they lie entirely
     inside S and (causal) entirely at or below the diagonal of the block's first query row
     (start_n + BLOCK_N - 1 <= pid_m * BLOCK_M); with an attn_mask every block is masked."""

@@ -39,7 +39,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.kernels.device_info import sm_count
-from fusedops.kernels.matmul import _activation
+from fusedops.kernels.matmul_kernels import activation
 
 # The quotients below are exact for dividends below 2**31 (`magic_numbers`).
 DIVIDEND_BITS = 31
@@ -107,7 +107,7 @@ def matmul_persistent_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, M, N, K, stride_am, 
                 rn = pid_n * BLOCK_N + dsl.arange(0, BLOCK_N)
                 result = result + dsl.load(bias_ptr + rn.to(dsl.int64) * stride_bias, mask=rn < N,
                                            other=0.0).to(ACC)[None, :]
-            result = _activation(result, ACTIVATION).to(c_ptr.dtype.element)
+            result = activation(result, ACTIVATION).to(c_ptr.dtype.element)
             if DEFERRED_STORE:
                 out = result
                 out_m = pid_m * BLOCK_M

@@ -41,7 +41,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.kernels.device_info import sm_count
-from fusedops.kernels.matmul import _epilogue, _tile_coordinates
+from fusedops.kernels.matmul_kernels import epilogue, tile_coordinates
 
 
 @dsl.jit
@@ -79,7 +79,7 @@ def matmul_stream_k_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, partial_ptr, flag_ptr,
         local = (end - 1) // k_iters            # the tile of iteration end - 1, among the split tiles
         tile_start = local * k_iters
         start = dsl.maximum(first, tile_start)
-        pid_m, pid_n = _tile_coordinates(dp_tiles + local, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = tile_coordinates(dp_tiles + local, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
         for k in range(start - tile_start, end - tile_start):
             acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k * BLOCK_K)), b_desc.load((k * BLOCK_K, pid_n * BLOCK_N)),
@@ -107,22 +107,22 @@ def matmul_stream_k_kernel(c_ptr, a_ptr, b_ptr, bias_ptr, partial_ptr, flag_ptr,
                 sums = dsl.load(partial_ptr + own + chunk)
                 for source in range(pid - 1, lowest - 1, -1):
                     sums += dsl.load(partial_ptr + source.to(dsl.int64) * (BLOCK_M * BLOCK_N) + chunk)
-                _epilogue(c_ptr, bias_ptr, sums, pid_m * BLOCK_M + part * CHUNK_M, pid_n * BLOCK_N, M, N, stride_cm,
+                epilogue(c_ptr, bias_ptr, sums, pid_m * BLOCK_M + part * CHUNK_M, pid_n * BLOCK_N, M, N, stride_cm,
                           stride_cn, stride_bias, CHUNK_M, BLOCK_N, HAS_BIAS, ACTIVATION, ACC)
             for source in range(lowest, pid):
                 dsl.atomic_xchg(flag_ptr + source, 0, sem="relaxed")
         else:
-            _epilogue(c_ptr, bias_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn,
+            epilogue(c_ptr, bias_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn,
                       stride_bias, BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, ACC)
         end = start
 
     # Data-parallel: whole tiles p, p + P, ... of the others.
     for tile in range(pid, dp_tiles, programs):
-        pid_m, pid_n = _tile_coordinates(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = tile_coordinates(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = dsl.zeros((BLOCK_M, BLOCK_N), ACC)
         for k0 in range(0, K, BLOCK_K):
             acc = dsl.dot(a_desc.load((pid_m * BLOCK_M, k0)), b_desc.load((k0, pid_n * BLOCK_N)), acc)
-        _epilogue(c_ptr, bias_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn,
+        epilogue(c_ptr, bias_ptr, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn,
                   stride_bias, BLOCK_M, BLOCK_N, HAS_BIAS, ACTIVATION, ACC)
 
 

@@ -10,27 +10,28 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.ir.ops import MAX_CLUSTER_SIZE
-from fusedops.kernels.norm_rows import _next_power_of_2, accumulation_dtype
+from fusedops.kernels.norm_rows import accumulation_dtype
+from fusedops.kernels.sizes import next_power_of_2
 
 
 @dataclasses.dataclass(frozen=True)
 class BackwardConfig:
     """Tiling of the backward.
 
-    split=False: backward_fused_kernel over (block_rows, block_n) tiles of whole rows (block_n >= N),
-    programs_per_sm programs per SM, each owning a contiguous group of rows.
-    split=True: backward_partials_kernel over (block_rows, block_n) tiles of (row group, column chunk)
-    with programs_per_sm programs per SM, then backward_input_kernel over (input_block_rows,
-    input_block_n) tiles with input_num_warps.
+    split=False: norm_backward_kernels.backward_fused_kernel over (block_rows, block_n) tiles of whole rows
+    (block_n >= N), programs_per_sm programs per SM, each owning a contiguous group of rows.
+    split=True: norm_backward_kernels.backward_partials_kernel over (block_rows, block_n) tiles of (row
+    group, column chunk) with programs_per_sm programs per SM, then norm_backward_kernels.backward_input_kernel
+    over (input_block_rows, input_block_n) tiles with input_num_warps.
     prefetch: the row loop loads the next row block before reducing the current one (twice the bytes
     in flight, more registers).
-    persistent=True (split ignored): backward_persistent_kernel, programs_per_sm programs per SM, each
-    walking the row tiles g, g + G, ... over a block_n-column part of the row (the parts of a long row
-    go to neighbouring programs): whole rows in one pass when they fit block_n, else a first pass in
-    chunk-column pieces for the row sums and a second that reads the part again (from L2) for dx
-    (two_pass=True: that also for rows that fit block_n: fewer registers).
-    aligned_window: as ForwardConfig's, for x, dy and dx (all of row stride N, unit column stride;
-    persistent only).
+    persistent=True (split ignored): norm_backward_kernels.backward_persistent_kernel, programs_per_sm
+    programs per SM, each walking the row tiles g, g + G, ... over a block_n-column part of the row (the
+    parts of a long row go to neighbouring programs): whole rows in one pass when they fit block_n, else a
+    first pass in chunk-column pieces for the row sums and a second that reads the part again (from L2) for
+    dx (two_pass=True: that also for rows that fit block_n: fewer registers).
+    aligned_window: as norm_forward_config.ForwardConfig's, for x, dy and dx (all of row stride N, unit
+    column stride; persistent only).
     split_window=True (block_rows, block_n >= N - 1, num_warps, programs_per_sm, prefetch; the rest ignored):
     norm_split_window.backward_split_kernel, rows off 16-byte boundaries through the split window, as the
     persistent backward walks its row tiles, where it applies (x and dy of row stride N, unit column stride;
@@ -130,12 +131,12 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     not) beat this one (67.8 us; the next 69.0 us); its dweight / dbias partials and their column sums cost
     8.3 of its 67.5 us (dx alone 59.2 us, 0.89 of a copy): the lead for the last 5% to 2x torch's there."""
     if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
-        choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(_next_power_of_2(n_cols - 1))
+        choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(next_power_of_2(n_cols - 1))
         if choice is not None:
             num_warps, per_sm, prefetch = choice
-            return BackwardConfig(split=False, block_rows=1, block_n=_next_power_of_2(n_cols - 1),
+            return BackwardConfig(split=False, block_rows=1, block_n=next_power_of_2(n_cols - 1),
                                   num_warps=num_warps, programs_per_sm=per_sm, prefetch=prefetch, split_window=True)
-    block_n = _next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     acc_bytes = accumulation_dtype(dtype).itemsize
     if clusters and dtype.itemsize == 2 and block_n in (16384, 32768) and n_cols % 8 and n_cols + 7 <= 32768:
         # through the aligned window (x and dy of row stride N and unit column stride; elsewhere unaligned)
@@ -176,6 +177,6 @@ def column_sum_tiling(n_partials: int, n_cols: int, element_size: int = 4) -> tu
     ~2048-element tiles, 4 warps) -> this: 512 x 1024 partials 6.9 -> 3.0 us, 256 x 2048 4.2 -> 3.0,
     256 x 4096 4.2 -> 2.8, 132 x 8192 3.6 -> 3.2; the whole LayerNorm backward (bench/layernorm.py, CUDA
     graphs, x torch's): 1024 1.97x -> 2.40x, 2048 1.89x -> 2.01x, 4096 1.84x -> 1.88x."""
-    block_n = min(max(_next_power_of_2(dsl.cdiv(n_cols, 256)), 8), 32, _next_power_of_2(n_cols))
+    block_n = min(max(next_power_of_2(dsl.cdiv(n_cols, 256)), 8), 32, next_power_of_2(n_cols))
     block_p = min(256, 1 << (max(n_partials, 1).bit_length() - 1), 16384 // (block_n * element_size))
     return block_p, block_n, 8 if block_n == 8 and block_p >= 256 else 4

@@ -22,6 +22,11 @@ Kernels and when the launchers (norm_backward_launcher.py) use them:
   second sums a row's chunk contributions to c1/c2 and writes dx (x and dy are read a second time).
   Both row loops are `_group_column_sums`; with PREFETCH it issues the next row block's loads before
   reducing the current one, so that a program keeps two blocks of loads in flight.
+- `backward_persistent_kernel` (BackwardConfig.persistent): a fixed grid whose programs walk strided row
+  tiles over a column part of the row each, for 16-bit rows of 8192 columns (whole rows) and, in thread
+  block clusters whose programs add their parts' row sums through distributed shared memory (CLUSTER, one
+  pass over x and dy), of 8193 to 32768 columns, through the aligned window where rows start off 16-byte
+  boundaries (see norm_backward_config.backward_config).
 - `column_sum_kernel`: the second stage of the dweight/dbias reduction.
 norm_split_window.py has the backward of 16-bit rows of 514 to 4097 columns off 16-byte boundaries.
 
@@ -35,11 +40,11 @@ contiguous.
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.row_windows import row_window
+from fusedops.kernels.row_windows import window_offsets
 
 
 @dsl.jit
-def _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN: dsl.constexpr):
+def load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN: dsl.constexpr):
     # -> (mean, rstd) of `rows` saved by the forward, 0 where row_mask is off (a masked-off row's rstd of 0
     # zeroes its xhat). For RMSNorm `mean` is rstd, unused.
     rstd = dsl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
@@ -58,12 +63,12 @@ def _load_tile(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, row_mask, col_mask
     rows64 = rows.to(dsl.int64)
     x = dsl.load(x_ptr + rows64[:, None] * x_row_stride + cols[None, :] * x_col_stride, mask=mask, other=0.0)
     dy = dsl.load(dy_ptr + rows64[:, None] * dy_row_stride + cols[None, :] * dy_col_stride, mask=mask, other=0.0)
-    mean, rstd = _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
+    mean, rstd = load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
     return x, dy, mean, rstd
 
 
 @dsl.jit
-def _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
+def normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
     # (xhat, dy, g = dy * weight) of an (R, C) tile (from _load_tile or a window), in the accumulation
     # dtype (rstd's); weight: a tile in its own dtype that broadcasts against x ((C,): one per column,
     # (1, C) or (R, C): window positions), or None. Masked-off elements of all three are 0.
@@ -81,7 +86,7 @@ def _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN: dsl.constexpr):
 
 @dsl.jit
 def _input_gradient(xhat, dy, weight, rstd, c1, c2, SUBTRACT_MEAN: dsl.constexpr):
-    # dx = rstd * (g - xhat * c1 - c2) of an (R, C) tile (xhat, dy: _normalize's) and the rows' c1, c2 ((R,),
+    # dx = rstd * (g - xhat * c1 - c2) of an (R, C) tile (xhat, dy: normalize's) and the rows' c1, c2 ((R,),
     # RMSNorm: c2 unused), as dy * rstd * weight - xhat * (rstd c1) - rstd c2: g (dy * weight) need not stay
     # live across the row reductions (one-pass persistent tiles: LayerNorm 8192 columns 1.93x -> 2.08x
     # torch's backward on the H200, session 22, with the per-row factor -rstd^2 c1 on x - mean, which
@@ -132,7 +137,7 @@ def _group_column_sums(dx_ptr, c1_partial_ptr, c2_partial_ptr, dweight_partial_p
         weight = None
         if weight_ptr is not None:     # reloaded per row block (L1 hits): fewer registers held across the loop
             weight = dsl.load(weight_ptr + cols, mask=col_mask, other=0.0)
-        xhat, dy_acc, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
+        xhat, dy_acc, g = normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
         # Accumulated first, so that dy is dead before the row reductions (fewer live registers).
         dweight_sum += dy_acc * xhat
         dbias_sum += dy_acc
@@ -226,7 +231,7 @@ def backward_input_kernel(dx_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr,
     if weight_ptr is not None:
         weight = dsl.load(weight_ptr + cols, mask=col_mask, other=0.0)
     mask = row_mask[:, None] & col_mask[None, :]
-    xhat, dy, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
+    xhat, dy, g = normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
     dx = g - xhat * (dsl.sum(c1, axis=1) / n_cols)[:, None]
     if SUBTRACT_MEAN:
         dx = dx - (dsl.sum(c2, axis=1) / n_cols)[:, None]
@@ -237,10 +242,10 @@ def backward_input_kernel(dx_ptr, dy_ptr, x_ptr, weight_ptr, mean_ptr, rstd_ptr,
 def _window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, n_rows, n_cols, x_row_stride, x_col_stride,
                   dy_row_stride, dy_col_stride, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr,
                   SUBTRACT_MEAN: dsl.constexpr):
-    # -> (x, dy, mean, rstd, mask) of the (rows, cols) tile addressed through row_window: x and dy in
+    # -> (x, dy, mean, rstd, mask) of the (rows, cols) tile addressed through window_offsets: x and dy in
     # their own dtype (0 where masked off), the rows' statistics (rstd 0 for rows past the end; for
     # RMSNorm `mean` is rstd, unused). With SHIFT, x and dy share one row stride.
-    _, _, in_row = row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+    _, _, in_row = window_offsets(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
     return _placed_window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, in_row, n_rows, n_cols, x_row_stride,
                                 x_col_stride, dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
 
@@ -253,12 +258,12 @@ def _placed_window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, in_row, 
     # persistent program's rows all start at the same place in their windows, so their mask is computed
     # once, not per tile (the aligned window's per-element masks cost registers).
     row_mask = rows < n_rows
-    x_offsets, _, _ = row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
-    dy_offsets, _, _ = row_window(rows, cols, n_cols, dy_row_stride, dy_col_stride, ALIGN, SHIFT)
+    x_offsets, _, _ = window_offsets(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+    dy_offsets, _, _ = window_offsets(rows, cols, n_cols, dy_row_stride, dy_col_stride, ALIGN, SHIFT)
     mask = row_mask[:, None] & in_row
     x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
     dy = dsl.load(dy_ptr + dy_offsets, mask=mask, other=0.0)
-    mean, rstd = _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
+    mean, rstd = load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
     return x, dy, mean, rstd, mask
 
 
@@ -299,8 +304,8 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
     n_tiles = dsl.cdiv(n_rows, BLOCK_ROWS)
     lanes = dsl.arange(0, BLOCK_ROWS)
     cols = part * BLOCK_N + dsl.arange(0, BLOCK_N)
-    _, logical, in_row = row_window(group * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
-                                    SHIFT)
+    _, logical, in_row = window_offsets(group * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
+                                        SHIFT)
     hoisted_weight = None
     if weight_ptr is not None and not TWO_PASS:     # kept in registers (two-pass tiles reload it: L1 hits)
         hoisted_weight = dsl.load(weight_ptr + logical, mask=in_row, other=0.0)
@@ -317,16 +322,16 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
             lane_c1 = dsl.zeros((BLOCK_ROWS, CHUNK), acc_dtype)
             lane_c2 = dsl.zeros((BLOCK_ROWS, CHUNK), acc_dtype)
             for start in range(0, n_cols + SHIFT, CHUNK):
-                _, chunk_logical, chunk_in_row = row_window(rows, start + chunk_cols, n_cols, x_row_stride,
-                                                            x_col_stride, ALIGN, SHIFT)
+                _, chunk_logical, chunk_in_row = window_offsets(rows, start + chunk_cols, n_cols, x_row_stride,
+                                                                x_col_stride, ALIGN, SHIFT)
                 chunk_weight = None
                 if weight_ptr is not None:
                     chunk_weight = dsl.load(weight_ptr + chunk_logical, mask=chunk_in_row, other=0.0)
                 chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_mask = _window_loads(
                     x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, start + chunk_cols, n_rows, n_cols, x_row_stride,
                     x_col_stride, dy_row_stride, dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
-                chunk_xhat, _, chunk_g = _normalize(chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_weight,
-                                                    chunk_mask, SUBTRACT_MEAN)
+                chunk_xhat, _, chunk_g = normalize(chunk_x, chunk_dy, chunk_mean, chunk_rstd, chunk_weight,
+                                                   chunk_mask, SUBTRACT_MEAN)
                 lane_c1 += chunk_xhat * chunk_g
                 if SUBTRACT_MEAN:
                     lane_c2 += chunk_g
@@ -344,7 +349,7 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
             x, dy, mean, rstd, mask = _placed_window_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, in_row,
                                                            n_rows, n_cols, x_row_stride, x_col_stride, dy_row_stride,
                                                            dy_col_stride, ALIGN, SHIFT, SUBTRACT_MEAN)
-        xhat, dy_acc, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
+        xhat, dy_acc, g = normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
         dweight_sum += dy_acc * xhat
         dbias_sum += dy_acc
         if dx_ptr is not None:
@@ -361,7 +366,7 @@ def backward_persistent_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, d
                 elif CLUSTER > 1:
                     c1 = dsl.cluster_sum(c1)
                 dx = _input_gradient(xhat, dy_acc, weight, rstd, c1 / n_cols, c2 / n_cols, SUBTRACT_MEAN)
-            dx_offsets, _, _ = row_window(rows, cols, n_cols, dx_row_stride, 1, ALIGN, SHIFT)
+            dx_offsets, _, _ = window_offsets(rows, cols, n_cols, dx_row_stride, 1, ALIGN, SHIFT)
             dsl.store(dx_ptr + dx_offsets, dx, mask=mask)
         if PREFETCH:
             x, dy, mean, rstd, mask = x_next, dy_next, mean_next, rstd_next, mask_next

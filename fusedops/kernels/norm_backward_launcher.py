@@ -1,4 +1,4 @@
-"""The LayerNorm/RMSNorm backward's launcher: `_backward_launcher` prepares the kernel launches of one layout (the
+"""The LayerNorm/RMSNorm backward's launcher: `backward_launcher` prepares the kernel launches of one layout (the
 fused, split, persistent or split-window backward by BackwardConfig, then the column sums of dweight and dbias).
 """
 
@@ -16,25 +16,26 @@ from fusedops.kernels.device_info import sm_count as _sm_count
 from fusedops.kernels.norm_backward_config import backward_config, column_sum_tiling
 from fusedops.kernels.norm_backward_kernels import backward_fused_kernel, backward_input_kernel, \
     backward_partials_kernel, backward_persistent_kernel, column_sum_kernel
-from fusedops.kernels.norm_rows import _contiguous_or_none, _next_power_of_2, _output_allocator, _round_up, \
-    _row_geometry, _stride_alignment, _window_shift, as_rows
+from fusedops.kernels.norm_rows import as_rows, contiguous_or_none, output_allocator, round_up, row_geometry, \
+    stride_alignment, window_shift
 from fusedops.kernels.norm_split_window import backward_split_kernel
+from fusedops.kernels.sizes import next_power_of_2
 
 
-def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, weight_grad, bias_grad, bias_dtype,
-                       n_cols, config, interpret, allocate) -> Callable:
+def backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, weight_grad, bias_grad, bias_dtype,
+                      n_cols, config, interpret, allocate) -> Callable:
     """`launch(dy, x, weight, mean, rstd) -> (dx, dweight, dbias)` for tensors like these (see
-    norm_launch.norm_backward)."""
+    norms.norm_backward)."""
     n_cols = x.shape[-1] if n_cols is None else n_cols
-    n_rows, x_row_stride, x_col_stride = _row_geometry(tuple(x.shape), x.stride(), n_cols)
-    _, dy_row_stride, dy_col_stride = _row_geometry(tuple(dy.shape), dy.stride(), n_cols)
+    n_rows, x_row_stride, x_col_stride = row_geometry(tuple(x.shape), x.stride(), n_cols)
+    _, dy_row_stride, dy_col_stride = row_geometry(tuple(dy.shape), dy.stride(), n_cols)
     x_in_place, dy_in_place = x_row_stride is not None, dy_row_stride is not None
     if not x_in_place:      # as_rows copies: contiguous rows
         x_row_stride, x_col_stride = n_cols, 1
     if not dy_in_place:
         dy_row_stride, dy_col_stride = n_cols, 1
     device, acc = x.device, rstd.dtype
-    new_dx = _output_allocator(x, allocate)
+    new_dx = output_allocator(x, allocate)
     new_dweight = contiguous_allocator((n_cols,), weight.dtype, device, allocate) if weight_grad else None
     new_dbias = contiguous_allocator((n_cols,), bias_dtype, device, allocate) if bias_grad else None
     copy_weight = weight is not None and not weight.is_contiguous()
@@ -56,10 +57,10 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     strides = (x_row_stride, x_col_stride, dy_row_stride, dy_col_stride)
     split_shift = 0
     if config.split_window:
-        align = min(_stride_alignment(x_row_stride, n_cols, x.element_size()),
-                    _stride_alignment(dy_row_stride, n_cols, x.element_size()))
-        split_shift = _window_shift(True, None, n_cols, align, x.element_size(), (x_row_stride, x_col_stride),
-                                    (dy_row_stride, dy_col_stride))
+        align = min(stride_alignment(x_row_stride, n_cols, x.element_size()),
+                    stride_alignment(dy_row_stride, n_cols, x.element_size()))
+        split_shift = window_shift(True, None, n_cols, align, x.element_size(), (x_row_stride, x_col_stride),
+                                   (dy_row_stride, dy_col_stride))
         if not split_shift:
             config = backward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False,
                                      clusters=clusters)
@@ -70,12 +71,12 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
     dx, dweight, dbias = allocate_gradients(x)
     dy_rows = dy if dy_in_place else as_rows(dy, n_rows, n_cols)
     x_rows = x if x_in_place else as_rows(x, n_rows, n_cols)
-    weight = _contiguous_or_none(weight)
+    weight = contiguous_or_none(weight)
     if split_shift:
         if config.block_n < n_cols - 1:
             raise ValueError(f"split window: block_n={config.block_n} is smaller than the row ({n_cols} columns) "
                              f"less one")
-        groups = _round_up(min(dsl.cdiv(n_rows, config.block_rows), max(1, target_programs)), split_shift)
+        groups = round_up(min(dsl.cdiv(n_rows, config.block_rows), max(1, target_programs)), split_shift)
         new_partial = contiguous_allocator((groups * config.block_rows, n_cols), acc, device, allocate)
         dweight_partial = new_partial() if weight_grad else None
         dbias_partial = new_partial() if bias_grad else None
@@ -116,7 +117,7 @@ def _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, wei
             input_kernel = backward_input_kernel.prepare(
                 grid, dx, dy_rows, x_rows, weight, mean, rstd, c1_partial, c2_partial, n_rows, n_cols, chunks,
                 *strides, n_cols, SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.input_block_rows,
-                BLOCK_N=config.input_block_n, BLOCK_CHUNKS=min(_next_power_of_2(chunks), 64),
+                BLOCK_N=config.input_block_n, BLOCK_CHUNKS=min(next_power_of_2(chunks), 64),
                 num_warps=config.input_num_warps, interpret=interpret)
     column_sums = None
     if weight_grad or bias_grad:
@@ -157,12 +158,12 @@ def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, 
                          weight_grad, bias_grad, target_programs, allocate, interpret) -> tuple:
     """(prepared backward_persistent_kernel taking (dx, dweight_partial, dbias_partial, dy, x, weight, mean,
     rstd), the partial buffers' allocator, and the example dweight and dbias partials it was prepared with)
-    for config.persistent (see BackwardConfig)."""
+    for config.persistent (see norm_backward_config.BackwardConfig)."""
     x_row_stride, x_col_stride, dy_row_stride, dy_col_stride = strides
-    align = _stride_alignment(x_row_stride, n_cols, x.element_size())
-    align = min(align, _stride_alignment(dy_row_stride, n_cols, x.element_size()))
-    shift = _window_shift(config.aligned_window, None, n_cols, align, x.element_size(),
-                          (x_row_stride, x_col_stride), (dy_row_stride, dy_col_stride))
+    align = stride_alignment(x_row_stride, n_cols, x.element_size())
+    align = min(align, stride_alignment(dy_row_stride, n_cols, x.element_size()))
+    shift = window_shift(config.aligned_window, None, n_cols, align, x.element_size(),
+                         (x_row_stride, x_col_stride), (dy_row_stride, dy_col_stride))
     parts = dsl.cdiv(n_cols + max(shift - 1, 0), config.block_n)
     cluster = parts if config.cluster and 1 < parts <= MAX_CLUSTER_SIZE and _has_clusters(x.device, interpret) else 1
     groups = min(dsl.cdiv(n_rows, config.block_rows), max(1, target_programs // parts))
@@ -179,7 +180,7 @@ def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, 
                 n_cols)
         return args, new_partial, dweight_partial, dbias_partial
 
-    groups = _round_up(groups, max(shift, 1))
+    groups = round_up(groups, max(shift, 1))
     args, new_partial, dweight_partial, dbias_partial = prepare(groups)
     if cluster > 1 and not _interpreting(interpret):
         # every cluster at once: a GPC holds a whole number of clusters, so the device may hold fewer than

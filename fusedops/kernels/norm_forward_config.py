@@ -10,21 +10,24 @@ from typing import Optional
 
 import torch
 
-from fusedops.kernels.norm_rows import _next_power_of_2, accumulation_dtype
+from fusedops.kernels.norm_rows import accumulation_dtype
+from fusedops.kernels.sizes import next_power_of_2
 
 
 @dataclasses.dataclass(frozen=True)
 class ForwardConfig:
-    """Tiling of the forward. looped=False: forward_kernel, (block_rows, block_n) tiles of whole rows
-    (block_n >= N). looped=True: forward_looped_kernel, one row per program in block_n-column chunks.
+    """Tiling of the forward. looped=False: norm_forward_kernels.forward_kernel, (block_rows, block_n) tiles
+    of whole rows (block_n >= N). looped=True: norm_forward_kernels.forward_looped_kernel, one row per program
+    in block_n-column chunks.
 
     Options of the whole-row kernels (looped=False):
     affine_first: weight and bias are loaded with x, before the reductions (else after them).
     aligned_window: rows that start off 16-byte boundaries (odd N) are read and written through a
-        16-byte-aligned window (row_windows.row_window's SHIFT), where it applies: unit column stride,
+        16-byte-aligned window (row_windows.window_offsets' SHIFT), where it applies: unit column stride,
         x's row stride N (y's), block_n >= N + 7 (fp16); else ignored.
-    programs_per_sm > 0: forward_persistent_kernel on a grid of that many programs per SM, weight and
-        bias loaded once per program; prefetch: it loads the next tile's x before reducing this one.
+    programs_per_sm > 0: norm_forward_kernels.forward_persistent_kernel on a grid of that many programs per
+        SM, weight and bias loaded once per program; prefetch: it loads the next tile's x before reducing
+        this one.
         With looped=True: the looped kernel on that grid (each program loops over its rows, whose second
         pass reads them from L2), else one program per row.
     reload: the variance and the output read x again (L1 hits; DRAM sees x once) instead of keeping it in
@@ -45,12 +48,12 @@ class ForwardConfig:
     of norm_split_window (a main tile of block_n >= N - 1 columns in whole 16-byte vectors plus 2 * 8 edge
     elements; LayerNorm with the shifted sums), where it applies: unit column stride, x's row stride N;
     elsewhere the launcher takes forward_config's choice without it. programs_per_sm > 0: a persistent
-    grid whose programs gather weight and bias once (forward_split_persistent_kernel; output_chunks
-    ignored), else one program per row tile gathering them per row.
+    grid whose programs gather weight and bias once (norm_split_window.forward_split_persistent_kernel;
+    output_chunks ignored), else one program per row tile gathering them per row (forward_split_kernel).
 
     row_sweeps=True (looped, block_rows, affine_first, prefetch, reload and output_chunks ignored):
-    forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that many programs per SM, each
-    looping over rows) in two sweeps over block_n-column chunks (any N: the rest in masked pieces):
+    norm_row_sweeps.forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that many programs
+    per SM, each looping over rows) in two sweeps over block_n-column chunks (any N: the rest in masked pieces):
     per-thread statistics, one CTA reduction per row, then the row read again for y (norm_row_sweeps'
     comment above _thread_sum). cache_hints: the first sweep loads x with "evict_last", the second with
     "evict_first", weight and bias "evict_last", y is stored ".cs". min_blocks_per_sm > 0:
@@ -60,8 +63,8 @@ class ForwardConfig:
     pieces; weight and bias read per element); else ignored. forward_config chooses it for odd 16-bit rows.
     shifted_affine (with aligned_window, where the window applies, and at least SHIFTED_AFFINE_MIN_ELEMENTS
     elements, norm_forward_launcher's): each call copies weight and bias into shifted copies
-    (`shifted_affine_copies`: two more small copy kernels) that the window reads in 16-byte vectors
-    instead of per element.
+    (`norm_forward_launcher.shifted_affine_copies`: two more small copy kernels) that the window reads in
+    16-byte vectors instead of per element.
     """
 
     looped: bool
@@ -94,7 +97,7 @@ class ForwardConfig:
 # columns per program on 8 warps (63 registers, shifted sums, no hints) beat the row sweeps, 0.92 / 0.90 -> 0.95 /
 # 0.92 of a copy (7168 columns 0.80 / 0.78 -> 0.89 / 0.84; 5120 and 6144 slower): taken from 6145 columns on
 # (_HALF_LAYER_NORM_WHOLE_ROWS_FROM), now that the whole-row sums take the second sums of the sweeps
-# (norm_statistics._second_sums) for rows whose scaled squares underflow or whose shift lies far from the mean.
+# (norm_statistics.second_sums) for rows whose scaled squares underflow or whose shift lies far from the mean.
 # Session 31 (.scratch/s31_probe.py, the same method, with the second sums): 8192 0.917 / 0.892 -> 0.942 / 0.914,
 # 7168 0.806 / 0.787 -> 0.899 / 0.853; 6144 0.810 / 0.791 -> 0.829 / 0.792 (within a run's noise: left to the sweeps).
 _HALF_LAYER_NORM_FORWARD = {
@@ -210,7 +213,7 @@ def _split_window_config(n_cols: int, dtype: torch.dtype, subtract_mean: bool) -
     """The split-window config of a row of n_cols columns of `dtype` (None: not one of its rows)."""
     if dtype.itemsize != 2 or n_cols % 8 == 0 or n_cols < 2:
         return None
-    block_n = _next_power_of_2(n_cols - 1)
+    block_n = next_power_of_2(n_cols - 1)
     choice = _HALF_SPLIT_WINDOW[subtract_mean].get(block_n)
     if choice is None:
         return None
@@ -251,7 +254,7 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     backward's clusters use, written for the forward): 0.27-0.61 of a copy at 8192-32768 columns and
     0.14-0.37 at 2049-12289 against the shipped 0.74-0.92, for 1-4 rows a tile, 512-8192-column parts,
     2-16 warps, 1-8 programs per SM, prefetch or not."""
-    block_n = _next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     split = _split_window_config(n_cols, dtype, subtract_mean) if split_window else None
     if split is not None:
         return split

@@ -37,12 +37,12 @@ contiguous.
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.norm_statistics import _corrected_mean, _row_shifts, _shifted_statistics
-from fusedops.kernels.row_windows import row_window
+from fusedops.kernels.norm_statistics import corrected_mean, row_shifts, shifted_statistics
+from fusedops.kernels.row_windows import window_offsets
 
 
 @dsl.jit
-def _affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION: dsl.constexpr = ""):
+def affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION: dsl.constexpr = ""):
     # -> (weight, bias) at columns `logical` (masked by in_row) in their own dtype; None for a None pointer.
     # EVICTION: their loads' eviction_policy ("evict_last": every row of the launch reads them again).
     weight = None
@@ -68,17 +68,17 @@ def _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, wei
     wide_input = x.dtype.bits > 16      # 16-bit rows: the float32 mean's rounding is far below their ulp
     x = x.to(acc_dtype)
     if SUBTRACT_MEAN and first is not None:
-        x, mean, rstd = _shifted_statistics(x, first.to(acc_dtype), mask, row_mask, n_cols, eps)
+        x, mean, rstd = shifted_statistics(x, first.to(acc_dtype), mask, row_mask, n_cols, eps)
     else:
         if SUBTRACT_MEAN:
             mean = dsl.sum(x, axis=1) / n_cols
             x = dsl.where(mask, x - mean[:, None], 0.0)
             if wide_input:
-                mean, x = _corrected_mean(mean, x, mask, n_cols)
+                mean, x = corrected_mean(mean, x, mask, n_cols)
         rstd = 1.0 / dsl.sqrt(dsl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if weight_ptr is not None or bias_ptr is not None:
-        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION)
+        weight, bias = affine_tiles(weight_ptr, bias_ptr, logical, in_row, EVICTION)
     if weight is not None:
         y = y * weight.to(acc_dtype)
     if bias is not None:
@@ -104,15 +104,15 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
     # are never live as whole rows. CACHE_HINTS: weight and bias are loaded with evict_last and y is
     # stored with evict_first.
     acc_dtype = rstd_ptr.dtype.element
-    x_offsets, _, in_row = row_window(rows, dsl.arange(0, BLOCK_N), n_cols, x_row_stride, x_col_stride, ALIGN,
-                                      SHIFT)
+    x_offsets, _, in_row = window_offsets(rows, dsl.arange(0, BLOCK_N), n_cols, x_row_stride, x_col_stride, ALIGN,
+                                          SHIFT)
     mask = row_mask[:, None] & in_row
     if SUBTRACT_MEAN:
         mean = dsl.sum(x.to(acc_dtype), axis=1) / n_cols
         x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
         centered = dsl.where(mask, x.to(acc_dtype) - mean[:, None], 0.0)
         if x.dtype.bits > 16:       # (16-bit rows: the float32 mean's rounding is far below their ulp)
-            mean, centered = _corrected_mean(mean, centered, mask, n_cols)
+            mean, centered = corrected_mean(mean, centered, mask, n_cols)
         rstd = 1.0 / dsl.sqrt(dsl.sum(centered * centered, axis=1) / n_cols + eps)
     else:
         x = x.to(acc_dtype)
@@ -120,20 +120,20 @@ def _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_
     CHUNK: dsl.constexpr = BLOCK_N // CHUNKS
     for chunk in dsl.static_range(CHUNKS):
         cols = chunk * CHUNK + dsl.arange(0, CHUNK)
-        chunk_offsets, logical, chunk_in_row = row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
-                                                          SHIFT)
+        chunk_offsets, logical, chunk_in_row = window_offsets(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
+                                                              SHIFT)
         chunk_mask = row_mask[:, None] & chunk_in_row
         y = dsl.load(x_ptr + chunk_offsets, mask=chunk_mask, other=0.0).to(acc_dtype)
         if SUBTRACT_MEAN:
             y = y - mean[:, None]
         y = y * rstd[:, None]
-        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, chunk_in_row,
-                                     "evict_last" if CACHE_HINTS else "")
+        weight, bias = affine_tiles(weight_ptr, bias_ptr, logical, chunk_in_row,
+                                    "evict_last" if CACHE_HINTS else "")
         if weight is not None:
             y = y * weight.to(acc_dtype)
         if bias is not None:
             y = y + bias.to(acc_dtype)
-        y_offsets, _, _ = row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
+        y_offsets, _, _ = window_offsets(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
         dsl.store(y_ptr + y_offsets, y, mask=chunk_mask, eviction_policy="evict_first" if CACHE_HINTS else "")
     if SUBTRACT_MEAN:
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
@@ -150,7 +150,7 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     # x_ptr: (n_rows, n_cols) strided; y_ptr: (n_rows, n_cols) unit column stride; weight_ptr, bias_ptr:
     # (n_cols,) contiguous or None; mean_ptr (LayerNorm only, else None), rstd_ptr: (n_rows,) float32/64.
     # One program per BLOCK_ROWS rows; BLOCK_N >= n_cols (>= n_cols + SHIFT - 1 with SHIFT).
-    # ALIGN, SHIFT: see row_windows.row_window (SHIFT needs x_row_stride == y_row_stride and x_col_stride == 1).
+    # ALIGN, SHIFT: see row_windows.window_offsets (SHIFT needs x_row_stride == y_row_stride and x_col_stride == 1).
     # AFFINE_FIRST: weight and bias are loaded with x, before the reductions (their latency overlaps
     # x's), instead of after them. RELOAD (AFFINE_FIRST ignored): _normalize_rows_reloaded, with
     # CHUNKS and CACHE_HINTS (with CACHE_HINTS and without RELOAD: x is loaded with evict_first,
@@ -160,21 +160,21 @@ def forward_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr,
     rows = dsl.program_id(0) * BLOCK_ROWS + dsl.arange(0, BLOCK_ROWS)
     row_mask = rows < n_rows
     cols = dsl.arange(0, BLOCK_N)
-    x_offsets, logical, in_row = row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
-    y_offsets, _, _ = row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
+    x_offsets, logical, in_row = window_offsets(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+    y_offsets, _, _ = window_offsets(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
     mask = row_mask[:, None] & in_row
     x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0,
                  eviction_policy="evict_first" if CACHE_HINTS and not RELOAD else "")
     affine_eviction: dsl.constexpr = "evict_last" if CACHE_HINTS else ""
     first = None
     if SHIFTED_SUMS and SUBTRACT_MEAN and not RELOAD:
-        first = _row_shifts(x_ptr, rows, row_mask, n_cols, x_row_stride, x_col_stride)
+        first = row_shifts(x_ptr, rows, row_mask, n_cols, x_row_stride, x_col_stride)
     if RELOAD:
         _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
                                  x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N, ALIGN, SHIFT,
                                  CHUNKS, CACHE_HINTS)
     elif AFFINE_FIRST:
-        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row, affine_eviction)
+        weight, bias = affine_tiles(weight_ptr, bias_ptr, logical, in_row, affine_eviction)
         _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, first, mask, weight, bias, None, None, logical, in_row,
                         y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
     else:
@@ -201,15 +201,15 @@ def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
     n_tiles = dsl.cdiv(n_rows, BLOCK_ROWS)
     lanes = dsl.arange(0, BLOCK_ROWS)
     cols = dsl.arange(0, BLOCK_N)
-    _, logical, in_row = row_window(pid * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
-                                    SHIFT)
+    _, logical, in_row = window_offsets(pid * BLOCK_ROWS + lanes, cols, n_cols, x_row_stride, x_col_stride, ALIGN,
+                                        SHIFT)
     weight = None
     bias = None
     if not RELOAD:
-        weight, bias = _affine_tiles(weight_ptr, bias_ptr, logical, in_row)
+        weight, bias = affine_tiles(weight_ptr, bias_ptr, logical, in_row)
     if PREFETCH:
         rows = pid * BLOCK_ROWS + lanes
-        x_offsets, _, _ = row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+        x_offsets, _, _ = window_offsets(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
         x = dsl.load(x_ptr + x_offsets, mask=(rows < n_rows)[:, None] & in_row, other=0.0)
     for tile in range(pid, n_tiles, n_programs):
         rows = tile * BLOCK_ROWS + lanes
@@ -217,17 +217,17 @@ def forward_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias
         mask = row_mask[:, None] & in_row
         if PREFETCH:
             next_rows = rows + n_programs * BLOCK_ROWS
-            next_offsets, _, _ = row_window(next_rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+            next_offsets, _, _ = window_offsets(next_rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
             x_next = dsl.load(x_ptr + next_offsets, mask=(next_rows < n_rows)[:, None] & in_row, other=0.0)
         else:
-            x_offsets, _, _ = row_window(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
+            x_offsets, _, _ = window_offsets(rows, cols, n_cols, x_row_stride, x_col_stride, ALIGN, SHIFT)
             x = dsl.load(x_ptr + x_offsets, mask=mask, other=0.0)
         if RELOAD:
             _normalize_rows_reloaded(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, x, rows, row_mask, n_cols,
                                      x_row_stride, x_col_stride, y_row_stride, eps, SUBTRACT_MEAN, BLOCK_N, ALIGN,
                                      SHIFT, CHUNKS, CACHE_HINTS)
         else:
-            y_offsets, _, _ = row_window(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
+            y_offsets, _, _ = window_offsets(rows, cols, n_cols, y_row_stride, 1, ALIGN, SHIFT)
             _normalize_rows(y_ptr, mean_ptr, rstd_ptr, x, None, mask, weight, bias, None, None, logical, in_row,
                             y_offsets, rows, row_mask, n_cols, eps, SUBTRACT_MEAN)
         if PREFETCH:

@@ -1,4 +1,4 @@
-"""The LayerNorm/RMSNorm forward's launcher: `_forward_launcher` prepares the kernel launch of one layout (its
+"""The LayerNorm/RMSNorm forward's launcher: `forward_launcher` prepares the kernel launch of one layout (its
 kernel, grid and constexprs by ForwardConfig), with the row sweeps' constexprs and shifted weight and bias copies.
 """
 
@@ -15,18 +15,18 @@ from fusedops.kernels.device_info import sm_count as _sm_count
 from fusedops.kernels.norm_forward_config import ForwardConfig, forward_config
 from fusedops.kernels.norm_forward_kernels import forward_kernel, forward_looped_kernel, forward_persistent_kernel
 from fusedops.kernels.norm_row_sweeps import forward_row_sweeps_kernel
-from fusedops.kernels.norm_rows import _check_rows, _contiguous_or_none, _output_allocator, _round_up, _row_geometry, \
-    _stride_alignment, _window_shift, accumulation_dtype, as_rows
+from fusedops.kernels.norm_rows import check_rows, contiguous_or_none, output_allocator, round_up, row_geometry, \
+    stride_alignment, window_shift, accumulation_dtype, as_rows
 from fusedops.kernels.norm_split_window import forward_split_kernel, forward_split_persistent_kernel
 
 
-def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate) -> Callable:
-    """`launch(x, weight, bias) -> (y, mean, rstd)` for tensors like these (see norm_launch.norm_forward)."""
+def forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate) -> Callable:
+    """`launch(x, weight, bias) -> (y, mean, rstd)` for tensors like these (see norms.norm_forward)."""
     n_cols = x.shape[-1] if n_cols is None else n_cols
-    n_rows, row_stride, col_stride = _row_geometry(tuple(x.shape), x.stride(), n_cols)
-    _check_rows(n_rows)
+    n_rows, row_stride, col_stride = row_geometry(tuple(x.shape), x.stride(), n_cols)
+    check_rows(n_rows)
     device, acc = x.device, accumulation_dtype(x.dtype)
-    new_output = _output_allocator(x, allocate)
+    new_output = output_allocator(x, allocate)
     in_place = row_stride is not None
     if not in_place:        # as_rows copies: contiguous rows
         row_stride, col_stride = n_cols, 1
@@ -43,13 +43,13 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     config = config or forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
     split_shift = 0
     if config.split_window:
-        split_shift = _window_shift(True, None, n_cols, _stride_alignment(row_stride, n_cols, x.element_size()),
-                                    x.element_size(), (row_stride, col_stride))
+        split_shift = window_shift(True, None, n_cols, stride_alignment(row_stride, n_cols, x.element_size()),
+                                   x.element_size(), (row_stride, col_stride))
         if not split_shift:
             config = forward_config(n_cols, x.dtype, subtract_mean=subtract_mean, split_window=False)
     y, mean, rstd = allocate_outputs(x)
     rows = x if in_place else as_rows(x, n_rows, n_cols)
-    weight, bias = _contiguous_or_none(weight), _contiguous_or_none(bias)
+    weight, bias = contiguous_or_none(weight), contiguous_or_none(bias)
     # eps in the accumulation dtype: a float64 scalar for float64 rows, else rounded to float32 here, as torch
     # rounds it (1e39 becomes inf, where a kernel's float32 argument refuses a finite float past its range)
     with np.errstate(over="ignore", under="ignore"):
@@ -64,7 +64,7 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
                      SHIFT=split_shift, num_warps=config.num_warps, interpret=interpret)
         n_tiles = dsl.cdiv(n_rows, config.block_rows)
         if config.programs_per_sm > 0:
-            grid = (_round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), split_shift),)
+            grid = (round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), split_shift),)
             prepared = forward_split_persistent_kernel.prepare(grid, *args[:9], eps, PREFETCH=config.prefetch,
                                                                **tiles)
         else:
@@ -87,9 +87,9 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
     else:
         if config.block_n < n_cols:
             raise ValueError(f"block_n={config.block_n} is smaller than the row ({n_cols} columns)")
-        align = _stride_alignment(row_stride, n_cols, x.element_size())
-        shift = _window_shift(config.aligned_window, config.block_n, n_cols, align, x.element_size(),
-                              (row_stride, col_stride), (n_cols, 1))
+        align = stride_alignment(row_stride, n_cols, x.element_size())
+        shift = window_shift(config.aligned_window, config.block_n, n_cols, align, x.element_size(),
+                             (row_stride, col_stride), (n_cols, 1))
         tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, ALIGN=align,
                      SHIFT=shift, num_warps=config.num_warps, interpret=interpret)
         if config.reload or config.cache_hints:      # (else the kernels' defaults: the same PTX)
@@ -100,7 +100,7 @@ def _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, inter
         if config.shifted_sums and (config.reload or config.programs_per_sm > 0):
             raise ValueError("shifted_sums is an option of the one-program-per-tile kernel without reload")
         if config.programs_per_sm > 0:
-            grid = (_round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), max(shift, 1)),)
+            grid = (round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), max(shift, 1)),)
             prepared = forward_persistent_kernel.prepare(grid, *args, PREFETCH=config.prefetch, **tiles)
         else:
             if config.shifted_sums and subtract_mean:
@@ -155,7 +155,7 @@ def row_sweep_constexprs(config: ForwardConfig, dtype: torch.dtype, weight: Opti
     layout (THREADS threads of VECTOR consecutive elements, as the default blocked layout lays out block_n
     elements of the narrowest dtype the kernel moves: 16-byte vectors), ALIGN, the hints, the register cap
     and, with config.aligned_window, SHIFT where the window applies (as for the whole-row tiles,
-    `_window_shift`: rows off 16-byte boundaries, x's strides (n_cols, 1); only passed when non-zero, so
+    `window_shift`: rows off 16-byte boundaries, x's strides (n_cols, 1); only passed when non-zero, so
     that configs without it compile as before).
 
     Raises:
@@ -167,15 +167,15 @@ def row_sweep_constexprs(config: ForwardConfig, dtype: torch.dtype, weight: Opti
     itemsize = min([dtype.itemsize] + [t.element_size() for t in (weight, bias) if t is not None])
     vector = max(1, min(16 // itemsize, chunk // threads))
     constexprs = dict(SUBTRACT_MEAN=subtract_mean, CHUNK=chunk, THREADS=min(threads, chunk // vector), VECTOR=vector,
-                      ALIGN=_stride_alignment(row_stride, n_cols, dtype.itemsize), num_warps=config.num_warps)
+                      ALIGN=stride_alignment(row_stride, n_cols, dtype.itemsize), num_warps=config.num_warps)
     if config.cache_hints:
         constexprs.update(ROW_SWEEP_HINTS)
     if config.min_blocks_per_sm:
         constexprs["MIN_BLOCKS"] = config.min_blocks_per_sm
     if config.shifted_sums and subtract_mean:
         constexprs["SHIFTED_SUMS"] = True
-    shift = _window_shift(config.aligned_window, None, n_cols, constexprs["ALIGN"], dtype.itemsize,
-                          (row_stride, col_stride), (n_cols, 1))
+    shift = window_shift(config.aligned_window, None, n_cols, constexprs["ALIGN"], dtype.itemsize,
+                         (row_stride, col_stride), (n_cols, 1))
     if shift:
         constexprs["SHIFT"] = shift
     return constexprs

@@ -14,8 +14,8 @@ The ops, dtypes and addressing are norm_forward_kernels.py's; the shifted sums' 
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.norm_statistics import _needs_second_sums, _sampled_median, _scaled_difference, _second_scale, \
-    _shifted_mean_rstd
+from fusedops.kernels.norm_statistics import needs_second_sums, sampled_median, scaled_difference, second_scale, \
+    shifted_mean_rstd
 from fusedops.kernels.row_windows import sweep_parts
 
 
@@ -44,7 +44,7 @@ from fusedops.kernels.row_windows import sweep_parts
 # exchange a row) the threads keep the shifted sums of norm_statistics.py's comment instead, about a
 # median of three of the row's elements. A row whose shift lies far from its mean (|K - mean| > 8
 # deviations: two of the sampled columns are outliers), or whose scaled squares left float32's normal
-# range (_needs_second_sums), takes the sums once more, from L2, about its mean: Welford-grade statistics
+# range (needs_second_sums), takes the sums once more, from L2, about its mean: Welford-grade statistics
 # for those rows (one more sweep and exchange), the one-exchange speed for the others. RMSNorm keeps
 # per-thread sums of squares.
 @dsl.jit
@@ -55,9 +55,9 @@ def _thread_sum(values):
 
 @dsl.jit
 def _shifted(x, shift, scale, SUMS: dsl.constexpr):
-    # -> what _add_moments takes of x: x - shift, or with SUMS (x - shift) * scale (_scaled_difference).
+    # -> what _add_moments takes of x: x - shift, or with SUMS (x - shift) * scale (scaled_difference).
     if SUMS:
-        return _scaled_difference(x, shift, scale)
+        return scaled_difference(x, shift, scale)
     return x - shift
 
 
@@ -113,13 +113,13 @@ def _row_shifted_statistics(mean_ptr, rstd_ptr, row, total, squares, shift, n_co
                             THREADS: dsl.constexpr):
     # Once per row, LayerNorm with SUMS: the statistics from the per-thread shifted sums (_add_moments'
     # `mean` and `m2` of (x - shift) * scale; one exchange), stored; -> (the mean of x - shift, rstd, again).
-    # again: _needs_second_sums; the caller takes the sums once more, about this mean (_second_scale).
+    # again: needs_second_sums; the caller takes the sums once more, about this mean (second_scale).
     total = dsl.sum(dsl.reshape(total, (THREADS,)), axis=0)
     squares = dsl.sum(dsl.reshape(squares, (THREADS,)), axis=0)
-    absolute, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, scale)
+    absolute, rstd = shifted_mean_rstd(total, squares, shift, n_cols, eps, scale)
     dsl.store(mean_ptr + row, absolute)
     dsl.store(rstd_ptr + row, rstd)
-    return total / n_cols * (1.0 / scale), rstd, _needs_second_sums(total, squares, n_cols)
+    return total / n_cols * (1.0 / scale), rstd, needs_second_sums(total, squares, n_cols)
 
 
 @dsl.jit
@@ -127,7 +127,7 @@ def _row_shift(x_row, n_cols, col_stride, SUMS: dsl.constexpr):
     # The LayerNorm row sweeps' shift (n_cols >= 1): x[row, 0], or with SUMS the median of three of the
     # row's elements (norm_statistics.py's comment on the shifted sums), in x's own dtype.
     if SUMS:
-        return _sampled_median(x_row, n_cols, col_stride, None)
+        return sampled_median(x_row, n_cols, col_stride, None)
     return dsl.load(x_row)
 
 
@@ -210,8 +210,8 @@ def _normalize_row_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     if SUBTRACT_MEAN and SUMS:
         row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
                                                         1.52587890625e-05, THREADS)
-        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean (_second_scale)
-            scale = _second_scale(rstd)
+        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean (second_scale)
+            scale = second_scale(rstd)
             shift = shift + row_mean
             count, mean, m2 = _row_moments(x_row, shift, scale, n_cols, x_col_stride, acc_dtype, CHUNK, THREADS,
                                            VECTOR, SUBTRACT_MEAN, FIRST_EVICTION, SUMS)
@@ -324,8 +324,8 @@ def _normalize_row_window_sweeps(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, b
     if SUBTRACT_MEAN and SUMS:
         row_mean, rstd, again = _row_shifted_statistics(mean_ptr, rstd_ptr, row, mean, m2, shift, n_cols, eps,
                                                         1.52587890625e-05, THREADS)
-        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean (_second_scale)
-            scale = _second_scale(rstd)
+        for _ in range(0, again.to(dsl.int32)):       # the sums again (from L2), about the mean (second_scale)
+            scale = second_scale(rstd)
             shift = shift + row_mean
             count, mean, m2 = _window_row_moments(x_window, shift, scale, edges, edge_mask, middle, chunks, tail,
                                                   pieces, acc_dtype, CHUNK, THREADS, VECTOR, GROUP, SUBTRACT_MEAN,

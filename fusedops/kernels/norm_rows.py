@@ -19,12 +19,7 @@ import torch
 
 import fusedops.dsl as dsl
 from fusedops.kernels.allocation import contiguous_allocator
-
-_INT32_LIMIT = 2**31
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+from fusedops.kernels.sizes import INT32_LIMIT
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -39,22 +34,22 @@ def as_rows(t: torch.Tensor, n_rows: int, n_cols: int) -> torch.Tensor:
         rows = t.view(n_rows, n_cols)
     except RuntimeError:
         return t.reshape(n_rows, n_cols).contiguous()
-    if (n_cols - 1) * rows.stride(1) >= _INT32_LIMIT:
+    if (n_cols - 1) * rows.stride(1) >= INT32_LIMIT:
         return rows.contiguous()
     return rows
 
 
-def _contiguous_or_none(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def contiguous_or_none(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.reshape(-1).contiguous()
 
 
-def _check_rows(n_rows: int) -> None:
-    if n_rows >= _INT32_LIMIT:
-        raise ValueError(f"{n_rows} rows: at most {_INT32_LIMIT - 1} rows are supported (row indices are int32)")
+def check_rows(n_rows: int) -> None:
+    if n_rows >= INT32_LIMIT:
+        raise ValueError(f"{n_rows} rows: at most {INT32_LIMIT - 1} rows are supported (row indices are int32)")
 
 
 @functools.lru_cache(maxsize=1024)
-def _row_geometry(shape: tuple, strides: tuple, n_cols: int) -> tuple:
+def row_geometry(shape: tuple, strides: tuple, n_cols: int) -> tuple:
     """(n_rows, row stride, column stride) of a tensor of `shape` and `strides` whose trailing dims hold
     n_cols elements, read as (n_rows, n_cols) rows in place: the strides of `as_rows`' view. The strides
     are None when as_rows copies (the leading or the trailing dims do not merge into one, as
@@ -75,13 +70,13 @@ def _row_geometry(shape: tuple, strides: tuple, n_cols: int) -> tuple:
 
     col_stride = merged(zip(shape[split:], strides[split:]))
     row_stride = merged(zip(shape[:split], strides[:split]))
-    if col_stride is None or row_stride is None or (n_cols - 1) * col_stride >= _INT32_LIMIT:
+    if col_stride is None or row_stride is None or (n_cols - 1) * col_stride >= INT32_LIMIT:
         return n_rows, None, None
     col_stride = col_stride if n_cols > 1 else 1
     return n_rows, (row_stride if n_rows > 1 else n_cols * col_stride), col_stride
 
 
-def _output_allocator(x: torch.Tensor, allocate: Callable) -> Callable:
+def output_allocator(x: torch.Tensor, allocate: Callable) -> Callable:
     """`new(x)`: an uninitialized contiguous tensor shaped and typed like x, on its device."""
     if allocate is torch.empty and x.is_contiguous():
         return torch.empty_like     # x's strides are contiguous
@@ -89,16 +84,16 @@ def _output_allocator(x: torch.Tensor, allocate: Callable) -> Callable:
     return lambda x: new()
 
 
-def _stride_alignment(x_row_stride: int, y_row_stride: int, element_size: int) -> int:
+def stride_alignment(x_row_stride: int, y_row_stride: int, element_size: int) -> int:
     """norm_forward_kernels.forward_kernel's ALIGN: the power of two, at most a 16-byte vector, dividing both
     row strides (in elements; element_size in bytes)."""
     strides = x_row_stride | y_row_stride | (16 // element_size)
     return strides & -strides
 
 
-def _window_shift(requested: bool, block_n: Optional[int], n_cols: int, align: int, element_size: int,
-                  *strides) -> int:
-    """The SHIFT constexpr of row_windows.row_window: the elements of a 16-byte vector when an aligned
+def window_shift(requested: bool, block_n: Optional[int], n_cols: int, align: int, element_size: int,
+                 *strides) -> int:
+    """The SHIFT constexpr of row_windows.window_offsets: the elements of a 16-byte vector when an aligned
     window is requested and applies (rows start off 16-byte boundaries, every tensor's (row stride,
     column stride) is (n_cols, 1), the window fits block_n columns unless block_n is None), else 0.
     strides: (row, column) stride pairs of the tensors addressed through the window."""
@@ -110,5 +105,5 @@ def _window_shift(requested: bool, block_n: Optional[int], n_cols: int, align: i
     return vector
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return dsl.cdiv(n, multiple) * multiple

@@ -31,9 +31,9 @@ x, y, dy and dx share one row stride (`row_stride`: N, contiguous rows) and have
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.norm_backward_kernels import _load_statistics, _normalize
-from fusedops.kernels.norm_forward_kernels import _affine_tiles
-from fusedops.kernels.norm_statistics import _row_shifts, _second_sums, _shifted_mean_rstd, _shifted_moments
+from fusedops.kernels.norm_backward_kernels import load_statistics, normalize
+from fusedops.kernels.norm_forward_kernels import affine_tiles
+from fusedops.kernels.norm_statistics import row_shifts, second_sums, shifted_mean_rstd, shifted_moments
 
 
 @dsl.jit
@@ -84,12 +84,12 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     x_edge = x_edge.to(acc_dtype)
     mean = 0.0
     if SUBTRACT_MEAN:
-        shift = _row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, 1).to(acc_dtype)
-        total, squares = _shifted_moments(x, shift, mask)
-        edge_total, edge_squares = _shifted_moments(x_edge, shift, edge_mask)
+        shift = row_shifts(x_ptr, rows, row_mask, n_cols, row_stride, 1).to(acc_dtype)
+        total, squares = shifted_moments(x, shift, mask)
+        edge_total, edge_squares = shifted_moments(x_edge, shift, edge_mask)
         total, squares = total + edge_total, squares + edge_squares
-        mean, rstd = _shifted_mean_rstd(total, squares, shift, n_cols, eps, 1.52587890625e-05)
-        mean, rstd = _second_sums(x, mask, x_edge, edge_mask, row_mask, total, squares, mean, rstd, n_cols, eps)
+        mean, rstd = shifted_mean_rstd(total, squares, shift, n_cols, eps, 1.52587890625e-05)
+        mean, rstd = second_sums(x, mask, x_edge, edge_mask, row_mask, total, squares, mean, rstd, n_cols, eps)
         dsl.store(mean_ptr + rows, mean, mask=row_mask)
         mean = mean[:, None]
     else:
@@ -98,7 +98,7 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     gather = weight is None and bias is None
     if CHUNKS == 1 or not gather:
         if gather:
-            weight, bias = _affine_tiles(weight_ptr, bias_ptr, columns, in_row)
+            weight, bias = affine_tiles(weight_ptr, bias_ptr, columns, in_row)
         dsl.store(y_ptr + offsets, _affine((x - mean) * rstd[:, None], weight, bias), mask=mask)
     else:
         CHUNK: dsl.constexpr = BLOCK_N // CHUNKS
@@ -106,10 +106,10 @@ def _normalize_split_rows(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
             offsets, columns, in_row, _, _, _ = _split_window(rows, n_cols, row_stride, CHUNK, SHIFT, chunk * CHUNK)
             mask = row_mask[:, None] & in_row
             x = dsl.load(x_ptr + offsets, mask=mask, other=0.0).to(acc_dtype)
-            weight, bias = _affine_tiles(weight_ptr, bias_ptr, columns, in_row)
+            weight, bias = affine_tiles(weight_ptr, bias_ptr, columns, in_row)
             dsl.store(y_ptr + offsets, _affine((x - mean) * rstd[:, None], weight, bias), mask=mask)
     if gather:
-        edge_weight, edge_bias = _affine_tiles(weight_ptr, bias_ptr, edge_columns, edge_in_row)
+        edge_weight, edge_bias = affine_tiles(weight_ptr, bias_ptr, edge_columns, edge_in_row)
     dsl.store(y_ptr + edge_offsets, _affine((x_edge - mean) * rstd[:, None], edge_weight, edge_bias), mask=edge_mask)
 
 
@@ -146,8 +146,8 @@ def forward_split_persistent_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr
     lanes = dsl.arange(0, BLOCK_ROWS)
     _, columns, in_row, _, edge_columns, edge_in_row = _split_window(pid * BLOCK_ROWS + lanes, n_cols, row_stride,
                                                                      BLOCK_N, SHIFT)
-    weight, bias = _affine_tiles(weight_ptr, bias_ptr, columns, in_row)
-    edge_weight, edge_bias = _affine_tiles(weight_ptr, bias_ptr, edge_columns, edge_in_row)
+    weight, bias = affine_tiles(weight_ptr, bias_ptr, columns, in_row)
+    edge_weight, edge_bias = affine_tiles(weight_ptr, bias_ptr, edge_columns, edge_in_row)
     if PREFETCH:
         x, x_edge = _split_x(x_ptr, pid * BLOCK_ROWS + lanes, n_rows, n_cols, row_stride, BLOCK_N, SHIFT)
     for tile in range(pid, dsl.cdiv(n_rows, BLOCK_ROWS), n_programs):
@@ -177,7 +177,7 @@ def _split_loads(x_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, n_rows, n_cols, row_st
     dy = dsl.load(dy_ptr + offsets, mask=mask, other=0.0)
     x_edge = dsl.load(x_ptr + edge_offsets, mask=edge_mask, other=0.0)
     dy_edge = dsl.load(dy_ptr + edge_offsets, mask=edge_mask, other=0.0)
-    mean, rstd = _load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
+    mean, rstd = load_statistics(mean_ptr, rstd_ptr, rows, row_mask, SUBTRACT_MEAN)
     return x, dy, x_edge, dy_edge, mean, rstd
 
 
@@ -221,8 +221,8 @@ def backward_split_kernel(dx_ptr, dweight_partial_ptr, dbias_partial_ptr, dy_ptr
                                                               row_stride, BLOCK_N, SHIFT, SUBTRACT_MEAN)
         mask = row_mask[:, None] & in_row
         edge_mask = row_mask[:, None] & edge_in_row
-        xhat, dy_acc, g = _normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
-        edge_xhat, edge_dy, edge_g = _normalize(x_edge, dy_edge, mean, rstd, edge_weight, edge_mask, SUBTRACT_MEAN)
+        xhat, dy_acc, g = normalize(x, dy, mean, rstd, weight, mask, SUBTRACT_MEAN)
+        edge_xhat, edge_dy, edge_g = normalize(x_edge, dy_edge, mean, rstd, edge_weight, edge_mask, SUBTRACT_MEAN)
         dweight_sum += dy_acc * xhat
         dbias_sum += dy_acc
         edge_dweight_sum += edge_dy * edge_xhat

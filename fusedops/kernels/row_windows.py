@@ -1,6 +1,6 @@
 """Rows read through 16-byte-aligned windows: the split of a swept window into masked edges, unmasked
 chunks and masked pieces (`sweep_parts`, shared by the softmax and norm row sweeps), and the offsets of a
-tile of rows in their windows (`row_window`, the norm kernels' whole-row tiles).
+tile of rows in their windows (`window_offsets`, the norm kernels' whole-row tiles).
 
 Window positions [first, first + n_cols) hold a row's columns (first > 0 when the row starts off a
 16-byte boundary and is read from the boundary below it). A sweep reads the window in three parts:
@@ -33,7 +33,7 @@ def sweep_parts(n_cols, first, BLOCK: dsl.constexpr, PIECE: dsl.constexpr, GROUP
 
 
 @dsl.jit
-def row_window(rows, cols, n_cols, row_stride, col_stride, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr):
+def window_offsets(rows, cols, n_cols, row_stride, col_stride, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr):
     # -> (offsets, logical, in_row): element offsets of the (rows, cols) tile of a tensor, the column of
     # the row each element holds and whether it holds one (0 <= logical < n_cols). rows: (R,) int32.
     # SHIFT = 0: `cols` are the row's columns; ALIGN (a power of two dividing the row stride) keeps

@@ -23,11 +23,10 @@ from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator
 from fusedops.kernels.device_info import INTERPRETER_SMS, sm_count as device_sm_count
+from fusedops.kernels.sizes import INT32_LIMIT
 from fusedops.kernels.softmax_configs import Config, choose_config
 from fusedops.kernels.softmax_kernels import _backward_kernel, _forward_kernel
 from fusedops.kernels.softmax_rows import RowLayout, contiguous_strides, empty_in_order_of, plan_rows
-
-_INT32_LIMIT = 2**31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +116,7 @@ def _plan_launch(shape: tuple, dim: int, strides: tuple, dtypes: tuple, backward
     accumulate = dsl.float64 if torch.float64 in dtypes else dsl.float32
     align = _run_alignment(layout, config)
     constexprs = dict(LOG=log, TILE=config.tile, ROWS=config.rows, BLOCK=config.block, ONE_PASS=config.one_pass,
-                      SPLIT=layout.inner > 1, WIDE=widest >= _INT32_LIMIT, ALIGN=align, ACC=accumulate,
+                      SPLIT=layout.inner > 1, WIDE=widest >= INT32_LIMIT, ALIGN=align, ACC=accumulate,
                       SHIFT=_row_shift(layout, config, dtypes, align), num_warps=config.num_warps,
                       **_persistent_constexprs(config, dtypes))
     kernel_order = layout.strides[::-1] if backward else layout.strides

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from fusedops.kernels.sizes import next_power_of_2
 from fusedops.kernels.softmax_rows import RowLayout, plan_rows
 
 # Longest row the forward reads in one pass (elements); longer rows take the row sweeps (ROW_SWEEPS).
@@ -81,10 +82,6 @@ class Config:
     min_blocks_per_sm: int = 0  # row sweeps: dsl.launch_bounds (registers capped for this many CTAs per SM)
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _column_warps(elements: int) -> int:
     # Not 8: at 8 warps ptxas caps the axis-0 reductions' cross-warp step at 64 registers and
     # spills (fp16 forward); 4 and 16 warps assemble without spills.
@@ -107,7 +104,7 @@ def choose_config(layout: RowLayout, *, backward: bool = False, element_bytes: i
     max_one_pass_block: overrides every one-pass limit (a power of two; tests use it to reach the
         online path with small tensors).
     """
-    block = _next_power_of_2(layout.n_cols)
+    block = next_power_of_2(layout.n_cols)
     tile_limit = MAX_ONE_PASS_TILE if max_one_pass_block is None else max_one_pass_block
     if uses_column_tiles(layout):
         rows = COLUMN_ROWS[-1] if layout.inner >= COLUMN_ROWS[-1] else COLUMN_ROWS[0]

@@ -45,7 +45,7 @@ def _row_start(row, n_inner, outer_stride, inner_stride, SPLIT: dsl.constexpr):
 
 
 @dsl.jit
-def _row_window(ptr, start, first, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr):
+def _window_base(ptr, start, first, ALIGN: dsl.constexpr, SHIFT: dsl.constexpr):
     # -> the pointer to window position 0 of the row whose column 0 is at `ptr + start`.
     if SHIFT:
         return ptr + dsl.multiple_of(start - first, SHIFT)
@@ -119,8 +119,8 @@ def forward_row_sweeps(
     x_start = _row_start(row, n_inner, x_outer_stride, x_inner_stride, SPLIT)
     y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
     first = (x_start % SHIFT).to(dsl.int32) if SHIFT else 0     # SHIFT: every tensor's rows start alike
-    x_window = _row_window(x_ptr, x_start, first, ALIGN, SHIFT)
-    y_window = _row_window(y_ptr, y_start, first, ALIGN, SHIFT)
+    x_window = _window_base(x_ptr, x_start, first, ALIGN, SHIFT)
+    y_window = _window_base(y_ptr, y_start, first, ALIGN, SHIFT)
     PIECE: dsl.constexpr = THREADS * VECTOR
     GROUP: dsl.constexpr = (SHIFT if SHIFT > VECTOR else VECTOR) if SHIFT else 0
     EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP
@@ -205,9 +205,9 @@ def backward_row_sweeps(
     dy_start = _row_start(row, n_inner, dy_outer_stride, dy_inner_stride, SPLIT)
     y_start = _row_start(row, n_inner, y_outer_stride, y_inner_stride, SPLIT)
     first = (y_start % SHIFT).to(dsl.int32) if SHIFT else 0
-    dx_window = _row_window(dx_ptr, dx_start, first, ALIGN, SHIFT)
-    dy_window = _row_window(dy_ptr, dy_start, first, ALIGN, SHIFT)
-    y_window = _row_window(y_ptr, y_start, first, ALIGN, SHIFT)
+    dx_window = _window_base(dx_ptr, dx_start, first, ALIGN, SHIFT)
+    dy_window = _window_base(dy_ptr, dy_start, first, ALIGN, SHIFT)
+    y_window = _window_base(y_ptr, y_start, first, ALIGN, SHIFT)
     PIECE: dsl.constexpr = THREADS * VECTOR
     GROUP: dsl.constexpr = (SHIFT if SHIFT > VECTOR else VECTOR) if SHIFT else 0
     EDGE: dsl.constexpr = THREADS if THREADS > 2 * GROUP else 2 * GROUP

@@ -13,6 +13,7 @@ from typing import List, Optional
 import torch
 
 from fusedops.autograd import matmul as _matmul
+from fusedops.autograd import matmul_reference as _matmul_reference
 from fusedops.library.common import accumulation_dtype, matmul_runs_kernels, recomputed_gradients, refuse_dual
 
 
@@ -21,12 +22,12 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = 
                activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """activation(a @ b + bias) with torch.matmul's shapes (see fusedops.matmul); a new contiguous tensor.
     Checks its arguments as fusedops.matmul does (the op may be called directly)."""
-    _matmul.check_arguments(a, b, bias, activation, out_dtype)
+    _matmul_reference.check_arguments(a, b, bias, activation, out_dtype)
     refuse_dual("matmul", a, b, bias)
     out = out_dtype or a.dtype
     if matmul_runs_kernels(a, out_dtype, bias):
         return _matmul.forward_kernel(a, b, bias, activation, out)
-    return _matmul.reference(a, b, bias, activation, out).contiguous()
+    return _matmul_reference.reference(a, b, bias, activation, out).contiguous()
 
 
 def _matmul_shape(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> List:
@@ -41,7 +42,7 @@ def _matmul_shape(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]
 
 @_matmul_op.register_fake
 def _(a, b, bias=None, activation=None, out_dtype=None):
-    _matmul.check_arguments(a, b, bias, activation, out_dtype)
+    _matmul_reference.check_arguments(a, b, bias, activation, out_dtype)
     return a.new_empty(_matmul_shape(a, b, bias), dtype=out_dtype or a.dtype)
 
 
@@ -54,22 +55,22 @@ def _setup_matmul(ctx, inputs, output):
 
 def _matmul_backward(ctx, dc):
     """dZ = dC * activation'(Z) (Z recomputed by one more matmul); dA = dZ @ B^T; dB = A^T @ dZ;
-    dbias = the column sums of dZ (fusedops.autograd.matmul.input_gradients, with the custom op)."""
+    dbias = the column sums of dZ (fusedops.autograd.matmul_reference.input_gradients, with the custom op)."""
     a, b, bias = ctx.saved_tensors
     mm = torch.ops.fusedops.matmul
     if a.is_complex():          # torch.matmul's product (the only one complex operands take): its gradients
         return (*recomputed_gradients(torch.matmul, (a, b), ctx.needs_input_grad[:2], dc), None, None, None)
     if dc.dtype != a.dtype:     # an out_dtype other than a's: dZ kept wide (exact_input_gradients)
         z = None if ctx.activation is None else mm(a, b, bias, None, accumulation_dtype(a.dtype))
-        da, db, dbias = _matmul.exact_input_gradients(dc, a, b, z, ctx.activation, ctx.needs_input_grad,
+        da, db, dbias = _matmul_reference.exact_input_gradients(dc, a, b, z, ctx.activation, ctx.needs_input_grad,
                                                       ctx.bias_dtype)
         return da, db, dbias, None, None
     if ctx.activation is None:
         dz = dc
     else:
         z = mm(a, b, bias, None, accumulation_dtype(a.dtype))
-        dz = (dc.to(z.dtype) * _matmul.activation_grad(z, ctx.activation)).to(a.dtype)
-    da, db, dbias = _matmul.input_gradients(dz, a, b, ctx.needs_input_grad, ctx.bias_dtype, mm)
+        dz = (dc.to(z.dtype) * _matmul_reference.activation_grad(z, ctx.activation)).to(a.dtype)
+    da, db, dbias = _matmul_reference.input_gradients(dz, a, b, ctx.needs_input_grad, ctx.bias_dtype, mm)
     return da, db, dbias, None, None
 
 
@@ -84,4 +85,4 @@ def matmul(a, b, bias, activation, out_dtype) -> torch.Tensor:
     if activation is None or not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         return torch.ops.fusedops.matmul(a, b, bias, activation, out_dtype)
     z = torch.ops.fusedops.matmul(a, b, bias, None, accumulation_dtype(a.dtype))
-    return _matmul.apply_activation(z, activation).to(out_dtype or a.dtype)
+    return _matmul_reference.apply_activation(z, activation).to(out_dtype or a.dtype)

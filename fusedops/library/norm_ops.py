@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from fusedops.autograd import norms as _autograd_norms
-from fusedops.kernels import norm_launch as _norm_launch
+from fusedops.kernels import norms as _kernel_norms
 from fusedops.kernels.norm_rows import as_rows
 from fusedops.library.common import accumulation_dtype, refuse_dual, runs_kernels
 
@@ -35,8 +35,8 @@ def _norm_forward(x, normalized_shape, weight, bias, eps, subtract_mean: bool):
     n_rows, n_cols = _rows_and_columns(x, normalized_shape)
     dtypes = (x.dtype,) + tuple(p.dtype for p in (weight, bias) if p is not None)
     if runs_kernels(x, *dtypes):
-        y, mean, rstd = _norm_launch.norm_forward(as_rows(x, n_rows, n_cols), weight, bias, eps,
-                                                  subtract_mean=subtract_mean)
+        y, mean, rstd = _kernel_norms.norm_forward(as_rows(x, n_rows, n_cols), weight, bias, eps,
+                                                   subtract_mean=subtract_mean)
         return y.view(x.shape), mean, rstd
     # torch's op for the output (the same numbers as the eager fallback), the statistics with torch ops.
     rows = x.reshape(n_rows, n_cols).to(accumulation_dtype(x.dtype))
@@ -90,7 +90,7 @@ def _norm_backward_op(grad_output, input, normalized_shape, weight, mean, rstd, 
     n_rows, n_cols = _rows_and_columns(input, normalized_shape)
     dtypes = (input.dtype, grad_output.dtype) + (() if weight is None else (weight.dtype,))
     if runs_kernels(input, *dtypes):
-        dx, dweight, dbias = _norm_launch.norm_backward(
+        dx, dweight, dbias = _kernel_norms.norm_backward(
             as_rows(grad_output, n_rows, n_cols), as_rows(input, n_rows, n_cols), weight,
             mean, rstd, subtract_mean=mean is not None, input_grad=input_grad, weight_grad=weight_grad,
             bias_grad=bias_grad, bias_dtype=bias_dtype)

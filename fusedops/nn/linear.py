@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from fusedops import functional
-from fusedops.autograd.matmul import ACTIVATIONS, apply_activation
+from fusedops.autograd.matmul_reference import ACTIVATIONS, apply_activation
 
 
 class Linear(torch.nn.Linear):

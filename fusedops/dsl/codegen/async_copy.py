@@ -36,8 +36,7 @@ from .registry import lowering
 from .shared import align_shared_memory, barrier, shared_base
 from . import tma
 from .control import lower_block
-from ..passes import _pipelining_warp_specialized
-from ..passes.dot_layouts import MAX_THREAD_REGISTERS, REGISTERS_PER_SM, thread_register_cap
+from ..passes.dot_layouts import MAX_THREAD_REGISTERS, PRODUCER_WARPS, REGISTERS_PER_SM, thread_register_cap
 from .wgmma import WGMMA_ALIGN, SharedOperand, fence_generic_to_async
 
 BUFFER_ALIGN = 128
@@ -290,11 +289,10 @@ def _mbarrier_arrive(ctx, op):
         tma.mbarrier_arrive(b, barriers.tile_pointer(ctx, ctx.get(op.operands[1])))
 
 
-# The producer warpgroup (FUSEDOPS_WS=2): its warps, and the registers per thread it keeps where the CTA's
-# register file is shared out again (`producer_registers`): the least setmaxnreg takes, which its loop fits in
-# (ptxas: no spills); the consumers of 8 warps then get 240 (232 with 40: the persistent matmul's bias + gelu
-# epilogue into float32 spilled 72 bytes, against 32 here and 16 under FUSEDOPS_WS=0's 255).
-PRODUCER_WARPS = _pipelining_warp_specialized.PRODUCER_WARPS
+# The registers per thread the producer warpgroup (FUSEDOPS_WS=2; its warps: dot_layouts.PRODUCER_WARPS) keeps
+# where the CTA's register file is shared out again (`producer_registers`): the least setmaxnreg takes, which its
+# loop fits in (ptxas: no spills); the consumers of 8 warps then get 240 (232 with 40: the persistent matmul's
+# bias + gelu epilogue into float32 spilled 72 bytes, against 32 here and 16 under FUSEDOPS_WS=0's 255).
 PRODUCER_REGISTERS = 24
 
 

@@ -1,6 +1,6 @@
 """Lowering of elementwise ops: arithmetic, comparisons, bit ops, select, fma, casts, addptr.
 
-Integer rules follow fusedops/dsl/language/numerics.py (the interpreter's): division truncates,
+Integer rules follow fusedops/dsl/language/numerics/ (the interpreter's): division truncates,
 x / 0 is -1 (all ones), x % 0 is x, MIN / -1 wraps; shift amounts at or past the bit width give 0
 (sign fill for arithmetic right shifts). LLVM leaves those cases undefined, so they are guarded
 with selects here. Float minimum/maximum propagate NaN, as torch does.

@@ -17,7 +17,7 @@ from llvmlite import ir
 from ..errors import CompilationError
 from ..ir import Function, OpCode
 from ..ir.ops import cluster_size
-from ..passes.dot_layouts import arch_number
+from ..passes.dot_layouts import PRODUCER_WARPS, arch_number
 from ..language.dtypes import PointerType
 from ..target import llvm_types as T
 from . import async_copy, atomics, cluster_sum, control, debug, dot, elementwise, memory, reduce, shapes, tma, tma_store  # noqa: F401,E501  (rules)
@@ -69,7 +69,7 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
     fn = ir.Function(module, ir.FunctionType(T.void, llvm_types), function.name)
     cluster = cluster_size(function)
     clustered = cluster > 1 and arch_number(arch) >= 90      # older GPUs launch the same grid without clusters
-    producer_warps = async_copy.PRODUCER_WARPS if any(op.opcode == OpCode.PRODUCER_WARP for op in function.walk()) else 0
+    producer_warps = PRODUCER_WARPS if any(op.opcode == OpCode.PRODUCER_WARP for op in function.walk()) else 0
     launched = num_warps + producer_warps
     T.mark_kernel(fn, max_threads=32 * launched, min_blocks_per_sm=_min_blocks_per_sm(function, launched),
                   extra={"nvvm.cluster_dim": f"{cluster},1,1"} if clustered else None)

@@ -16,7 +16,7 @@ import types
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, OpCode, Value
 from ..ir.ops import SIDE_EFFECTS
-from ..language import core
+from ..language import block_builtins, core
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
 from ..language.promotion import printable
@@ -265,9 +265,9 @@ class ExpressionsMixin:
             return value.type.scalar
         if name == "T":                 # Triton's x.T: the transpose of a 2-D block
             return self.semantic.trans(value)
-        if name in core.VALUE_METHODS:
-            return BoundMethod(core.VALUE_METHODS[name], value)
-        methods = ", ".join(f".{m}()" for m in core.VALUE_METHODS)
+        if name in block_builtins.VALUE_METHODS:
+            return BoundMethod(block_builtins.VALUE_METHODS[name], value)
+        methods = ", ".join(f".{m}()" for m in block_builtins.VALUE_METHODS)
         raise CompilationError(f"kernel values have no attribute `{name}`; they have .shape, .dtype, .T and {methods}")
 
 

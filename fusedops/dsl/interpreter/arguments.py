@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import LaunchError
-from ..language import numerics
+from ..language.numerics import conversions
 from ..language.dtypes import PointerType, float16, float32
 from .memory import Memory, Region
 
@@ -82,7 +82,7 @@ def bind_arguments(function, args: Sequence, names: Sequence[str]) -> BoundArgum
                 raise TypeError(f"argument {name!r} of kernel {function.name} is a {param.type} "
                                 f"scalar; pass a Python or NumPy scalar, got {type(arg).__name__}")
             try:
-                value = numerics.from_python(arg, param.type)
+                value = conversions.from_python(arg, param.type)
             except OverflowError as error:
                 if not param.type.is_floating:
                     raise ValueError(f"argument {name!r} of kernel {function.name}: {error}") from None

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..language import numerics
+from ..language.numerics import arithmetic
 from .context import element_type
 
 _READY, _WAITING, _DONE = "ready", "waiting", "done"
@@ -140,7 +140,7 @@ class ClusterExchange:
         for index, dtype in enumerate(types):
             total = arrivals[0][1][index]
             for _, values in arrivals[1:]:
-                total = numerics.add(total, values[index], dtype)
+                total = arithmetic.add(total, values[index], dtype)
             sums.append(np.asarray(total))
         for rank in range(len(self._contexts)):
             self._results[rank] = [np.array(total, copy=True) for total in sums]   # no program shares an array

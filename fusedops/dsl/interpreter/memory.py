@@ -3,7 +3,7 @@
 A pointer value is an int64 byte address. Every tensor argument registers its whole underlying storage
 as a `Region` (a writable uint8 NumPy view of the bytes, or of a CPU copy of them); a load or store
 finds the region of each address, checks bounds and alignment, and gathers or scatters typed values.
-Values cross the memory boundary in their compute representation (see `language/numerics.py`):
+Values cross the memory boundary in their compute representation (see `language/numerics/`):
 bfloat16 is stored as its 16 high float32 bits, int1 as one byte (0 or 1; any non-zero byte loads as
 True).
 """
@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from ..language import numerics
+from ..language.numerics import conversions
 from ..language.dtypes import DType, bfloat16
 
 
@@ -85,7 +85,7 @@ def storage_dtype(dtype: DType) -> np.dtype:
 
 def _from_storage(raw: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype == bfloat16 or dtype.is_bool:
-        return numerics.from_bits(raw, dtype)
+        return conversions.from_bits(raw, dtype)
     return raw
 
 
@@ -98,7 +98,7 @@ def _to_storage(values: np.ndarray, dtype: DType) -> np.ndarray:
         if exact.all():
             return (bits >> 16).astype(np.uint16)
         return np.where(exact, (bits >> 16).astype(np.uint16),
-                        numerics.to_bits(numerics.round_to_bfloat16(values), dtype))
+                        conversions.to_bits(conversions.round_to_bfloat16(values), dtype))
     if dtype.is_bool:
         return np.asarray(values, dtype=np.bool_).view(np.uint8)
     return np.asarray(values, dtype=dtype.numpy_dtype)

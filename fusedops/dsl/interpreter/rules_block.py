@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.ops import OpCode
-from ..language import numerics
+from ..language.numerics import conversions, reductions
 from ..language.dtypes import shape_of
 from .context import element_type, read_only, register
 
@@ -17,7 +17,7 @@ from .context import element_type, read_only, register
 @register(OpCode.CONSTANT, static=True)
 def _constant(ctx, op):
     result = op.results[0].type
-    scalar = numerics.from_python(op.attrs["value"], element_type(result))
+    scalar = conversions.from_python(op.attrs["value"], element_type(result))
     return read_only(np.array(np.broadcast_to(scalar, shape_of(result))))
 
 
@@ -54,20 +54,20 @@ def _trans(ctx, op, x):
 
 @register(OpCode.REDUCE)
 def _reduce(ctx, op, x):
-    return numerics.reduce(x, op.attrs["kind"], op.attrs.get("axis"), element_type(op.operands[0].type))
+    return reductions.reduce(x, op.attrs["kind"], op.attrs.get("axis"), element_type(op.operands[0].type))
 
 
 @register(OpCode.ARGREDUCE)
 def _argreduce(ctx, op, x):
-    return numerics.argreduce(x, op.attrs["kind"], op.attrs.get("axis"))
+    return reductions.argreduce(x, op.attrs["kind"], op.attrs.get("axis"))
 
 
 @register(OpCode.SCAN)
 def _scan(ctx, op, x):
-    return numerics.scan(x, op.attrs.get("kind", "sum"), op.attrs["axis"], bool(op.attrs.get("reverse")),
+    return reductions.scan(x, op.attrs.get("kind", "sum"), op.attrs["axis"], bool(op.attrs.get("reverse")),
                          element_type(op.operands[0].type))
 
 
 @register(OpCode.DOT)
 def _dot(ctx, op, a, b, acc):
-    return numerics.dot(a, b, acc, element_type(op.operands[0].type), element_type(op.operands[2].type))
+    return reductions.dot(a, b, acc, element_type(op.operands[0].type), element_type(op.operands[2].type))

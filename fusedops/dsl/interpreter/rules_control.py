@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from ..ir.ops import OpCode
-from ..language import numerics
+from ..language.numerics import conversions
 from .context import element_type, register
 
 
@@ -30,7 +30,7 @@ def _for(ctx, op, lower, upper, step, *initial):
     induction_type = element_type(op.operands[0].type)
     carried = list(initial)
     for i in range(int(lower), int(upper), int(step)):
-        carried = ctx.run_region(body, [numerics.from_python(i, induction_type)] + carried)
+        carried = ctx.run_region(body, [conversions.from_python(i, induction_type)] + carried)
     return carried
 
 
@@ -57,7 +57,7 @@ def _if(ctx, op, condition):
 def _format(value: np.ndarray, dtype, as_hex: bool) -> str:
     value = np.asarray(value)
     if as_hex:   # the bit pattern, for floats too
-        value = numerics.to_bits(value, dtype)
+        value = conversions.to_bits(value, dtype)
         formatter = {"int": lambda v: f"0x{int(v):x}"}
     else:
         formatter = None

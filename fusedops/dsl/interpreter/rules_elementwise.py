@@ -1,24 +1,24 @@
 """Rules for elementwise ops: arithmetic, comparisons, math, casts, select, and the identity hints.
 
-Every rule defers to `language/numerics.py`, which states the numeric rules.
+Every rule defers to `language/numerics/`, which states the numeric rules.
 """
 
 from __future__ import annotations
 
 from ..ir.ops import COMPARISON, UNARY_MATH, OpCode
-from ..language import numerics
+from ..language.numerics import arithmetic, conversions
 from .context import element_type, register
 
 _BINARY = {
-    OpCode.ADD: numerics.add, OpCode.SUB: numerics.sub, OpCode.MUL: numerics.mul,
-    OpCode.DIV: numerics.true_divide, OpCode.IDIV: numerics.int_divide,
-    OpCode.MOD: numerics.remainder, OpCode.AND: numerics.bitwise_and,
-    OpCode.OR: numerics.bitwise_or, OpCode.XOR: numerics.bitwise_xor,
-    OpCode.SHL: numerics.shift_left, OpCode.SHR: numerics.shift_right,
-    OpCode.MINIMUM: numerics.minimum, OpCode.MAXIMUM: numerics.maximum,
+    OpCode.ADD: arithmetic.add, OpCode.SUB: arithmetic.sub, OpCode.MUL: arithmetic.mul,
+    OpCode.DIV: arithmetic.true_divide, OpCode.IDIV: arithmetic.int_divide,
+    OpCode.MOD: arithmetic.remainder, OpCode.AND: arithmetic.bitwise_and,
+    OpCode.OR: arithmetic.bitwise_or, OpCode.XOR: arithmetic.bitwise_xor,
+    OpCode.SHL: arithmetic.shift_left, OpCode.SHR: arithmetic.shift_right,
+    OpCode.MINIMUM: arithmetic.minimum, OpCode.MAXIMUM: arithmetic.maximum,
 }
-_UNARY = {OpCode.NEG: numerics.negative, OpCode.INVERT: numerics.invert,
-          OpCode.ABS: numerics.absolute}
+_UNARY = {OpCode.NEG: arithmetic.negative, OpCode.INVERT: arithmetic.invert,
+          OpCode.ABS: arithmetic.absolute}
 
 
 def _binary_rule(function):
@@ -29,7 +29,7 @@ def _binary_rule(function):
 
 def _comparison_rule(predicate: str):
     def rule(ctx, op, a, b):
-        return numerics.compare(predicate, a, b)
+        return arithmetic.compare(predicate, a, b)
     return rule
 
 
@@ -41,7 +41,7 @@ def _unary_rule(function):
 
 def _math_rule(name: str):
     def rule(ctx, op, x):
-        return numerics.unary_math(name, x, element_type(op.operands[0].type), ftz=op.attrs.get("ftz", False))
+        return arithmetic.unary_math(name, x, element_type(op.operands[0].type), ftz=op.attrs.get("ftz", False))
     return rule
 
 
@@ -57,22 +57,22 @@ for _code in UNARY_MATH:
 
 @register(OpCode.FMA)
 def _fma(ctx, op, a, b, c):
-    return numerics.fma(a, b, c, element_type(op.results[0].type))
+    return arithmetic.fma(a, b, c, element_type(op.results[0].type))
 
 
 @register(OpCode.WHERE)
 def _where(ctx, op, condition, a, b):
-    return numerics.where(condition, a, b)
+    return arithmetic.where(condition, a, b)
 
 
 @register(OpCode.CAST)
 def _cast(ctx, op, x):
-    return numerics.cast(x, element_type(op.operands[0].type), element_type(op.results[0].type))
+    return conversions.cast(x, element_type(op.operands[0].type), element_type(op.results[0].type))
 
 
 @register(OpCode.BITCAST)
 def _bitcast(ctx, op, x):
-    return numerics.bitcast(x, element_type(op.operands[0].type), element_type(op.results[0].type))
+    return conversions.bitcast(x, element_type(op.operands[0].type), element_type(op.results[0].type))
 
 
 @register(OpCode.MULTIPLE_OF, OpCode.MAX_CONTIGUOUS, OpCode.CONVERT_LAYOUT)

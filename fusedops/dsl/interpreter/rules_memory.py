@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.ops import OpCode
-from ..language import numerics
+from ..language.numerics import arithmetic, conversions
 from ..language.dtypes import shape_of
 from .context import element_type, register
 from .diagnostics import access_error
@@ -80,14 +80,14 @@ def _store(ctx, op, pointer, value, *rest):
 
 def _combine(kind: str, dtype):
     if kind == "add":
-        return lambda old, new: numerics.add(old, new, dtype)
+        return lambda old, new: arithmetic.add(old, new, dtype)
     if kind == "max":
-        return lambda old, new: numerics.maximum(old, new, dtype)
+        return lambda old, new: arithmetic.maximum(old, new, dtype)
     if kind == "min":
-        return lambda old, new: numerics.minimum(old, new, dtype)
+        return lambda old, new: arithmetic.minimum(old, new, dtype)
     if kind in ("and", "or", "xor") and dtype.is_integer:
-        function = {"and": numerics.bitwise_and, "or": numerics.bitwise_or,
-                    "xor": numerics.bitwise_xor}[kind]
+        function = {"and": arithmetic.bitwise_and, "or": arithmetic.bitwise_or,
+                    "xor": arithmetic.bitwise_xor}[kind]
         return lambda old, new: function(old, new, dtype)
     if kind == "xchg":
         return lambda old, new: new
@@ -130,6 +130,6 @@ def _atomic_cas(ctx, op, pointer, compare, value, *rest):
     flat_value = np.broadcast_to(value, shape).reshape(-1)
 
     def update(old, lanes):
-        equal = numerics.to_bits(old, dtype) == numerics.to_bits(flat_compare[lanes], dtype)
+        equal = conversions.to_bits(old, dtype) == conversions.to_bits(flat_compare[lanes], dtype)
         return np.where(equal, flat_value[lanes], old)
     return _atomic(ctx, op, pointer, mask, update)

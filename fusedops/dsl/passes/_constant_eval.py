@@ -1,7 +1,7 @@
 """Exact evaluation of one op on constant scalars, by the kernel language's own numeric rules.
 
-Constant folding calls the functions of `language/numerics.py` (the rules the interpreter runs and
-the compiler's lowering must match bit for bit), on the constants as `numerics.from_python` reads a
+Constant folding calls the functions of `language/numerics/` (the rules the interpreter runs and
+the compiler's lowering must match bit for bit), on the constants as `conversions.from_python` reads a
 CONSTANT attr, so a folded value is the value the unfolded op computes. Every function here returns
 the folded Python value (int, bool or float), or None when the op must not be folded:
 - float16/bfloat16 arithmetic and casts to or from them are never folded; float32/float64 fold only
@@ -18,19 +18,19 @@ from typing import Optional
 import numpy as np
 
 from ..ir.ops import COMPARISON, OpCode
-from ..language import numerics
+from ..language.numerics import arithmetic, conversions
 from ..language.dtypes import DType
 
 _EXACT_FLOATS = ("float32", "float64")
 
 _INT_BINARY = {
-    OpCode.ADD: numerics.add, OpCode.SUB: numerics.sub, OpCode.MUL: numerics.mul,
-    OpCode.IDIV: numerics.int_divide, OpCode.MOD: numerics.remainder, OpCode.AND: numerics.bitwise_and,
-    OpCode.OR: numerics.bitwise_or, OpCode.XOR: numerics.bitwise_xor, OpCode.SHL: numerics.shift_left,
-    OpCode.SHR: numerics.shift_right, OpCode.MINIMUM: numerics.minimum, OpCode.MAXIMUM: numerics.maximum,
+    OpCode.ADD: arithmetic.add, OpCode.SUB: arithmetic.sub, OpCode.MUL: arithmetic.mul,
+    OpCode.IDIV: arithmetic.int_divide, OpCode.MOD: arithmetic.remainder, OpCode.AND: arithmetic.bitwise_and,
+    OpCode.OR: arithmetic.bitwise_or, OpCode.XOR: arithmetic.bitwise_xor, OpCode.SHL: arithmetic.shift_left,
+    OpCode.SHR: arithmetic.shift_right, OpCode.MINIMUM: arithmetic.minimum, OpCode.MAXIMUM: arithmetic.maximum,
 }
-_FLOAT_BINARY = {OpCode.ADD: numerics.add, OpCode.SUB: numerics.sub, OpCode.MUL: numerics.mul}
-_INT_UNARY = {OpCode.NEG: numerics.negative, OpCode.INVERT: numerics.invert, OpCode.ABS: numerics.absolute}
+_FLOAT_BINARY = {OpCode.ADD: arithmetic.add, OpCode.SUB: arithmetic.sub, OpCode.MUL: arithmetic.mul}
+_INT_UNARY = {OpCode.NEG: arithmetic.negative, OpCode.INVERT: arithmetic.invert, OpCode.ABS: arithmetic.absolute}
 
 
 def wrap(value: int, dtype: DType):
@@ -51,7 +51,7 @@ def _foldable(dtype) -> bool:
 
 def _read(value, dtype: DType) -> np.ndarray:
     """A CONSTANT attr as the interpreter reads it."""
-    return numerics.from_python(value, dtype)
+    return conversions.from_python(value, dtype)
 
 
 def _python(result: np.ndarray):
@@ -73,7 +73,7 @@ def evaluate_binary(opcode: OpCode, dtype: DType, a, b):
     x, y = _read(a, dtype), _read(b, dtype)
     with np.errstate(all="ignore"):
         if opcode in COMPARISON:
-            return bool(_python(numerics.compare(opcode.value, x, y)))
+            return bool(_python(arithmetic.compare(opcode.value, x, y)))
         if dtype.is_floating:
             rule = _FLOAT_BINARY.get(opcode)
             return None if rule is None else float(_python(rule(x, y, dtype)))
@@ -90,7 +90,7 @@ def evaluate_unary(opcode: OpCode, dtype: DType, a):
     x = _read(a, dtype)
     with np.errstate(all="ignore"):
         if dtype.is_floating:
-            return float(_python(numerics.negative(x, dtype))) if opcode == OpCode.NEG else None
+            return float(_python(arithmetic.negative(x, dtype))) if opcode == OpCode.NEG else None
         rule = _INT_UNARY.get(opcode)
         return None if rule is None else _python(rule(x, dtype))
 
@@ -100,4 +100,4 @@ def evaluate_cast(source: DType, target: DType, a) -> Optional[object]:
     if not (_foldable(source) and _foldable(target)):
         return None
     with np.errstate(all="ignore"):
-        return _python(numerics.cast(_read(a, source), source, target))
+        return _python(conversions.cast(_read(a, source), source, target))

@@ -15,6 +15,7 @@ from ._pipelining_overlap import Overlap
 from ._pipelining_ring import (allocate_ring, carry, finish, flip_on_wrap, full_barriers, issue_tma_copy,
                                next_index, prologue, read_from_ring)
 from ._rewriting import Inserter, constant_int
+from .dot_layouts import PRODUCER_WARPS
 
 
 def _ring_with_empty_barriers(before: Inserter, candidates: list, num_stages: int) -> tuple:
@@ -92,9 +93,8 @@ def pipeline_with_empty_barriers(loop: Operation, candidates: list, num_stages: 
 # Ops that may come before a loop given a producer (`producer_warp_fits`): every warp of the CTA runs
 # them, the producer too, whose warp index lies outside the block layouts; these touch no memory.
 _BEFORE_PRODUCER_OPS = ADDRESS_OPS | frozenset({OpCode.LOCAL_ALLOC})
-# The most threads a CTA may have; the producer warpgroup's warps.
+# The most threads a CTA may have.
 MAX_CTA_THREADS = 1024
-PRODUCER_WARPS = 4
 
 
 def producer_warp_fits(function: Function, loop: Operation, num_warps: int) -> bool:

@@ -146,6 +146,9 @@ REGISTER_A_HEADROOM = 95
 # The registers of one SM (sm_80, sm_90), and the most one thread may use.
 REGISTERS_PER_SM = 65536
 MAX_THREAD_REGISTERS = 255
+# The warps of the producer warpgroup (FUSEDOPS_WS=2, passes/_pipelining_warp_specialized.py): the launch adds
+# them to the kernel's (codegen/kernel.py), and codegen/async_copy.py shares the register file out among them all.
+PRODUCER_WARPS = 4
 
 
 def thread_register_cap(threads: int) -> int:

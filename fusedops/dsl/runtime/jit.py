@@ -10,7 +10,7 @@ entry function generated for the kernel's signature (fast_path.make_entry, like 
 CPython binds the arguments; it computes a launch key (per tensor its dtype, 16-byte alignment and
 device; per int its width and whether it is 1 or divisible by 16; the class of floats, bools and
 None; constexpr values and their classes; the launch options) and the runtime values (tensors as
-data pointers). The key finds a plan (fast_path.make_plan), made by the first launch with that key
+data pointers). The key finds a plan (launch_plans.make_plan), made by the first launch with that key
 after the full path has checked everything (binding, argument kinds, devices) and compiled, so a
 launch whose arguments differ in anything those checks look at misses the cache and takes the full
 path, which raises or makes a new plan. The plan is a function generated for its launch: it checks
@@ -39,91 +39,15 @@ from ..errors import CompilationError, InterpreterError, UnsupportedError
 from ..ir import Function, print_function
 from ..ir.ops import cluster_size
 from ..language import core
-from ..language.dtypes import ALL_DTYPES, DType
 from . import knobs
-from .fast_path import MISSING, make_binder, make_entry, make_plan, make_prepared
+from .fast_path import MISSING, make_binder, make_entry
+from .kernel_parameters import parameters
+from .launch_plans import make_plan, make_prepared
 from .launcher import (check_arch, check_cluster_grid, check_interpret, check_num_warps, cuda_device, device_arch,
                        normalize_grid)
-from .signature import NO_DEFAULT, Parameter, SpecializationKey, bind_parameters, specialize
+from .signature import SpecializationKey, bind_parameters, specialize
 
-_RESERVED = ("num_warps", "num_stages", "interpret", "target", "grid")
 _interpret_enabled = knobs.interpret_enabled
-
-
-_KINDS = {inspect.Parameter.POSITIONAL_ONLY: "positional_only", inspect.Parameter.POSITIONAL_OR_KEYWORD:
-          "positional_or_keyword", inspect.Parameter.KEYWORD_ONLY: "keyword_only"}
-
-
-def _annotation_text(annotation):
-    """A string annotation without the quotes a quoted one keeps under `from __future__ import annotations`
-    (`B: "dsl.constexpr"` arrives as "'dsl.constexpr'"); any other annotation unchanged."""
-    if isinstance(annotation, str):
-        text = annotation.strip()
-        while len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-            text = text[1:-1].strip()
-        return text
-    return annotation
-
-
-def _is_constexpr_annotation(annotation) -> bool:
-    annotation = _annotation_text(annotation)
-    if annotation is core.constexpr:
-        return True
-    return isinstance(annotation, str) and (annotation == "constexpr" or annotation.endswith(".constexpr"))
-
-
-def _scalar_annotation(annotation) -> Optional[DType]:
-    """The dsl dtype a parameter's annotation names (`n: dsl.int64`, or the string "dsl.int64" / "tl.int64"
-    under `from __future__ import annotations`), or None: other annotations (`int`, `torch.Tensor`) are
-    Python type hints the compiler does not read."""
-    annotation = _annotation_text(annotation)
-    if isinstance(annotation, DType):
-        return annotation
-    if isinstance(annotation, str):
-        return _DTYPES_BY_NAME.get(annotation.rsplit(".", 1)[-1]) if "." in annotation else None
-    return None
-
-
-_DTYPES_BY_NAME = {dtype.name: dtype for dtype in ALL_DTYPES}
-
-
-def _parameters(fn, do_not_specialize) -> tuple:
-    signature = inspect.signature(fn)
-    names = list(signature.parameters)
-    given = do_not_specialize
-    if given is None:           # (Triton's default spelling of none)
-        do_not_specialize = ()
-    elif not isinstance(given, (str, bytes)):
-        try:
-            do_not_specialize = tuple(given)       # (read once: a generator would be used up by the checks)
-        except TypeError:
-            do_not_specialize = None
-    if not isinstance(do_not_specialize, tuple) or not all(
-            isinstance(i, (str, int)) and not isinstance(i, bool) for i in do_not_specialize):
-        raise TypeError(f"do_not_specialize must be a list of parameter names or indices of `{fn.__name__}`, "
-                        f"got {given!r}")
-    bad = [i for i in do_not_specialize if isinstance(i, int) and not -len(names) <= i < len(names)]
-    if bad:
-        raise TypeError(f"do_not_specialize indices {bad} are out of range for the {len(names)} parameters of "
-                        f"`{fn.__name__}`")
-    skip = {names[i] if isinstance(i, int) else i for i in do_not_specialize}
-    unknown = skip - set(names)
-    if unknown:
-        raise TypeError(f"do_not_specialize names {sorted(unknown)}, which are not parameters of `{fn.__name__}`")
-    params = []
-    for p in signature.parameters.values():
-        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            raise TypeError(f"`{fn.__name__}`: kernels cannot take *args or **kwargs (parameter `{p.name}`)")
-        if p.name in _RESERVED:
-            raise TypeError(f"`{fn.__name__}`: the parameter name `{p.name}` is reserved for launch options")
-        default = p.default if p.default is not p.empty else NO_DEFAULT
-        constexpr = _is_constexpr_annotation(p.annotation)
-        if constexpr and p.name in skip:
-            raise TypeError(f"do_not_specialize names `{p.name}`, a dsl.constexpr parameter of `{fn.__name__}` "
-                            "(each of its values compiles a kernel of its own)")
-        params.append(Parameter(p.name, constexpr, default, p.name in skip, _scalar_annotation(p.annotation),
-                                _KINDS[p.kind]))
-    return tuple(params)
 
 
 @dataclasses.dataclass
@@ -158,7 +82,7 @@ class JITFunction:
             raise TypeError(f"@dsl.jit decorates a Python function, got {type(fn).__name__}")
         self.fn = fn
         functools.update_wrapper(self, fn)
-        self.params = _parameters(fn, do_not_specialize)
+        self.params = parameters(fn, do_not_specialize)
         self._index = {p.name: i for i, p in enumerate(self.params)}
         from ..frontend import read_source
         self._source_text = read_source(fn)     # the file as decorated: parsed at the first compile
@@ -167,7 +91,7 @@ class JITFunction:
         # Held while an entry is made or compiled: the passes rewrite the entry's IR in place, so two
         # threads launching a new specialization at once must not both compile it.
         self._compile_lock = threading.RLock()
-        self._plans: dict = {}      # launch key (fast_path.make_binder) -> fast_path.make_plan's launch
+        self._plans: dict = {}      # launch key (fast_path.make_binder) -> launch_plans.make_plan's launch
         self._is_constexpr = tuple(p.is_constexpr for p in self.params)
         self._constexpr_names = frozenset(p.name for p in self.params if p.is_constexpr)
         self._tensor_type = None    # torch.Tensor, set by the first GPU launch (torch is imported then)
@@ -258,7 +182,7 @@ class JITFunction:
         given a tensor or None here (non-constexpr parameters only), in parameter order, None where None
         was given. A launch wrapper caches it per (shapes, strides, dtypes, devices, ...), so that a
         call costs the tensors' data pointers, an alignment check and the launch (the other arguments
-        are packed once, see fast_path.make_prepared).
+        are packed once, see launch_plans.make_prepared).
 
         The caller guarantees that the tensors have the dtypes and the device of those given here (the
         prepared launch does not look): wrappers key their caches on them. A tensor that was 16-byte
@@ -338,7 +262,7 @@ class JITFunction:
             raise error.with_traceback(None) from None
         from .driver import max_active_clusters
         launcher = entry.compiled.launcher(device_index)
-        while not hasattr(launcher, "kernel"):      # a wrapper (tensor maps) of the driver's launcher
+        while not hasattr(launcher, "kernel"):      # a wrapper (tensor maps) of the KernelLauncher
             launcher = launcher.launcher
         return max_active_clusters(launcher.kernel, entry.compiled.launch_warps, entry.compiled.shared_bytes,
                                    entry.compiled.cluster_size)

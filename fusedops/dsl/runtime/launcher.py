@@ -127,9 +127,9 @@ def check_cluster_grid(grid, cluster_size: int, kernel: str) -> None:
 
 
 class ClusterLauncher:
-    """A kernel launcher (driver.KernelLauncher's `launch`/`stream_of`, or a wrapper of it) for a kernel
+    """A kernel launcher (kernel_launcher.KernelLauncher's `launch`/`stream_of`, or a wrapper of it) for a kernel
     launched in clusters: `launch(grid, stream, values)` checks the grid first (`check_cluster_grid`).
-    Every launch path goes through it (wrappers are never inlined, runtime/fast_path.py)."""
+    Every launch path goes through it (wrappers are never inlined, runtime/launch_plans.py)."""
 
     def __init__(self, launcher, cluster_size: int, kernel: str):
         self.launcher = launcher

@@ -346,7 +346,7 @@ class TensorMapEncoder:
 
 
 class TensorMapLauncher:
-    """A kernel launcher (driver.KernelLauncher's `launch`/`stream_of`) for a kernel with tensor-map
+    """A kernel launcher (kernel_launcher.KernelLauncher's `launch`/`stream_of`) for a kernel with tensor-map
     parameters: `launch(grid, stream, values)` appends the maps for `values` and launches. Every
     launch path (the full one, cached plans, prepared launches) goes through it, so a map always
     matches the addresses of the launch it is passed to."""

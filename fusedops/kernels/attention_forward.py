@@ -8,8 +8,8 @@ kernel's launch: attention.attention_forward.
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.attention_grid import _query_program
-from fusedops.kernels.attention_logits import _apply_masks, _base2_logits, _unmasked_key_end
+from fusedops.kernels.attention_grid import query_program
+from fusedops.kernels.attention_logits import apply_masks, base2_logits, unmasked_key_end
 
 
 @dsl.jit
@@ -17,11 +17,11 @@ def _online_softmax(s, m_i, l_i, rm, rn, L, S, mask_base, stride_mm, stride_mn, 
                     IN_DTYPE: dsl.constexpr, MASK_KIND: dsl.constexpr, CAUSAL: dsl.constexpr, MASKED: dsl.constexpr):
     """(P, alpha, m_new, l_new) of the key block whose q . k are `s` (the rows' running max m_i and sum l_i
     before it): P = exp2(s2 - m_new) of the base-2 logits s2, alpha = exp2(m_i - m_new) the factor of the
-    earlier blocks. MASKED = False (an interior block, see `_unmasked_key_end`): no mask is computed."""
-    s = _base2_logits(s, qk_scale, IN_DTYPE)
+    earlier blocks. MASKED = False (an interior block, see `unmasked_key_end`): no mask is computed."""
+    s = base2_logits(s, qk_scale, IN_DTYPE)
     if MASKED:
-        s = _apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn,
-                         MASK_KIND, CAUSAL, True)
+        s = apply_masks(s, rm[:, None], rn[None, :], L, S, mask_base, stride_mm, stride_mn,
+                        MASK_KIND, CAUSAL, True)
     m_new = dsl.maximum(m_i, dsl.max(s, axis=1))
     m_safe = m_new
     if MASKED:
@@ -84,7 +84,7 @@ def attention_forward_kernel(
     if MIN_BLOCKS > 0:
         dsl.launch_bounds(MIN_BLOCKS)
     qk_scale = qk_scale_hi.to(ACC) + qk_scale_lo.to(ACC)
-    bh, b, h, kvh, pid_m = _query_program(H, GROUP, HEAD_MAJOR)
+    bh, b, h, kvh, pid_m = query_program(H, GROUP, HEAD_MAJOR)
 
     rm = pid_m * BLOCK_M + dsl.arange(0, BLOCK_M)
     rn0 = dsl.arange(0, BLOCK_N)
@@ -108,7 +108,7 @@ def attention_forward_kernel(
         MASK_KIND, CAUSAL, True)
     p = p.to(v_ptr.dtype.element)
     acc = dsl.zeros((BLOCK_M, BLOCK_EV), ACC)
-    unmasked_end = _unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
+    unmasked_end = unmasked_key_end(pid_m, S, BLOCK_M, BLOCK_N, MASK_KIND, CAUSAL)
     for start_n in range(BLOCK_N, unmasked_end, BLOCK_N):
         acc, p, m_i, l_i = _forward_step(
             acc, p, m_i, l_i, q, k_base, v_base, mask_base, start_n, rm, rn0, re, rev, L, S, E, EV, stride_kn,

@@ -23,9 +23,9 @@ import torch
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.norm_backward_config import BackwardConfig
-from fusedops.kernels.norm_backward_launcher import _backward_launcher
+from fusedops.kernels.norm_backward_launcher import backward_launcher
 from fusedops.kernels.norm_forward_config import ForwardConfig
-from fusedops.kernels.norm_forward_launcher import _forward_launcher
+from fusedops.kernels.norm_forward_launcher import forward_launcher
 
 
 def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, *,
@@ -52,7 +52,7 @@ def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional
     """
     if config is None and interpret is None and allocate is torch.empty:
         return norm_launches(x, weight, bias, eps, subtract_mean=subtract_mean, n_cols=n_cols).forward(x, weight, bias)
-    return _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate)(x, weight, bias)
+    return forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interpret, allocate)(x, weight, bias)
 
 
 class NormLaunches:
@@ -100,7 +100,7 @@ class NormLaunches:
         return self._launch(dy, x, weight, mean, rstd, needs_input_grad)(dy, x, weight, mean, rstd)
 
     def _launch(self, dy, x, weight, mean, rstd, needs_input_grad) -> Callable:
-        """The backward launch for tensors laid out like these (`_backward_launcher`'s)."""
+        """The backward launch for tensors laid out like these (`backward_launcher`'s)."""
         input_grad, weight_grad, bias_grad = needs_input_grad[0], needs_input_grad[1], needs_input_grad[2]
         if dy.dtype is not self._dtype:
             return functools.partial(norm_backward, subtract_mean=self._subtract_mean, input_grad=input_grad,
@@ -110,7 +110,7 @@ class NormLaunches:
                bias_grad)
         launch = self._backward.get(key)
         if launch is None:
-            launch = self._backward.put(key, _backward_launcher(
+            launch = self._backward.put(key, backward_launcher(
                 dy, x, weight, mean, rstd, self._subtract_mean, input_grad, weight_grad, bias_grad, self._bias_dtype,
                 self._n_cols, None, None, torch.empty))
         return launch
@@ -118,7 +118,7 @@ class NormLaunches:
 
 # NormLaunches per layout (see there), made by norm_launches; norm_backward's launches per everything they
 # derive from their tensors but the addresses (shapes, strides, dtypes, devices, flags, the interpreter flag):
-# `_backward_launcher` closures whose kernels are prepared (JITFunction.prepare).
+# `backward_launcher` closures whose kernels are prepared (JITFunction.prepare).
 _FORWARD_LAUNCHES = BoundedCache(1024)
 _BACKWARD_LAUNCHES = BoundedCache(1024)
 
@@ -133,7 +133,7 @@ def norm_launches(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optiona
            eps, subtract_mean, interpret)
     launches = _FORWARD_LAUNCHES.get(key)
     if launches is None:
-        forward = _forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, None, None, torch.empty)
+        forward = forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, None, None, torch.empty)
         launches = _FORWARD_LAUNCHES.put(key, NormLaunches(forward, x, None if bias is None else bias.dtype,
                                                            subtract_mean, n_cols))
     return launches
@@ -171,8 +171,8 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tens
         launch = _BACKWARD_LAUNCHES.get(key)
         if launch is not None:
             return launch(dy, x, weight, mean, rstd)
-    launch = _backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, weight_grad, bias_grad,
-                                bias_dtype, n_cols, config, interpret, allocate)
+    launch = backward_launcher(dy, x, weight, mean, rstd, subtract_mean, input_grad, weight_grad, bias_grad,
+                               bias_dtype, n_cols, config, interpret, allocate)
     if cached:
         _BACKWARD_LAUNCHES.put(key, launch)
     return launch(dy, x, weight, mean, rstd)

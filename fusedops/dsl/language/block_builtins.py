@@ -1,0 +1,132 @@
+"""The builtins that make, reshape and reduce blocks: `dsl.arange` / `zeros` / `full`, the shape builtins, the
+reductions and scans, `dsl.dot`, and the methods of block values (`x.to(...)`, `x.sum()`, ...) (the builtin
+machinery: core.py).
+"""
+
+from __future__ import annotations
+
+from .core import builtin
+
+
+# -- block creation -----------------------------------------------------------------------------------
+@builtin
+def arange(start, end, *, _semantic=None):
+    """The int32 block [start, ..., end - 1]; constexpr bounds, end - start a power of two."""
+    return _semantic.arange(start, end)
+
+
+@builtin
+def zeros(shape, dtype, *, _semantic=None):
+    """A block of `shape` (a tuple of constexpr powers of two) filled with 0 of `dtype`."""
+    return _semantic.full(shape, 0, dtype)
+
+
+@builtin
+def full(shape, value, dtype, *, _semantic=None):
+    """A block of `shape` filled with the scalar `value` (literal or runtime), converted to `dtype`."""
+    return _semantic.full(shape, value, dtype)
+
+
+# -- reductions and scans ----------------------------------------------------------------------------
+@builtin
+def sum(input, axis=None, keep_dims=False, *, _semantic=None):
+    """Sum of a block along `axis` (all axes when None). int1/8/16 accumulate in int32, float16 and
+    bfloat16 in float32; the result has that accumulation dtype."""
+    return _semantic.reduce(input, axis, "sum", keep_dims)
+
+
+@builtin
+def max(input, axis=None, keep_dims=False, *, _semantic=None):
+    """Maximum of a block along `axis` (all axes when None), in the input dtype."""
+    return _semantic.reduce(input, axis, "max", keep_dims)
+
+
+@builtin
+def min(input, axis=None, keep_dims=False, *, _semantic=None):
+    """Minimum of a block along `axis` (all axes when None), in the input dtype."""
+    return _semantic.reduce(input, axis, "min", keep_dims)
+
+
+@builtin
+def argmax(input, axis, keep_dims=False, *, _semantic=None):
+    """int32 index of the maximum along `axis` (the first one on ties)."""
+    return _semantic.argreduce(input, axis, "argmax", keep_dims)
+
+
+@builtin
+def argmin(input, axis, keep_dims=False, *, _semantic=None):
+    """int32 index of the minimum along `axis` (the first one on ties)."""
+    return _semantic.argreduce(input, axis, "argmin", keep_dims)
+
+
+@builtin
+def cumsum(input, axis=0, reverse=False, *, _semantic=None):
+    """Inclusive prefix sum along `axis` (from the end when `reverse`), accumulated as `sum` does."""
+    return _semantic.cumsum(input, axis, reverse)
+
+
+@builtin
+def dot(a, b, acc=None, input_precision=None, out_dtype=None, *, _semantic=None):
+    """Matrix product a (M x K) @ b (K x N) + acc (M x N); M, N, K powers of two.
+
+    a and b share a dtype: float16/bfloat16/float32 accumulate in float32, float64 in float64, int8
+    in int32. input_precision: "ieee" (default) or "tf32" (float32 inputs rounded to tf32, 10 mantissa
+    bits, as tensor cores read them; the multiply-adds of float32 dots run on the CUDA cores, tf32 ones
+    too: tensor-core tf32 is not implemented yet, tests/test_review_session22_compiler.py).
+    """
+    return _semantic.dot(a, b, acc, input_precision, out_dtype)
+
+
+# -- shapes -------------------------------------------------------------------------------------------
+@builtin
+def reshape(input, shape, *, _semantic=None):
+    """Row-major reshape of a block to `shape` (same number of elements)."""
+    return _semantic.reshape(input, shape)
+
+
+@builtin
+def trans(input, *dims, _semantic=None):
+    """Permute the dims of a block (`dims` a permutation); with none, reverse them."""
+    return _semantic.trans(input, *dims)
+
+
+@builtin
+def broadcast_to(input, shape, *, _semantic=None):
+    """`input` stretched to `shape` by NumPy broadcasting (scalars are splatted)."""
+    return _semantic.broadcast_to(input, shape)
+
+
+@builtin
+def expand_dims(input, axis, *, _semantic=None):
+    """`input` with a new size-1 dim at `axis` (negative counts from the end)."""
+    return _semantic.expand_dims(input, axis)
+
+
+@builtin
+def multiple_of(input, values, *, _semantic=None):
+    """Promise the compiler that `input`'s values are multiples of `values` (one int per dim)."""
+    return _semantic.multiple_of(input, values)
+
+
+@builtin
+def max_contiguous(input, values, *, _semantic=None):
+    """Promise the compiler that `input` holds runs of `values` consecutive integers (one per dim)."""
+    return _semantic.max_contiguous(input, values)
+
+
+# Methods of block values (`x.to(dsl.float32)`, `x.reshape(...)`, ...): name -> builtin taking x first.
+@builtin
+def _to(input, dtype, bitcast=False, *, _semantic=None):
+    return _semantic.cast(input, dtype, bitcast)
+
+
+VALUE_METHODS = {
+    "to": _to, "reshape": reshape, "trans": trans, "broadcast_to": broadcast_to,
+    "expand_dims": expand_dims, "sum": sum, "max": max, "min": min, "argmax": argmax,
+    "argmin": argmin, "cumsum": cumsum,
+}
+
+__all__ = [
+    "arange", "zeros", "full", "sum", "max", "min", "argmax", "argmin", "cumsum", "dot", "reshape", "trans",
+    "broadcast_to", "expand_dims", "multiple_of", "max_contiguous",
+]

@@ -1,0 +1,63 @@
+"""The memory builtins: `dsl.load`, `dsl.store` and the atomics (`dsl.atomic_add`, ..., `dsl.atomic_cas`) (the
+builtin machinery: core.py).
+"""
+
+from __future__ import annotations
+
+from .core import builtin
+
+
+@builtin
+def load(pointer, mask=None, other=None, cache_modifier="", eviction_policy="", *, _semantic=None):
+    """Read memory: `pointer` is a pointer scalar or block; the result has its shape and pointee dtype.
+
+    mask: int1 (or anything `!= 0`) scalar/block broadcast with `pointer`; masked-off lanes do not
+    touch memory and read `other` (default 0). cache_modifier: the PTX cache operator, "", ".ca",
+    ".cg", ".cs", ".lu", ".cv"; eviction_policy: "", "evict_first", "evict_last" (an L2 cache policy
+    and the L1 eviction priority), "evict_normal" (PTX ISA "ld", "createpolicy"; codegen/cache_hints.py).
+    Raises CompilationError for other values.
+    """
+    return _semantic.load(pointer, mask, other, cache_modifier, eviction_policy)
+
+
+@builtin
+def store(pointer, value, mask=None, cache_modifier="", eviction_policy="", *, _semantic=None):
+    """Write `value` (converted to the pointee dtype, broadcast to `pointer`'s shape) where `mask`.
+
+    cache_modifier: "", ".wb", ".cg", ".cs", ".wt"; eviction_policy as for `load`.
+    """
+    return _semantic.store(pointer, value, mask, cache_modifier, eviction_policy)
+
+
+# -- atomics ------------------------------------------------------------------------------------------
+def _atomic(kind: str):
+    def function(pointer, val, mask=None, sem="acq_rel", scope="gpu", *, _semantic=None):
+        return _semantic.atomic_rmw(kind, pointer, val, mask, sem, scope)
+
+    name = f"atomic_{kind}"
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = (f"Atomically apply `{kind}` of `val` to the memory `pointer` points to, where "
+                        "`mask`; returns the old values (pointer's shape). sem: relaxed, acquire, "
+                        "release, acq_rel; scope: cta, gpu, sys.")
+    return builtin(function)
+
+
+atomic_add = _atomic("add")
+atomic_max = _atomic("max")
+atomic_min = _atomic("min")
+atomic_and = _atomic("and")
+atomic_or = _atomic("or")
+atomic_xor = _atomic("xor")
+atomic_xchg = _atomic("xchg")
+
+
+@builtin
+def atomic_cas(pointer, cmp, val, sem="acq_rel", scope="gpu", *, _semantic=None):
+    """Atomically write `val` where memory equals `cmp`; returns the old values."""
+    return _semantic.atomic_cas(pointer, cmp, val, sem, scope)
+
+
+__all__ = [
+    "load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor",
+    "atomic_xchg", "atomic_cas",
+]
