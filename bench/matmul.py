@@ -33,7 +33,7 @@ from timing import interleaved_gpu_times_ms, write_rows  # noqa: E402
 import fusedops  # noqa: E402
 from fusedops.bench import report, scripts  # noqa: E402
 from fusedops.kernels import matmul as K  # noqa: E402
-from fusedops.kernels.matmul_configs import SMALL_CONFIG
+from fusedops.kernels.matmul_configs import SMALL_CONFIG  # noqa: E402
 from fusedops.kernels import matmul_persistent  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 4096), (8192, 11008, 4096), (8192, 4096, 11008),

@@ -28,7 +28,7 @@ from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_
 from fusedops.kernels.attention_configs import (
     FORWARD_CONFIGS, INTERPRETER_CONFIG, TWO_CTA_FORWARD_CONFIGS, TWO_CTA_MAX_KEYS, AttentionConfig, backward_configs,
     forward_config, head_block, sweep_configs)
-from fusedops.kernels.attention_forward import attention_forward_kernel
+from fusedops.kernels.attention_forward_kernels import attention_forward_kernel
 from fusedops.kernels.attention_logits import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 from helpers import assert_close, random_tensor
 

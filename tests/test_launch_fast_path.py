@@ -9,6 +9,8 @@ Tensors pass for CUDA tensors through `_FakeCudaTensor` (a CPU tensor whose `dev
 from __future__ import annotations
 
 import ctypes
+import importlib
+import pkgutil
 import types
 
 import pytest
@@ -420,13 +422,12 @@ def _forget_library_launchers() -> None:
     launches cached on them: the next launch builds them on this test's driver."""
     from fusedops.autograd import attention as attention_autograd, matmul as matmul_autograd
     from fusedops.autograd import norms as norms_autograd, softmax as softmax_autograd
-    from fusedops.kernels import attention, attention_backward_kernels, attention_forward, matmul_kernels, softmax, \
-        softmax_kernels
-    from fusedops.kernels import norm_backward_kernels, norm_forward_kernels, norm_row_sweeps, norm_split_window, norms
+    import fusedops.kernels as package
+    from fusedops.kernels import attention, norms, softmax
 
-    # the modules that define kernels (the entry-point modules only import theirs)
-    for module in (attention_forward, attention_backward_kernels, matmul_kernels, norm_forward_kernels,
-                   norm_row_sweeps, norm_split_window, norm_backward_kernels, softmax_kernels):
+    # every library module, so that a kernel moved to another module is still found
+    modules = [importlib.import_module(info.name) for info in pkgutil.iter_modules(package.__path__, "fusedops.kernels.")]
+    for module in modules:
         for kernel in vars(module).values():
             if isinstance(kernel, JITFunction):
                 kernel._plans.clear()

@@ -18,7 +18,7 @@ import fusedops.nn
 import kernels_for_tests as K
 from fusedops.autograd.matmul_reference import reference
 from fusedops.kernels import matmul as mm
-from fusedops.kernels.matmul_configs import AUTOTUNE_MIN_WORK, CONFIGS, SMALL_CONFIG
+from fusedops.kernels.matmul_configs import CONFIGS, SMALL_CONFIG
 from fusedops.kernels.matmul_kernels import matmul_kernel
 from helpers import poison, random_tensor
 

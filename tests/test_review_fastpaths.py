@@ -11,6 +11,7 @@ import torch
 
 import fusedops
 from fusedops.autograd import matmul as MA
+from fusedops.autograd import matmul_reference
 from fusedops.autograd.matmul_reference import input_gradients
 from fusedops.kernels import softmax as SK
 from test_launch_fast_path import _symbolic, gpu, launches  # noqa: F401  (the mocked driver's fixtures)
@@ -257,7 +258,9 @@ def test_matmul_gradient_launches_match_input_gradients(kernel_launches, monkeyp
                                                         b_transposed, prepared):
     general = []
     original = input_gradients
-    monkeypatch.setattr(MA, "input_gradients", lambda *args: general.append(1) or original(*args))
+    counted = lambda *args: general.append(1) or original(*args)     # noqa: E731
+    for module in (MA, matmul_reference):       # the Function's backward, and the exact-gradient path
+        monkeypatch.setattr(module, "input_gradients", counted)
     a = torch.randn(a_shape, dtype=torch.float16, requires_grad=True)
     b = (_transposed(b_shape) if b_transposed else torch.randn(b_shape, dtype=torch.float16)).requires_grad_()
     for _ in range(2):      # the second step takes the remembered and prepared launches

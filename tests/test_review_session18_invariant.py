@@ -956,7 +956,7 @@ def _attention_call(kernel, dim, causal, mask_kind, config, group=1):
     """(kernel, args, constexprs) of an attention kernel for a padded head dim and config (the arguments of
     tests/test_attention.py's compile_forward / compile_backward; `group` query heads per K/V head)."""
     from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel, attention_backward_dq_kernel
-    from fusedops.kernels.attention_forward import attention_forward_kernel
+    from fusedops.kernels.attention_forward_kernels import attention_forward_kernel
     from fusedops.kernels.attention_logits import BOOL_MASK
     x, stats = torch.empty(16, dtype=torch.float16), torch.empty(16, dtype=torch.float32)
     mask = torch.empty(16, dtype=torch.uint8) if mask_kind == BOOL_MASK else x

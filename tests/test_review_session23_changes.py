@@ -43,7 +43,7 @@ import torch
 import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.language import dtypes as _dtypes
-from fusedops.dsl.language.numerics import conversions, reductions
+from fusedops.dsl.language.numerics import conversions
 from fusedops.dsl.runtime import autotune as at
 from fusedops.dsl.runtime import kernel_parameters
 from fusedops.dsl.target import assemble, ptxas_available
@@ -184,7 +184,7 @@ def test_compiled_float_floor_divide_of_scalars_assembles(arch):
 
 
 # =====================================================================================================
-# signed zeros in max / min reductions (bb845fd, reductions._order_zeros)
+# signed zeros in max / min reductions (bb845fd, numerics/reductions.py _order_zeros)
 # =====================================================================================================
 
 @dsl.jit

@@ -91,7 +91,7 @@ from fusedops.dsl.target import assemble, ptxas_available
 from fusedops.kernels import attention as at, attention_backward_kernels
 from fusedops.kernels.attention_configs import (
     ATOMIC_DKDV_CONFIGS, BACKWARD_CONFIGS, INTERPRETER_CONFIG, AttentionConfig, backward_configs, sweep_configs)
-from fusedops.kernels.attention_forward import attention_forward_kernel
+from fusedops.kernels.attention_forward_kernels import attention_forward_kernel
 from codegen_helpers import interpret_ir, pipelined_ir
 from test_attention import compile_backward
 from test_review_session17_waits import _wait_violations

@@ -14,7 +14,7 @@ Defects this review found (fixed in session 33; the tests below now assert the f
   - the two-CTA forward tile spilled 132-468 bytes at head dims whose rows are not 16-byte vectors
     (E = 36, 52, 68, 84, 100, 124 in fp16: no cp.async ring, tiles staged through registers under the
     128-register cap; at E = 68-124 ptxas also serialized the wgmmas, C7512): forward_config now keeps
-    the one-CTA tile there (`vector_rows`, attention_configs.vector_rows);
+    the one-CTA tile there (`vector_rows`, attention_configs.reads_vector_rows);
   - register_cap ignored the cap `.maxntid` alone sets (16 warps without launch bounds: 255, though ptxas
     gives 128); a 16-warp loop keeping its invariant A in registers on that budget spilled 224 bytes: the
     cap now counts one CTA's threads without launch bounds.
@@ -43,8 +43,8 @@ from fusedops.kernels import attention as at
 from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel
 from fusedops.kernels.attention_configs import (
     ATOMIC_DKDV_CONFIGS, BACKWARD_CONFIGS, FORWARD_CONFIGS, INTERPRETER_CONFIG, TWO_CTA_FORWARD_CONFIGS,
-    TWO_CTA_MAX_KEYS, AttentionConfig, _table_key, vector_rows, forward_config, head_block)
-from fusedops.kernels.attention_forward import attention_forward_kernel
+    TWO_CTA_MAX_KEYS, AttentionConfig, _table_key, reads_vector_rows, forward_config, head_block)
+from fusedops.kernels.attention_forward_kernels import attention_forward_kernel
 from fusedops.kernels.attention_logits import BOOL_MASK, NO_MASK
 from fusedops.kernels.device_info import wgmma_target
 from helpers import assert_close, random_tensor
@@ -250,7 +250,7 @@ def _record_forward_preparation(monkeypatch, wgmma):
     (128, 5000, 4096, False, True, "two"),        # the limit is on keys (k's length), not queries
     (128, 8, 4097, False, True, "one"),
     (96, 8, 300, False, True, "two"),
-    (100, 8, 300, False, True, "one"),           # rows of 200 bytes: not 16-byte vectors (vector_rows)
+    (100, 8, 300, False, True, "one"),           # rows of 200 bytes: not 16-byte vectors (reads_vector_rows)
     (36, 8, 300, False, True, "one"),
     (128, 8, 300, True, True, "one"),             # attn_mask
     (64, 8, 300, False, False, "one"),            # not sm_90a / FUSEDOPS_DISABLE_WGMMA
@@ -397,24 +397,24 @@ def test_unaligned_head_dims_keep_the_one_cta_forward(dim):
     """(Found by this review, fixed in session 33.) Rows off 16-byte vectors have no cp.async ring (their tiles
     go through registers) and the two-CTA tile's 128-register cap spilled 132-468 bytes there (E = 36 / 100:
     132 / 468 not causal, ptxas serializing the wgmmas at 68-124, C7512): forward_config keeps the one-CTA tile
-    (`vector_rows`, from the launcher's `vector_rows`)."""
+    (`vector_rows`, from the launcher's `reads_vector_rows`)."""
     block = head_block(dim)
     key = _table_key(block, block)
     q = torch.zeros(1, 2, 8, dim, dtype=torch.float16)
-    assert not vector_rows(q) and vector_rows(torch.zeros(1, 2, 8, 8 * (dim // 8 + 1), dtype=torch.float16))
+    assert not reads_vector_rows(q) and reads_vector_rows(torch.zeros(1, 2, 8, 8 * (dim // 8 + 1), dtype=torch.float16))
     assert forward_config(block, block, length_k=4096, vector_rows=False) == FORWARD_CONFIGS[key]
     assert forward_config(block, block, length_k=4096) == TWO_CTA_FORWARD_CONFIGS[key]
 
 
-def test_vector_rows_reads_strides():
+def test_reads_vector_rows_follows_strides():
     x = torch.zeros(2, 3, 16, 64, dtype=torch.float16)
-    assert vector_rows(x) and vector_rows(x.transpose(1, 2)) and vector_rows(x[:, :, :, :32])
-    assert not vector_rows(x.transpose(2, 3))                 # column stride 16
-    assert not vector_rows(x[:, :, :, 1:33])                  # data 2 bytes past a 16-byte boundary
-    assert vector_rows(x[:, :, :, 8:40])                      # 16 bytes past it
-    assert not vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float16)[..., :64])   # row stride 68
-    assert vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float32)[..., :64])       # 68 * 4 bytes
-    assert vector_rows(x[:, :1].expand(2, 3, 16, 64))         # stride 0 on heads
+    assert reads_vector_rows(x) and reads_vector_rows(x.transpose(1, 2)) and reads_vector_rows(x[:, :, :, :32])
+    assert not reads_vector_rows(x.transpose(2, 3))                 # column stride 16
+    assert not reads_vector_rows(x[:, :, :, 1:33])                  # data 2 bytes past a 16-byte boundary
+    assert reads_vector_rows(x[:, :, :, 8:40])                      # 16 bytes past it
+    assert not reads_vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float16)[..., :64])   # row stride 68
+    assert reads_vector_rows(torch.zeros(2, 3, 16, 68, dtype=torch.float32)[..., :64])       # 68 * 4 bytes
+    assert reads_vector_rows(x[:, :1].expand(2, 3, 16, 64))         # stride 0 on heads
 
 
 # == 5ad001b: dot_layouts.register_cap ===================================================================

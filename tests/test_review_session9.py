@@ -17,7 +17,6 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.ir import ops as ir_ops
 from fusedops.kernels import matmul as mm
-from fusedops.kernels import matmul_configs
 from fusedops.kernels.matmul_kernels import matmul_tma_kernel
 
 from helpers import assert_close, poison, random_tensor

@@ -25,8 +25,8 @@ from typing import Callable, Optional
 import torch
 
 from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
-from fusedops.autograd.matmul_reference import _wide, activation_grad, apply_activation, bias_gradient, \
-    exact_input_gradients, input_gradients, reference
+from fusedops.autograd.matmul_reference import activation_grad, apply_activation, bias_gradient, \
+    exact_input_gradients, input_gradients, reference, wide_dtype
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled, stream_k_enabled as _stream_k_enabled, \
     persistent_enabled as _persistent_enabled, \
@@ -208,7 +208,7 @@ class MatmulFunction(torch.autograd.Function):
             z = None
             c = _forward_general(a, b, bias, None, out_dtype) if product is None else product.forward(a, b, bias)
         else:
-            wide = _wide(a.dtype)
+            wide = wide_dtype(a.dtype)
             product = product or _product(a, b, bias, None, wide)
             z = _forward_general(a, b, bias, None, wide) if product is None else product.forward(a, b, bias)
             c = apply_activation(z, activation).to(out_dtype)
@@ -306,7 +306,7 @@ def kernel_products(a, b, bias, activation, out_dtype) -> Optional[tuple]:
         product = _product(a, b, bias, None, out_dtype or a.dtype)
         products = (product, product)
     else:
-        products = (_product(a, b, bias, None, _wide(a.dtype)), _product(a, b, bias, activation, out_dtype))
+        products = (_product(a, b, bias, None, wide_dtype(a.dtype)), _product(a, b, bias, activation, out_dtype))
     return _KNOWN_PRODUCTS.put(_argument_key(a, b, bias, activation, out_dtype), products)
 
 

@@ -105,7 +105,7 @@ def reference(a, b, bias=None, activation=None, out_dtype=None) -> torch.Tensor:
     (check_arguments: no bias, activation or out_dtype) take torch.matmul in their own dtype."""
     if not a.dtype.is_floating_point:
         return torch.matmul(a, b)
-    acc = torch.promote_types(_wide(a.dtype), _wide(b.dtype))
+    acc = torch.promote_types(wide_dtype(a.dtype), wide_dtype(b.dtype))
     z = torch.matmul(a.to(acc), b.to(acc))
     if bias is not None:
         z = z + bias.to(acc)
@@ -124,7 +124,7 @@ def exact_input_gradients(dc, a, b, z, activation, needs_input_grad, bias_dtype)
     kept in float32 (float64) and the gradient products computed by `reference`, since dZ in a's dtype
     can overflow where dA and dB fit (a scaled loss: dC = 1e5 times B = 1e-3 over K = 4 gives dA = 400,
     but 1e5 is inf in float16). z: the saved pre-activation (None without an activation)."""
-    wide = torch.promote_types(_wide(a.dtype), dc.dtype)
+    wide = torch.promote_types(wide_dtype(a.dtype), dc.dtype)
     dz = dc.to(wide) if activation is None else dc.to(wide) * activation_grad(z.to(wide), activation)
     return input_gradients(dz, a, b, needs_input_grad, bias_dtype, reference)
 
@@ -167,7 +167,7 @@ def bias_gradient(dz: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:
     return dz.reshape(math.prod(dz.shape[:-1]), dz.shape[-1]).sum(0, dtype=wide).to(bias_dtype)
 
 
-def _wide(dtype: torch.dtype) -> torch.dtype:
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of Z when an activation is fused: float32 (float64 for float64 operands)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 

@@ -31,6 +31,7 @@ from typing import Iterator, List, Optional, Sequence, Set, Tuple
 import torch
 
 import fusedops.dsl as dsl
+from fusedops.kernels.sizes import next_power_of_2
 
 from . import checks, providers
 from .cases import BenchCase, dtype_name, no_dtype_line, select
@@ -74,10 +75,6 @@ def row_softmax_kernel(y_ptr, x_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: 
     dsl.store(y_ptr + row * y_row_stride + cols, numerator / dsl.sum(numerator, axis=0), mask=mask)
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _builtin_checks(dtypes: Sequence[torch.dtype]) -> List[Outcome]:
     outcomes = []
     generator = torch.Generator().manual_seed(0)
@@ -90,7 +87,7 @@ def _builtin_checks(dtypes: Sequence[torch.dtype]) -> List[Outcome]:
         for rows, cols in ((3, 17), (5, 100)):
             x = torch.randn(rows, cols, generator=generator).to(dtype)
             out = torch.full_like(x, float("nan"))
-            row_softmax_kernel[(rows,)](out, x, x.stride(0), out.stride(0), cols, BLOCK=_next_power_of_2(cols),
+            row_softmax_kernel[(rows,)](out, x, x.stride(0), out.stride(0), cols, BLOCK=next_power_of_2(cols),
                                         interpret=True)
             outcomes.append(_compare(f"row_softmax M={rows} N={cols} {dtype_name(dtype)}", out,
                                      torch.softmax(x.double(), dim=-1), dtype))

@@ -1,7 +1,7 @@
 """Flash attention (FlashAttention-2, Dao 2023, arXiv:2307.08691): the launches of the forward and backward
 kernels, with the layout of their outputs; this docstring describes the whole op.
 
-The kernels: attention_forward.py and attention_backward_kernels.py (the logits and masks they share:
+The kernels: attention_forward_kernels.py and attention_backward_kernels.py (the logits and masks they share:
 attention_logits.py; their programs' places on the grid: attention_grid.py); their configs: attention_configs.py.
 
     q: (B, H, L, E)    k: (B, H_kv, S, E)    v: (B, H_kv, S, Ev)    o: (B, H, L, Ev)
@@ -91,9 +91,9 @@ from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
 from fusedops.kernels.allocation import contiguous_allocator, ordered_allocator, stride_order
 from fusedops.kernels.attention_backward_kernels import attention_backward_dkdv_kernel, \
     attention_backward_dq_convert_kernel, attention_backward_dq_kernel, attention_backward_preprocess_kernel
-from fusedops.kernels.attention_configs import INTERPRETER_CONFIG, AttentionConfig, vector_rows, backward_configs, \
+from fusedops.kernels.attention_configs import INTERPRETER_CONFIG, AttentionConfig, reads_vector_rows, backward_configs, \
     forward_config, head_block
-from fusedops.kernels.attention_forward import attention_forward_kernel
+from fusedops.kernels.attention_forward_kernels import attention_forward_kernel
 from fusedops.kernels.attention_logits import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 from fusedops.kernels.device_info import max_shared_memory, sm_count, wgmma_target
 
@@ -249,7 +249,7 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
         return lambda q, k, v, mask: (new_o(), new_lse())
     block_e, block_ev = head_block(dim), head_block(dim_v)
     config = config or (INTERPRETER_CONFIG if interpret else forward_config(
-        block_e, block_ev, mask is not None, length_k, wgmma_target(q.device), all(map(vector_rows, (q, k, v)))))
+        block_e, block_ev, mask is not None, length_k, wgmma_target(q.device), all(map(reads_vector_rows, (q, k, v)))))
     blocks = -(-length_q // config.block_m)
     _check_grid(blocks, f"a query length of {length_q}")
     o, lse = new_o(), new_lse()

@@ -197,7 +197,7 @@ def forward_config(block_e: int, block_ev: int, masked: bool = False, length_k: 
     """The forward tile for padded head dims (BLOCK_E, BLOCK_EV): TWO_CTA_FORWARD_CONFIGS where the dots run
     on wgmma (`wgmma`: sm_90a), without an attn_mask (`masked`), for at most TWO_CTA_MAX_KEYS keys per row
     (`length_k`) and where q, k and v rows are read in 16-byte vectors (`vector_rows`: the launcher passes the
-    function `vector_rows` of each; the cp.async ring; else their tiles go through registers, which the two-CTA
+    function `reads_vector_rows` of each; the cp.async ring; else their tiles go through registers, which the two-CTA
     tiles' 128-register cap spills: 132-468 bytes at E = 36-124 off 16-byte rows), else FORWARD_CONFIGS."""
     key = _table_key(block_e, block_ev)
     two_cta = TWO_CTA_FORWARD_CONFIGS.get(key)
@@ -206,7 +206,7 @@ def forward_config(block_e: int, block_ev: int, masked: bool = False, length_k: 
     return two_cta
 
 
-def vector_rows(t: torch.Tensor) -> bool:
+def reads_vector_rows(t: torch.Tensor) -> bool:
     """Whether `t`'s rows (its last dim) are read in 16-byte vectors: unit column stride, the other strides
     and the row length multiples of 16 bytes, and its data (now: a launch prepared for these strides may see
     other offsets, which only cost speed) at a 16-byte boundary."""

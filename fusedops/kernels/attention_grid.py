@@ -1,7 +1,7 @@
 """Where a flash-attention program lies on its grid: its batch, head and block, in launch order or head by
 head.
 
-Shared by the forward kernel (attention_forward.py) and the backward kernels
+Shared by the forward kernel (attention_forward_kernels.py) and the backward kernels
 (attention_backward_kernels.py); the grids' limits: fusedops/kernels/attention.py's module docstring.
 """
 

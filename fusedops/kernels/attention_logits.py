@@ -1,7 +1,7 @@
 """The base-2 logits of the flash-attention kernels: q . k times the base-2 scale, held in range, with the
 masks applied (attn_mask, causal, ragged keys), and which key blocks need no mask.
 
-Shared by the forward kernel (attention_forward.py) and the backward kernels
+Shared by the forward kernel (attention_forward_kernels.py) and the backward kernels
 (attention_backward_kernels.py); the numerics and the masks' rules: fusedops/kernels/attention.py's module
 docstring.
 """

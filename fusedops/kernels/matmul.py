@@ -36,7 +36,6 @@ from fusedops.kernels.matmul_kernels import matmul_kernel, matmul_tma_kernel
 
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
-OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The CUDA grid's y dimension (the batch) is at most 65535; larger batches launch in slices.
 MAX_GRID_Y = 65535
 

@@ -1,4 +1,5 @@
-"""Which engine a `dot` runs on, and the layouts of its operands and accumulator there.
+"""Which engine a `dot` runs on, and the layouts of its operands and accumulator there (with the register
+budget facts the engines share: REGISTERS_PER_SM, MAX_THREAD_REGISTERS, the producer warpgroup's PRODUCER_WARPS).
 
 - Warpgroup tensor cores (`wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`, sm_90a only, not
   with FUSEDOPS_DISABLE_WGMMA=1): float16/bfloat16 inputs, float32 accumulator, num_warps a

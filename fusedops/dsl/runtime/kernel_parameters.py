@@ -54,6 +54,13 @@ _DTYPES_BY_NAME = {dtype.name: dtype for dtype in ALL_DTYPES}
 
 
 def parameters(fn, do_not_specialize) -> tuple:
+    """The kernel parameters of `fn` (a tuple of Parameter, in signature order): constexpr or not (the
+    annotation), default, scalar dtype annotation, and whether `do_not_specialize` (names or indices, or None)
+    exempts it from specialization.
+
+    Raises TypeError for a malformed or unknown do_not_specialize entry, *args / **kwargs, a parameter named
+    like a launch option (num_warps, num_stages, interpret, target, grid), or a constexpr in do_not_specialize.
+    """
     signature = inspect.signature(fn)
     names = list(signature.parameters)
     given = do_not_specialize
