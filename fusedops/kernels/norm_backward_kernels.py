@@ -30,11 +30,8 @@ Kernels and when the launchers (norm_backward_launcher.py) use them:
 - `column_sum_kernel`: the second stage of the dweight/dbias reduction.
 norm_split_window.py has the backward of 16-bit rows of 514 to 4097 columns off 16-byte boundaries.
 
-Addressing: row r, column c of x is at x_ptr + r * x_row_stride + c * x_col_stride, with the row
-offset computed in int64 (tensors may hold more than 2**31 elements); column offsets stay int32 (the
-launcher guarantees (N - 1) * |col stride| < 2**31). Padded lanes (columns >= N, rows >= M) load 0
-and are excluded from every statistic with explicit masks. Output and statistics buffers are
-contiguous.
+Addressing and padded lanes as in norm_forward_kernels.py (row offsets in int64, column offsets in int32;
+padded lanes load 0 and are masked out of every sum).
 """
 
 from __future__ import annotations
