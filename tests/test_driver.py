@@ -324,7 +324,7 @@ def _mocked_launcher(monkeypatch, kinds, names=None):
         calls.append(((gx, gy, gz), stream, params and launcher.packer.read(params)))
         return (0,)
 
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
+    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
     kernel = driver.LoadedKernel("k", None, None, None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT)
     launcher = kernel_launcher.KernelLauncher(kernel, kinds, num_warps=4, param_names=names)
     return launcher, calls

@@ -52,7 +52,7 @@ def gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")     # no device capability query
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
+    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
         name, None, None, None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
     monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))
@@ -388,7 +388,7 @@ def test_prepared_launch_is_per_device_and_thread_safe(gpu, monkeypatch):
         packed.append(ctypes.string_at(first_value, 16))             # x_ptr, y_ptr
         return (0,)
 
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=record))
+    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=record))
     kernel = _new_kernel()
     on_1 = kernel.prepare((1,), _cuda(torch.zeros(64), 1), _cuda(torch.zeros(64), 1), 64, 2.0, BLOCK=16)
     on_1(_cuda(torch.zeros(64), 1), _cuda(torch.zeros(64), 1))
@@ -470,7 +470,7 @@ def launches(gpu, monkeypatch):
 
     monkeypatch.setattr(driver, "load_module", load_module)
     monkeypatch.setattr(kernel_launcher.KernelLauncher, "__init__", recording_init)
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
+    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
     monkeypatch.setattr(jit_module, "cuda_device", lambda kernel, params, values: torch.device("cuda", 0))
     yield recorded
     _forget_library_launchers()

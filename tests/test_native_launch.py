@@ -134,7 +134,7 @@ def stub_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
     monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(
+    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(
         cuLaunchKernel=lambda *args: pytest.fail("cuda-python's cuLaunchKernel was called"),
         CUresult=cuda_driver.CUresult))
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(

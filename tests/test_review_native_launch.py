@@ -353,7 +353,7 @@ def mocked(monkeypatch, tmp_path):
     for name in ("FUSEDOPS_INTERPRET", "FUSEDOPS_NATIVE_LAUNCH", "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(kernel_launcher.KernelLauncher, "__init__", init)
-    monkeypatch.setattr(driver, "_driver", lambda: module)
+    monkeypatch.setattr(driver, "cuda_driver", lambda: module)
     monkeypatch.setattr(kernel_launcher, "_legacy_stream_launch_address", lambda: state.stub.address)
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
         name, None, 0xF00D, context, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
@@ -457,7 +457,7 @@ def test_stub_errors_raise_launch_errors_and_invalid_context_retries(mocked):
     with pytest.raises(LaunchError, match="CUDA_ERROR_INVALID_VALUE"):
         prepared(x, y)
     # a thread without the context current: activated, then launched again through cuda-python
-    mocked.stub.result = int(driver._driver().CUresult.CUDA_ERROR_INVALID_CONTEXT)
+    mocked.stub.result = int(driver.cuda_driver().CUresult.CUDA_ERROR_INVALID_CONTEXT)
     mocked.python.clear()
     kernel[(3,)](x, y, 32, 4.0, BLOCK=32)
     prepared(y, x)

@@ -108,7 +108,7 @@ def tracked(monkeypatch, tmp_path):
 
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "tracked"))
     monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
-    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
+    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
         name, None, types.SimpleNamespace(ptx=ptx), None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
     monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))

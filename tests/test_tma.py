@@ -217,7 +217,7 @@ def test_gpu_tma_box_lands_swizzled_and_zero_filled(rows, cols, c0, c1, seed):
     kernel = driver.load_module(_tma_ptx(), "tma_tile")
     spec = matrix_spec(dsl.float16, matrix.shape, matrix.stride(), BOX)
     tensor_map = encode_tensor_map(spec, matrix.data_ptr())
-    cu = driver._driver()
+    cu = driver.cuda_driver()
     stream = torch.cuda.current_stream().cuda_stream
     args = ((tensor_map, out.data_ptr(), c0, c1), (None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int))
     with kernel.context.pushed():

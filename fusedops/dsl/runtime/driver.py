@@ -24,7 +24,8 @@ _JIT_LOG_BYTES = 16 * 1024
 
 
 @functools.cache
-def _driver():
+def cuda_driver():
+    """cuda-python's driver module (cuda.bindings.driver), imported once; LaunchError when it is not installed."""
     try:
         from cuda.bindings import driver
     except ImportError as error:
@@ -35,7 +36,7 @@ def _driver():
 
 def error_name(result_code) -> str:
     """'CUDA_ERROR_X: description' for a CUresult (its enum name when the driver cannot be asked)."""
-    cu = _driver()
+    cu = cuda_driver()
     name = getattr(result_code, "name", str(result_code))
     try:
         status, text = cu.cuGetErrorString(result_code)
@@ -113,7 +114,7 @@ class DeviceContext:
     def activate(self) -> None:
         """Make this context current on the calling thread (needed to launch on the NULL stream
         from a thread where torch has not used this device yet)."""
-        cu = _driver()
+        cu = cuda_driver()
         current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if int(current) != self._context_handle:
             check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
@@ -121,7 +122,7 @@ class DeviceContext:
     @contextlib.contextmanager
     def pushed(self):
         """Make this context current for the duration of a `with` block, then restore the old one."""
-        cu = _driver()
+        cu = cuda_driver()
         check(cu.cuCtxPushCurrent(self.context), "cuCtxPushCurrent")
         try:
             yield self
@@ -133,7 +134,7 @@ class DeviceContext:
 def _device_context(device_index: int) -> DeviceContext:
     import torch
 
-    cu = _driver()
+    cu = cuda_driver()
     # Let torch initialize CUDA first, so the primary context we retain is the one it uses.
     torch.cuda.init()
     try:
@@ -213,7 +214,7 @@ class LoadedKernel:
     def unload(self) -> None:
         """Unload the module; the kernel must not be launched afterwards."""
         with self.context.pushed():
-            check(_driver().cuModuleUnload(self.module), "cuModuleUnload")
+            check(cuda_driver().cuModuleUnload(self.module), "cuModuleUnload")
 
 
 def load_module(image: Union[bytes, str], kernel_name: str, device_index: Optional[int] = None) -> LoadedKernel:
@@ -224,7 +225,7 @@ def load_module(image: Union[bytes, str], kernel_name: str, device_index: Option
             log); or the module has no kernel called `kernel_name`.
     """
     context = device_context(device_index)
-    cu = _driver()
+    cu = cuda_driver()
     data = image.encode() if isinstance(image, str) else bytes(image)
     if not data.startswith(b"\x7fELF") and not data.endswith(b"\0"):
         data += b"\0"  # PTX must be NUL-terminated
@@ -274,7 +275,7 @@ def set_dynamic_shared_memory(kernel: LoadedKernel, nbytes: int) -> None:
         raise LaunchError(f"kernel {kernel.name!r} needs {total} bytes of shared memory per CTA ({nbytes} dynamic "
                           f"+ {kernel.static_shared_bytes} static), but {properties.name} allows at most "
                           f"{properties.max_shared_memory_optin}; use smaller blocks or fewer pipeline stages")
-    cu = _driver()
+    cu = cuda_driver()
     attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     check(cu.cuFuncSetAttribute(kernel.function, attribute, nbytes), "cuFuncSetAttribute(max dynamic shared)")
     kernel.dynamic_shared_limit = nbytes
@@ -289,7 +290,7 @@ def max_active_clusters(kernel: LoadedKernel, num_warps: int, shared_bytes: int,
     Raises:
         LaunchError: the driver rejects the query (e.g. a cluster the device cannot run).
     """
-    cu = _driver()
+    cu = cuda_driver()
     set_dynamic_shared_memory(kernel, shared_bytes)
     config = cu.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, 1, 1

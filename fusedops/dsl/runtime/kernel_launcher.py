@@ -5,7 +5,7 @@ pre-packed `void*` array is the cheapest form cuda-python takes (4.1 us per laun
 `launcher_args`. Cached launches skip cuda-python through a native stub (`KernelLauncher.native_stub`,
 native_launch.py).
 
-The driver is reached through the `driver` module's attributes at call time (`driver._driver()`,
+The driver is reached through the `driver` module's attributes at call time (`driver.cuda_driver()`,
 `driver.raw_stream_getter()`), so that a test's patch of the driver module reaches launchers too.
 """
 
@@ -84,7 +84,7 @@ class KernelLauncher:
         if writer is None and native is None:
             return None
         local, new_buffer, pack_into, values_offset = writer or (None, None, None, 0)
-        return InlineLaunch(local, new_buffer, pack_into, values_offset, driver._driver().cuLaunchKernel,
+        return InlineLaunch(local, new_buffer, pack_into, values_offset, driver.cuda_driver().cuLaunchKernel,
                             self.kernel.function, 32 * self.num_warps, self.shared_bytes, failed, native)
 
     def native_stub(self) -> Optional[Callable]:
@@ -113,7 +113,7 @@ class KernelLauncher:
         if not isinstance(error, BaseException):
             if type(error) is int:      # a native stub's result
                 with contextlib.suppress(Exception):
-                    error = driver._driver().CUresult(error)
+                    error = driver.cuda_driver().CUresult(error)
             self._launch_failed(error, grid, stream, args)
             return
         if isinstance(error, (struct.error, OverflowError, TypeError)):
@@ -122,7 +122,7 @@ class KernelLauncher:
 
     def _build_launch(self):
         # A closure over locals: each attribute lookup saved is ~40 ns on a ~5 us launch.
-        cu_launch = driver._driver().cuLaunchKernel
+        cu_launch = driver.cuda_driver().cuLaunchKernel
         function = self.kernel.function
         block_x = 32 * self.num_warps
         shared_bytes = self.shared_bytes
@@ -177,7 +177,7 @@ class KernelLauncher:
         return launch
 
     def _launch_failed(self, code, grid: tuple, stream: int, args: Sequence) -> None:
-        cu = driver._driver()
+        cu = driver.cuda_driver()
         if code == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:
             # A thread that never used this device has no current context (matters for stream 0).
             self.kernel.context.activate()
@@ -199,7 +199,7 @@ def _native_stub(function, kinds: Sequence[ParamKind], block_x: int, shared_byte
 
     if not native_launch.enabled() or not native_launch.supports(kinds):
         return None
-    cu = driver._driver()
+    cu = driver.cuda_driver()
     if getattr(cu, "__name__", None) != "cuda.bindings.driver":
         return None
     try:
@@ -216,7 +216,7 @@ def _native_stub(function, kinds: Sequence[ParamKind], block_x: int, shared_byte
 def _legacy_stream_launch_address() -> int:
     """The address of the driver's cuLaunchKernel for the legacy default stream: the function
     cuda-python's cuLaunchKernel calls (unless CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM is set)."""
-    cu = driver._driver()
+    cu = driver.cuda_driver()
     version = driver.check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
     flags = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM
     result = driver.check(cu.cuGetProcAddress(b"cuLaunchKernel", version, flags), "cuGetProcAddress(cuLaunchKernel)")

@@ -151,8 +151,8 @@ def encode_tensor_map(spec: TensorMapSpec, global_address: int, driver=None):
 
 def _loaded(driver):
     if driver is None:
-        from fusedops.dsl.runtime.driver import _driver
-        driver = _driver()
+        from fusedops.dsl.runtime.driver import cuda_driver
+        driver = cuda_driver()
     return driver
 
 
