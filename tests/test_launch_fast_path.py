@@ -9,8 +9,6 @@ Tensors pass for CUDA tensors through `_FakeCudaTensor` (a CPU tensor whose `dev
 from __future__ import annotations
 
 import ctypes
-import importlib
-import pkgutil
 import types
 
 import pytest
@@ -422,18 +420,17 @@ def _forget_library_launchers() -> None:
     launches cached on them: the next launch builds them on this test's driver."""
     from fusedops.autograd import attention as attention_autograd, matmul as matmul_autograd
     from fusedops.autograd import norms as norms_autograd, softmax as softmax_autograd
-    import fusedops.kernels as package
+    from fusedops.bench.selfcheck import library_kernels
     from fusedops.kernels import attention, norms, softmax
 
-    # every library module, so that a kernel moved to another module is still found
-    modules = [importlib.import_module(info.name) for info in pkgutil.iter_modules(package.__path__, "fusedops.kernels.")]
-    for module in modules:
-        for kernel in vars(module).values():
-            if isinstance(kernel, JITFunction):
-                kernel._plans.clear()
-                for entry in kernel._cache.values():
-                    if entry.compiled is not None:
-                        entry.compiled._launchers.clear()
+    # every library module's kernels, so that a kernel moved to another module is still found
+    kernels, import_failures = library_kernels()
+    assert not import_failures, import_failures
+    for kernel in kernels:
+        kernel._plans.clear()
+        for entry in kernel._cache.values():
+            if entry.compiled is not None:
+                entry.compiled._launchers.clear()
     for cache in (softmax._FORWARD_LAUNCHES, softmax._BACKWARD_LAUNCHES, norms._FORWARD_LAUNCHES,
                   norms._BACKWARD_LAUNCHES, matmul_autograd._FORWARD_LAUNCHES, attention._FORWARD_LAUNCHES,
                   attention._BACKWARD_LAUNCHES, attention_autograd._KNOWN_LAUNCHES, matmul_autograd._KNOWN_PRODUCTS,
