@@ -14,8 +14,9 @@ forward + backward ~80 us, of which `Function.apply`'s Python wrapper ~3 us and 
   the backward is itself recorded (create_graph=True, grad mode on). Then every gradient it returns
   raises on a second differentiation, also when the incoming gradients do not require grad (torch's
   decorator returns plain tensors then, which would silently drop the terms through the saved inputs,
-  e.g. a gradient penalty's). A backward given a batched (vmap) or dual (forward-AD) gradient runs torch's
-  ops, recorded as they are.
+  e.g. a gradient penalty's), and with respect to the incoming gradients (torch's decorator leaves them
+  out of the graph: torch.autograd.functional.jvp, a double vjp, silently gave zeros). A backward given a
+  batched (vmap) or dual (forward-AD) gradient runs torch's ops, recorded as they are.
 - `vmapped(grad)`: whether a backward was given a gradient under vmap, which the kernels cannot read (a
   batched tensor has no storage): the backward then computes its gradients with torch ops instead.
 """
@@ -136,11 +137,15 @@ def once_differentiable(backward: Callable) -> Callable:
         # The gradients depend on the saved inputs too, so they raise whatever the incoming ones need; the
         # error node also takes the saved tensors that require grad, so that differentiating a gradient
         # with respect to the op's input (torch.autograd.grad(g, x)) reaches it and raises, rather than
-        # finding x unused (None with allow_unused: a silent zero second derivative)
+        # finding x unused (None with allow_unused: a silent zero second derivative), and the incoming
+        # gradients that require grad, which the gradients are linear in: differentiating them with respect
+        # to those (the double-vjp trick of torch.autograd.functional.jvp, pytorch#145356) must raise too,
+        # not find them unused (jvp then returned zeros)
         saved = _saved_requiring_grad(ctx)
-        delayed = _DelayedError(message, len(outputs) + len(saved))(
+        incoming = [g for g in grads if isinstance(g, torch.Tensor) and g.requires_grad]
+        delayed = _DelayedError(message, len(outputs) + len(saved) + len(incoming))(
             *[t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-              for t in outputs], *saved)
+              for t in outputs], *saved, *incoming)
         delayed = (delayed if isinstance(delayed, tuple) else (delayed,))[:len(outputs)]
         return delayed[0] if single else delayed
 

@@ -98,8 +98,9 @@ def _check_parameter(name: str, role: str, p: Optional[torch.Tensor], x: torch.T
                         f"CPU it also takes a float16/bfloat16 input with float32 weight and bias): convert one "
                         f"of them")
     if not same_dtype and p.dtype not in _FLOATING:
-        raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype}; it must be a floating dtype (input: "
-                        f"{x.dtype}; fusedops.rms_norm converts an integer or bool weight first)")
+        # (float8 is floating too, but torch's rms_norm cannot promote it either)
+        raise TypeError(f"fusedops.{name}(): {role} has dtype {p.dtype}; it must be float16, bfloat16, float32 or "
+                        f"float64 (input: {x.dtype}; fusedops.rms_norm converts an integer or bool weight first)")
 
 
 def check_layer_norm_arguments(x, normalized_shape, weight, bias) -> Tuple[int, ...]:
@@ -235,7 +236,14 @@ class NormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, launches, normalized_shape):
         # x is read (and saved) as is: the kernels take its rows through their strides (kernels.norm_rows)
         y, mean, rstd = launches.forward(x, weight, bias)
-        ctx.save_for_backward(x, weight, mean, rstd)
+        # The weight's values reach only dx (g = dy * weight); dweight = sum(dy * xhat) and dbias read x and
+        # the statistics alone. So, as torch's rms_norm, the weight is saved (and its version checked) only
+        # where dx is wanted: a weight changed in place after the forward of an input that needs no gradient
+        # does not fail the backward. The backward launch still takes the tensor (its dtype and layout):
+        # then it is kept on ctx, unsaved (its values, unread, may change).
+        saved_weight = weight if ctx.needs_input_grad[0] else None
+        ctx.save_for_backward(x, saved_weight, mean, rstd)
+        ctx.unsaved_weight = weight if saved_weight is None else None
         ctx.launches, ctx.normalized_shape = launches, normalized_shape
         return y
 
@@ -243,6 +251,8 @@ class NormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
+        if weight is None:
+            weight = ctx.unsaved_weight
         normalized_shape = ctx.normalized_shape
         if backward_runs_torch(dy):
             dx, dweight, dbias = _torch_backward(dy, x, weight, mean, rstd, ctx.launches, normalized_shape,
