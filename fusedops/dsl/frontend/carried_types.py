@@ -81,3 +81,29 @@ def literals_reaching(carry_inits: dict, value) -> list:
             pending.extend(v for region in op.regions if region.terminator is not None
                            for v in region.terminator.operands)
     return found
+
+
+def carried_source(carry_inits: dict, value: Value, name: str):
+    """The block argument carrying `name` through a loop being compiled (`carry_inits`' keys) that `value` is,
+    or is computed from by elementwise ops (`acc * 2 + i`, through the branches of inner `if`s too: an `elif`);
+    None when there is none, or more than one. `name` None: a block argument of any name."""
+    found, pending, seen = None, [value], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current in carry_inits:
+            if (name is not None and current.name != name) or (found is not None and found is not current):
+                return None
+            found = current
+            continue
+        op = current.defining_op
+        if op is not None and op.opcode == OpCode.IF:      # an inner `if`'s result: what its branches yield
+            index = op.results.index(current)
+            pending.extend(region.terminator.operands[index] for region in op.regions)
+            continue
+        if op is not None and op.opcode in _PURE:
+            pending.extend(op.operands)
+        # (other values, such as the loop's index or a load, take part in the value without being the carry)
+    return found

@@ -21,7 +21,9 @@ Rules (tests in tests/test_control_flow.py):
   the loop's start (in this loop, an enclosing loop, or after). Its type must stay the same:
   a literal initial value (`acc = 0`) adopts the type the body gives it, and so does a nested
   loop's initial value computed from such a literal, converted (`for i: for j: acc += 0.5` promotes
-  as one loop does, in a helper's loop too); a body value whose type changed only because a
+  as one loop does, in a helper's loop too), also where the body gives it that type in one branch of
+  an `if` (`if c: acc = x`: the IF yields x's type, `_carried_merge`) or assigns it a literal (`acc = 1`,
+  then `acc = 0.5`: the two literals promote); a body value whose type changed only because a
   literal won the promotion (`x = x + 1.5` with x an int32) is converted back, as C's
   `x += 1.5` would (not `x = load_f32 + 1`: the load, not the literal, made it a float); any other
   change is a CompilationError naming the variable.
@@ -40,7 +42,7 @@ import ast
 from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from ..language import promotion
-from ..language.dtypes import BlockType, DType, shape_of
+from ..language.dtypes import BlockType, DType, shape_of, with_element
 from ..language.shape_ops import described, shown
 from .scope import is_runtime
 
@@ -83,6 +85,26 @@ def _assigned_names(statements) -> list:
 
 # Where the two values `_merge` joins come from, when the `if` has both branches.
 _BRANCHES = ("in the `if` branch", "in the `else` branch")
+
+
+def _promoted_with_literal(type_, number):
+    """`type_` with the element type it promotes to with the literal `number` (as two literals promote when
+    `type_` is a literal's), or None where there is none (not a dtype; an int past 64 bits)."""
+    element = _element(type_)
+    if not isinstance(element, DType):
+        return None
+    try:
+        return with_element(type_, promotion.promote(element, promotion.literal_dtype(number)))
+    except promotion.PromotionError:
+        return None
+
+
+def _broadcasts_to(type_, target) -> bool:
+    """Whether a value of `type_` broadcasts to `target`'s shape."""
+    try:
+        return promotion.broadcast_shapes(shape_of(type_), shape_of(target)) == tuple(shape_of(target))
+    except promotion.PromotionError:
+        return False
 
 
 def _item(what: str, index: int) -> str:
@@ -189,6 +211,9 @@ class ControlFlowMixin:
                         and all(promotion.literal_fits(n, _element(value.type)) for n in known[other]):
                     return _Leaf((a, b), value.type, cast=True)
             if a.type != b.type:
+                adopted = self._carried_merge(what, a, b)
+                if adopted is not None:
+                    return adopted
                 raise CompilationError(f"{what} has type {a.type} {sides[0]} and {b.type} {sides[1]}; "
                                        "convert one with .to(dtype) (or broadcast it) so that both agree")
             return _Leaf((a, b), a.type)
@@ -198,7 +223,37 @@ class ControlFlowMixin:
         if _is_number(other) and isinstance(_element(value.type), DType) \
                 and promotion.literal_fits(other, _element(value.type)):
             return _Leaf((a, b), value.type)
+        wider = _promoted_with_literal(value.type, other) if _is_number(other) else None
+        adopted = self._carried_merge(what, value, wider) if wider is not None else None
+        if adopted is not None:
+            return _Leaf((a, b), adopted.type, cast=True)
         raise CompilationError(f"{what} is {where}; give it one type in both branches")
+
+    def _carried_merge(self, what: str, a: Value, b):
+        """The `_Leaf` of a loop-carried variable (`what`) that one branch of an `if` in the loop body leaves as the
+        loop carries it and the other assigns a value of another type, as the loop rules take that value at the
+        end of the body (loops.py): the carried value's literal initial value adopts the other's type (`acc = 0`,
+        then `if c: acc = x_f32`: the IF yields float32 and the loop is compiled again with a float32 carry), or
+        the other value is the carried one's literal promotion (`if c: x = x + 1.5` with x an int32), converted
+        back. The branch that keeps the variable may also compute it from the carried value and literals alone
+        (`if c: acc = acc * 2 else: acc = 0.5`), and a helper may return it on one path and a value of another type
+        on the other (`acc = pick(acc, x)`). `b` may be a type, a number's in the other branch (`_merge`). None
+        otherwise (a type change the loop would refuse too)."""
+        from .carried_types import carried_source, is_literal_promotion
+
+        # a helper's returned value: the carried value it was passed, under its parameter's name
+        name = None if what.startswith("the returned value") else what.strip("`")
+        inits = self.context.carry_inits
+        for carried, value in ((a, b), (b, a)):
+            source = carried_source(inits, carried, name) if isinstance(carried, Value) else None
+            if source is None:
+                continue
+            type_ = value.type if isinstance(value, Value) else value     # (a type: a number's, see _merge)
+            if type_ != source.type and _broadcasts_to(carried.type, type_) and self._adopts(inits[source], type_):
+                return _Leaf((a, b), type_, cast=True)
+            if carried is source and isinstance(value, Value) and is_literal_promotion(value, carried.type):
+                return _Leaf((a, b), carried.type, cast=True)
+        return None
 
     def _literal_leaf(self, a, b) -> _Leaf:
         """The `_Leaf` of two branches that each give a number, or an earlier `if`'s result made of numbers
@@ -226,7 +281,7 @@ class ControlFlowMixin:
             with self.builder.insert_into(block):
                 operands = [self.materialize(leaf.values[index], leaf.type) for leaf in leaves]
                 # an earlier `if`'s result made of literals converts to the type of this one's
-                operands = [self.semantic.cast(value, leaf.type) if leaf.cast else value
+                operands = [self._converted(value, leaf.type) if leaf.cast else value
                             for value, leaf in zip(operands, leaves)]
                 self.builder.create(OpCode.YIELD, operands, [])
         op = self.builder.create(OpCode.IF, [condition], [leaf.type for leaf in leaves], regions=blocks)
@@ -243,6 +298,13 @@ class ControlFlowMixin:
             return tuple(rebuild(item) for item in plan)
 
         return [rebuild(plan) for plan in plans]
+
+    def _converted(self, value: Value, type_) -> Value:
+        """`value` converted to `type_`'s element type and broadcast to its shape."""
+        value = self.semantic.cast(value, _element(type_))
+        if shape_of(value.type) != shape_of(type_):
+            value = self.semantic.broadcast_to(value, shape_of(type_))
+        return value
 
     def materialize(self, value, type_) -> Value:
         """`value` (an IR value of `type_`, or a number) as an IR value of `type_`."""

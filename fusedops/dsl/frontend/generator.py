@@ -129,19 +129,27 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
         index = 0
         while index < len(statements):
             statement = statements[index]
-            if isinstance(statement, ast.Return):
-                return Returned(self.visit_return_value(statement))
-            if isinstance(statement, ast.If):
-                rest = statements[index + 1:]
-                with self.located(statement):
-                    outcome = self.compile_if(statement, rest)
-                if isinstance(outcome, list):       # constexpr condition: the taken branch
-                    statements, index = outcome + rest, 0
-                    continue
-                if isinstance(outcome, Returned):
-                    return outcome
-            else:
-                self.visit(statement)
+            try:
+                if isinstance(statement, ast.Return):
+                    return Returned(self.visit_return_value(statement))
+                if isinstance(statement, ast.If):
+                    rest = statements[index + 1:]
+                    with self.located(statement):
+                        outcome = self.compile_if(statement, rest)
+                    if isinstance(outcome, list):       # constexpr condition: the taken branch
+                        statements, index = outcome + rest, 0
+                        continue
+                    if isinstance(outcome, Returned):
+                        return outcome
+                else:
+                    self.visit(statement)
+            except RecursionError:
+                # the frontend recurses once per nested operation and per `elif`: hundreds of them exhaust
+                # Python's recursion limit (caught here, by the innermost statement with room to report it)
+                raise with_location(CompilationError(
+                    "this statement nests too deeply for the compiler (Python's recursion limit): split a long "
+                    "expression into several statements, or a long `elif` chain into separate `if`s"),
+                    self.source.location(statement)) from None
             index += 1
         return None
 

@@ -12,7 +12,7 @@ from ..language import core, promotion
 from ..language.dtypes import BlockType, DType, int64, shape_of
 from ..language.shape_ops import described
 from .carried_types import is_literal_promotion, literals_reaching
-from .control_flow import _MISSING, _assigned_names, _element, _is_number, _same_constant
+from .control_flow import _MISSING, _assigned_names, _element, _is_number, _promoted_with_literal, _same_constant
 from .scope import is_runtime
 
 # The most iterations a dsl.static_range loop unrolls: each is compiled as its own copy of the body.
@@ -221,6 +221,12 @@ class LoopsMixin:
                 "with .to(dtype)", scope.locations.get(name))
         if _is_number(end) and isinstance(_element(arg.type), DType) and promotion.literal_fits(end, _element(arg.type)):
             return True
+        # a literal initial value and a literal the body assigns promote together, as two literals do
+        # (`scale = 1`, then `scale = 0.5` in the body: float32)
+        wider = _promoted_with_literal(arg.type, end) if _is_number(end) else None
+        if wider is not None and self._adopts(init, wider) and retype.get(name) != wider:
+            retype[name] = wider
+            return False
         raise CompilationError(f"loop-carried variable `{name}` has type {arg.type} before the loop but becomes "
                                f"{described(end)} in the loop body", scope.locations.get(name))
 
