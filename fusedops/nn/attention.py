@@ -16,12 +16,13 @@ forward does (ranks, shapes, bool or floating masks, projection weights against 
 error types and messages). A float mask keeps its values as torch's forward does: one in float32 or the
 query's dtype is read as it is (a float32 mask of a 16-bit module is not rounded to 16 bits); one of another
 floating dtype, which torch's SDPA rejects in some cases, is cast to float32 (16-bit queries) or the
-query's dtype.
+query's dtype. Under torch.jit.script the module runs torch's F.multi_head_attention_forward (TorchScript cannot
+compile the calls into the kernels).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -112,9 +113,38 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
                 attn_mask: Optional[torch.Tensor] = None, average_attn_weights: bool = True,
-                is_causal: bool = False):
+                is_causal: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if torch.jit.is_scripting():     # torch.jit.script: torch's functional forward (the kernels are Python calls)
+            return self._scripted_forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                          average_attn_weights, is_causal)
+        return self._fused_forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+
+    @torch.jit.unused
+    def _fused_forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       key_padding_mask: Optional[torch.Tensor], need_weights: bool,
+                       attn_mask: Optional[torch.Tensor], average_attn_weights: bool,
+                       is_causal: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         return multi_head_attention(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                                     average_attn_weights, is_causal)
+
+    def _scripted_forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          key_padding_mask: Optional[torch.Tensor], need_weights: bool,
+                          attn_mask: Optional[torch.Tensor], average_attn_weights: bool,
+                          is_causal: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The forward under torch.jit.script: F.multi_head_attention_forward in torch's (L, N, E) layout, as
+        torch's module calls it outside its fast path (batch_first inputs transposed in and out)."""
+        transpose = self.batch_first and query.dim() == 3
+        if transpose:
+            query, key, value = query.transpose(1, 0), key.transpose(1, 0), value.transpose(1, 0)
+        out, weights = F.multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias,
+            self.bias_k, self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
+            training=self.training, key_padding_mask=key_padding_mask, need_weights=need_weights,
+            attn_mask=attn_mask, use_separate_proj_weight=not self._qkv_same_embed_dim,
+            q_proj_weight=self.q_proj_weight, k_proj_weight=self.k_proj_weight, v_proj_weight=self.v_proj_weight,
+            average_attn_weights=average_attn_weights, is_causal=is_causal)
+        return (out.transpose(1, 0) if transpose else out), weights
 
     def _attention_forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                            average_attn_weights, is_causal):

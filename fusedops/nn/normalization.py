@@ -2,11 +2,12 @@
 
 They subclass the torch modules, so the constructor (normalized_shape, eps, elementwise_affine, bias
 (LayerNorm), device, dtype), the `weight`/`bias` parameters and state_dict keys, reset_parameters,
-extra_repr, pickling and `isinstance(m, torch.nn.LayerNorm)` are torch's; only `forward` changes, to
-`fusedops.layer_norm` / `fusedops.rms_norm` (which run torch's op on CPU tensors unless
-FUSEDOPS_INTERPRET=1). A tensor input the op rejects (its trailing dims not normalized_shape, a dtype
-other than the parameters') raises RuntimeError, as torch's modules do (the functional ops raise
-ValueError / TypeError, naming the argument).
+extra_repr, pickling and `isinstance(m, torch.nn.LayerNorm)` are torch's; only `forward` changes (keeping
+torch's parameter names: LayerNorm's `input`, RMSNorm's `x`), to `fusedops.layer_norm` / `fusedops.rms_norm`
+(which run torch's op on CPU tensors unless FUSEDOPS_INTERPRET=1). A tensor input the op rejects (its trailing
+dims not normalized_shape, a dtype other than the parameters') raises RuntimeError, as torch's modules do (the
+functional ops raise ValueError / TypeError, naming the argument). Under torch.jit.script the forward is torch's
+functional op (TorchScript cannot compile the calls into the kernels; the scripted module runs torch's op).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+import torch.nn.functional as F
 
 from fusedops import functional
 from fusedops.autograd import norms as _norms
@@ -48,6 +50,12 @@ class LayerNorm(torch.nn.LayerNorm):
     computed by `fusedops.layer_norm`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():     # torch.jit.script: torch's op (the kernels are called from Python)
+            return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        return self._fused_forward(input)
+
+    @torch.jit.unused
+    def _fused_forward(self, input: torch.Tensor) -> torch.Tensor:
         _check_settings("layer_norm", self.normalized_shape, self.eps, False)
         return _as_torch_error(input, lambda: functional.layer_norm(input, self.normalized_shape, self.weight,
                                                                      self.bias, self.eps))
@@ -57,11 +65,17 @@ class RMSNorm(torch.nn.RMSNorm):
     """Root-mean-square normalization over the trailing `normalized_shape` dims (see torch.nn.RMSNorm),
     computed by `fusedops.rms_norm`; eps=None is torch's default (see fusedops.rms_norm)."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (the parameter is `x`, as torch.nn.RMSNorm.forward names it: `norm(x=h)` and kwargs hooks see torch's name)
+        if torch.jit.is_scripting():     # torch.jit.script: torch's op (the kernels are called from Python)
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return self._fused_forward(x)
+
+    @torch.jit.unused
+    def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_settings("rms_norm", self.normalized_shape, self.eps, True)
-        if isinstance(input, torch.Tensor) and input.dim() < len(self.normalized_shape):
+        if isinstance(x, torch.Tensor) and x.dim() < len(self.normalized_shape):
             # torch.nn.RMSNorm's ValueError (LayerNorm's is a RuntimeError, as _as_torch_error raises it)
             raise ValueError(f"Input tensor must have at least {len(self.normalized_shape)} dimensions, but got "
-                             f"{input.dim()}")
-        return _as_torch_error(input, lambda: functional.rms_norm(input, self.normalized_shape, self.weight,
-                                                                   self.eps))
+                             f"{x.dim()}")
+        return _as_torch_error(x, lambda: functional.rms_norm(x, self.normalized_shape, self.weight, self.eps))

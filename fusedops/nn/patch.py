@@ -35,6 +35,10 @@ flag, and modules that already are fusedops modules. Functional calls inside a m
 (torch.softmax, F.layer_norm, F.scaled_dot_product_attention, ...) are not changed: only modules
 and transformers' attention registry are.
 
+Outside torch.compile, the patched transformers modules run their original forward for a tensor subclass among
+their inputs and parameters (e.g. a quantized weight) or an active torch function or dispatch mode, so that the
+subclass or mode sees the original's calls (fusedops.nn.Linear runs F.linear then, as torch.nn.Linear does).
+
 Models with patched transformers classes (dynamically created subclasses) save and load through
 state_dict as before; pickling the whole model object does not work for those.
 """
@@ -50,7 +54,7 @@ import torch
 
 from fusedops import functional
 from fusedops.nn import attention as _attention
-from fusedops.nn.linear import Linear
+from fusedops.nn.linear import Linear, subclass_or_mode
 from fusedops.nn.normalization import LayerNorm, RMSNorm
 from fusedops.nn.softmax import LogSoftmax, Softmax
 
@@ -74,6 +78,8 @@ class _Conv1DForward:
     """forward of transformers' Conv1D (GPT-2): x @ weight + bias, weight (nx, nf), by fusedops.matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if subclass_or_mode(x, self.weight, self.bias):     # a tensor subclass or a torch mode: the original's calls
+            return super().forward(x)
         if x.dim() == 0 or x.shape[-1] != self.nx:
             # the original's addmm refuses it (an empty batch too), as torch words it
             raise RuntimeError(f"Conv1D: mat1 and mat2 shapes cannot be multiplied: the input's last dim must be "
@@ -89,6 +95,8 @@ class _T5RMSNormForward:
     k-bit training keeps them) so does this, the kernel normalizing and torch applying the weight."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if subclass_or_mode(hidden_states, self.weight):  # a tensor subclass or a torch mode: the original's calls
+            return super().forward(hidden_states)
         if self.weight.dtype != hidden_states.dtype:
             return self.weight * functional.rms_norm(hidden_states, self.weight.shape, None, self.variance_epsilon)
         return functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)

@@ -4,7 +4,7 @@ They subclass the torch modules, so the constructor, `dim` attribute, `extra_rep
 state_dict, pickling and `isinstance(m, torch.nn.Softmax)` are torch's; only `forward` changes,
 to `fusedops.softmax` / `fusedops.log_softmax` (which run torch's op on CPU tensors unless
 FUSEDOPS_INTERPRET=1). `dim=None` keeps torch's legacy rule: a deprecation warning, then dim 0 for
-0-, 1- and 3-d inputs and dim 1 otherwise.
+0-, 1- and 3-d inputs and dim 1 otherwise. Under torch.jit.script the forward is torch's functional op.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 
 from fusedops import functional
 
@@ -21,7 +22,7 @@ def _legacy_dim(name: str, ndim: int) -> int:
     # torch.compile traces: dynamo cannot trace warnings.warn, and a fullgraph compile would fail).
     if not torch.compiler.is_compiling():
         warnings.warn(f"Implicit dimension choice for {name} has been deprecated. "
-                      "Change the call to include dim=X as an argument.", stacklevel=6)
+                      "Change the call to include dim=X as an argument.", stacklevel=7)
     return 0 if ndim in (0, 1, 3) else 1
 
 
@@ -37,6 +38,12 @@ class Softmax(torch.nn.Softmax):
     """Softmax over `dim` (see torch.nn.Softmax), computed by `fusedops.softmax`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():     # torch.jit.script: torch's op (the kernels are called from Python)
+            return F.softmax(input, self.dim)
+        return self._fused_forward(input)
+
+    @torch.jit.unused
+    def _fused_forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.dim is None:
             return _implicit_dim_softmax(input, False)
         return functional.softmax(input, self.dim)
@@ -46,6 +53,12 @@ class LogSoftmax(torch.nn.LogSoftmax):
     """Log-softmax over `dim` (see torch.nn.LogSoftmax), computed by `fusedops.log_softmax`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():     # torch.jit.script: torch's op (the kernels are called from Python)
+            return F.log_softmax(input, self.dim)
+        return self._fused_forward(input)
+
+    @torch.jit.unused
+    def _fused_forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.dim is None:
             return _implicit_dim_softmax(input, True)
         return functional.log_softmax(input, self.dim)
