@@ -64,6 +64,7 @@ import fusedops
 import fusedops.nn
 from fusedops.nn.attention import transformers_attention_forward
 from helpers import assert_close
+from hf_standins import Conv1D as _Conv1D, LlamaRMSNorm as _LlamaRMSNorm
 
 D = torch.float64
 
@@ -592,42 +593,6 @@ def test_transformers_attention_function_follows_sdpa_rules(interpret, seed, len
     assert_close(out, want, D)
 
 
-class _LlamaRMSNorm(torch.nn.Module):
-    """Hugging Face's LlamaRMSNorm, written out (the module patch() recognizes by its qualified name)."""
-
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
-
-
-_LlamaRMSNorm.__module__ = "transformers.models.llama.modeling_llama"
-_LlamaRMSNorm.__qualname__ = _LlamaRMSNorm.__name__ = "LlamaRMSNorm"
-
-
-class _Conv1D(torch.nn.Module):
-    """Hugging Face's GPT-2 Conv1D, written out: x @ weight + bias with weight (nx, nf)."""
-
-    def __init__(self, nf, nx):
-        super().__init__()
-        self.nf, self.nx = nf, nx
-        self.weight = torch.nn.Parameter(torch.randn(nx, nf) * 0.02)
-        self.bias = torch.nn.Parameter(torch.randn(nf))
-
-    def forward(self, x):
-        size_out = x.size()[:-1] + (self.nf,)
-        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size_out)
-
-
-_Conv1D.__module__ = "transformers.pytorch_utils"
-_Conv1D.__qualname__ = _Conv1D.__name__ = "Conv1D"
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
