@@ -85,8 +85,9 @@ def literals_reaching(carry_inits: dict, value) -> list:
 
 def carried_source(carry_inits: dict, value: Value, name: str):
     """The block argument carrying `name` through a loop being compiled (`carry_inits`' keys) that `value` is,
-    or is computed from by elementwise ops (`acc * 2 + i`, through the branches of inner `if`s too: an `elif`);
-    None when there is none, or more than one. `name` None: a block argument of any name."""
+    or is computed from by elementwise ops (`acc * 2 + i`, `acc + step` with `step` carried too, through the
+    branches of inner `if`s: an `elif`); None when there is none. `name` None: a block argument of any name, None
+    when there is more than one."""
     found, pending, seen = None, [value], set()
     while pending:
         current = pending.pop()
@@ -94,7 +95,9 @@ def carried_source(carry_inits: dict, value: Value, name: str):
             continue
         seen.add(id(current))
         if current in carry_inits:
-            if (name is not None and current.name != name) or (found is not None and found is not current):
+            if name is not None and current.name != name:
+                continue        # another carried variable taking part in the value (`acc = acc + step`)
+            if found is not None and found is not current:
                 return None
             found = current
             continue
