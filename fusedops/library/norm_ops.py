@@ -131,11 +131,20 @@ def _(grad_output, input, normalized_shape, weight, mean, rstd, input_grad, weig
             input.new_empty(tuple(normalized_shape), dtype=bias_dtype) if bias_grad else None)
 
 
+def _weight_to_save(ctx, weight):
+    """The weight as the backward takes it: itself where dx is wanted (its values make dx), else a copy of it (the
+    backward reads only its dtype and layout then), so that a weight changed in place after the forward fails the
+    backward only where its values are read, as in eager (autograd/norms.NormFunction)."""
+    if weight is None or ctx.needs_input_grad[0]:
+        return weight
+    return weight.detach().clone()
+
+
 def _setup_layer_norm(ctx, inputs, output):
     input, normalized_shape, weight, bias, _ = inputs
     _, mean, rstd = output
     ctx.mark_non_differentiable(mean, rstd)
-    ctx.save_for_backward(input, weight, mean, rstd)
+    ctx.save_for_backward(input, _weight_to_save(ctx, weight), mean, rstd)
     ctx.normalized_shape = normalized_shape
     ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -152,7 +161,7 @@ def _setup_rms_norm(ctx, inputs, output):
     input, normalized_shape, weight, _ = inputs
     _, rstd = output
     ctx.mark_non_differentiable(rstd)
-    ctx.save_for_backward(input, weight, rstd)
+    ctx.save_for_backward(input, _weight_to_save(ctx, weight), rstd)
     ctx.normalized_shape = normalized_shape
 
 

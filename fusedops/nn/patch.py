@@ -37,7 +37,8 @@ and transformers' attention registry are.
 
 Outside torch.compile, the patched transformers modules run their original forward for a tensor subclass among
 their inputs and parameters (e.g. a quantized weight) or an active torch function or dispatch mode, so that the
-subclass or mode sees the original's calls (fusedops.nn.Linear runs F.linear then, as torch.nn.Linear does).
+subclass or mode sees the original's calls (fusedops.nn.Linear runs F.linear then, as torch.nn.Linear does), and
+under torch.jit.script they are scripted as their original forward (where the original scripts).
 
 Models with patched transformers classes (dynamically created subclasses) save and load through
 state_dict as before; pickling the whole model object does not work for those.
@@ -48,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 from typing import Dict, List
 
 import torch
@@ -78,6 +80,12 @@ class _Conv1DForward:
     """forward of transformers' Conv1D (GPT-2): x @ weight + bias, weight (nx, nf), by fusedops.matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():     # torch.jit.script: the original's forward (the kernels are Python calls)
+            return self._original_forward(x)
+        return self._fused_forward(x)
+
+    @torch.jit.unused
+    def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         if subclass_or_mode(x, self.weight, self.bias):     # a tensor subclass or a torch mode: the original's calls
             return super().forward(x)
         if x.dim() == 0 or x.shape[-1] != self.nx:
@@ -95,6 +103,12 @@ class _T5RMSNormForward:
     k-bit training keeps them) so does this, the kernel normalizing and torch applying the weight."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():     # torch.jit.script: the original's forward (the kernels are Python calls)
+            return self._original_forward(hidden_states)
+        return self._fused_forward(hidden_states)
+
+    @torch.jit.unused
+    def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if subclass_or_mode(hidden_states, self.weight):  # a tensor subclass or a torch mode: the original's calls
             return super().forward(hidden_states)
         if self.weight.dtype != hidden_states.dtype:
@@ -173,8 +187,24 @@ def _qualified_name(cls: type) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _fused_subclass(original: type, mixin: type) -> type:
-    """`original` with `mixin`'s forward (one class per original class)."""
-    return type(f"Fused{original.__name__}", (mixin, original), {"__module__": __name__})
+    """`original` with `mixin`'s forward (one class per original class); the original's forward stays reachable as
+    `_original_forward`, which the mixins' forward runs under torch.jit.script (TorchScript has no super())."""
+    return type(f"Fused{original.__name__}", (mixin, original),
+                {"__module__": __name__, "_original_forward": _renamed(original.forward, "_original_forward")})
+
+
+def _renamed(function, name: str):
+    """A copy of the Python function `function` named `name` (TorchScript compiles a method under its function's
+    name: the original's `forward` beside the mixin's would be a "redefined method"); `function` itself where it is
+    not a plain Python function (a wrapped or builtin forward: scripting it then fails as it would have)."""
+    if not isinstance(function, types.FunctionType):
+        return function
+    copy = types.FunctionType(function.__code__, function.__globals__, name, function.__defaults__,
+                              function.__closure__)
+    copy.__kwdefaults__, copy.__annotations__ = function.__kwdefaults__, dict(function.__annotations__)
+    copy.__qualname__ = function.__qualname__[:len(function.__qualname__) - len(function.__name__)] + name
+    copy.__module__ = function.__module__
+    return copy
 
 
 def _plan(module: torch.nn.Module, enabled: Dict[str, bool]):
