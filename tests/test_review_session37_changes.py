@@ -36,6 +36,7 @@ import fusedops.nn as fnn
 from fusedops.dsl import CompilationError
 from fusedops.nn.linear import subclass_or_mode
 from kernel_source import jit_from_source
+from python_dsl import PythonDsl, PythonPointer
 
 NAN = float("nan")
 
@@ -47,25 +48,11 @@ def _interpret(monkeypatch, tmp_path_factory):
 
 
 # == frontend (00b0242) ============================================================================================
-class _Pointer:
-    def __init__(self, out, offset=0):
-        self.out, self.offset = out, offset
-
-    def __add__(self, k):
-        return _Pointer(self.out, self.offset + k)
-
-
-class _PythonDsl:
-    @staticmethod
-    def store(pointer, value):
-        pointer.out[pointer.offset] = float(value)
-
-
 def _python_run(source, *args):
-    scope = {"dsl": _PythonDsl}
+    scope = {"dsl": PythonDsl}
     exec(source, scope)
     stored = {}
-    scope["k"](_Pointer(stored), *args)
+    scope["k"](PythonPointer(stored), *args)
     return [stored.get(i, NAN) for i in range(2)]
 
 

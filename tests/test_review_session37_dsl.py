@@ -33,6 +33,7 @@ from fusedops.dsl import CompilationError
 from fusedops.dsl.target import assemble, ptxas_available
 from host_jit import run_on_host
 from kernel_source import jit_from_source
+from python_dsl import PythonDsl, PythonPointer
 from test_review_session35_dsl import _run_compiled, _same_bits
 
 NAN = float("nan")
@@ -394,29 +395,6 @@ class _Generator:
         return "def k(o_ptr, t_ptr, a, b, x, C: dsl.constexpr):\n" + "".join(f"    {line}\n" for line in lines)
 
 
-class _PythonPointer:
-    def __init__(self, out, offset=0):
-        self.out, self.offset = out, offset
-
-    def __add__(self, k):
-        return _PythonPointer(self.out, self.offset + k)
-
-
-class _PythonDsl:
-    constexpr = int
-    static_range = range
-
-    @staticmethod
-    def load(pointer):
-        if not 0 <= pointer.offset < len(pointer.out):
-            raise IndexError(f"the Python run loads out of bounds: {pointer.offset}")
-        return pointer.out[pointer.offset]
-
-    @staticmethod
-    def store(pointer, value):
-        pointer.out[pointer.offset] = float(value)
-
-
 @pytest.mark.parametrize("seed", range(24))
 def test_random_scalar_control_flow_follows_python(seed):
     outputs = 5
@@ -424,14 +402,14 @@ def test_random_scalar_control_flow_follows_python(seed):
     helpers_file = f"<s37 helpers {seed}>"
     clampf, pick = (jit_from_source(_HELPERS, helpers_file, name) for name in ("clampf", "pick"))
     kernel = jit_from_source(source, f"<s37 random control flow {seed}>", namespace={"clampf": clampf, "pick": pick})
-    python = {"dsl": _PythonDsl}
+    python = {"dsl": PythonDsl}
     exec(_HELPERS + source, python)
     rng = random.Random(seed + 1000)
     for _ in range(3):
         a, b, x, c = rng.randint(-3, 4), rng.randint(-2, 4), rng.randint(-8, 8) * 0.25, rng.randint(-1, 3)
         table = [rng.randint(-8, 8) * 0.25 for _ in range(6)]
         stored = {}
-        python["k"](_PythonPointer(stored), _PythonPointer(table), a, b, x, c)
+        python["k"](PythonPointer(stored), PythonPointer(table), a, b, x, c)
         expected = [stored.get(i, NAN) for i in range(outputs)]
         out = torch.full((outputs,), NAN)
         kernel[(1,)](out, torch.tensor(table), a, b, x, C=c, interpret=True)
