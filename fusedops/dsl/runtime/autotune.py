@@ -24,7 +24,11 @@ Tuning launches the kernel several times on the caller's arguments. A kernel tha
 an argument (atomic adds, `out += ...`) names it: `reset_to_zero=["out"]` zeroes those tensors before
 every tuning launch and after the search (the real launch then starts from zeros, as a first launch
 from a zeroed buffer does); `restore_value=["x"]` saves those tensors before the search and copies
-them back before every tuning launch and after it (the real launch sees the caller's values).
+them back before every tuning launch and after it (the real launch sees the caller's values). Those
+copies and zeroings run in inference mode, so they take tensors that require grad (an nn.Parameter that
+an in-place kernel updates) and inference tensors, as the kernel's own writes do. A new key cannot be
+tuned while a CUDA graph is being captured (timing synchronizes the stream): that launch raises
+LaunchError; launch once before the capture (a key already tuned, or recorded on disk, launches as usual).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ TUNING_REPS = 5         # timed launches of a config per round
 RECORD_LOCK_SECONDS = 10   # how long a process waits for another's write of the record before giving up on its own
 HOST_LEAD_CYCLES = 200_000  # GPU clock cycles of sleep queued per timed launch (~0.1 ms, `time_launches`)
 _SKIPPED = (CompilationError, LaunchError, UnsupportedError)
+_MAX_NAME = 150     # bytes (UTF-8) of the kernel's module.qualname kept in its record's file name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,17 +172,20 @@ class Autotuner:
         except (OSError, TypeError, AttributeError):    # no retrievable source: name and configs only
             source = ""
         digest = hashlib.sha256((source + "\n".join(map(str, self.configs))).encode()).hexdigest()[:16]
-        name = f"{self.fn.fn.__module__}.{self.fn.fn.__qualname__}-{digest}.json"
-        return Path(settings.cache_dir).expanduser() / "autotune" / name
+        name = f"{self.fn.fn.__module__}.{self.fn.fn.__qualname__}"
+        if len(name.encode()) > _MAX_NAME:    # a file name has at most 255 bytes: the rest of a long name as a hash
+            kept = name.encode()[:_MAX_NAME].decode(errors="ignore")
+            name = f"{kept}~{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+        return Path(settings.cache_dir).expanduser() / "autotune" / f"{name}-{digest}.json"
 
     def _load_record(self) -> None:
         self._loaded = True
         path = self._record_path()
-        if path is None or not path.is_file():
-            return
         try:
+            if path is None or not path.is_file():
+                return
             record = _read_record(path)
-        except OSError:
+        except OSError:     # unreadable: the keys are tuned again
             return
         for key, index in record.items():
             if 0 <= index < len(self.configs) and key not in self.best:
@@ -299,24 +307,45 @@ class Autotuner:
     def _tune(self, key: str, grid, args, kwargs) -> Config:
         """`select` for `key` by timing launches of each config on these arguments; the tensors named by
         reset_to_zero / restore_value are zeroed / restored before each launch and after the search. A
-        config `select` finds recorded (no launch) leaves them alone, as a key tuned earlier does."""
+        config `select` finds recorded (no launch) leaves them alone, as a key tuned earlier does.
+
+        The copies, restores and zeroings are not recorded by autograd (inference mode): the kernel writes
+        its tensors whether they require grad (an nn.Parameter an in-place kernel updates) or are
+        inference tensors, and so may tuning.
+
+        Raises:
+            LaunchError: the key must be timed while a CUDA graph is being captured on the current stream
+                (timing synchronizes, which would invalidate the capture): launch once before capturing.
+        """
+        import torch
+
         values = dict(zip(self._names, args))
         values.update(kwargs)
+        with self._lock:
+            if not self._loaded:
+                self._load_record()
+            recorded = key in self.best
+        if not recorded and _capturing(values.values()):
+            raise LaunchError(f"autotune of `{self.fn.__name__}` must time its configs for the new key {key!r}, "
+                              "which it cannot do while a CUDA graph is being captured (timing synchronizes the "
+                              "stream): launch the kernel once with arguments of this key before the capture")
         zeroed = [values[name] for name in self.reset_to_zero if _is_tensor(values.get(name))]
         saved = []          # (tensor, its copy), taken before the first timed launch
 
         def reset():        # (a tensor named by both is zeroed: the restore comes first)
-            for tensor, copy in saved:
-                tensor.copy_(copy)
-            for tensor in zeroed:
-                tensor.zero_()
+            with torch.inference_mode():
+                for tensor, copy in saved:
+                    tensor.copy_(copy)
+                for tensor in zeroed:
+                    tensor.zero_()
 
         launched = []       # ids: a config's constexpr values may be unhashable
 
         def measure(config):
             if not launched:
-                saved.extend((values[name], values[name].clone()) for name in self.restore_value
-                             if _is_tensor(values.get(name)))
+                with torch.inference_mode():
+                    saved.extend((values[name], values[name].clone()) for name in self.restore_value
+                                 if _is_tensor(values.get(name)))
             first = id(config) not in launched
             launched.append(id(config))
             return self._measure(grid, args, kwargs, config, reset, first)
@@ -364,6 +393,19 @@ def time_launches(launch: Callable[[], object], before: Callable[[], None] = lam
         end.record()
     events[-1][1].synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def _capturing(values) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of the device of the CUDA tensors
+    among `values` (the current device where there are none)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    device = next((value.device for value in values if _is_tensor(value)
+                   and getattr(value, "device", None) is not None and value.device.type == "cuda"), None)
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _key_part(value) -> str:
