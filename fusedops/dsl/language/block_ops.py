@@ -47,7 +47,7 @@ class BlockOps:
         if other is not None and mask is None:
             other = None   # nothing is masked off, so `other` is never used
         if other is not None:
-            other = self.cast(self.to_value(other, element), element)
+            other = self.cast(other, element)
         shape = self._common_shape(ptr, mask, other)
         operands = [self.broadcast_to(ptr, shape)]
         if mask is not None:
@@ -62,7 +62,7 @@ class BlockOps:
         ptr = self._pointer(ptr, "store")
         self._check_cache("store", _STORE_CACHE_MODIFIERS, cache_modifier, eviction_policy)
         element = _element(ptr).element
-        value = self.cast(self.to_value(value, element), element)
+        value = self.cast(value, element)
         if mask is not None:
             mask = self.to_condition(mask, allow_block=True)
         shape = self._common_shape(ptr, value, mask)
@@ -226,7 +226,7 @@ class BlockOps:
             raise CompilationError(f"atomic_{kind} needs an integer pointer, got {element}")
         if element == int1 or element.bits < 16 or (element.bits == 16 and kind != "add" and kind != "xchg"):
             raise CompilationError(f"atomic_{kind} does not support {element}")
-        value = self.cast(self.to_value(value, element), element)
+        value = self.cast(value, element)
         if mask is not None:
             mask = self.to_condition(mask, allow_block=True)
         shape = self._common_shape(ptr, value, mask)
@@ -243,8 +243,8 @@ class BlockOps:
         element = _element(ptr).element
         if element.bits not in (16, 32, 64) or element == int1:
             raise CompilationError(f"atomic_cas does not support {element}")
-        cmp = self.cast(self.to_value(cmp, element), element)
-        value = self.cast(self.to_value(value, element), element)
+        cmp = self.cast(cmp, element)
+        value = self.cast(value, element)
         shape = self._common_shape(ptr, cmp, value)
         operands = [self.broadcast_to(v, shape) for v in (ptr, cmp, value)]
         return self.builder.value(OpCode.ATOMIC_CAS, operands, with_shape(element, shape), sem=sem, scope=scope)

@@ -29,6 +29,7 @@ from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from .core import builtin
 from .dtypes import BlockType, DType, PointerType, float32, int32, int64, uint32
+from .promotion import printable
 from .shape_ops import check_block_size, compile_time_bool, shown
 
 
@@ -61,6 +62,8 @@ def _argument_or_constant(semantic, value, what: str) -> Value:
         raise CompilationError(f"make_tensor_descriptor: {what} must be an int kernel argument or an int, "
                                f"got {shown(value)}")
     if isinstance(value, int):
+        if not -2**63 <= value < 2**63:     # (a constant would wrap it to 64 bits)
+            raise CompilationError(f"make_tensor_descriptor: {what} {printable(value)} does not fit in int64")
         return semantic.constant(value, int32 if -2**31 <= value < 2**31 else int64)
     if isinstance(value.type, BlockType) or value.type not in (int32, int64):
         raise CompilationError(f"make_tensor_descriptor: {what} must be an int32/int64 scalar, got {value.type}")
@@ -145,7 +148,7 @@ def _box_write(semantic, descriptor, offsets, value, what: str, **attrs) -> None
                                                PointerType):
         raise CompilationError(f"descriptor {what}: the value must be numbers (a scalar or a {descriptor.block_shape} "
                                f"block), got {value.type}")
-    value = semantic.to_value(value, descriptor.element)
+    value = semantic.cast(value, descriptor.element)     # a literal as a store converts it
     if not isinstance(value.type, BlockType):
         value = semantic.broadcast_to(value, descriptor.block_shape)     # a scalar fills the box
     if tuple(value.type.shape) != descriptor.block_shape:

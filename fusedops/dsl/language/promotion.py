@@ -12,7 +12,10 @@ Promotion of two operand element types for arithmetic:
   of one is an error (as in NumPy and torch).
 Python literals are *weak*: a literal adopts the other operand's type when that type can hold its kind
 (an int literal with an integer or float operand, a float literal with a float operand); alone, an int
-literal is int32 (int64 if it does not fit, uint64 beyond that) and a float literal float32.
+literal is int32 (int64 if it does not fit, uint64 beyond that) and a float literal float32. A float literal
+converted to an integer type (`dsl.cast` / `.to()`, `dsl.full`, a store, a load's `other`, an annotated
+assignment) converts from its exact value, as Python's int() and torch.full do (123456789.0 -> 123456789, not
+float32's 123456792).
 
 Broadcasting is NumPy's: shapes align at the right, size-1 dims stretch, missing leading dims are added.
 """

@@ -17,8 +17,8 @@ from ..errors import CompilationError
 from ..ir import Builder, OpCode, Value
 from . import promotion
 from .block_ops import BlockOps
-from .dtypes import (BlockType, DType, PointerType, float32, int1, int32, int64, shape_of, with_element,
-                     with_shape)
+from .dtypes import (BlockType, DType, PointerType, float32, float64, int1, int32, int64, shape_of,
+                     with_element, with_shape)
 from .shape_ops import ShapeOps, compile_time_bool, compile_time_flag, described, shown
 
 _BINARY = {
@@ -126,7 +126,9 @@ class Semantics(ShapeOps, BlockOps):
 
     # -- casts -------------------------------------------------------------------------------------
     def cast(self, x, dtype, bitcast: bool = False) -> Value:
-        """Convert `x` to element type `dtype` (a value conversion; `bitcast` reinterprets bits). A literal
+        """Convert `x` to element type `dtype` (a value conversion; `bitcast` reinterprets bits). A float
+        literal converted to an integer type (int1 included) converts from its exact value (float64), an int
+        literal the type cannot hold wraps to its width (C's conversion; past 64 bits it is an error). A literal
         bitcast keeps its own bits: an int literal is the integer of dtype's width that holds it (signed
         first: 0x7F800000 -> float32 is inf); a float literal is the float dtype itself (bfloat16 too), or
         for an int dtype the float16 / float32 / float64 of its width."""
@@ -135,6 +137,10 @@ class Semantics(ShapeOps, BlockOps):
             raise CompilationError(f"cast target must be a dsl dtype such as dsl.float32, got {shown(dtype)}")
         if bitcast:
             x = self._bitcast_literal(x, dtype)
+        elif isinstance(x, float) and isinstance(dtype, DType) and not dtype.is_floating:
+            # a float literal converts to an integer type from its exact value, as Python's int() and
+            # torch.full do: typed alone (float32) it would round first (123456789.0 -> 123456792)
+            x = self.to_value(x, float64)
         else:
             x = self.to_value(x, dtype if isinstance(dtype, DType) else None)
         source = element_of(x)

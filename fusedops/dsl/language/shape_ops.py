@@ -6,7 +6,7 @@ from ..errors import CompilationError
 from ..ir import OpCode, Value
 from .core import constexpr
 from .dtypes import BlockType, DType, PointerType, int32, shape_of, with_shape
-from .promotion import printable
+from .promotion import literal_fits, printable
 
 _MAX_BLOCK_NUMEL = 1 << 20
 
@@ -129,10 +129,11 @@ class ShapeOps:
             return self.broadcast_to(self.cast(value, dtype), shape)
         if not isinstance(value, (bool, int, float)):
             raise CompilationError(f"full: value must be a number or a scalar, got {shown(value)}")
-        if isinstance(value, float) and not dtype.is_floating:
-            # a float literal converts as every float -> integer conversion does (toward zero, saturating,
-            # NaN to 0; `.to()`), not by wrapping its integer part
-            return self.broadcast_to(self.cast(self.to_value(value), dtype), shape)
+        if (isinstance(value, float) and not dtype.is_floating) or not literal_fits(value, dtype):
+            # converted as `.to()` converts a literal: a float to an integer type from its exact value (toward
+            # zero, saturating, NaN to 0), not by wrapping its integer part nor rounded to float32 first; an int
+            # the type cannot hold wraps to its width (C), and one past 64 bits is an error, as everywhere else
+            return self.broadcast_to(self.cast(value, dtype), shape)
         return self.constant(value, dtype, shape)
 
     def splat(self, x: Value, shape: tuple) -> Value:
