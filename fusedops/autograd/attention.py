@@ -131,7 +131,7 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=N
     if enable_gqa and query.dim() >= 3:
         # as torch: key's and value's head counts each divide query's (they may differ: see _runs_kernels)
         heads = query.size(-3)      # 0 query heads: an empty result, as torch (whatever key's and value's)
-        if heads and any(h == 0 or heads % h != 0 for h in (key.size(-3), value.size(-3))):
+        if heads and any(h == 0 or heads % h != 0 for h in (_heads(key), _heads(value))):
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
     _check_broadcasting(query, key, value, attn_mask, enable_gqa)
 
@@ -261,7 +261,13 @@ def gqa_heads_differ(query, key, value, enable_gqa) -> bool:
     """Grouped-query attention whose key and value have different head counts (each dividing query's),
     which torch accepts (its math backend) and the kernels do not, or whose query has no heads (an empty
     result, whatever key's and value's head counts): torch's op runs it."""
-    return bool(enable_gqa) and query.dim() >= 3 and (key.size(-3) != value.size(-3) or query.size(-3) == 0)
+    return bool(enable_gqa) and query.dim() >= 3 and (_heads(key) != _heads(value) or query.size(-3) == 0)
+
+
+def _heads(t: torch.Tensor) -> int:
+    """The head count (dim -3) of a query, key or value; 1 for a 2-D one, which has none (as _as_4d pads it:
+    torch's op would raise IndexError for it under enable_gqa)."""
+    return t.size(-3) if t.dim() >= 3 else 1
 
 
 # The range of |scale| * log2(e) whose float32 (hi, lo) pair (kernels.attention._float_pair, how the scale
@@ -295,18 +301,42 @@ def torch_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
                     enable_gqa=False):
     """torch's scaled_dot_product_attention with fusedops' semantics: an attn_mask and is_causal together
     both apply (torch refuses the pair), the causal mask folded into attn_mask (top-left aligned, as
-    torch's is_causal). Fully masked rows keep torch's result there."""
-    if attn_mask is not None and is_causal is True and isinstance(attn_mask, torch.Tensor):
+    torch's is_causal). Fully masked rows keep torch's result there. The causal mask is folded in likewise for
+    a scale <= 0 without a mask: torch's CPU flash kernel masks before it scales (-inf * 0 = NaN, -inf * -0.5 =
+    +inf: NaN rows), where its math backend and the kernels give the softmax of the scaled, causally masked
+    logits. Under enable_gqa, 2-D inputs (no heads dim: torch's op raises IndexError) take one head, as on the
+    kernels' route."""
+    squeeze = False
+    if enable_gqa is True and all(isinstance(t, torch.Tensor) for t in (query, key, value)) \
+            and min(query.dim(), key.dim(), value.dim()) == 2:
+        squeeze = max(query.dim(), key.dim(), value.dim()) == 2     # the output has the inputs' highest rank
+        query, key, value = (t.unsqueeze(-3) if t.dim() == 2 else t for t in (query, key, value))
+    if is_causal is True and (isinstance(attn_mask, torch.Tensor) or (attn_mask is None
+                                                                       and _scale_not_positive(scale))):
         keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
-        if attn_mask.dtype == torch.bool:
+        if attn_mask is None:
+            attn_mask = keep
+        elif attn_mask.dtype == torch.bool:
             attn_mask = attn_mask & keep
         else:
             attn_mask = torch.where(keep, attn_mask, torch.full((), -math.inf, dtype=attn_mask.dtype,
                                                                 device=attn_mask.device))
         is_causal = False
-    return torch.nn.functional.scaled_dot_product_attention(
+    out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa)
+    return out.squeeze(-3) if squeeze else out
+
+
+def _scale_not_positive(scale) -> bool:
+    """Whether `scale` (None, a number or a 0-d tensor, not yet checked) is 0, -0.0 or negative (NaN is not);
+    False for what is not a number (left to torch's argument error)."""
+    if scale is None:
+        return False
+    try:
+        return float(scale) <= 0.0
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
