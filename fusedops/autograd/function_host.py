@@ -23,6 +23,7 @@ forward + backward ~80 us, of which `Function.apply`'s Python wrapper ~3 us and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable
 
@@ -83,6 +84,21 @@ def torch_modes_active() -> bool:
     from torch.utils._device import DeviceContext
 
     return any(not isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())
+
+
+# torch._C._is_any_autocast_enabled (private; torch >= 2.4): autocast on for CPU, CUDA or another usual device
+_any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+def autocast_off(device_type: str):
+    """A context in which torch's autocast for `device_type` is off, or a null context where it is off already
+    (one C call while autocast is off everywhere): for torch ops that must not be cast, e.g. the float32 product
+    of matmul's reference, whose operands fusedops.matmul has cast already, or an op that stands in for code
+    that autocast does not touch (a patched transformers RMSNorm)."""
+    if (_any_autocast_enabled() and torch.amp.is_autocast_available(device_type)
+            and torch.is_autocast_enabled(device_type)):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def backward_runs_torch(grad: torch.Tensor) -> bool:

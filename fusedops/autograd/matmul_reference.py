@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from fusedops.autograd.function_host import autocast_off
 from fusedops.kernels import matmul as kernels
 
 ACTIVATIONS = kernels.ACTIVATIONS
@@ -101,12 +102,15 @@ def reference(a, b, bias=None, activation=None, out_dtype=None) -> torch.Tensor:
     numerics: 16-bit operands multiplied and summed in float32 (float64 where one is float64), the bias
     added and the activation applied there, then one rounding to out_dtype (default a's dtype), as
     torch.nn.Linear's addmm does. (A 16-bit torch.matmul rounds A @ B first: 100 x 200 summed over 4
-    is inf in float16 before a bias of -40000 could bring it back to 40000.) Integer and complex operands
-    (check_arguments: no bias, activation or out_dtype) take torch.matmul in their own dtype."""
+    is inf in float16 before a bias of -40000 could bring it back to 40000.) Also under autocast, which
+    would run the float32 product in the autocast dtype: it runs with autocast off (the operands are
+    cast by the caller, fusedops.matmul). Integer and complex operands (check_arguments: no bias,
+    activation or out_dtype) take torch.matmul in their own dtype."""
     if not a.dtype.is_floating_point:
         return torch.matmul(a, b)
     acc = torch.promote_types(wide_dtype(a.dtype), wide_dtype(b.dtype))
-    z = torch.matmul(a.to(acc), b.to(acc))
+    with autocast_off(a.device.type):     # (autocast would run the float32 product in its 16-bit dtype)
+        z = torch.matmul(a.to(acc), b.to(acc))
     if bias is not None:
         z = z + bias.to(acc)
     return apply_activation(z, activation).to(out_dtype or a.dtype)

@@ -55,6 +55,7 @@ from typing import Dict, List
 import torch
 
 from fusedops import functional
+from fusedops.autograd.function_host import autocast_off
 from fusedops.nn import attention as _attention
 from fusedops.nn.linear import Linear, subclass_or_mode
 from fusedops.nn.normalization import LayerNorm, RMSNorm
@@ -111,9 +112,14 @@ class _T5RMSNormForward:
     def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if subclass_or_mode(hidden_states, self.weight):  # a tensor subclass or a torch mode: the original's calls
             return super().forward(hidden_states)
-        if self.weight.dtype != hidden_states.dtype:
-            return self.weight * functional.rms_norm(hidden_states, self.weight.shape, None, self.variance_epsilon)
-        return functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
+        # The original's ops are none of autocast's, so its output dtype is the input's (or the weight's promotion
+        # with it) under autocast too: fusedops.rms_norm runs without autocast's rms_norm policy (float32 on CUDA
+        # with torch >= 2.12), as a call to torch.nn.functional.rms_norm would not.
+        with autocast_off(hidden_states.device.type):
+            if self.weight.dtype != hidden_states.dtype:
+                return self.weight * functional.rms_norm(hidden_states, self.weight.shape, None,
+                                                         self.variance_epsilon)
+            return functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
 
 
 # qualified transformers class name -> (flag, forward mixin)
