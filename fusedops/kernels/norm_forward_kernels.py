@@ -37,7 +37,7 @@ contiguous.
 from __future__ import annotations
 
 import fusedops.dsl as dsl
-from fusedops.kernels.norm_statistics import corrected_mean, row_shifts, shifted_statistics
+from fusedops.kernels.norm_statistics import corrected_mean, row_shifts, sampled_median, shifted_statistics
 from fusedops.kernels.row_windows import window_offsets
 
 
@@ -247,6 +247,33 @@ def forward_looped_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
 
 
 @dsl.jit
+def _looped_moments(x_row, n_cols, x_col_stride, shift, BLOCK_N: dsl.constexpr):
+    # -> (mean, variance) of x_row's n_cols values less `shift` (accumulation dtype): lane j runs Welford's update
+    # over the columns j, j + BLOCK_N, ... it owns (every chunk but the last is full, so a lane valid in chunk k has
+    # seen exactly k + 1 values), then the lanes are merged (Chan et al.'s pairwise formula over all lanes at once:
+    # M2 = sum(M2_j) + sum(n_j * (mean_j - mean)^2), mean = sum(n_j * mean_j) / N).
+    acc_dtype = shift.dtype
+    lanes = dsl.arange(0, BLOCK_N)
+    count = dsl.zeros((BLOCK_N,), acc_dtype)
+    lane_mean = dsl.zeros((BLOCK_N,), acc_dtype)
+    lane_m2 = dsl.zeros((BLOCK_N,), acc_dtype)
+    for chunk in range(0, dsl.cdiv(n_cols, BLOCK_N)):
+        cols = chunk * BLOCK_N + lanes
+        mask = cols < n_cols
+        x = dsl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(acc_dtype) - shift
+        count += dsl.where(mask, 1.0, 0.0)
+        delta = x - lane_mean
+        # one division per chunk, not per element (the loop is otherwise ALU-bound on divisions)
+        # (chunk + 1 in acc_dtype: `chunk + 1.0` is a float32, whose 1 / 3, 1 / 5... cost float64 rows
+        # their precision)
+        lane_mean += dsl.where(mask, delta * (1.0 / (chunk + 1).to(acc_dtype)), 0.0)
+        lane_m2 += dsl.where(mask, delta * (x - lane_mean), 0.0)
+    mean = dsl.sum(count * lane_mean, axis=0) / n_cols
+    spread = lane_mean - mean
+    return mean, (dsl.sum(lane_m2, axis=0) + dsl.sum(count * spread * spread, axis=0)) / n_cols
+
+
+@dsl.jit
 def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr, row, n_cols, x_row_stride,
                           x_col_stride, y_row_stride, eps, SUBTRACT_MEAN: dsl.constexpr, BLOCK_N: dsl.constexpr):
     acc_dtype = rstd_ptr.dtype.element
@@ -254,41 +281,28 @@ def _normalize_row_looped(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bias_ptr
     y_row = y_ptr + row.to(dsl.int64) * y_row_stride
     lanes = dsl.arange(0, BLOCK_N)
     n_chunks = dsl.cdiv(n_cols, BLOCK_N)
-    # Pass 1. LayerNorm: lane j runs Welford's update over the columns j, j + BLOCK_N, ... it owns;
-    # every chunk but the last is full, so a lane valid in chunk k has seen exactly k + 1 values. The
-    # values are taken relative to the row's first one (shift): the merged mean's rounding, which rstd
-    # multiplies, is then relative to the row's spread, not its magnitude (a constant row gives exactly
-    # the bias; without it a float32 row of 16385 x 12345.678 gave |y| = 0.5).
+    # Pass 1. LayerNorm: the moments of the values taken relative to a shift K, the median of three of the row's
+    # elements (columns 0, (N - 1) // 2, N - 1: one outlier column is never K): the merged mean's rounding, which
+    # rstd multiplies, is then relative to the row's spread, not its magnitude (a constant row gives exactly the
+    # bias; without a shift a float32 row of 16385 x 12345.678 gave |y| = 0.5). Where K still lies far from the
+    # mean (two sampled outliers: |mean - K| > 8 deviations), the shifted values and their mean round to K's
+    # magnitude (y off by up to 1e-3 of its size): the moments are taken again about the mean found (a loop of
+    # 0 or 1 trips), which cancels nothing.
     # RMSNorm: lane-wise sums of squares.
-    shift = 0.0
     if SUBTRACT_MEAN:
-        shift = dsl.load(x_row, mask=n_cols > 0, other=0.0).to(acc_dtype)
-    count = dsl.zeros((BLOCK_N,), acc_dtype)
-    lane_mean = dsl.zeros((BLOCK_N,), acc_dtype)
-    lane_m2 = dsl.zeros((BLOCK_N,), acc_dtype)
-    for chunk in range(0, n_chunks):
-        cols = chunk * BLOCK_N + lanes
-        mask = cols < n_cols
-        x = dsl.load(x_row + cols * x_col_stride, mask=mask, other=0.0).to(acc_dtype)
-        if SUBTRACT_MEAN:
-            x = x - shift
-            count += dsl.where(mask, 1.0, 0.0)
-            delta = x - lane_mean
-            # one division per chunk, not per element (the loop is otherwise ALU-bound on divisions)
-            # (chunk + 1 in acc_dtype: `chunk + 1.0` is a float32, whose 1 / 3, 1 / 5... cost float64 rows
-            # their precision)
-            lane_mean += dsl.where(mask, delta * (1.0 / (chunk + 1).to(acc_dtype)), 0.0)
-            lane_m2 += dsl.where(mask, delta * (x - lane_mean), 0.0)
-        else:
-            lane_m2 += x * x
-    if SUBTRACT_MEAN:
-        # Merge the lanes (Chan et al.'s pairwise formula, summed over all lanes at once):
-        # M2 = sum(M2_j) + sum(n_j * (mean_j - mean)^2), mean = sum(n_j * mean_j) / N.
-        mean = dsl.sum(count * lane_mean, axis=0) / n_cols
-        spread = lane_mean - mean
-        variance = (dsl.sum(lane_m2, axis=0) + dsl.sum(count * spread * spread, axis=0)) / n_cols
+        shift = sampled_median(x_row, n_cols, x_col_stride, n_cols > 0).to(acc_dtype)
+        mean, variance = _looped_moments(x_row, n_cols, x_col_stride, shift, BLOCK_N)
+        again = (dsl.abs(mean) > 8.0 * dsl.sqrt(variance)).to(dsl.int32)
+        for _ in range(0, again):
+            shift = shift + mean
+            mean, variance = _looped_moments(x_row, n_cols, x_col_stride, shift, BLOCK_N)
         dsl.store(mean_ptr + row, shift + mean)
     else:
+        lane_m2 = dsl.zeros((BLOCK_N,), acc_dtype)
+        for chunk in range(0, n_chunks):
+            cols = chunk * BLOCK_N + lanes
+            x = dsl.load(x_row + cols * x_col_stride, mask=cols < n_cols, other=0.0).to(acc_dtype)
+            lane_m2 += x * x
         variance = dsl.sum(lane_m2, axis=0) / n_cols
     rstd = 1.0 / dsl.sqrt(variance + eps)
     dsl.store(rstd_ptr + row, rstd)

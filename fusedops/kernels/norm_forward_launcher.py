@@ -39,7 +39,15 @@ def forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interp
         return new_output(x), new_statistic() if subtract_mean else None, new_statistic()
 
     if n_rows == 0 or n_cols == 0:
-        return lambda x, weight, bias: allocate_outputs(x)
+        def no_elements(x, weight, bias):
+            # rows of no columns: the mean and rstd of no elements are NaN (0 / 0, as torch.mean of an empty row,
+            # and the library's torch fallback, give), not uninitialized memory
+            y, mean, rstd = allocate_outputs(x)
+            for statistic in (mean, rstd):
+                if statistic is not None:
+                    statistic.fill_(float("nan"))
+            return y, mean, rstd
+        return no_elements
     config = config or forward_config(n_cols, x.dtype, subtract_mean=subtract_mean)
     split_shift = 0
     if config.split_window:

@@ -44,7 +44,7 @@ def norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional
 
     Returns:
         (y, mean, rstd): y shaped like x, contiguous, in x's dtype; mean (M,) (None for RMSNorm) and rstd
-        (M,) in the accumulation dtype (float32, float64 for float64 x).
+        (M,) in the accumulation dtype (float32, float64 for float64 x); NaN for rows of no columns (N = 0).
 
     With the default config, interpret and allocate, the launch is prepared once per shapes, strides,
     dtypes, devices, flags and eps (`norm_launches`): a repeated call costs its allocations and one
