@@ -307,25 +307,39 @@ def _outlier_rows(kind: str, n: int, dtype, seed: int) -> tuple:
     return x.to(dtype), columns
 
 
-@pytest.mark.parametrize("dtype,n,kind", [(torch.float32, 16385, "first_column"),
-                                          (torch.float32, 16385, "first_and_another"),
-                                          (torch.float32, 20000, "two_sampled_columns")])
-def test_looped_layer_norm_rows_with_outliers(interpret, seed, dtype, n, kind):
-    # Rows of more than 64 KiB (float32 > 16384, fp16 > 32768, float64 > 8192 columns) take forward_looped_kernel,
-    # which is exact for constant rows (session 27) but takes a shift far from the mean when an outlier sits in
-    # column 0: the other elements' y then lose ~log2(outlier / spread) bits (float32, 1e4 in column 0 of a
-    # 16385-column row: 4.4e-5 off where torch is 1.3e-6 off and y's body is ~1e-2). The statistics are the
-    # whole-row kernels' (which take a median of three as the shift and sum again about the mean where it lies far).
+def _assert_outlier_rows_within_torch_bar(dtype, n, kind, seed, device="cpu"):
     assert _paths(n, dtype, "ln")[0] == "looped"
     x, columns = _outlier_rows(kind, n, dtype, seed)
-    weight = _randn((n,), seed + 1, dtype)
-    body = torch.ones(n, dtype=torch.bool)
+    x, weight = x.to(device), _randn((n,), seed + 1, dtype).to(device)
+    body = torch.ones(n, dtype=torch.bool, device=device)
     body[columns] = False
     ours = fusedops.layer_norm(x, (n,), weight)[:, body].to(D)
     theirs = F.layer_norm(x, (n,), weight)[:, body].to(D)
     want = F.layer_norm(x.to(D), (n,), weight.to(D))[:, body]
     error, torch_error = (ours - want).abs().max().item(), (theirs - want).abs().max().item()
     assert error <= 2 * torch_error + 2 * torch.finfo(dtype).eps * want.abs().max().item(), (error, torch_error)
+
+
+_OUTLIER_CASES = [(torch.float32, 16385, "first_column"), (torch.float32, 16385, "first_and_another"),
+                  (torch.float32, 20000, "two_sampled_columns")]
+
+
+@pytest.mark.parametrize("dtype,n,kind", _OUTLIER_CASES)
+def test_looped_layer_norm_rows_with_outliers(interpret, seed, dtype, n, kind):
+    # Rows of more than 64 KiB (float32 > 16384, fp16 > 32768, float64 > 8192 columns) take forward_looped_kernel,
+    # which is exact for constant rows (session 27) but took a shift far from the mean when an outlier sat in
+    # column 0: the other elements' y then lost ~log2(outlier / spread) bits (float32, 1e4 in column 0 of a
+    # 16385-column row: 4.4e-5 off where torch is 1.3e-6 off and y's body is ~1e-2). The statistics are now the
+    # whole-row kernels' (a median of three as the shift, summed again about the mean where it lies far).
+    _assert_outlier_rows_within_torch_bar(dtype, n, kind, seed)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,n,kind", _OUTLIER_CASES + [(torch.float64, 8193, "first_column"),
+                                                           (torch.float16, 40000, "two_sampled_columns")])
+def test_gpu_looped_layer_norm_rows_with_outliers(seed, dtype, n, kind):
+    # the same on the H200 (the compiled looped kernel), against torch's CUDA LayerNorm's own error
+    _assert_outlier_rows_within_torch_bar(dtype, n, kind, seed, device="cuda")
 
 
 @pytest.mark.parametrize("dtype,scale", [(torch.float16, 1e-7), (torch.float16, 6e4), (torch.bfloat16, 1e-20),
