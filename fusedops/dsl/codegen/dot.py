@@ -103,7 +103,9 @@ def _stage_operands(ctx, a, b, m: int, k: int, n: int) -> tuple:
 
 def _round_to_tf32(bld, value):
     """Round a float32 to tf32 (10 mantissa bits), to nearest, ties away (the `cvt.rna.tf32.f32`
-    rounding), by integer arithmetic on the bits."""
+    rounding), by integer arithmetic on the bits. A NaN is kept as it is: the rounding carry of a NaN
+    whose mantissa bits 12.. are all set runs into the exponent and the sign (0x7FFFFFFF, the GPU's
+    canonical NaN, became -0.0) and one with only low payload bits lost them (0x7F800001 became inf)."""
     bits = bld.bitcast(value, T.i32)
     rounded = bld.and_(bld.add(bits, ir.Constant(T.i32, 0x1000)), ir.Constant(T.i32, -0x2000))
-    return bld.bitcast(rounded, T.f32)
+    return bld.select(bld.fcmp_unordered("uno", value, value), value, bld.bitcast(rounded, T.f32))

@@ -21,6 +21,7 @@ from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
 from ..language.promotion import printable
 from ..language.shape_ops import described, holds_runtime
+from ..language.triton_names import missing_name_hint
 from .scope import check_global, class_attribute_reads, is_runtime
 
 _BINARY = {
@@ -238,7 +239,8 @@ class ExpressionsMixin:
             return BoundMethod(DESCRIPTOR_METHODS[name], value)
         if not hasattr(value, name):
             owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
-            raise CompilationError(f"{owner} has no attribute `{name}`")
+            hint = missing_name_hint(name) if getattr(value, "__name__", None) == "fusedops.dsl" else ""
+            raise CompilationError(f"{owner} has no attribute `{name}`{hint}")
         if name.startswith("__"):
             raise UnsupportedError(f"cannot read `{name}` in a kernel")
         result = getattr(value, name)

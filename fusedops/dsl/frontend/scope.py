@@ -145,6 +145,9 @@ class Scope:
                 return value
         if name in PYTHON_BUILTINS:
             return PYTHON_BUILTINS[name]
+        if hasattr(builtins, name):
+            raise CompilationError(f"Python's builtin `{name}` cannot be used in a kernel (the builtins a kernel "
+                                   f"may call: {', '.join(PYTHON_BUILTINS)})")
         raise CompilationError(f"name `{name}` is not defined")
 
 

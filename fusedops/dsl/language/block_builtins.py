@@ -5,6 +5,7 @@ machinery: core.py).
 
 from __future__ import annotations
 
+from . import elementwise_builtins as _elementwise
 from .core import builtin
 
 
@@ -79,9 +80,10 @@ def dot(a, b, acc=None, input_precision=None, out_dtype=None, *, _semantic=None)
 
 # -- shapes -------------------------------------------------------------------------------------------
 @builtin
-def reshape(input, shape, *, _semantic=None):
-    """Row-major reshape of a block to `shape` (same number of elements)."""
-    return _semantic.reshape(input, shape)
+def reshape(input, *shape, _semantic=None):
+    """Row-major reshape of a block to `shape` (same number of elements): one tuple, or the sizes as separate
+    arguments, as Triton takes them (`dsl.reshape(x, (M, N))` or `dsl.reshape(x, M, N)`)."""
+    return _semantic.reshape(input, _shape_argument(shape))
 
 
 @builtin
@@ -91,9 +93,17 @@ def trans(input, *dims, _semantic=None):
 
 
 @builtin
-def broadcast_to(input, shape, *, _semantic=None):
-    """`input` stretched to `shape` by NumPy broadcasting (scalars are splatted)."""
-    return _semantic.broadcast_to(input, shape)
+def broadcast_to(input, *shape, _semantic=None):
+    """`input` stretched to `shape` by NumPy broadcasting (scalars are splatted): one tuple, or the sizes as
+    separate arguments (as reshape)."""
+    return _semantic.broadcast_to(input, _shape_argument(shape))
+
+
+def _shape_argument(sizes: tuple):
+    # reshape's / broadcast_to's shape: a single tuple or list stands for itself, else the separate sizes
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        return sizes[0]
+    return sizes
 
 
 @builtin
@@ -124,6 +134,10 @@ VALUE_METHODS = {
     "to": _to, "reshape": reshape, "trans": trans, "broadcast_to": broadcast_to,
     "expand_dims": expand_dims, "sum": sum, "max": max, "min": min, "argmax": argmax,
     "argmin": argmin, "cumsum": cumsum,
+    # Triton's tensor member functions that are dsl builtins too (`x.exp()`, `x.abs()`, `x.cast(dtype)`, ...)
+    **{name: getattr(_elementwise, name) for name in (
+        "cast", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "erf", "floor", "ceil", "abs",
+        "sigmoid", "cdiv")},
 }
 
 __all__ = [

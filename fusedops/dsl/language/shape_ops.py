@@ -167,9 +167,22 @@ class ShapeOps:
                 raise CompilationError(f"cannot broadcast shape {current} to {shape}")
         return self.builder.value(OpCode.BROADCAST, [x], BlockType(shape, x.type.element))
 
-    def expand_dims(self, x, axis: int) -> Value:
+    def expand_dims(self, x, axis) -> Value:
+        """`x` with a new size-1 dim at `axis`, or at each of a tuple / list of axes (as Triton takes them:
+        each counted in the result's dims, negative from its end; no axis twice)."""
         x = self.to_value(x)
         shape = shape_of(x.type)
+        if isinstance(axis, (tuple, list)):
+            rank = len(shape) + len(axis)
+            if not all(_is_int(a) and -rank <= a < rank for a in axis):
+                raise CompilationError(f"expand_dims axes must be constexpr ints in range for a result of {rank} "
+                                       f"dims (the block has shape {shape}), got {shown(axis)}")
+            axes = sorted(a % rank for a in axis)
+            if len(set(axes)) != len(axes):
+                raise CompilationError(f"expand_dims got the same axis twice: {shown(axis)}")
+            for a in axes:
+                x = self.expand_dims(x, a)
+            return x
         if not isinstance(axis, int) or not -len(shape) - 1 <= axis <= len(shape):
             raise CompilationError(f"expand_dims axis must be a constexpr int in range for shape {shape}, got {shown(axis)}")
         if axis < 0:
