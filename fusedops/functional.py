@@ -310,16 +310,19 @@ def matmul(input: torch.Tensor, other: torch.Tensor, bias: Optional[torch.Tensor
     float16/bfloat16 CUDA tensors run the fusedops kernel (tensor cores, fp32 accumulation;
     autograd through fusedops.autograd.matmul.MatmulFunction). Other CUDA dtypes and CPU tensors
     run torch ops, unless FUSEDOPS_INTERPRET=1 runs the kernel in the interpreter (any float dtype);
-    integer and complex operands take torch.matmul's product in their own dtype.
+    integer and complex operands take torch.matmul's product in their own dtype. Under autocast (CUDA or
+    CPU) floating operands and bias other than float64 are cast to the autocast dtype first, as torch.matmul's
+    autocast casts them, on every route (under torch.func transforms, torch modes and tensor subclasses too):
+    the result is in that dtype (or out_dtype), its product summed in float32 and rounded once.
     """
     a, b = input, other
+    autocast = _autocast_dtype("matmul", a) if isinstance(a, torch.Tensor) else None
+    if autocast is not None:    # the autocast dtype (float16/bfloat16), as torch.matmul; torch's route too
+        a, b, bias = (_library.autocast_cast(t, autocast) for t in (a, b, bias))
     if _transforms_active() or needs_torch(a, b, bias):
         if not (isinstance(a, torch.Tensor) and a.is_nested):     # (the checks read a's shape)
             _matmul_reference.check_arguments(a, b, bias, activation, out_dtype)
         return _matmul_reference.reference(a, b, bias, activation, out_dtype)
-    autocast = _autocast_dtype("matmul", a) if isinstance(a, torch.Tensor) else None
-    if autocast is not None:    # the autocast dtype (float16/bfloat16), as torch.matmul
-        a, b, bias = (_library.autocast_cast(t, autocast) for t in (a, b, bias))
     # Arguments laid out like ones that took the kernel path before need neither checks nor routing.
     products = None if torch.compiler.is_compiling() else _matmul.known_products(a, b, bias, activation, out_dtype)
     if products is None:

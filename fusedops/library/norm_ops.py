@@ -43,7 +43,7 @@ def _norm_forward(x, normalized_shape, weight, bias, eps, subtract_mean: bool):
     if subtract_mean:
         y = torch.nn.functional.layer_norm(x, normalized_shape, weight, bias, eps)
         mean = rows.mean(1)
-        rstd = torch.rsqrt(rows.var(1, unbiased=False) + eps)
+        rstd = torch.rsqrt((rows.var(1, unbiased=False) if n_cols else mean) + eps)   # (no columns: NaN, no warning)
     else:
         y = torch.nn.functional.rms_norm(x, normalized_shape, weight, eps)
         mean = None
