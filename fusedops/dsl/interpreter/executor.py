@@ -7,7 +7,9 @@ its grid and its multicast loads checked: cluster.py). Programs run one after an
 programs of a cluster of a kernel that calls `dsl.cluster_sum`: those run side by side, one at a time,
 switching only inside cluster_sum (cooperative.py), and clusters run one after another. Either way
 one program runs at a time, so atomics are sequential, every launch runs in the same order, and a
-kernel that is only correct under some interleaving is not detected.
+kernel that is only correct under some interleaving is not detected. A program that spins waiting for a
+later one (a `while` iteration that changes neither its loop variables nor memory) raises InterpreterError
+instead of hanging (rules_control.py).
 """
 
 from __future__ import annotations

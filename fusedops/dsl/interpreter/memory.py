@@ -104,6 +104,12 @@ def _to_storage(values: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(values, dtype=dtype.numpy_dtype)
 
 
+def _bits(raw: np.ndarray) -> np.ndarray:
+    """Stored values as unsigned integers of their width (NaNs compare by their bits)."""
+    raw = np.ascontiguousarray(raw)
+    return raw.view(np.dtype(f"u{raw.dtype.itemsize}"))
+
+
 def _merge_overlapping(regions: list) -> list:
     """`regions` (sorted by base) with each run of overlapping ones made one region over their union, so that
     an access finds all the bytes around it (storages over one buffer: a NumPy array and a slice of it, each
@@ -123,9 +129,15 @@ def _merge_overlapping(regions: list) -> list:
 
 
 class Memory:
-    """The regions of one launch, sorted by address. Accesses take flat int64 address arrays."""
+    """The regions of one launch, sorted by address. Accesses take flat int64 address arrays.
+
+    `version` counts the writes that may have changed memory: every store, and the atomics that changed
+    some value's bits (an `atomic_add(p, 0)` or a failed `atomic_cas` does not), so that a loop can tell
+    that memory is as it was (rules_control's spin-wait check).
+    """
 
     def __init__(self, regions: list):
+        self.version = 0
         self.regions = _merge_overlapping(sorted(regions, key=lambda r: r.base))
         self._base_list = [r.base for r in self.regions]
         self._bases = np.array(self._base_list, dtype=np.int64)
@@ -179,6 +191,7 @@ class Memory:
         wins."""
         storage = storage_dtype(dtype)
         raw = _to_storage(values, dtype)
+        self.version += 1
         for region, selector in self._split(addresses, storage.itemsize):
             if selector is None:
                 region.scatter(addresses, raw, storage)
@@ -202,7 +215,9 @@ class Memory:
             lanes = remaining[first]
             current = self.read(addresses[lanes], dtype)
             old[lanes] = current
-            self.write(addresses[lanes], update(current, lanes), dtype)
+            new = update(current, lanes)
+            if not np.array_equal(_bits(_to_storage(new, dtype)), _bits(_to_storage(current, dtype))):
+                self.write(addresses[lanes], new, dtype)     # (unchanged bits: no write, memory's version kept)
             keep = np.ones(remaining.size, dtype=bool)
             keep[first] = False
             remaining = remaining[keep]

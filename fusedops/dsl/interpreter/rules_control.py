@@ -37,14 +37,31 @@ def _for(ctx, op, lower, upper, step, *initial):
 @register(OpCode.WHILE, multiple_results=True)
 def _while(ctx, op, *initial):
     """Run the before-region on the carried values; its CONDITION(cond, forwarded...) either ends the
-    loop with `forwarded` as results or passes them to the after-region, whose YIELD is carried."""
+    loop with `forwarded` as results or passes them to the after-region, whose YIELD is carried.
+
+    Raises InterpreterError where an iteration changed neither the carried values (bit for bit) nor memory
+    (`Memory.version`): the next would be the same, for ever (a spin wait on a later program's flag)."""
     before, after = op.regions[0], op.regions[1]
     carried = list(initial)
     while True:
+        version = ctx.memory.version
         condition, *forwarded = ctx.run_region(before, carried)
         if not bool(condition):
             return forwarded
-        carried = ctx.run_region(after, forwarded)
+        previous, carried = carried, ctx.run_region(after, forwarded)
+        if ctx.memory.version == version and ctx.cluster_exchange is None and _same_values(previous, carried):
+            # One program runs at a time and none other runs meanwhile (except beside a cluster_sum, whose
+            # programs switch inside it: not checked), so this iteration's state repeats for ever.
+            raise ctx.error(op, "while loop cannot end: an iteration changed neither its loop variables nor "
+                                "memory, and the interpreter runs one program at a time, in order of program id "
+                                "(x fastest), so no other program can change them meanwhile (a spin wait on a "
+                                "flag or lock that a later program sets never ends here)")
+
+
+def _same_values(a: list, b: list) -> bool:
+    """Whether the values `a` and `b` are the same bit for bit (NaN equal to itself, -0.0 not to 0.0)."""
+    return all(np.shape(x) == np.shape(y) and np.asarray(x).dtype == np.asarray(y).dtype
+               and np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(a, b))
 
 
 @register(OpCode.IF, multiple_results=True)
