@@ -3,7 +3,8 @@ target and address spaces, JIT-compiled by llvmlite for this CPU and called once
 with thread ids, inline PTX or 16-bit floats (runtime calls on the host) are refused by run_on_host. Checks the
 compiler's integer, cast and min/max lowering against the interpreter bit for bit. host_text and host_function
 are its steps; run_threads_on_host also stands in for thread ids, barriers and shuffles (one OS thread per GPU
-thread: tests/test_review_session31.py, tests/test_review_session35_dsl.py)."""
+thread: tests/test_review_session31.py, tests/test_review_session35_dsl.py, and with tensor-core stand-ins
+tests/test_review_session38_dsl_blocks.py)."""
 
 from __future__ import annotations
 
@@ -69,14 +70,35 @@ _ALIVE = []         # callbacks and engines the JIT-compiled code calls into / l
 _SHARED = "@fusedops_shared = global [262144 x i8] zeroinitializer, align 1024"
 
 
-def run_threads_on_host(kernel, args, *, grid: int = 1, num_warps: int = 4, rewrite=None, symbols=(), **constexprs):
-    """Compile `kernel` for sm_90a and run its LLVM IR on the host over `grid` CTAs (one after another) of
-    32 * num_warps OS threads (tensors: their data pointers). Special registers, bar.sync and shfl.sync go through
-    Python callbacks; shared memory is one host buffer. `rewrite(text) -> text` rewrites the host IR first (a
-    harness's stand-ins for inline PTX); `symbols`: more (name, ctypes prototype, function) callbacks it declares.
-    Kernels with other inline PTX or 16-bit floats are refused (AssertionError). -> the compiled kernel."""
+def warp_exchange(num_warps: int):
+    """-> exchanged(tid, value): every lane's `value` of thread `tid`'s warp, a warp-wide collective (all 32 lanes
+    of the warp call it together) for callbacks that stand in for warp-wide instructions (shuffles, mma, ldmatrix)."""
+    barriers = [threading.Barrier(32) for _ in range(num_warps)]
+    slots = [[None] * 32 for _ in range(num_warps)]
+
+    def exchanged(tid, value):
+        warp = tid // 32
+        slots[warp][tid % 32] = value
+        barriers[warp].wait()
+        seen = list(slots[warp])
+        barriers[warp].wait()
+        return seen
+    return exchanged
+
+
+def run_threads_on_host(kernel, args, *, grid: int = 1, num_warps: int = 4, target: str = "sm_90a",
+                        num_stages: int | None = None, rewrite=None, symbols=(), allow_16bit_floats: bool = False,
+                        **constexprs):
+    """Compile `kernel` for `target` (and `num_stages` where given) and run its LLVM IR on the host over `grid` CTAs
+    (one after another) of 32 * num_warps OS threads (tensors: their data pointers). Special registers, bar.sync
+    and shfl.sync go through Python callbacks; shared memory is one host buffer. `rewrite(text) -> text` rewrites
+    the host IR first (a harness's stand-ins for inline PTX); `symbols`: more (name, ctypes prototype, function)
+    callbacks it declares. Kernels with other inline PTX are refused (AssertionError), and so are 16-bit floats
+    unless `allow_16bit_floats` (the caller's `symbols` then provide the conversions x86 LLVM calls a library
+    for). -> the compiled kernel."""
     llvm = llvm_binding()
-    compiled = kernel.compile(*args, target="sm_90a", num_warps=num_warps, **constexprs)
+    stages = {} if num_stages is None else {"num_stages": num_stages}
+    compiled = kernel.compile(*args, target=target, num_warps=num_warps, **stages, **constexprs)
     llir = compiled.asm["llir"]
     text = host_text(llir).replace("addrspace(3) ", "")
     if rewrite is not None:
@@ -104,25 +126,21 @@ def run_threads_on_host(kernel, args, *, grid: int = 1, num_warps: int = 4, rewr
         text += f"declare {value} @__shfl_{k}_{t}(i32, {value}, i32, i32)\n"
     leftovers = [line for line in text.splitlines() if "llvm.nvvm" in line or " asm " in line]
     assert not leftovers, f"not host-runnable: {leftovers[:2]}"
-    assert " half" not in text and "bfloat" not in text, "16-bit floats need runtime calls on the host"
+    assert allow_16bit_floats or (" half" not in text and "bfloat" not in text), \
+        "16-bit floats need runtime calls on the host"
 
     threads = 32 * num_warps
     local = threading.local()
     cta_barrier = threading.Barrier(threads)
-    warp_barriers = [threading.Barrier(32) for _ in range(num_warps)]
-    lanes = [[0] * 32 for _ in range(num_warps)]
+    exchanged = warp_exchange(num_warps)
     values = {"tid.x": lambda: local.tid, "ctaid.x": lambda: local.pid, "ctaid.y": lambda: 0, "ctaid.z": lambda: 0,
               "nctaid.x": lambda: grid, "nctaid.y": lambda: 1, "nctaid.z": lambda: 1, "ntid.x": lambda: threads,
               "laneid": lambda: local.tid % 32, "warpid": lambda: local.tid // 32}
 
     def shuffled(kind):
         def exchange(mask, value, operand, clamp):
-            lane, warp = local.tid % 32, local.tid // 32
-            lanes[warp][lane] = value
-            warp_barriers[warp].wait()
-            got = lanes[warp][lane ^ operand if kind == "bfly" else operand & 31]
-            warp_barriers[warp].wait()
-            return got
+            lane = local.tid % 32
+            return exchanged(local.tid, value)[lane ^ operand if kind == "bfly" else operand & 31]
         return exchange
 
     def bind(name, prototype, function):

@@ -86,6 +86,7 @@ from fusedops.dsl.runtime import autotune as autotune_module
 from fusedops.dsl.runtime import driver
 from fusedops.dsl.runtime.signature import SpecializationKey, specialize
 from helpers import import_module_from_text
+from mock_gpu import accumulate_kernel
 from test_launch_fast_path import _cuda, gpu  # noqa: F401  (the mocked driver: a fixture, fake CUDA tensors)
 
 
@@ -366,14 +367,6 @@ def test_prepared_launch_given_none_where_a_tensor_was_prepared(tracked):
 # ------------------------------------------------------------------------------------------------
 # Autotune: reset_to_zero and the on-disk record
 # ------------------------------------------------------------------------------------------------
-def _accumulate_kernel():
-    def accumulate(out_ptr, x_ptr, n, BLOCK: dsl.constexpr):
-        offs = dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK)
-        m = offs < n
-        dsl.atomic_add(out_ptr + offs, dsl.load(x_ptr + offs, mask=m), mask=m)
-    return dsl.jit(accumulate)
-
-
 _TUNED = [dsl.Config({"BLOCK": 8}), dsl.Config({"BLOCK": 16})]
 
 
@@ -383,7 +376,7 @@ def _grid(meta):
 
 def test_an_in_memory_autotune_hit_leaves_reset_to_zero_tensors_alone(tracked, monkeypatch):
     monkeypatch.setattr(autotune_module, "_device_name", lambda device: "Fake H200")
-    tuner = dsl.autotune(_TUNED, key=["n"], reset_to_zero=["out_ptr"])(_accumulate_kernel())
+    tuner = dsl.autotune(_TUNED, key=["n"], reset_to_zero=["out_ptr"])(accumulate_kernel())
     out, x = _cuda(torch.full((16,), 5.0)), _cuda(torch.ones(16))
     tuner.best[tuner.key_of((out, x, 16), {})] = _TUNED[1]      # tuned earlier in this process
     tuner[_grid](out, x, 16)
@@ -392,7 +385,7 @@ def test_an_in_memory_autotune_hit_leaves_reset_to_zero_tensors_alone(tracked, m
 
 def test_a_recorded_autotune_config_leaves_reset_to_zero_tensors_alone(tracked, monkeypatch):
     monkeypatch.setattr(autotune_module, "_device_name", lambda device: "Fake H200")
-    tuner = dsl.autotune(_TUNED, key=["n"], reset_to_zero=["out_ptr"])(_accumulate_kernel())
+    tuner = dsl.autotune(_TUNED, key=["n"], reset_to_zero=["out_ptr"])(accumulate_kernel())
     out, x = _cuda(torch.full((16,), 5.0)), _cuda(torch.ones(16))
     path = tuner._record_path()
     path.parent.mkdir(parents=True)

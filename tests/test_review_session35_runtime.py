@@ -80,38 +80,23 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.errors import CompilationError, UnsupportedError
 from fusedops.dsl.runtime import autotune as autotune_module
-from fusedops.dsl.runtime import driver
 from helpers import import_module_from_text
+from mock_gpu import accumulate_kernel, mock_cuda_driver, private_cache
 from test_launch_fast_path import _cuda
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(monkeypatch, tmp_path):
-    """Every compile and autotune record of this file in a fresh cache directory, the interpreter setting unset."""
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.delenv("FUSEDOPS_DISABLE_CACHE", raising=False)
+    private_cache(monkeypatch, tmp_path)
 
 
 @pytest.fixture
 def mock_gpu(monkeypatch):
-    """A mocked CUDA driver: every cuLaunchKernel is recorded (grid, id of the loaded function) and then calls the functions in
-    `effects` (what the kernel would do to the tests' CPU tensors). Returns a namespace (launches, effects)."""
-    state = types.SimpleNamespace(launches=[], effects=[])
-
-    def cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        state.launches.append(((gx, gy, gz), id(function)))
-        for effect in state.effects:
-            effect()
-        return (0,)
-
-    monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
-    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
-    monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
-        name, None, types.SimpleNamespace(name=name), None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
-    monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))
-    monkeypatch.setattr(driver, "require_gpu", lambda index: 0)
-    monkeypatch.setattr(autotune_module, "_device_name", lambda device: "Fake H200")
+    """A mocked CUDA driver (mock_gpu.mock_cuda_driver): every cuLaunchKernel is recorded (grid, id of the loaded
+    function) and then calls the functions in `effects` (what the kernel would do to the tests' CPU tensors).
+    Returns a namespace (launches, effects)."""
+    state = types.SimpleNamespace(launches=[], effects=None)
+    state.effects = mock_cuda_driver(monkeypatch, lambda grid, function: state.launches.append((grid, id(function))))
     return state
 
 
@@ -462,14 +447,6 @@ def test_a_module_level_kernel_pickles_and_deep_copies(how):
 # ------------------------------------------------------------------------------------------------
 # The autotuner end to end on the mocked GPU
 # ------------------------------------------------------------------------------------------------
-def _accumulate_kernel():
-    def accumulate(out_ptr, x_ptr, n, BLOCK: dsl.constexpr):
-        offs = dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK)
-        m = offs < n
-        dsl.atomic_add(out_ptr + offs, dsl.load(x_ptr + offs, mask=m), mask=m)
-    return dsl.jit(accumulate)
-
-
 def _double_in_place_kernel():
     def double_in_place(x_ptr, n, BLOCK: dsl.constexpr):
         offs = dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK)
@@ -486,7 +463,7 @@ def test_autotune_reset_to_zero_given_by_keyword_leaves_one_launchs_sum(mock_gpu
     timings.update({(16, 4): 3.0, (64, 8): 1.0, (32, 2): 2.0})
     out, x = _cuda(torch.full((64,), 7.0)), _cuda(torch.arange(64.0))
     mock_gpu.effects.append(lambda: out.add_(x))
-    tuner = dsl.autotune(_CONFIGS, key=["n"], reset_to_zero=["out_ptr"])(_accumulate_kernel())
+    tuner = dsl.autotune(_CONFIGS, key=["n"], reset_to_zero=["out_ptr"])(accumulate_kernel())
     tuner[_grid](x_ptr=x, n=64, out_ptr=out)
     key = tuner.key_of((), {"x_ptr": x, "n": 64, "out_ptr": out})
     assert tuner.best == {key: _CONFIGS[1]}

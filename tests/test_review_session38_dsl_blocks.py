@@ -1,8 +1,8 @@
 """Session-38 review of the DSL's block shape ops, layouts, reductions and `dot`, compiled for sm_90a and sm_80.
 
 New here: the *compiled* tensor-core code of sm_80 (and of sm_90a dots that stay on mma.sync) runs on the host.
-`_run_emulated` JIT-compiles the kernel's LLVM IR for this CPU and runs one OS thread per GPU thread, as
-tests/host_jit.py does, and also emulates what that harness refuses: `ldmatrix` (x1 / x2 / x4, .trans),
+`_run_emulated` JIT-compiles the kernel's LLVM IR for this CPU and runs one OS thread per GPU thread, through
+tests/host_jit.py's run_threads_on_host, and also emulates what that harness refuses: `ldmatrix` (x1 / x2 / x4, .trans),
 `mma.sync.m16n8k16` (f16 and bf16, fragments by the PTX ISA's figures, written out here, not taken from
 fusedops/dsl/layouts), `cp.async` (copies at issue; commit / wait are no-ops) and the half / bfloat16
 conversions x86 LLVM makes as library calls. Ordinary shared memory, shuffles and barriers are as in host_jit.
@@ -57,7 +57,6 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
-import threading
 
 import numpy as np
 import pytest
@@ -66,7 +65,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl import CompilationError
 from fusedops.dsl.target import assemble, ptxas_available
-from host_jit import host_function, host_text, llvm_binding
+from host_jit import run_threads_on_host, warp_exchange
 from kernel_source import jit_from_source
 from test_review_session35_dsl import _emulate_inline_asm, _run_compiled
 
@@ -86,8 +85,6 @@ def _assembles(kernel, args, archs=("sm_90a", "sm_80"), num_warps=4, **constexpr
 
 
 # == the host emulation of compiled tensor-core code ===========================================================
-_KEEP = []          # callbacks and engines the JIT-compiled code calls into
-_SHARED = "@fusedops_shared = global [262144 x i8] zeroinitializer, align 1024"
 _MMA = re.compile(r"(?:tail )?call \{ float, float, float, float \} @llvm\.nvvm\.mma\.m16n8k16\.row\.col\.(f32\.f32|bf16)\(")
 _LDMATRIX = re.compile(r"(?:tail )?call (\{[^}]*\}|i32) @llvm\.nvvm\.ldmatrix\.sync\.aligned\.m8n8\.x(\d)(\.trans)?\.b16\.p3\(")
 _CP_ASYNC = re.compile(r"(?:tail )?call void @llvm\.nvvm\.cp\.async\.(?:ca|cg)\.shared\.global\.(\d+)\.s\(")
@@ -188,57 +185,9 @@ def _tensor_core_stand_ins(text: str) -> str:
 
 def _run_emulated(kernel, args, *, num_warps=4, num_stages=3, target="sm_80", **constexprs):
     """Compile `kernel` for `target` and run its LLVM IR on the host, one CTA (program 0), one OS thread per GPU
-    thread; raises AssertionError for what the host cannot run (wgmma, TMA, libdevice...)."""
-    llvm = llvm_binding()
-    compiled = kernel.compile(*args, target=target, num_warps=num_warps, num_stages=num_stages, **constexprs)
-    llir = compiled.asm["llir"]
-    text = _emulate_inline_asm(_tensor_core_stand_ins(host_text(llir).replace("addrspace(3) ", "")))
-    registers, shuffles = set(), set()
-
-    def special(match):
-        registers.add(match.group(1))
-        return f"call i32 @__sreg_{match.group(1).replace('.', '_')}()"
-
-    def shuffle(match):
-        shuffles.add((match.group(1), match.group(2)))
-        return f"call {'i32' if match.group(2) == 'i32' else 'float'} @__shfl_{match.group(1)}_{match.group(2)}("
-
-    text = re.sub(r"(?:tail )?call (?:range\([^)]*\) )?i32 @llvm\.nvvm\.read\.ptx\.sreg\.([a-z.]+)\(\)", special, text)
-    text = re.sub(r"(?:tail )?call void @llvm\.nvvm\.barrier\.cta\.sync\.aligned\.all\(i32 0\)", "call void @__barrier()",
-                  text)
-    text = re.sub(r"(?:tail )?call (?:i32|float) @llvm\.nvvm\.shfl\.sync\.(bfly|idx)\.(i32|f32)\(", shuffle, text)
-    text = re.sub(r"^declare .*@llvm\.nvvm\.(read\.ptx\.sreg|barrier\.cta|shfl\.sync).*$", "", text, flags=re.M)
-    text = re.sub(r"^@fusedops_shared = external [^\n]*$", _SHARED, text, flags=re.M)
-    text += "\ndeclare void @__barrier()\n" + "".join(f"declare i32 @__sreg_{r.replace('.', '_')}()\n" for r in registers)
-    for kind, ty in shuffles:
-        value = "i32" if ty == "i32" else "float"
-        text += f"declare {value} @__shfl_{kind}_{ty}(i32, {value}, i32, i32)\n"
-    leftovers = [line for line in text.splitlines() if "llvm.nvvm" in line or " asm " in line]
-    assert not leftovers, f"not host-runnable: {leftovers[:2]}"
-
-    threads = 32 * num_warps
-    local = threading.local()
-    cta = threading.Barrier(threads)
-    warps = [threading.Barrier(32) for _ in range(num_warps)]
-    slots = [[None] * 32 for _ in range(num_warps)]
-    specials = {"tid.x": lambda: local.tid, "ctaid.x": lambda: 0, "ctaid.y": lambda: 0, "ctaid.z": lambda: 0,
-                "nctaid.x": lambda: 1, "nctaid.y": lambda: 1, "nctaid.z": lambda: 1, "ntid.x": lambda: threads,
-                "laneid": lambda: local.tid % 32, "warpid": lambda: local.tid // 32}
-
-    def exchanged(tid, value):
-        """Every lane's `value` of this thread's warp (a warp-wide collective)."""
-        warp = tid // 32
-        slots[warp][tid % 32] = value
-        warps[warp].wait()
-        seen = list(slots[warp])
-        warps[warp].wait()
-        return seen
-
-    def shuffled(kind):
-        def exchange(mask, value, operand, clamp):
-            lane = local.tid % 32
-            return exchanged(local.tid, value)[lane ^ operand if kind == "bfly" else operand & 31]
-        return exchange
+    thread (host_jit.run_threads_on_host, with the tensor-core stand-ins, `_emulate_inline_asm` and the half /
+    bfloat conversions); raises AssertionError for what the host cannot run (wgmma, TMA, libdevice...)."""
+    exchanged = warp_exchange(num_warps)
 
     def mma(tid, bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, out):
         """mma.sync.aligned.m16n8k16.row.col.f32: PTX ISA figures of the m16n8k16 A, B and D fragments."""
@@ -277,42 +226,16 @@ def _run_emulated(kernel, args, *, num_warps=4, num_stages=3, target="sm_80", **
         if source_size < size:
             ctypes.memset(destination + source_size, 0, size - source_size)
 
-    def bind(name, prototype, function):
-        callback = prototype(function)
-        _KEEP.append(callback)
-        llvm.add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
-
     i32, u32, f32, vp = ctypes.c_int32, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
-    bind("__barrier", ctypes.CFUNCTYPE(None), lambda: cta.wait())
-    bind("__mma_cb", ctypes.CFUNCTYPE(None, i32, i32, u32, u32, u32, u32, u32, u32, f32, f32, f32, f32, vp), mma)
-    bind("__ldm_cb", ctypes.CFUNCTYPE(None, i32, i32, i32, vp, vp), ldmatrix)
-    bind("__cpa_cb", ctypes.CFUNCTYPE(None, vp, vp, i32, i32), cp_async)
-    for name, prototype, function in _soft_float_calls():
-        bind(name, prototype, function)
     misaligned = []
-    bind("__misaligned", ctypes.CFUNCTYPE(None, ctypes.c_int64), misaligned.append)
-    for r in registers:
-        bind(f"__sreg_{r.replace('.', '_')}", ctypes.CFUNCTYPE(ctypes.c_int32), specials[r])
-    for kind, ty in shuffles:
-        c = i32 if ty == "i32" else f32
-        bind(f"__shfl_{kind}_{ty}", ctypes.CFUNCTYPE(c, i32, c, i32, i32), shuffled(kind))
-    function, arguments, engine = host_function(text, llir, kernel, args)
-    _KEEP.append(engine)
-    errors = []
-
-    def thread(tid):
-        local.tid = tid
-        try:
-            function(*arguments)
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
-
-    workers = [threading.Thread(target=thread, args=(t,)) for t in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    assert not errors, errors
+    symbols = [("__mma_cb", ctypes.CFUNCTYPE(None, i32, i32, u32, u32, u32, u32, u32, u32, f32, f32, f32, f32, vp), mma),
+               ("__ldm_cb", ctypes.CFUNCTYPE(None, i32, i32, i32, vp, vp), ldmatrix),
+               ("__cpa_cb", ctypes.CFUNCTYPE(None, vp, vp, i32, i32), cp_async),
+               *_soft_float_calls(),
+               ("__misaligned", ctypes.CFUNCTYPE(None, ctypes.c_int64), misaligned.append)]
+    compiled = run_threads_on_host(kernel, args, num_warps=num_warps, target=target, num_stages=num_stages,
+                                   rewrite=lambda text: _emulate_inline_asm(_tensor_core_stand_ins(text)),
+                                   symbols=symbols, allow_16bit_floats=True, **constexprs)
     assert not misaligned, f"misaligned vector accesses at {misaligned[:4]}"
     return compiled
 

@@ -62,44 +62,32 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.runtime import autotune as autotune_module
-from fusedops.dsl.runtime import driver
 from fusedops.dsl.runtime.launcher_args import ArgumentPacker, ParamKind
+from mock_gpu import accumulate_kernel, mock_cuda_driver, private_cache
 from test_launch_fast_path import _cuda
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(monkeypatch, tmp_path):
-    """Every compile and autotune record of this file in a fresh cache directory, the interpreter setting unset."""
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.delenv("FUSEDOPS_DISABLE_CACHE", raising=False)
+    private_cache(monkeypatch, tmp_path)
 
 
 @pytest.fixture
 def mock_gpu(monkeypatch):
-    """A mocked CUDA driver: every cuLaunchKernel is counted and then calls the functions in `effects` (what the
-    kernel would do to the tests' CPU tensors). Timing returns 1 ms after one reset and one launch. Returns a
-    namespace (launches, effects)."""
-    state = types.SimpleNamespace(launches=0, effects=[])
+    """A mocked CUDA driver (mock_gpu.mock_cuda_driver): every cuLaunchKernel is counted and then calls the
+    functions in `effects` (what the kernel would do to the tests' CPU tensors). Timing returns 1 ms after one
+    reset and one launch. Returns a namespace (launches, effects)."""
+    state = types.SimpleNamespace(launches=0, effects=None)
 
-    def cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    def count(grid, function):
         state.launches += 1
-        for effect in state.effects:
-            effect()
-        return (0,)
 
     def time_launches(launch, before=lambda: None, *, warmup=0, reps=1):
         before()
         launch()
         return 1.0
 
-    monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
-    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
-    monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
-        name, None, types.SimpleNamespace(name=name), None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
-    monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))
-    monkeypatch.setattr(driver, "require_gpu", lambda index: 0)
-    monkeypatch.setattr(autotune_module, "_device_name", lambda device: "Fake H200")
+    state.effects = mock_cuda_driver(monkeypatch, count)
     monkeypatch.setattr(autotune_module, "time_launches", time_launches)
     monkeypatch.setattr(autotune_module, "_capturing", lambda values: False, raising=False)
     return state
@@ -118,14 +106,6 @@ def _scale_in_place_kernel():
         m = offs < n
         dsl.store(x_ptr + offs, dsl.load(x_ptr + offs, mask=m) * 3.0 + 1.0, mask=m)
     return dsl.jit(scale_in_place)
-
-
-def _accumulate_kernel():
-    def accumulate(out_ptr, x_ptr, n, BLOCK: dsl.constexpr):
-        offs = dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK)
-        m = offs < n
-        dsl.atomic_add(out_ptr + offs, dsl.load(x_ptr + offs, mask=m), mask=m)
-    return dsl.jit(accumulate)
 
 
 def _writes(tensor, update, seen):
@@ -160,7 +140,7 @@ def test_every_tuning_launch_of_an_accumulating_kernel_starts_from_zeros(mock_gp
     out = _cuda(torch.full((64,), 5.0))
     seen = []
     mock_gpu.effects.append(_writes(out, lambda t: t + x.detach(), seen))
-    tuner = dsl.autotune(_CONFIGS, key=["n"], reset_to_zero=["out_ptr"])(_accumulate_kernel())
+    tuner = dsl.autotune(_CONFIGS, key=["n"], reset_to_zero=["out_ptr"])(accumulate_kernel())
     tuner[_grid](out, x, 64)
     assert len(seen) == 2 * len(_CONFIGS) * autotune_module.TUNING_ROUNDS + 1
     assert all(torch.equal(read, torch.zeros(64)) for read in seen)
@@ -202,7 +182,7 @@ def test_reset_to_zero_of_a_tensor_autograd_would_refuse_to_write(mock_gpu, make
     out = make(torch.full((64,), 5.0))
     seen = []
     mock_gpu.effects.append(_writes(out, lambda t: t + x.detach(), seen))
-    tuner = dsl.autotune(_CONFIGS, key=["n"], reset_to_zero=["out_ptr"])(_accumulate_kernel())
+    tuner = dsl.autotune(_CONFIGS, key=["n"], reset_to_zero=["out_ptr"])(accumulate_kernel())
     tuner[_grid](out, x, 64)
     assert all(torch.equal(read, torch.zeros(64)) for read in seen) and len(seen) > 1
     assert torch.equal(out.detach(), x.detach())
