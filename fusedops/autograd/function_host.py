@@ -105,10 +105,11 @@ def backward_runs_torch(grad: torch.Tensor) -> bool:
     """Whether a backward computes its gradients with torch ops instead of the kernels: while torch.compile
     traces it (the backward of an op that ran eagerly, traced by compiled autograd or by a torch.compile'd
     training step that calls backward: dynamo cannot trace a kernel launch, and tracing into the interpreter
-    crashed it; torch's ops are traced into its graph), under vmap (`vmapped`), for a dual incoming gradient (`dual`: forward-over-reverse, whose
-    tangent the kernels would drop), for one the kernels would misread (the negative bit of a lazily negated
-    view; not strided) or while a torch mode is active (`torch_modes_active`: a FlopCounterMode around the
-    backward counts it). (is_compiling first: the checks after it are C calls dynamo cannot trace.)"""
+    crashed it; torch's ops are traced into its graph), under vmap (`vmapped`), for a dual incoming gradient
+    (`dual`: forward-over-reverse, whose tangent the kernels would drop), for one the kernels would misread
+    (the negative bit of a lazily negated view; not strided) or while a torch mode is active
+    (`torch_modes_active`: a FlopCounterMode around the backward counts it). (is_compiling first: the checks
+    after it are C calls dynamo cannot trace.)"""
     return (torch.compiler.is_compiling() or vmapped(grad) or dual(grad) or torch_modes_active()
             or (isinstance(grad, torch.Tensor) and (grad.is_neg() or grad.layout is not torch.strided)))
 

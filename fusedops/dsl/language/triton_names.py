@@ -8,7 +8,8 @@ _RANDOM = ("random numbers are not in the language: pass a tensor made by torch,
            "with uint32 multiplies, xors and shifts")
 _MATH = ("the math builtins are exp, exp2, log, log2, sqrt, rsqrt, sin, cos, sigmoid, erf, tanh, floor, ceil, fma "
          "and abs (dsl.<name>)")
-_SCANS = "the reductions and scans are dsl.sum / max / min / argmax / argmin and dsl.cumsum (there is no custom combine_fn)"
+_SCANS = ("the reductions and scans are dsl.sum / max / min / argmax / argmin and dsl.cumsum (there is no custom "
+          "combine_fn)")
 _NOT_HERE = "it is not in the language"
 
 TRITON_ONLY = {

@@ -178,6 +178,13 @@ class Autotuner:
             name = f"{kept}~{hashlib.sha256(name.encode()).hexdigest()[:16]}"
         return Path(settings.cache_dir).expanduser() / "autotune" / f"{name}-{digest}.json"
 
+    def _recorded_config(self, key: str) -> Optional[Config]:
+        """The config chosen for `key` in this process or recorded on disk (read once), else None. The caller
+        holds self._lock."""
+        if not self._loaded:
+            self._load_record()
+        return self.best.get(key)
+
     def _load_record(self) -> None:
         self._loaded = True
         path = self._record_path()
@@ -225,9 +232,7 @@ class Autotuner:
         spill registers; a config whose measure raises a compilation/launch error is skipped from then
         on. Records the choice."""
         with self._lock:
-            if not self._loaded:
-                self._load_record()
-            found = self.best.get(key)
+            found = self._recorded_config(key)
             if found is not None:
                 return found
             # by position: a config's constexpr values may be unhashable (lists)
@@ -322,9 +327,7 @@ class Autotuner:
         values = dict(zip(self._names, args))
         values.update(kwargs)
         with self._lock:
-            if not self._loaded:
-                self._load_record()
-            recorded = key in self.best
+            recorded = self._recorded_config(key) is not None
         if not recorded and _capturing(values.values()):
             raise LaunchError(f"autotune of `{self.fn.__name__}` must time its configs for the new key {key!r}, "
                               "which it cannot do while a CUDA graph is being captured (timing synchronizes the "
