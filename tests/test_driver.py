@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import struct
@@ -144,6 +145,34 @@ def test_without_gpu_driver_calls_raise_launch_error():
         driver.device_context()
     with pytest.raises(LaunchError, match="no CUDA GPU"):
         driver.load_module(b"", "k")
+
+
+@pytest.mark.parametrize("code_name, match", [
+    ("CUDA_ERROR_NOT_FOUND", "the loaded module has no kernel named 'k': CUDA_ERROR_NOT_FOUND"),
+    # lazy loading: the kernel's code is loaded by cuModuleGetFunction, so a full GPU fails there
+    ("CUDA_ERROR_OUT_OF_MEMORY", "could not load kernel 'k' from its module on <ctx>: CUDA_ERROR_OUT_OF_MEMORY"),
+])
+def test_get_function_failure_names_its_cause(monkeypatch, code_name, match):
+    cu = pytest.importorskip("cuda.bindings.driver")
+    unloaded = []
+    monkeypatch.setattr(driver, "device_context", lambda device_index=None: _NamedContext())
+    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(
+        CUresult=cu.CUresult, CUjit_option=cu.CUjit_option,
+        cuModuleLoadDataEx=lambda *args: (cu.CUresult.CUDA_SUCCESS, "module"),
+        cuModuleGetFunction=lambda module, name: (getattr(cu.CUresult, code_name), None),
+        cuModuleUnload=lambda module: unloaded.append(module) or (cu.CUresult.CUDA_SUCCESS,),
+        cuGetErrorString=lambda code: (cu.CUresult.CUDA_ERROR_INVALID_VALUE, None)))
+    with pytest.raises(LaunchError, match=match):
+        driver.load_module(".version 8.0", "k")
+    assert unloaded == ["module"]
+
+
+class _NamedContext:
+    def pushed(self):
+        return contextlib.nullcontext()
+
+    def __repr__(self):
+        return "<ctx>"
 
 
 # -- GPU tier --------------------------------------------------------------------------------------

@@ -222,7 +222,8 @@ def load_module(image: Union[bytes, str], kernel_name: str, device_index: Option
 
     Raises:
         LaunchError: no GPU; the driver's JIT rejects the PTX (the message holds the JIT error
-            log); or the module has no kernel called `kernel_name`.
+            log); the module has no kernel called `kernel_name`; or the driver could not load that
+            kernel's code (with lazy loading, e.g. CUDA_ERROR_OUT_OF_MEMORY appears here).
     """
     context = device_context(device_index)
     cu = cuda_driver()
@@ -240,7 +241,11 @@ def load_module(image: Union[bytes, str], kernel_name: str, device_index: Option
         code, function = cu.cuModuleGetFunction(module, kernel_name.encode())
         if code != 0:
             cu.cuModuleUnload(module)
-            raise LaunchError(f"the loaded module has no kernel named {kernel_name!r}: {error_name(code)}")
+            if code == cu.CUresult.CUDA_ERROR_NOT_FOUND:
+                raise LaunchError(f"the loaded module has no kernel named {kernel_name!r}: {error_name(code)}")
+            # With lazy loading the driver loads the kernel's code here: out of memory shows up here
+            raise LaunchError(f"the driver could not load kernel {kernel_name!r} from its module on "
+                              f"{context!r}: {error_name(code)}")
         attribute = cu.CUfunction_attribute
 
         def query(name: str) -> int:
