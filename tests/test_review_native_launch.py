@@ -10,6 +10,7 @@ driver module that passes for cuda-python (`__name__` "cuda.bindings.driver"), s
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fractions
 import struct
@@ -319,11 +320,12 @@ def _flag_kernel(x_ptr, flag, BLOCK: dsl.constexpr):
 class _Driver:
     """What the mocked driver saw: `stub` (the native stubs' cuLaunchKernel, a _Recorder whose kinds
     the test sets), `python` (cuda-python's cuLaunchKernel calls: grid, stream, the parameters read
-    through the launcher's packer), `activated` (context activations), `stream` (torch's current
-    stream handle)."""
+    through the launcher's packer), `activated` / `pushed` (context activations, pushes), `stream`
+    (torch's current stream handle), `torch_device` (torch's current device in the launching thread)."""
 
     def __init__(self):
-        self.stub, self.python, self.activated, self.stream = _Recorder(), [], [], 0
+        self.stub, self.python, self.activated, self.pushed, self.stream = _Recorder(), [], [], [], 0
+        self.torch_device = 0
 
 
 @pytest.fixture
@@ -341,7 +343,8 @@ def mocked(monkeypatch, tmp_path):
 
     module = types.ModuleType("cuda.bindings.driver")
     module.cuLaunchKernel, module.CUresult = cu_launch_kernel, cuda_driver.CUresult
-    context = types.SimpleNamespace(activate=lambda: state.activated.append(True))
+    context = types.SimpleNamespace(device_index=0, activate=lambda: state.activated.append(True),
+                                    pushed=lambda: state.pushed.append(True) or contextlib.nullcontext())
     original_init = kernel_launcher.KernelLauncher.__init__
 
     def init(self, *args, **kwargs):
@@ -358,6 +361,7 @@ def mocked(monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
         name, None, 0xF00D, context, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
     monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: state.stream))
+    monkeypatch.setattr(kernel_launcher, "_torch_current_device", lambda: state.torch_device)
     monkeypatch.setattr(jit_module, "cuda_device", lambda kernel, params, values: torch.device("cuda", 0))
     state.launchers = launchers
     return state
@@ -461,9 +465,16 @@ def test_stub_errors_raise_launch_errors_and_invalid_context_retries(mocked):
     mocked.python.clear()
     kernel[(3,)](x, y, 32, 4.0, BLOCK=32)
     prepared(y, x)
-    assert len(mocked.activated) == 2
+    assert len(mocked.activated) == 2 and mocked.pushed == []
     assert mocked.python == [((3, 1, 1), None, (x.data_ptr(), y.data_ptr(), 32, 4.0)),
                              ((2, 1, 1), None, (y.data_ptr(), x.data_ptr(), 64, 0.5))]
+    # the kernel's device is not torch's current one in this thread: its context is pushed for the
+    # retry alone, so the thread's current device (torch's allocations) does not move
+    mocked.torch_device = 1
+    mocked.python.clear()
+    kernel[(3,)](x, y, 32, 4.0, BLOCK=32)
+    assert len(mocked.activated) == 2 and mocked.pushed == [True]
+    assert mocked.python == [((3, 1, 1), None, (x.data_ptr(), y.data_ptr(), 32, 4.0))]
 
 
 def test_cached_launches_from_many_threads_through_the_stub(mocked):

@@ -179,10 +179,19 @@ class KernelLauncher:
     def _launch_failed(self, code, grid: tuple, stream: int, args: Sequence) -> None:
         cu = driver.cuda_driver()
         if code == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-            # A thread that never used this device has no current context (matters for stream 0).
-            self.kernel.context.activate()
-            (code,) = cu.cuLaunchKernel(self.kernel.function, grid[0], grid[1], grid[2], 32 * self.num_warps, 1, 1,
-                                        self.shared_bytes, stream or None, self.packer.pack(args), 0)
+            # A thread that never used CUDA has no current context (matters for stream 0). The kernel's
+            # context stays current only where its device is torch's current device in this thread (as
+            # torch's own first launch there would leave it); another device's context is pushed for this
+            # launch alone, so that launching on cuda:1 does not move torch.empty(device="cuda") there.
+            context = self.kernel.context
+            scope = contextlib.nullcontext()
+            if context.device_index == _torch_current_device():
+                context.activate()
+            else:
+                scope = context.pushed()
+            with scope:
+                (code,) = cu.cuLaunchKernel(self.kernel.function, grid[0], grid[1], grid[2], 32 * self.num_warps,
+                                            1, 1, self.shared_bytes, stream or None, self.packer.pack(args), 0)
             if code == 0:
                 return
         hint = ""
@@ -191,6 +200,13 @@ class KernelLauncher:
         raise LaunchError(f"launching {self.kernel.name!r} on grid {tuple(grid)} with {32 * self.num_warps} threads "
                           f"and {self.shared_bytes} bytes of dynamic shared memory failed: "
                           f"{driver.error_name(code)}{hint}")
+
+
+def _torch_current_device() -> int:
+    """torch's current CUDA device index in the calling thread."""
+    import torch
+
+    return torch.cuda.current_device()
 
 
 def _native_stub(function, kinds: Sequence[ParamKind], block_x: int, shared_bytes: int) -> Optional[Callable]:
