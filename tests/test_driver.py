@@ -258,6 +258,32 @@ def test_load_and_launch_mixed_scalar_arguments(seed, form):
 
 
 @pytest.mark.cuda
+def test_launch_on_the_null_stream_from_a_thread_that_never_used_cuda(seed):
+    # The thread has no current context: the launch fails with CUDA_ERROR_INVALID_CONTEXT and is retried
+    # with the kernel's context; torch's current device in that thread stays what it was.
+    kernel = driver.load_module(_affine_kernel_ptx(_current_target_arch()), "affine")
+    launcher = kernel_launcher.KernelLauncher(kernel, _AFFINE_KINDS, num_warps=4)
+    n = 300
+    x = torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+    ys = [torch.full_like(x, float("nan")) for _ in range(2)]
+    torch.cuda.synchronize()
+    seen = []
+
+    def work():
+        for y in ys:        # the second launch finds the context current
+            launcher.launch((math.ceil(n / 128), 1, 1), 0, [y.data_ptr(), x.data_ptr(), n, 2.0, 0.0, 0.0, 0, False, 0])
+        seen.append(torch.cuda.current_device())
+        torch.cuda.synchronize()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen == [kernel.context.device_index]
+    for y in ys:
+        torch.testing.assert_close(y, x * 2.0, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.cuda
 def test_jit_error_log_is_surfaced():
     bad = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n  bogus.op %r1;\n  ret;\n}\n"
     with pytest.raises(LaunchError, match=r"(?s)could not load.*CUDA_ERROR_INVALID_PTX.*JIT log:.*bogus"):
