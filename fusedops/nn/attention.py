@@ -162,8 +162,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         if is_causal and attn_mask is None:
             raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the Transformer "
                                "module method `generate_square_subsequent_mask` to create this mask.")
-        causal = is_causal and key_padding_mask is None
-        if causal:
+        # as torch: a key_padding_mask turns the hint off; otherwise is_causal reaches the attention as given (a
+        # None or another non-bool is SDPA's TypeError there, as in torch, not taken for its truth value)
+        causal = False if key_padding_mask is not None else is_causal
+        if is_causal and key_padding_mask is None:
             attn_mask = None
         if unbatched:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
