@@ -47,7 +47,9 @@ def _uses_tma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a launch takes matmul_tma_kernel: FUSEDOPS_TMA on (the default), one product (batch 1), 16-bit
     inputs, and operands a tensor map can describe (16-byte aligned, one unit stride, the other a
     multiple of 16 elements: what the kernel's specialization must prove for the compiler to use
-    TMA; anything else keeps the cp.async kernel)."""
+    TMA; anything else keeps the cp.async kernel). The specialization cannot see a stride's or a
+    size's magnitude, so the map's limits are checked here: strides below 2**40 bytes and sizes up to
+    2**32 (a dim of size 1 may have any stride: `x[::2**40]`; the driver would refuse the map at launch)."""
     if not _tma_enabled() or c.shape[0] != 1 or a.shape[0] != 1 or b.shape[0] != 1 or a.dtype not in INPUT_DTYPES:
         return False
     for operand in (a[0], b[0]):
@@ -56,7 +58,14 @@ def _uses_tma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
             return False
         if strides[0] == strides[1] == 1:
             return False
+        if max(strides) * operand.element_size() >= _TMA_MAX_STRIDE_BYTES or max(operand.shape) > _TMA_MAX_SIZE:
+            return False
     return True
+
+
+# A tensor map's limits (runtime/tensor_map.py encode_arguments): byte strides below 2**40, sizes up to 2**32.
+_TMA_MAX_STRIDE_BYTES = 1 << 40
+_TMA_MAX_SIZE = 1 << 32
 
 
 def _tma_enabled() -> bool:

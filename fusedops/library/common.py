@@ -38,15 +38,19 @@ def runs_kernels(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
 
 
 MATMUL_DTYPES = frozenset((torch.float16, torch.bfloat16))
+# The bias dtypes the matmul kernels read (any other floating bias, float8, takes torch's route: the kernels
+# have no pointer type for it).
+MATMUL_BIAS_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
 def matmul_runs_kernels(a: torch.Tensor, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor]) -> bool:
     """The routing rule of fusedops.matmul and its operator: float16/bfloat16 CUDA operands with a kernel
-    output dtype; on the CPU under FUSEDOPS_INTERPRET=1, operands, output and bias of the interpreter's
-    float dtypes."""
+    output dtype and a bias (or None) of MATMUL_BIAS_DTYPES; on the CPU under FUSEDOPS_INTERPRET=1, operands,
+    output and bias of the interpreter's float dtypes."""
     out = out_dtype or a.dtype
     if a.is_cuda:
-        return a.dtype in MATMUL_DTYPES and out in KERNEL_DTYPES
+        return (a.dtype in MATMUL_DTYPES and out in KERNEL_DTYPES
+                and (bias is None or bias.dtype in MATMUL_BIAS_DTYPES))
     return (a.device.type == "cpu" and interpret_enabled()
             and INTERPRETER_DTYPES.issuperset((a.dtype, out, a.dtype if bias is None else bias.dtype)))
 
