@@ -33,12 +33,14 @@ LaunchError; launch once before the capture (a key already tuned, or recorded on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -143,6 +145,15 @@ class Autotuner:
 
     def __repr__(self) -> str:
         return f"<dsl.autotune {self.fn!r}, {len(self.configs)} configs>"
+
+    def __reduce__(self):
+        """Pickled (and deep-copied) as the kernel is: by reference, where its module binds the kernel's name to this
+        tuner (`@dsl.autotune(...)` over `@dsl.jit`); else as a new tuner of the same kernel (pickled by reference),
+        configs and options, which reads the on-disk record again (`tuned = dsl.autotune(...)(kernel)`)."""
+        module = sys.modules.get(self.fn.fn.__module__)
+        if _attribute(module, self.fn.fn.__qualname__) is self:
+            return _by_name, (self.fn.fn.__module__, self.fn.fn.__qualname__)
+        return Autotuner, (self.fn, self.configs, self.key, self.reset_to_zero, self.restore_value)
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.run(grid, *args, **kwargs)
@@ -312,7 +323,8 @@ class Autotuner:
     def _tune(self, key: str, grid, args, kwargs) -> Config:
         """`select` for `key` by timing launches of each config on these arguments; the tensors named by
         reset_to_zero / restore_value are zeroed / restored before each launch and after the search. A
-        config `select` finds recorded (no launch) leaves them alone, as a key tuned earlier does.
+        config `select` finds recorded (no launch) leaves them alone, as a key tuned earlier does. The timing runs
+        with the CUDA tensors' device current, where the launches go (whatever device is current at the call).
 
         The copies, restores and zeroings are not recorded by autograd (inference mode): the kernel writes
         its tensors whether they require grad (an nn.Parameter an in-place kernel updates) or are
@@ -353,8 +365,12 @@ class Autotuner:
             launched.append(id(config))
             return self._measure(grid, args, kwargs, config, reset, first)
 
+        device = _cuda_device(values.values()) if torch.cuda.is_available() else None
         try:
-            return self.select(key, measure)
+            # timed on the tensors' device: CUDA events, the GPU sleep and the synchronize go to the current device's
+            # stream, the launches to the tensors' device's (pytorch#122479: tensors off the current device)
+            with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+                return self.select(key, measure)
         finally:
             if launched:
                 reset()
@@ -405,10 +421,14 @@ def _capturing(values) -> bool:
 
     if not torch.cuda.is_available():
         return False
-    device = next((value.device for value in values if _is_tensor(value)
-                   and getattr(value, "device", None) is not None and value.device.type == "cuda"), None)
-    with torch.cuda.device(device):
+    with torch.cuda.device(_cuda_device(values)):
         return torch.cuda.is_current_stream_capturing()
+
+
+def _cuda_device(values):
+    """The device of the first CUDA tensor among `values`, or None."""
+    return next((value.device for value in values if _is_tensor(value)
+                 and getattr(value, "device", None) is not None and value.device.type == "cuda"), None)
 
 
 def _key_part(value) -> str:
@@ -431,6 +451,24 @@ def _argument_names(option: str, names: Sequence[str], fn, parameters: Sequence[
     if unknown:
         raise TypeError(f"autotune {option} names {unknown}, which are not parameters of `{fn.__name__}`")
     return tuple(names)
+
+
+def _attribute(owner, qualname: str):
+    """`owner.a.b` for qualname "a.b" (None where a name is missing, e.g. a kernel defined in a function)."""
+    for name in qualname.split("."):
+        owner = getattr(owner, name, None)
+    return owner
+
+
+def _by_name(module: str, qualname: str):
+    """What `module.qualname` names (unpickling a tuner pickled by reference). Raises AttributeError naming a
+    missing name."""
+    import importlib
+
+    owner = importlib.import_module(module)
+    for name in qualname.split("."):
+        owner = getattr(owner, name)
+    return owner
 
 
 @functools.lru_cache(maxsize=None)

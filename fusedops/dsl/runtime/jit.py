@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import sys
 import threading
 import types
 from typing import Callable, Optional
@@ -103,7 +104,13 @@ class JITFunction:
 
     def __reduce__(self):
         # pickled by reference, as a function is: its module and qualified name (copy.deepcopy returns the
-        # kernel itself); a kernel not reachable by that name does not pickle (pickle.PicklingError)
+        # kernel itself); a kernel not reachable by that name does not pickle (pickle.PicklingError). Under
+        # `@dsl.autotune` that name is the tuner's: the kernel is the tuner's `fn` (the tuner pickles by reference).
+        owner = sys.modules.get(self.__module__)
+        for name in self.__qualname__.split("."):
+            owner = getattr(owner, name, None)
+        if owner is not self and getattr(owner, "fn", None) is self:
+            return getattr, (owner, "fn")
         return self.__qualname__
 
     @property

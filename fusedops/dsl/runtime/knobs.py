@@ -11,7 +11,7 @@ from `os.environ` directly.
 | variable                | field           | type / default                                          |
 |-------------------------|-----------------|---------------------------------------------------------|
 | FUSEDOPS_INTERPRET      | interpret       | bool, False: run kernels in the NumPy interpreter       |
-| FUSEDOPS_CACHE_DIR      | cache_dir       | Path, ~/.cache/fusedops: on-disk kernel cache           |
+| FUSEDOPS_CACHE_DIR      | cache_dir       | Path, ~/.cache/fusedops: on-disk kernel cache (*)       |
 | FUSEDOPS_DISABLE_CACHE  | disable_cache   | bool, False: neither read nor write the disk cache      |
 | FUSEDOPS_DUMP_IR        | dump_ir         | bool, False: print the IR after each pass               |
 | FUSEDOPS_DUMP_DIR       | dump_dir        | Path or None: write the dumps there instead of stderr   |
@@ -33,6 +33,11 @@ issues every copy of
 the ring, waiting on the empty barriers itself, and the num_warps consumer warps only wait for full
 slots and release them (where the loop qualifies: passes/_pipelining_warp_specialized.py
 `producer_warp_fits`; else as 1). Part of the compile cache key.
+
+(*) Where no home directory is known (HOME unset or empty and the user id without an entry in the password
+database, as in a container run under an arbitrary uid) and FUSEDOPS_CACHE_DIR is unset, cache_dir is None and
+disable_cache True: kernels compile in every process, nothing is written (rather than to a "~" under the working
+directory). A path variable starting with ~ then raises the ValueError below.
 
 Booleans accept 1/true/yes/on and 0/false/no/off (any case; empty means False, unset the default above). Any
 other value raises `ValueError` naming the variable, so a typo is loud instead of ignored.
@@ -63,7 +68,13 @@ def _parse_bool(variable: str, text: str) -> bool:
 
 def _parse_path(variable: str, text: str) -> Optional[Path]:
     text = text.strip()
-    return Path(text).expanduser() if text else None
+    if not text:
+        return None
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:    # "~/..." where no home directory is known (pathlib: "Could not determine home directory")
+        raise ValueError(f"{variable}={text!r} starts with ~, whose home directory is not known (HOME unset, no "
+                         "entry in the password database); give an absolute path") from None
 
 
 def _parse_arch(variable: str, text: str) -> Optional[str]:
@@ -88,8 +99,19 @@ def _knob(variable: str, parse: Callable[[str, str], object], default):
     return dataclasses.field(default=default, metadata={"variable": variable, "parse": parse})
 
 
-def _default_cache_dir() -> Path:
-    return Path("~/.cache/fusedops").expanduser()
+def _default_cache_dir(home: Optional[str]) -> Optional[Path]:
+    """~/.cache/fusedops under `home` (the HOME variable), else under the user's home directory in the password
+    database; None where neither is an absolute path (HOME unset or empty and a user id without an entry, as in a
+    container run under an arbitrary uid): there is no default cache directory then."""
+    if home:
+        return Path(home) / ".cache" / "fusedops"
+    try:
+        import pwd
+
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError, AttributeError):     # (no pwd on Windows: USERPROFILE)
+        home = os.path.expanduser("~")
+    return Path(home) / ".cache" / "fusedops" if home and os.path.isabs(home) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +119,7 @@ class Knobs:
     """The settings in force; see the module docstring for the variables behind each field."""
 
     interpret: bool = _knob("FUSEDOPS_INTERPRET", _parse_bool, False)
-    cache_dir: Path = _knob("FUSEDOPS_CACHE_DIR", _parse_path, None)  # None -> _default_cache_dir()
+    cache_dir: Optional[Path] = _knob("FUSEDOPS_CACHE_DIR", _parse_path, None)  # None -> _default_cache_dir(HOME)
     disable_cache: bool = _knob("FUSEDOPS_DISABLE_CACHE", _parse_bool, False)
     dump_ir: bool = _knob("FUSEDOPS_DUMP_IR", _parse_bool, False)
     dump_dir: Optional[Path] = _knob("FUSEDOPS_DUMP_DIR", _parse_path, None)
@@ -111,9 +133,12 @@ class Knobs:
     persistent: bool = _knob("FUSEDOPS_PERSISTENT", _parse_bool, True)
 
     def __post_init__(self) -> None:
-        # The home directory is looked up when the settings are built, not at import.
+        # The home directory is looked up when the settings are built, not at import; without one (and without
+        # FUSEDOPS_CACHE_DIR) there is no disk cache: cache_dir stays None and disable_cache is True.
         if self.cache_dir is None:
-            object.__setattr__(self, "cache_dir", _default_cache_dir())
+            object.__setattr__(self, "cache_dir", _default_cache_dir(os.environ.get("HOME")))
+            if self.cache_dir is None:
+                object.__setattr__(self, "disable_cache", True)
 
 
 def current(environ: Optional[Mapping[str, str]] = None) -> Knobs:
@@ -194,6 +219,10 @@ def _parse(raw: tuple, home: Optional[str]) -> Knobs:
     for (name, variable, parse), text in zip(_FIELDS, raw):
         if text is not None:
             values[name] = parse(variable, text)
+    if values.get("cache_dir") is None:     # the default, under `home` (what the memo is keyed by)
+        values["cache_dir"] = _default_cache_dir(home)
+        if values["cache_dir"] is None:
+            values["disable_cache"] = True
     return Knobs(**values)
 
 
