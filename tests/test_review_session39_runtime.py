@@ -267,3 +267,19 @@ def test_threads_tuning_one_kernel_at_once_tune_each_key_once(monkeypatch):
     # per new key: two launches per config and round; then one launch per call
     assert len(launches) == 2 * 2 * len(_CONFIGS) * autotune_module.TUNING_ROUNDS + len(sizes)
     assert all(best == _CONFIGS[0] for best in tuner.best.values())     # equal times: the first config
+
+
+@pytest.mark.parametrize("variable, value", [("FUSEDOPS_WS", "2"), ("FUSEDOPS_DEFAULT_ARCH", "sm_80"),
+                                             ("FUSEDOPS_DISABLE_WGMMA", "1"), ("FUSEDOPS_TMA", "0"), (None, None)])
+def test_the_autotune_record_is_not_shared_across_compilers_or_code_settings(variable, value):
+    # (the runtime review's note: a choice timed on code another compiler version, or other codegen settings,
+    # produced was reused) a record is named by them too, as the kernel cache's key is
+    tuner = dsl.autotune(_CONFIGS, key=["n"])(_fill_kernel())
+    before = tuner._record_path()
+    with pytest.MonkeyPatch.context() as patch:
+        if variable is None:    # another compiler: its fingerprint differs
+            patch.setattr("fusedops.dsl.runtime.cache.compiler_fingerprint", lambda: "another compiler")
+        else:
+            patch.setenv(variable, value)
+        assert tuner._record_path() != before and tuner._record_path().parent == before.parent
+    assert tuner._record_path() == before

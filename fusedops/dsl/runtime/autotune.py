@@ -182,7 +182,15 @@ class Autotuner:
             source = "".join(self.fn.source.lines)
         except (OSError, TypeError, AttributeError):    # no retrievable source: name and configs only
             source = ""
-        digest = hashlib.sha256((source + "\n".join(map(str, self.configs))).encode()).hexdigest()[:16]
+        # the compiler's version and the settings that change the compiled code are part of the record's name:
+        # a choice timed on other code is not reused (as in the kernel cache's key)
+        from ... import __version__
+        from .cache import compiler_fingerprint
+
+        compiled_by = (__version__, compiler_fingerprint(), settings.default_arch, settings.disable_wgmma,
+                       settings.tma, settings.ws)
+        text = source + "\n".join(map(str, self.configs)) + repr(compiled_by)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         name = f"{self.fn.fn.__module__}.{self.fn.fn.__qualname__}"
         if len(name.encode()) > _MAX_NAME:    # a file name has at most 255 bytes: the rest of a long name as a hash
             kept = name.encode()[:_MAX_NAME].decode(errors="ignore")
