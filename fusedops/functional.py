@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor as _FunctionalTensor
 
 from fusedops import library as _library
 from fusedops.library.common import matmul_runs_kernels, runs_kernels, wrap_dim
@@ -43,6 +45,9 @@ _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambd
 
 
 _is_compiling = torch.compiler.is_compiling
+# The tensor types the ops take while a graph is traced: plain tensors and parameters (what dynamo sees), and the
+# fake and functional tensors that torch.export's non-strict tracing runs the Python code on.
+_TRACED_TENSOR_TYPES = frozenset((torch.Tensor, torch.nn.Parameter, _FakeTensor, _FunctionalTensor))
 # torch.jit.is_tracing without its Python wrapper (~0.1 us instead of ~0.25 us; it is on every call's path).
 _is_jit_tracing = torch._C._is_tracing
 
@@ -54,10 +59,13 @@ def needs_torch(*tensors) -> bool:
     memory reads negated, e.g. `z.conj().imag`), or a dual tensor of forward-mode AD (its tangent). Also
     while torch.jit.trace runs: a trace records torch's ops only (a kernel launch would be left out of it,
     and sizes are 0-d tensors then), and while a torch dispatch or function mode is active (but
-    torch.device's). Not while torch.compile traces (the custom ops there take fake tensors), unless a dual
-    level of forward-mode AD is active: the custom ops have no forward-mode formula, torch's ops do."""
+    torch.device's). While torch.compile or torch.export traces, the custom ops take plain tensors (and the
+    fake tensors of export's tracing), but a dual level of forward-mode AD (the custom ops have no
+    forward-mode formula, torch's ops do) or a tensor subclass still runs torch's op, as in eager: a DTensor of
+    tensor parallelism, say, has no sharding rule for the custom ops ("no sharding strategy registered")."""
     if _is_compiling():
-        return _forward_ad._current_level >= 0
+        return _forward_ad._current_level >= 0 or any(
+            type(t) not in _TRACED_TENSOR_TYPES and isinstance(t, torch.Tensor) for t in tensors)
     if _is_jit_tracing() or torch_modes_active():
         return True
     dual = _forward_ad._current_level >= 0
