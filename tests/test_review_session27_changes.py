@@ -72,7 +72,8 @@ Not reported:
 - The prepared launch does not check the device or dtype of the tensors it is given. Its docstring makes that
   the caller's guarantee.
 
-DEFECTS (fixed in session 27 but 5, 10 and 11, which stay strict xfails, not mended: see their reasons). Each
+DEFECTS (fixed in session 27 but 5, 10 and 11, which stayed strict xfails, not mended: see their reasons; 5 was
+mended in session 39, library/common.py refuse_duals_at_autograd). Each
 had a strict xfail test below that asserts the correct behaviour:
 
 1. torch.ops.fusedops.matmul of complex operands has no working backward.
@@ -500,7 +501,7 @@ def test_matmul_forward_over_reverse_is_refused(route):
         _forward_over_reverse(lambda a: torch.ops.fusedops.matmul(a, w), x, _randn(g, 3), _randn(g, 3))
 
 
-@pytest.mark.xfail(strict=True, reason="defect 5, not mended: inside a custom op torch.func.jvp is invisible (unwrapped tensors, empty interpreter stack) and custom_op has no jvp rule; the public functions run torch's ops under transforms")
+# defect 5, mended in session 39: the operators' autograd kernels refuse the tangents (common.refuse_duals_at_autograd)
 @pytest.mark.parametrize("name", ["softmax", "layer_norm"])
 def test_defect5_functorch_jvp_over_the_operators(route, name):
     g = _gen(12)
@@ -515,7 +516,6 @@ def test_defect5_functorch_jvp_over_the_operators(route, name):
     assert torch.allclose(got, expected)
 
 
-@pytest.mark.xfail(strict=True, reason="defect 5, not mended: jacfwd of an exported program calls the operators under functorch (see above)")
 def test_defect5_jacfwd_of_an_exported_program(interpret):
     class M(torch.nn.Module):
         def forward(self, x):

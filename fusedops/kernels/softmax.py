@@ -215,7 +215,12 @@ class SoftmaxLaunches:
             return copied
         if self._permuted:
             y = y.contiguous()
-        return y if self._strides is None else y.as_strided(y.shape, self._strides)
+        if self._strides is None:
+            return y
+        # torch's strides on the same memory, as a tensor of its own rather than a view (y.as_strided): autograd
+        # refuses an in-place change of a view made inside a custom Function (SoftmaxFunction, the custom op),
+        # where torch's result takes it (y.masked_fill_ of a batch-1 x.transpose(0, 1))
+        return y.new_empty(0).set_(y.untyped_storage(), y.storage_offset(), y.shape, self._strides)
 
     def backward(self, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # y's strides too: the output of a copied x, or a saved-tensor hook (torch.autograd.graph.save_on_cpu),

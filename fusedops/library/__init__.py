@@ -47,7 +47,7 @@ Importing the package registers every operator, then the autocast policy, once.
 # Importing an operator module registers its operators with torch.library.
 from fusedops.library.attention_ops import attention_runs_kernels, scaled_dot_product_attention
 from fusedops.library.autocast import AUTOCAST_POLICY, autocast_cast, autocast_dtype, register_autocast
-from fusedops.library.common import NAMESPACE, OPS, interpret_enabled
+from fusedops.library.common import NAMESPACE, OPS, interpret_enabled, refuse_duals_at_autograd
 from fusedops.library.matmul_ops import matmul
 from fusedops.library.norm_ops import layer_norm, rms_norm
 from fusedops.library.softmax_ops import softmax
@@ -57,6 +57,9 @@ _AUTOCAST_POLICY = AUTOCAST_POLICY
 
 # The operator modules above have registered torch.ops.fusedops.*; the autocast kernels attach to them.
 register_autocast()
+# ... and their autograd kernels refuse torch.func.jvp's tangents too (which gave zeros), as the kernels refuse
+# forward_ad's dual tensors.
+refuse_duals_at_autograd()
 
 __all__ = ["NAMESPACE", "OPS", "AUTOCAST_POLICY", "autocast_dtype", "autocast_cast", "interpret_enabled",
            "attention_runs_kernels", "softmax", "layer_norm", "rms_norm", "matmul", "scaled_dot_product_attention"]

@@ -82,6 +82,35 @@ def refuse_dual(op: str, *tensors: Optional[torch.Tensor]) -> None:
                                "forward-mode formula (the public fusedops functions run torch's ops for dual tensors)")
 
 
+def refuse_duals_at_autograd() -> None:
+    """Make every custom operator of NAMESPACE run refuse_dual on its arguments at its autograd kernel too, before
+    the one torch generated: torch.func.jvp / jacfwd / linearize keep the tangents in wrappers that torch unwraps
+    before an operator's own kernels (which call refuse_dual), and torch's generated autograd kernel, which has no
+    forward formula, runs the operator without one when nothing requires grad, so a direct call or an exported
+    program under those transforms returned zero tangents silently. (torch.autograd.forward_ad's dual tensors reach
+    the kernels, which refuse them already.) Called once, by fusedops.library's __init__, after every operator
+    module has been imported; a torch without the names used here (torch._library's operator table and autograd
+    generator) keeps its own kernels."""
+    import warnings
+
+    make_autograd_impl = getattr(getattr(torch._library, "autograd", None), "make_autograd_impl", None)
+    definitions = getattr(getattr(torch._library, "custom_ops", None), "OPDEFS", None)
+    if make_autograd_impl is None or definitions is None:
+        return
+    for qualname, op_def in list(definitions.items()):
+        if qualname.partition("::")[0] != NAMESPACE:
+            continue
+        generated, name = make_autograd_impl(op_def._opoverload, op_def), op_def._name
+
+        def autograd_kernel(keyset, *args, _generated=generated, _name=name, **kwargs):
+            refuse_dual(_name, *args)
+            return _generated(keyset, *args, **kwargs)
+
+        with warnings.catch_warnings():     # torch warns (once) of the kernel replaced, as for its own overrides
+            warnings.filterwarnings("ignore", message="Warning only once for all operators", category=UserWarning)
+            op_def._lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+
+
 def recomputed_gradients(forward: Callable, inputs: Sequence[Optional[torch.Tensor]], needs: Sequence[bool],
                          grad_output: torch.Tensor) -> List[Optional[torch.Tensor]]:
     """The gradients of `forward(*inputs)` (torch's ops, recomputed inside an operator's backward) in the

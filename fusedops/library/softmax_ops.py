@@ -62,7 +62,7 @@ def _softmax_backward_op(grad_output: torch.Tensor, output: torch.Tensor, dim: i
     """The input gradient of (log_)softmax from the output gradient and the output (any strides):
     softmax: y * (dy - sum(dy * y)); log_softmax: dy - exp(y) * sum(dy); a contiguous tensor of input_dtype."""
     refuse_dual("log_softmax_backward" if log else "softmax_backward", grad_output, output)
-    dim = dim % max(output.dim(), 1)
+    dim = _check_backward_arguments(grad_output, output, dim, input_dtype)
     y = output.contiguous()
     if not runs_kernels(y, y.dtype, grad_output.dtype, input_dtype):
         dx = _autograd_softmax.reference_backward(grad_output, y, dim, log, accumulation_dtype(y.dtype))
@@ -72,12 +72,32 @@ def _softmax_backward_op(grad_output: torch.Tensor, output: torch.Tensor, dim: i
     return _softmax_kernels.softmax_backward(grad_output, y, dim, log=log, dtype=input_dtype)
 
 
+def _check_backward_arguments(grad_output: torch.Tensor, output: torch.Tensor, dim: int,
+                              input_dtype: torch.dtype) -> int:
+    """dim in [0, max(output.dim(), 1)), for the checked arguments of softmax_backward (as torch's
+    _softmax_backward_data checks them; the kernels would read grad_output out of bounds).
+
+    Raises: RuntimeError for a grad_output shaped otherwise than output or on another device; IndexError for dim
+    out of range; TypeError for a non-floating grad_output, output or input_dtype."""
+    if grad_output.shape != output.shape:
+        raise RuntimeError(f"fusedops softmax_backward: grad_output of shape {tuple(grad_output.shape)} for an output "
+                           f"of shape {tuple(output.shape)} (they must be equal)")
+    if grad_output.device != output.device:
+        raise RuntimeError(f"fusedops softmax_backward: grad_output on {grad_output.device}, output on {output.device} "
+                           "(they must be on one device)")
+    for what, dtype in (("grad_output", grad_output.dtype), ("output", output.dtype), ("input_dtype", input_dtype)):
+        if not dtype.is_floating_point:
+            raise TypeError(f"fusedops softmax_backward: {what} must be of a floating dtype, got {dtype}")
+    return wrap_dim(dim, output.dim())
+
+
 def _fake_softmax(input, dim, dtype=None):
     wrap_dim(dim, input.dim())
-    for what in (input.dtype, _softmax_output_dtype(input, dtype)):     # as the real op (torch's) raises
-        if not what.is_floating_point:
-            raise NotImplementedError(f"fusedops softmax: not implemented for {what} (a floating dtype is needed)")
-    return input.new_empty(input.shape, dtype=_softmax_output_dtype(input, dtype))
+    # as the real op (torch's) raises: a non-floating input is cast to a floating dtype first
+    out_dtype = _softmax_output_dtype(input, dtype)
+    if not out_dtype.is_floating_point:
+        raise NotImplementedError(f"fusedops softmax: not implemented for {out_dtype} (a floating dtype is needed)")
+    return input.new_empty(input.shape, dtype=out_dtype)
 
 
 def _setup_softmax(ctx, inputs, output):
@@ -100,6 +120,7 @@ _log_softmax_op.register_autograd(lambda ctx, g: _softmax_backward(ctx, g, True)
 
 @_softmax_backward_op.register_fake
 def _(grad_output, output, dim, log, input_dtype):
+    _check_backward_arguments(grad_output, output, dim, input_dtype)
     return output.new_empty(output.shape, dtype=input_dtype)
 
 
