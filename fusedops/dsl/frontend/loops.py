@@ -135,8 +135,10 @@ class LoopsMixin:
         # Compile-time values other than numbers cannot be carried: they must not change in the loop.
         fixed = {n for n in names if not is_runtime(inits[n]) and not _is_number(inits[n])}
         retype, cast_back, dropped = {}, set(), set()
+        # numbers taken as unchanged (`_keeps_number`), and those the next attempt showed to change after all
+        kept_numbers, changing = set(), set()
         outer = self.builder.block
-        for _ in range(2 * len(names) + 2):
+        for _ in range(3 * len(names) + 2):
             mark = len(outer.ops)
             carried = [n for n in names if n not in fixed and n not in dropped]
             init_values = [self._loop_init(inits[n], retype.get(n)) for n in carried]
@@ -155,12 +157,24 @@ class LoopsMixin:
                 elif end is arg:
                     fixed.add(name)      # unchanged by the body: not carried
                     retry = True
+                elif name not in changing and _is_number(inits[name]) and _keeps_number(end, {arg}, inits[name]):
+                    # only assigned the number it starts as (`v = 0`, then `v = 0` in the body, in an inner `if`
+                    # or loop): not carried, so that it stays that number after the loop, as before it
+                    fixed.add(name)
+                    kept_numbers.add(name)
+                    retry = True
                 elif not self._carried_type_ok(node, name, arg, end, inits[name], retype, cast_back, scope):
                     retry = True
             for name in (n for n in names if n not in carried and n not in dropped):
                 end = tuples.end(scope, name)
                 if end is not inits[name] and not (not is_runtime(end) and _same_constant(end, inits[name])) \
                         and end is not _MISSING:
+                    if name in kept_numbers:        # the number does change (a number of another type): carry it
+                        kept_numbers.discard(name)
+                        fixed.discard(name)
+                        changing.add(name)
+                        retry = True
+                        continue
                     if isinstance(inits[name], (tuple, list)):
                         raise CompilationError(f"`{name}` is a {type(inits[name]).__name__} before the loop and is "
                                                "reassigned in the loop body; only tuples of kernel values and "
@@ -352,6 +366,33 @@ class _TupleSlots:
         for slot in self.parent:
             scope.names.pop(slot, None)
             scope.locations.pop(slot, None)
+
+
+def _keeps_number(value, kept: set, number) -> bool:
+    """Whether `value`, a loop body's value of a variable that starts as the literal `number`, is always that
+    number: `number` itself, a value of `kept` (the variable's block arguments: what the loop starts it as), its
+    constant, or the result of an inner `if` or loop whose every path gives one of those (`if c: v = 0`, a nested
+    loop that assigns `v = 0`), so that the variable is not changed by the loop."""
+    if _is_number(value):
+        return _same_constant(value, number)
+    if value in kept:
+        return True
+    op = value.defining_op
+    if op is None:
+        return False
+    if op.opcode == OpCode.CONSTANT:
+        return not isinstance(value.type, BlockType) and _same_constant(op.attrs["value"], number)
+    index = op.results.index(value)
+    if op.opcode == OpCode.IF:
+        return all(region.terminator is not None and _keeps_number(region.terminator.operands[index], kept, number)
+                   for region in op.regions)
+    if op.opcode in (OpCode.FOR, OpCode.WHILE):
+        first = 3 if op.opcode == OpCode.FOR else 0        # a FOR's operands and body arguments start with its range
+        if not _keeps_number(op.operands[first + index], kept, number):
+            return False
+        inner = kept | {region.args[index + (1 if op.opcode == OpCode.FOR else 0)] for region in op.regions}
+        return _keeps_number(op.regions[-1].terminator.operands[index], inner, number)
+    return False
 
 
 def _may_be_negative(value) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import elementwise_builtins as _elementwise
 from .core import builtin
+from .shape_ops import compile_time_bool
 
 
 # -- block creation -----------------------------------------------------------------------------------
@@ -30,40 +31,62 @@ def full(shape, value, dtype, *, _semantic=None):
 
 # -- reductions and scans ----------------------------------------------------------------------------
 @builtin
-def sum(input, axis=None, keep_dims=False, *, _semantic=None):
-    """Sum of a block along `axis` (all axes when None). int1/8/16 accumulate in int32, float16 and
-    bfloat16 in float32; the result has that accumulation dtype."""
-    return _semantic.reduce(input, axis, "sum", keep_dims)
+def sum(input, axis=None, keep_dims=False, dtype=None, *, _semantic=None):
+    """Sum of a block along `axis` (all axes when None). int1/8/16 accumulate in int32 (uint8/16 in uint32),
+    float16 and bfloat16 in float32; the result has that accumulation dtype. `dtype` (a dsl number dtype, as
+    Triton's `tl.sum(..., dtype=)`): `input` is converted to it first and the result is of it (the sum
+    accumulated as that dtype's is, then converted)."""
+    return _semantic.reduce(input, axis, "sum", keep_dims, dtype)
+
+
+def _extreme(kind: str, input, axis, keep_dims, return_indices, tie_break_left, _semantic):
+    # Triton's keyword arguments: `return_indices` adds the arg-extreme (the first index on ties, which every
+    # `return_indices_tie_break_left` / `tie_break_left` allows: False only lets Triton pick any)
+    compile_time_bool(tie_break_left, f"{kind}: tie_break_left")
+    value = _semantic.reduce(input, axis, kind, keep_dims)
+    if not compile_time_bool(return_indices, f"{kind}: return_indices"):
+        return value
+    return value, _semantic.argreduce(input, axis, f"arg{kind}", keep_dims)
 
 
 @builtin
-def max(input, axis=None, keep_dims=False, *, _semantic=None):
-    """Maximum of a block along `axis` (all axes when None), in the input dtype."""
-    return _semantic.reduce(input, axis, "max", keep_dims)
+def max(input, axis=None, keep_dims=False, *, return_indices=False, return_indices_tie_break_left=True,
+        _semantic=None):
+    """Maximum of a block along `axis` (all axes when None), in the input dtype. `return_indices=True`
+    (keyword, as Triton's): the pair (maximum, argmax), the index the first on ties (with either
+    `return_indices_tie_break_left`). Note `keep_dims` is the third positional argument here (Triton's is
+    `return_indices`)."""
+    return _extreme("max", input, axis, keep_dims, return_indices, return_indices_tie_break_left, _semantic)
 
 
 @builtin
-def min(input, axis=None, keep_dims=False, *, _semantic=None):
-    """Minimum of a block along `axis` (all axes when None), in the input dtype."""
-    return _semantic.reduce(input, axis, "min", keep_dims)
+def min(input, axis=None, keep_dims=False, *, return_indices=False, return_indices_tie_break_left=True,
+        _semantic=None):
+    """Minimum of a block along `axis` (all axes when None), in the input dtype; `return_indices` as for
+    `max`."""
+    return _extreme("min", input, axis, keep_dims, return_indices, return_indices_tie_break_left, _semantic)
 
 
 @builtin
-def argmax(input, axis, keep_dims=False, *, _semantic=None):
-    """int32 index of the maximum along `axis` (the first one on ties)."""
+def argmax(input, axis, keep_dims=False, *, tie_break_left=True, _semantic=None):
+    """int32 index of the maximum along `axis` (the first one on ties; `tie_break_left`, Triton's keyword,
+    may be True or False: False lets Triton return any of the tied indices)."""
+    compile_time_bool(tie_break_left, "argmax: tie_break_left")
     return _semantic.argreduce(input, axis, "argmax", keep_dims)
 
 
 @builtin
-def argmin(input, axis, keep_dims=False, *, _semantic=None):
-    """int32 index of the minimum along `axis` (the first one on ties)."""
+def argmin(input, axis, keep_dims=False, *, tie_break_left=True, _semantic=None):
+    """int32 index of the minimum along `axis` (the first one on ties; `tie_break_left` as for argmax)."""
+    compile_time_bool(tie_break_left, "argmin: tie_break_left")
     return _semantic.argreduce(input, axis, "argmin", keep_dims)
 
 
 @builtin
-def cumsum(input, axis=0, reverse=False, *, _semantic=None):
-    """Inclusive prefix sum along `axis` (from the end when `reverse`), accumulated as `sum` does."""
-    return _semantic.cumsum(input, axis, reverse)
+def cumsum(input, axis=0, reverse=False, dtype=None, *, _semantic=None):
+    """Inclusive prefix sum along `axis` (from the end when `reverse`), accumulated as `sum` does; `dtype` as
+    for `sum`."""
+    return _semantic.cumsum(input, axis, reverse, dtype)
 
 
 @builtin

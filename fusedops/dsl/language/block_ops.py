@@ -110,8 +110,20 @@ class BlockOps:
             return self.reshape(x, (numel,)), 0
         return x, self._axis(x, axis, "reduction")
 
-    def reduce(self, x, axis, kind: str, keep_dims: bool = False) -> Value:
-        """sum / max / min along `axis` (all axes when None); sum accumulates as `_accumulation_type`."""
+    def _result_dtype(self, dtype, what: str):
+        """A reduction's or scan's `dtype=` argument (Triton's): None, or a number dtype the input is converted to
+        first and the result converted back to."""
+        if dtype is not None and not (isinstance(dtype, DType) and not dtype.is_bool):
+            raise CompilationError(f"{what}: dtype must be a dsl number dtype such as dsl.float32 (or None), "
+                                   f"got {shown(dtype)}")
+        return dtype
+
+    def reduce(self, x, axis, kind: str, keep_dims: bool = False, dtype=None) -> Value:
+        """sum / max / min along `axis` (all axes when None); sum accumulates as `_accumulation_type`. `dtype`
+        (sum only, Triton's): x is converted to it first and the sum (accumulated as its type's) back to it."""
+        dtype = self._result_dtype(dtype, kind)
+        if dtype is not None:
+            return self.cast(self.reduce(self.cast(x, dtype), axis, kind, keep_dims), dtype)
         x = self.to_value(x)
         if isinstance(_element(x), PointerType):
             raise CompilationError(f"cannot {kind}-reduce pointers")
@@ -156,8 +168,11 @@ class BlockOps:
         result = self.builder.value(OpCode.ARGREDUCE, [x], with_shape(int32, out_shape), kind=kind, axis=axis_index)
         return self._keep_dims(result, axis, axis_index, original_rank, keep_dims)
 
-    def cumsum(self, x, axis: int = 0, reverse: bool = False) -> Value:
-        """Inclusive prefix sum along `axis`, accumulated as a sum is."""
+    def cumsum(self, x, axis: int = 0, reverse: bool = False, dtype=None) -> Value:
+        """Inclusive prefix sum along `axis`, accumulated as a sum is; `dtype` as for `reduce`."""
+        dtype = self._result_dtype(dtype, "cumsum")
+        if dtype is not None:
+            return self.cast(self.cumsum(self.cast(x, dtype), axis, reverse), dtype)
         x = self.to_value(x)
         if isinstance(_element(x), PointerType):
             raise CompilationError("cannot cumsum pointers")

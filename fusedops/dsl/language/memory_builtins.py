@@ -4,19 +4,29 @@ builtin machinery: core.py).
 
 from __future__ import annotations
 
+from ..errors import CompilationError
 from .core import builtin
+from .shape_ops import compile_time_bool
 
 
 @builtin
-def load(pointer, mask=None, other=None, cache_modifier="", eviction_policy="", *, _semantic=None):
+def load(pointer, mask=None, other=None, cache_modifier="", eviction_policy="", volatile=False, *, _semantic=None):
     """Read memory: `pointer` is a pointer scalar or block; the result has its shape and pointee dtype.
 
     mask: int1 (or anything `!= 0`) scalar/block broadcast with `pointer`; masked-off lanes do not
     touch memory and read `other` (default 0). cache_modifier: the PTX cache operator, "", ".ca",
     ".cg", ".cs", ".lu", ".cv"; eviction_policy: "", "evict_first", "evict_last" (an L2 cache policy
     and the L1 eviction priority), "evict_normal" (PTX ISA "ld", "createpolicy"; codegen/cache_hints.py).
+    volatile (a constexpr bool, Triton's): read memory afresh each time the load runs, also in a loop that
+    writes nothing (a spin wait on a flag another program sets, which a plain load, read once before the
+    loop, would never see change): the `.cv` cache operator, so cache_modifier must then be "" or ".cv".
     Raises CompilationError for other values.
     """
+    if compile_time_bool(volatile, "load: volatile"):
+        if cache_modifier not in ("", ".cv"):
+            raise CompilationError(f"load: volatile=True reads with the .cv cache operator, so it cannot take "
+                                   f"cache_modifier={cache_modifier!r}")
+        cache_modifier = ".cv"
     return _semantic.load(pointer, mask, other, cache_modifier, eviction_policy)
 
 

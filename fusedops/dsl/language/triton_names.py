@@ -42,6 +42,7 @@ TRITON_ONLY = {
     "assume": "use dsl.multiple_of / dsl.max_contiguous for what the compiler may assume of offsets",
     "max_constancy": "use dsl.multiple_of / dsl.max_contiguous for what the compiler may assume of offsets",
     "map_elementwise": _NOT_HERE,
+    "PropagateNan": "dsl.minimum / maximum / clamp always propagate NaN (PropagateNan.ALL): leave out propagate_nan=",
     "float8e4nv": "fp8 types are not in the language", "float8e5": "fp8 types are not in the language",
     "float8e4b15": "fp8 types are not in the language", "float8e4b8": "fp8 types are not in the language",
     "float8e5b16": "fp8 types are not in the language",
