@@ -1,7 +1,9 @@
 """Lowering of `device_print` (CUDA's `vprintf`) and `device_assert` (`__assertfail`, which stops
 the kernel and makes the launch fail with an assertion error naming the kernel's source line).
 
-device_print prints one line per element a thread holds: `pid (x, y, z) idx (i, j) prefix value`.
+device_print prints one line per element a thread holds: `pid (x, y, z) idx (i, j) prefix value`. With
+`hex=True` the value is its bit pattern in hex (floats too, and a negative int8 / int16 in its own 8 / 16 bits:
+0x80, not 0xffffff80), as the interpreter prints it.
 """
 
 from __future__ import annotations
@@ -29,18 +31,21 @@ def _string(ctx, text: str):
 def _format(element, hex_: bool) -> str:
     if isinstance(element, PointerType):
         return "%p"
-    if element.is_floating:
-        return "%a" if hex_ else "%f"
-    if hex_:
+    if hex_:        # the bit pattern (`_printable` passes it zero-extended), floats included
         return "0x%llx" if element.bits == 64 else "0x%x"
+    if element.is_floating:
+        return "%f"
     if element.bits == 64:
         return "%lld" if element.is_signed else "%llu"
     return "%d" if element.is_signed or element.is_bool else "%u"
 
 
-def _printable(bld, value, element):
+def _printable(bld, value, element, hex_: bool = False):
     if isinstance(element, PointerType):
         return value
+    if hex_:        # the element's own bits, zero-extended to the 32 or 64 bits `_format`'s %x / %llx reads
+        bits = value if not element.is_floating else bld.bitcast(value, ir.IntType(element.bits))
+        return bits if element.bits in (32, 64) else bld.zext(bits, T.i32)
     if element.is_floating:
         return value if value.type == T.f64 else bld.fpext(value, T.f64)
     if element.bits == 64:
@@ -81,14 +86,14 @@ def _print(ctx, op):
         lowered = ctx.get(value)
         if not isinstance(value.type, BlockType):
             _printf(ctx, f"pid (%d, %d, %d) {prefix}{_format(element, hex_)}\n",
-                    pids + [_printable(bld, lowered, element)])
+                    pids + [_printable(bld, lowered, element, hex_)])
             continue
         rank = len(value.type.shape)
         index_format = ", ".join(["%d"] * rank)
         for r, register in enumerate(lowered):
             coords = list(ctx.element_coordinates(value.layout, r))
             _printf(ctx, f"pid (%d, %d, %d) idx ({index_format}) {prefix}{_format(element, hex_)}\n",
-                    pids + coords + [_printable(bld, register, element)])
+                    pids + coords + [_printable(bld, register, element, hex_)])
 
 
 @lowering(OpCode.LAUNCH_BOUNDS)
