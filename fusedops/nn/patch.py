@@ -31,7 +31,8 @@ attention_dropout > 0) runs torch's SDPA: the kernels have no dropout. Other imp
 Not replaced, and listed in the report with the reason: subclasses of the supported classes (their
 forward may differ, e.g. nn.MultiheadAttention's NonDynamicallyQuantizableLinear), modules whose
 instance has its own `forward` attribute (set by accelerate-style hooks), kinds turned off by a
-flag, and modules that already are fusedops modules. Functional calls inside a model's forward
+flag, modules with an attribute of their own that the replacement class uses (a Linear's `activation`: it
+would be overwritten), and modules that already are fusedops modules. Functional calls inside a model's forward
 (torch.softmax, F.layer_norm, F.scaled_dot_product_attention, ...) are not changed: only modules
 and transformers' attention registry are.
 
@@ -58,7 +59,7 @@ from fusedops import functional
 from fusedops.autograd.function_host import autocast_off
 from fusedops.nn import attention as _attention
 from fusedops.nn.linear import Linear, subclass_or_mode
-from fusedops.nn.normalization import LayerNorm, RMSNorm
+from fusedops.nn.normalization import LayerNorm, RMSNorm, _as_torch_error
 from fusedops.nn.softmax import LogSoftmax, Softmax
 
 FLAGS = ("softmax", "layer_norm", "linear", "attention")
@@ -94,7 +95,9 @@ class _Conv1DForward:
             raise RuntimeError(f"Conv1D: mat1 and mat2 shapes cannot be multiplied: the input's last dim must be "
                                f"nx={self.nx}, got input of shape {tuple(x.shape)}")
         rows = x.reshape(math.prod(x.shape[:-1]), self.nx)     # the count spelled out: -1 is ambiguous for 0 elements
-        return functional.matmul(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.nf)
+        # (an input of another dtype than the weight's: RuntimeError, as the original's addmm raises it)
+        return _as_torch_error(x, lambda: functional.matmul(rows, self.weight, self.bias)).reshape(*x.shape[:-1],
+                                                                                                   self.nf)
 
 
 class _T5RMSNormForward:
@@ -115,11 +118,13 @@ class _T5RMSNormForward:
         # The original's ops are none of autocast's, so its output dtype is the input's (or the weight's promotion
         # with it) under autocast too: fusedops.rms_norm runs without autocast's rms_norm policy (float32 on CUDA
         # with torch >= 2.12), as a call to torch.nn.functional.rms_norm would not.
+        # (an input the op rejects, e.g. its last dim not the weight's: RuntimeError, as the original's ops raise it)
         with autocast_off(hidden_states.device.type):
             if self.weight.dtype != hidden_states.dtype:
-                return self.weight * functional.rms_norm(hidden_states, self.weight.shape, None,
-                                                         self.variance_epsilon)
-            return functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
+                return self.weight * _as_torch_error(hidden_states, lambda: functional.rms_norm(
+                    hidden_states, self.weight.shape, None, self.variance_epsilon))
+            return _as_torch_error(hidden_states, lambda: functional.rms_norm(
+                hidden_states, self.weight.shape, self.weight, self.variance_epsilon))
 
 
 # qualified transformers class name -> (flag, forward mixin)
@@ -235,6 +240,11 @@ def _plan(module: torch.nn.Module, enabled: Dict[str, bool]):
         return f"{flag}=False"
     if "forward" in vars(module):
         return "the instance has its own forward attribute (e.g. a hook library's wrapper)"
+    # an attribute, parameter, buffer or submodule of the instance that the replacement would overwrite (a
+    # Linear's own `activation`, which fusedops.nn.Linear would apply and the report's setattr would replace)
+    taken = next((name for name in attributes if hasattr(module, name)), None)
+    if taken is not None:
+        return f"the instance has its own {taken!r} attribute, which {_qualified_name(replacement)} uses"
     return replacement, attributes
 
 

@@ -5,6 +5,9 @@ state_dict, pickling and `isinstance(m, torch.nn.Softmax)` are torch's; only `fo
 to `fusedops.softmax` / `fusedops.log_softmax` (which run torch's op on CPU tensors unless
 FUSEDOPS_INTERPRET=1). `dim=None` keeps torch's legacy rule: a deprecation warning, then dim 0 for
 0-, 1- and 3-d inputs and dim 1 otherwise. Under torch.jit.script the forward is torch's functional op.
+A tensor input the op rejects (an integer, bool or complex dtype) raises RuntimeError, as torch's modules do (their
+NotImplementedError is one; the functional ops raise TypeError, naming the argument); a `dim` that is not an int
+raises TypeError and one out of range IndexError, as torch's.
 """
 
 from __future__ import annotations
@@ -30,8 +33,20 @@ def _legacy_dim(name: str, ndim: int) -> int:
 def _implicit_dim_softmax(input: torch.Tensor, log: bool) -> torch.Tensor:
     """fusedops.softmax (log_softmax) of `input` over the dim torch's legacy rule picks for dim=None."""
     name = "log_softmax" if log else "softmax"
-    dim = _legacy_dim(name, input.dim())
-    return functional.log_softmax(input, dim) if log else functional.softmax(input, dim)
+    return _module_softmax(input, _legacy_dim(name, input.dim()), log)
+
+
+def _module_softmax(input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """fusedops.softmax (log_softmax) of `input` over `dim`, with the TypeError / ValueError it raises about a
+    tensor `input` (an integer dtype, ...) raised as RuntimeError, as torch's modules raise them; a bad `dim` (the
+    module's setting) keeps torch's TypeError / IndexError (checked only once the op has raised)."""
+    try:
+        return functional.log_softmax(input, dim) if log else functional.softmax(input, dim)
+    except (TypeError, ValueError) as error:
+        if not isinstance(input, torch.Tensor):
+            raise
+        functional.normalize_dim("log_softmax" if log else "softmax", dim, input.dim())
+        raise RuntimeError(str(error)) from error
 
 
 class Softmax(torch.nn.Softmax):
@@ -46,7 +61,7 @@ class Softmax(torch.nn.Softmax):
     def _fused_forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.dim is None:
             return _implicit_dim_softmax(input, False)
-        return functional.softmax(input, self.dim)
+        return _module_softmax(input, self.dim, False)
 
 
 class LogSoftmax(torch.nn.LogSoftmax):
@@ -61,4 +76,4 @@ class LogSoftmax(torch.nn.LogSoftmax):
     def _fused_forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.dim is None:
             return _implicit_dim_softmax(input, True)
-        return functional.log_softmax(input, self.dim)
+        return _module_softmax(input, self.dim, True)
