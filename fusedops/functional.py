@@ -305,7 +305,9 @@ def matmul(input: torch.Tensor, other: torch.Tensor, bias: Optional[torch.Tensor
             strided views are read in place. Any M, N, K >= 0 (K = 0 gives activation(bias), or 0).
         bias: (N,) tensor of any floating dtype, added in float32, or None.
         activation: None, "relu", "gelu" (erf), "gelu_tanh" or "silu", applied in float32.
-        out_dtype: the result dtype (default input's): float16, bfloat16 or float32.
+        out_dtype: the result dtype (default input's), a floating dtype: float16, bfloat16 or float32 on the
+            kernel path (a float64 out_dtype of 16-bit operands takes torch's ops on CUDA: the float32 sum,
+            converted).
     Returns:
         A contiguous tensor of shape broadcast(batch) + (M, N) (dims of 1-D operands dropped).
     Raises:

@@ -34,3 +34,11 @@ __all__ = [
     "device_print", "device_assert", "static_assert", "launch_bounds", "cluster_dims", "cluster_sum", "barrier",
     "make_tensor_descriptor", "TensorDescriptor",
 ]
+
+
+def __getattr__(name: str):
+    """`dsl.<name>` of a Triton name the language does not have (`@dsl.heuristics`, written on the host): the
+    AttributeError says what to use instead, as the kernel frontend's error does (README, "Coming from Triton")."""
+    from .language.triton_names import missing_name_hint
+
+    raise AttributeError(f"module 'fusedops.dsl' has no attribute {name!r}{missing_name_hint(name)}")

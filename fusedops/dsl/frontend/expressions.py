@@ -234,8 +234,8 @@ class ExpressionsMixin:
             return self.value_attribute(value, name)
         if isinstance(value, TensorDescriptor):
             if name not in DESCRIPTOR_METHODS:
-                raise CompilationError(f"tensor descriptors have no attribute `{name}`; they have .load(offsets) and "
-                                       ".store(offsets, value)")
+                raise CompilationError(f"tensor descriptors have no attribute `{name}`; they have .load(offsets), "
+                                       ".store(offsets, value) and .atomic_add(offsets, value)")
             return BoundMethod(DESCRIPTOR_METHODS[name], value)
         if not hasattr(value, name):
             owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__

@@ -37,7 +37,11 @@ TRITON_ONLY = {
     "histogram": "count with dsl.atomic_add(hist_ptr + bins, 1, mask=...)",
     "softmax": "write it out: dsl.exp(x - dsl.max(x, axis)) / dsl.sum(..., axis)",
     "sort": _NOT_HERE, "flip": _NOT_HERE, "topk": _NOT_HERE, "gather": _NOT_HERE, "cat": _NOT_HERE,
-    "join": _NOT_HERE, "split": _NOT_HERE, "interleave": _NOT_HERE, "umulhi": _NOT_HERE, "swizzle2d": _NOT_HERE,
+    "join": _NOT_HERE, "split": _NOT_HERE, "interleave": _NOT_HERE, "umulhi": _NOT_HERE,
+    "swizzle2d": ("write the grouped ordering out, as Triton's matmul tutorial does: group_id = pid // "
+                  "num_pid_in_group, pid_m = group_id * GROUP_SIZE_M + (pid % num_pid_in_group) % group_size_m, "
+                  "pid_n = (pid % num_pid_in_group) // group_size_m"),
+    "heuristics": "compute the value on the host and pass it as a dsl.constexpr argument",
     "inline_asm_elementwise": _NOT_HERE, "dot_scaled": "fp8 and scaled dots are not in the language",
     "assume": "use dsl.multiple_of / dsl.max_contiguous for what the compiler may assume of offsets",
     "max_constancy": "use dsl.multiple_of / dsl.max_contiguous for what the compiler may assume of offsets",
@@ -52,4 +56,5 @@ TRITON_ONLY = {
 def missing_name_hint(name: str) -> str:
     """What to write instead of Triton's `tl.<name>` ('' for a name Triton does not have either)."""
     hint = TRITON_ONLY.get(name)
-    return f" (Triton's tl.{name}: {hint})" if hint else ""
+    owner = "triton" if name == "heuristics" else "tl"     # (@triton.heuristics decorates on the host)
+    return f" (Triton's {owner}.{name}: {hint})" if hint else ""
