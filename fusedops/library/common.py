@@ -4,6 +4,8 @@ as fusedops.functional's)."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -100,7 +102,13 @@ def refuse_duals_at_autograd() -> None:
     for qualname, op_def in list(definitions.items()):
         if qualname.partition("::")[0] != NAMESPACE:
             continue
-        generated, name = make_autograd_impl(op_def._opoverload, op_def), op_def._name
+        try:
+            generated, name = make_autograd_impl(op_def._opoverload, op_def), op_def._name
+            # (torch >= 2.9 names the override allowed; an older one may refuse it: that operator keeps its kernel)
+            takes_override = "allow_override" in inspect.signature(op_def._lib.impl).parameters
+            override = {"allow_override": True} if takes_override else {}
+        except (AttributeError, TypeError, ValueError):     # another torch's private names: keep its kernels
+            return
 
         def autograd_kernel(keyset, *args, _generated=generated, _name=name, **kwargs):
             refuse_dual(_name, *args)
@@ -108,7 +116,8 @@ def refuse_duals_at_autograd() -> None:
 
         with warnings.catch_warnings():     # torch warns (once) of the kernel replaced, as for its own overrides
             warnings.filterwarnings("ignore", message="Warning only once for all operators", category=UserWarning)
-            op_def._lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+            with contextlib.suppress(RuntimeError):
+                op_def._lib.impl(name, autograd_kernel, "Autograd", with_keyset=True, **override)
 
 
 def recomputed_gradients(forward: Callable, inputs: Sequence[Optional[torch.Tensor]], needs: Sequence[bool],
