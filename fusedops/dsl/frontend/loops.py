@@ -375,6 +375,8 @@ def _keeps_number(value, kept: set, number) -> bool:
     loop that assigns `v = 0`), so that the variable is not changed by the loop."""
     if _is_number(value):
         return _same_constant(value, number)
+    if not is_runtime(value):       # another compile-time value (None, a tuple): not the number
+        return False
     if value in kept:
         return True
     op = value.defining_op
