@@ -74,15 +74,6 @@ D = torch.float64
 H = torch.float16
 
 
-@pytest.fixture(params=["interpret", "fallback"])
-def route(request, monkeypatch):
-    if request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
-
-
 def _randn(g, *shape, dtype=H):
     return torch.randn(shape, generator=g, dtype=D).to(dtype)
 

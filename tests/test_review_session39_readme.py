@@ -68,15 +68,6 @@ README = (ROOT / "README.md").read_text()
 D = torch.float64
 
 
-@pytest.fixture(params=["fallback", "interpret"])
-def route(request, monkeypatch):
-    if request.param == "interpret":
-        monkeypatch.setenv("FUSEDOPS_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    return request.param
-
-
 def _module(tmp_path: Path, name: str, source: str):
     """Kernels written to a file (their source is read from it) and imported."""
     path = tmp_path / f"{name}.py"
