@@ -84,7 +84,7 @@ def apply_activation(z: torch.Tensor, activation: Optional[str]) -> torch.Tensor
 def activation_grad(z: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
     """d activation / dz at z (float32 or wider)."""
     if activation == "relu":
-        return (z > 0).to(z.dtype)
+        return (~(z <= 0)).to(z.dtype)     # as torch's threshold_backward: a NaN z passes the gradient
     if activation == "gelu":
         cdf = 0.5 * (1.0 + torch.erf(z * (1.0 / math.sqrt(2.0))))
         return cdf + z * torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
