@@ -23,7 +23,7 @@ from fusedops.autograd import attention as _attention
 from fusedops.kernels import attention as _attention_kernels
 from fusedops.kernels.allocation import ordered_strides
 from fusedops.library.common import (INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled, recomputed_gradients,
-                                      refuse_dual)
+                                      refuse_dual, unviewed)
 
 
 def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
@@ -106,10 +106,10 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
         p, _, v_heads, lse = _attention_probabilities(q, k, v, mask, is_causal, scale)
         o = (p @ v_heads).to(query.dtype)
     strides = _output_strides(q, out_shape)
-    o = o.reshape(out_shape)
+    o = unviewed(o, out_shape)     # (no view: see unviewed)
     if o.stride() != strides:
         o = o.new_empty_strided(out_shape, strides).copy_(o)
-    return o, lse.reshape(*out_shape[:-2], 2, out_shape[-2]).contiguous()
+    return o, unviewed(lse.contiguous(), (*out_shape[:-2], 2, out_shape[-2]))
 
 
 def _output_strides(q: torch.Tensor, out_shape: tuple) -> tuple:

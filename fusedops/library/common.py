@@ -138,3 +138,18 @@ def recomputed_gradients(forward: Callable, inputs: Sequence[Optional[torch.Tens
 
 def _or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like) if grad is None else grad
+
+
+def unviewed(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """`t` (an operator's new output) reshaped to `shape` as a tensor that is not a view: an operator's output that
+    is a view (t.view(shape), even of its own shape) is, to autograd, a view made inside a custom Function, which
+    may not be modified in place (`y += residual` after torch.ops.fusedops.layer_norm raised "Output 0 of ... is a
+    view and is being modified inplace", where torch's op and fusedops' eager path allow it). The memory is t's
+    (no copy where t.reshape(shape) is a view: a tensor over the same storage, shape and strides)."""
+    shape = tuple(shape)
+    if tuple(t.shape) == shape and not t._is_view():
+        return t
+    view = t.reshape(shape)
+    if not view._is_view():     # reshape copied
+        return view
+    return t.new_empty(0).set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())

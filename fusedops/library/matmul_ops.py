@@ -48,7 +48,14 @@ def _(a, b, bias=None, activation=None, out_dtype=None):
 
 def _setup_matmul(ctx, inputs, output):
     a, b, bias, activation, _ = inputs
-    ctx.save_for_backward(a, b, bias if activation is not None else None)
+    # As torch.matmul (and MatmulFunction): without an activation to recompute Z from (or torch's complex product),
+    # an operand is saved only where the other's gradient reads it, so that one changed in place after the call
+    # whose partner needs no gradient (a frozen weight) does not fail the backward; the other is kept as a meta
+    # stand-in (its shape, strides and dtype, all the backward reads of it).
+    needs, recompute = ctx.needs_input_grad, activation is not None or a.is_complex()
+    keep_a, keep_b = recompute or needs[1], recompute or needs[0]
+    ctx.save_for_backward(a if keep_a else None, b if keep_b else None, bias if activation is not None else None)
+    ctx.stand_ins = (None if keep_a else _matmul._stand_in(a), None if keep_b else _matmul._stand_in(b))
     ctx.activation = activation
     ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -57,6 +64,7 @@ def _matmul_backward(ctx, dc):
     """dZ = dC * activation'(Z) (Z recomputed by one more matmul); dA = dZ @ B^T; dB = A^T @ dZ;
     dbias = the column sums of dZ (fusedops.autograd.matmul_reference.input_gradients, with the custom op)."""
     a, b, bias = ctx.saved_tensors
+    a, b = (saved if saved is not None else stand_in for saved, stand_in in zip((a, b), ctx.stand_ins))
     mm = torch.ops.fusedops.matmul
     if a.is_complex():          # torch.matmul's product (the only one complex operands take): its gradients
         return (*recomputed_gradients(torch.matmul, (a, b), ctx.needs_input_grad[:2], dc), None, None, None)

@@ -22,7 +22,7 @@ import torch
 from fusedops.autograd import norms as _autograd_norms
 from fusedops.kernels import norms as _kernel_norms
 from fusedops.kernels.norm_rows import as_rows
-from fusedops.library.common import accumulation_dtype, refuse_dual, runs_kernels
+from fusedops.library.common import accumulation_dtype, refuse_dual, runs_kernels, unviewed
 
 
 def _rows_and_columns(x: torch.Tensor, normalized_shape: Sequence[int]) -> Tuple[int, int]:
@@ -37,7 +37,7 @@ def _norm_forward(x, normalized_shape, weight, bias, eps, subtract_mean: bool):
     if runs_kernels(x, *dtypes):
         y, mean, rstd = _kernel_norms.norm_forward(as_rows(x, n_rows, n_cols), weight, bias, eps,
                                                    subtract_mean=subtract_mean)
-        return y.view(x.shape), mean, rstd
+        return unviewed(y, x.shape), mean, rstd     # (no view: it may be modified in place)
     # torch's op for the output (the same numbers as the eager fallback), the statistics with torch ops.
     rows = x.reshape(n_rows, n_cols).to(accumulation_dtype(x.dtype))
     if subtract_mean:

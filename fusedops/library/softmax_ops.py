@@ -18,7 +18,7 @@ import torch
 
 from fusedops.autograd import softmax as _autograd_softmax
 from fusedops.kernels import softmax as _softmax_kernels
-from fusedops.library.common import accumulation_dtype, refuse_dual, runs_kernels, wrap_dim
+from fusedops.library.common import accumulation_dtype, refuse_dual, runs_kernels, unviewed, wrap_dim
 
 _EXACT_UPCASTS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
                   (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
@@ -39,7 +39,7 @@ def _softmax_forward(input: torch.Tensor, dim: int, dtype: Optional[torch.dtype]
         native = torch.log_softmax if log else torch.softmax
         return native(x, dim, dtype=out_dtype).contiguous()
     if x.dim() == 0:
-        return _softmax_forward(x.reshape(1), 0, dtype, log).reshape(())
+        return unviewed(_softmax_forward(x.reshape(1), 0, dtype, log), ())     # (no view: see unviewed)
     kernel_dtype = out_dtype if out_dtype != x.dtype else None
     return _softmax_kernels.softmax_forward(x, dim, log=log, dtype=kernel_dtype)
 
