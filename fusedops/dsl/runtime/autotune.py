@@ -48,6 +48,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from ..errors import CompilationError, LaunchError, UnsupportedError
 from . import knobs
+from .jit import attribute_at
 from .launcher import warps_and_stages_problem
 
 TUNING_WARMUP = 2       # untimed launches of a config before its first round
@@ -151,7 +152,7 @@ class Autotuner:
         tuner (`@dsl.autotune(...)` over `@dsl.jit`); else as a new tuner of the same kernel (pickled by reference),
         configs and options, which reads the on-disk record again (`tuned = dsl.autotune(...)(kernel)`)."""
         module = sys.modules.get(self.fn.fn.__module__)
-        if _attribute(module, self.fn.fn.__qualname__) is self:
+        if attribute_at(module, self.fn.fn.__qualname__) is self:
             return _by_name, (self.fn.fn.__module__, self.fn.fn.__qualname__)
         return Autotuner, (self.fn, self.configs, self.key, self.reset_to_zero, self.restore_value)
 
@@ -459,13 +460,6 @@ def _argument_names(option: str, names: Sequence[str], fn, parameters: Sequence[
     if unknown:
         raise TypeError(f"autotune {option} names {unknown}, which are not parameters of `{fn.__name__}`")
     return tuple(names)
-
-
-def _attribute(owner, qualname: str):
-    """`owner.a.b` for qualname "a.b" (None where a name is missing, e.g. a kernel defined in a function)."""
-    for name in qualname.split("."):
-        owner = getattr(owner, name, None)
-    return owner
 
 
 def _by_name(module: str, qualname: str):

@@ -73,6 +73,13 @@ class FrontendOnlyKernel:
                                "(fusedops.dsl.compiler) is not available")
 
 
+def attribute_at(owner, qualname: str):
+    """`owner.a.b` for qualname "a.b" (None where a name is missing, e.g. a kernel defined in a function)."""
+    for name in qualname.split("."):
+        owner = getattr(owner, name, None)
+    return owner
+
+
 class JITFunction:
     """A kernel (or a helper called from kernels) written in the kernel language."""
 
@@ -106,9 +113,7 @@ class JITFunction:
         # pickled by reference, as a function is: its module and qualified name (copy.deepcopy returns the
         # kernel itself); a kernel not reachable by that name does not pickle (pickle.PicklingError). Under
         # `@dsl.autotune` that name is the tuner's: the kernel is the tuner's `fn` (the tuner pickles by reference).
-        owner = sys.modules.get(self.__module__)
-        for name in self.__qualname__.split("."):
-            owner = getattr(owner, name, None)
+        owner = attribute_at(sys.modules.get(self.__module__), self.__qualname__)
         if owner is not self and getattr(owner, "fn", None) is self:
             return getattr, (owner, "fn")
         return self.__qualname__
