@@ -49,3 +49,10 @@ def ordered_allocator(shape: tuple, order: tuple, dtype: torch.dtype, device: to
     new = contiguous_allocator(tuple(shape[d] for d in order), dtype, device)
     inverse = tuple(order.index(d) for d in range(len(shape)))
     return lambda: new().permute(inverse)
+
+
+def alias(t: torch.Tensor, shape: tuple, strides: tuple) -> torch.Tensor:
+    """A tensor over `t`'s memory (from its storage offset) with `shape` and `strides` that is not a view of `t`
+    (t.as_strided would be one): an op's output that is a view is, to autograd, a view made inside a custom
+    Function, which may not be modified in place (`y += r`), where torch's own ops' outputs may be. No copy."""
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), shape, strides)

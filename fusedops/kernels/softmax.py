@@ -21,7 +21,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
-from fusedops.kernels.allocation import contiguous_allocator
+from fusedops.kernels.allocation import alias, contiguous_allocator
 from fusedops.kernels.device_info import INTERPRETER_SMS, sm_count as device_sm_count
 from fusedops.kernels.sizes import INT32_LIMIT
 from fusedops.kernels.softmax_configs import Config, choose_config
@@ -217,10 +217,10 @@ class SoftmaxLaunches:
             y = y.contiguous()
         if self._strides is None:
             return y
-        # torch's strides on the same memory, as a tensor of its own rather than a view (y.as_strided): autograd
-        # refuses an in-place change of a view made inside a custom Function (SoftmaxFunction, the custom op),
-        # where torch's result takes it (y.masked_fill_ of a batch-1 x.transpose(0, 1))
-        return y.new_empty(0).set_(y.untyped_storage(), y.storage_offset(), y.shape, self._strides)
+        # torch's strides on the same memory, not as a view (y.as_strided): autograd refuses an in-place change of
+        # a view made inside a custom Function, where torch's result takes it (y.masked_fill_ of a batch-1
+        # x.transpose(0, 1))
+        return alias(y, y.shape, self._strides)
 
     def backward(self, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # y's strides too: the output of a copied x, or a saved-tensor hook (torch.autograd.graph.save_on_cpu),

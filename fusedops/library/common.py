@@ -12,6 +12,7 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 
 from fusedops.dsl.runtime import knobs
+from fusedops.kernels.allocation import alias
 
 NAMESPACE = "fusedops"
 # The operators that public functions route to (backward operators are internal).
@@ -99,14 +100,14 @@ def refuse_duals_at_autograd() -> None:
     definitions = getattr(getattr(torch._library, "custom_ops", None), "OPDEFS", None)
     if make_autograd_impl is None or definitions is None:
         return
+    # (torch >= 2.9 names the override allowed; an older one may refuse it: that operator keeps its kernel)
+    takes_override = "allow_override" in inspect.signature(torch.library.Library.impl).parameters
+    override = {"allow_override": True} if takes_override else {}
     for qualname, op_def in list(definitions.items()):
         if qualname.partition("::")[0] != NAMESPACE:
             continue
         try:
             generated, name = make_autograd_impl(op_def._opoverload, op_def), op_def._name
-            # (torch >= 2.9 names the override allowed; an older one may refuse it: that operator keeps its kernel)
-            takes_override = "allow_override" in inspect.signature(op_def._lib.impl).parameters
-            override = {"allow_override": True} if takes_override else {}
         except (AttributeError, TypeError, ValueError):     # another torch's private names: keep its kernels
             return
 
@@ -152,4 +153,4 @@ def unviewed(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     view = t.reshape(shape)
     if not view._is_view():     # reshape copied
         return view
-    return t.new_empty(0).set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+    return alias(view, view.shape, view.stride())
