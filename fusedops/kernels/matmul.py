@@ -30,6 +30,7 @@ import torch
 import fusedops.dsl as dsl
 from fusedops.dsl.runtime.autotune import TUNING_WARMUP, time_launches
 from fusedops.dsl.runtime.knobs import interpret_enabled as _interpret_enabled
+from fusedops.dsl.runtime.tensor_map import MAX_SIZE, MAX_STRIDE_BYTES
 from fusedops.kernels import matmul_persistent, matmul_stream_k
 from fusedops.kernels.matmul_configs import AUTOTUNE_MIN_WORK, CONFIGS, INTERPRETER_CONFIG, SMALL_CONFIG, TMA_CONFIGS
 from fusedops.kernels.matmul_kernels import matmul_kernel, matmul_tma_kernel
@@ -58,14 +59,9 @@ def _uses_tma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
             return False
         if strides[0] == strides[1] == 1:
             return False
-        if max(strides) * operand.element_size() >= _TMA_MAX_STRIDE_BYTES or max(operand.shape) > _TMA_MAX_SIZE:
+        if max(strides) * operand.element_size() >= MAX_STRIDE_BYTES or max(operand.shape) > MAX_SIZE:
             return False
     return True
-
-
-# A tensor map's limits (runtime/tensor_map.py encode_arguments): byte strides below 2**40, sizes up to 2**32.
-_TMA_MAX_STRIDE_BYTES = 1 << 40
-_TMA_MAX_SIZE = 1 << 32
 
 
 def _tma_enabled() -> bool:

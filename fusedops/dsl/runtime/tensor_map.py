@@ -34,6 +34,9 @@ TENSOR_MAP_BYTES = 128
 TENSOR_MAP_ALIGN = 64
 MAX_RANK = 5
 MAX_BOX = 256
+# A tensor map's limits (cuTensorMapEncodeTiled): byte strides below MAX_STRIDE_BYTES, sizes up to MAX_SIZE.
+MAX_STRIDE_BYTES = 1 << 40
+MAX_SIZE = 1 << 32
 _DATA_TYPES = {dtypes.float16: "FLOAT16", dtypes.bfloat16: "BFLOAT16", dtypes.float32: "FLOAT32",
                dtypes.float64: "FLOAT64", dtypes.int32: "INT32", dtypes.int64: "INT64",
                dtypes.uint8: "UINT8", dtypes.uint16: "UINT16", dtypes.uint32: "UINT32", dtypes.uint64: "UINT64",
@@ -116,9 +119,9 @@ def encode_arguments(spec: TensorMapSpec, global_address: int) -> EncodeArgument
     if spec.strides[-1] != 1:
         raise _fail(spec, "the innermost dim must be contiguous (stride 1); transpose the spec instead")
     byte_strides = tuple(stride * size for stride in spec.strides[:-1])
-    if any(stride <= 0 or stride % 16 or stride >= 1 << 40 for stride in byte_strides):
+    if any(stride <= 0 or stride % 16 or stride >= MAX_STRIDE_BYTES for stride in byte_strides):
         raise _fail(spec, f"strides of {byte_strides} bytes: each must be a positive multiple of 16 below 2**40")
-    if any(not 1 <= dim <= 1 << 32 for dim in spec.shape):
+    if any(not 1 <= dim <= MAX_SIZE for dim in spec.shape):
         raise _fail(spec, "every size must be between 1 and 2**32 (an empty tensor has no tensor map)")
     if any(not 1 <= box <= MAX_BOX for box in spec.box):
         raise _fail(spec, f"box dims must be between 1 and {MAX_BOX}")
