@@ -12,6 +12,7 @@ the wgmma operand tiles use) with the out-of-bounds part zero-filled.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import types
 
@@ -20,6 +21,7 @@ import pytest
 import torch
 from llvmlite import ir
 
+import fusedops
 import fusedops.dsl as dsl
 from fusedops.dsl.codegen import tma
 from fusedops.dsl.errors import LaunchError
@@ -448,6 +450,63 @@ def test_tensor_maps_are_encoded_from_the_launch_arguments(dtype, name, a_t, b_t
     assert inner.calls[2][-2:] == (bytes([3]) * 128, bytes([2]) * 128)
 
 
+class _NoContextStatus:
+    name = "CUDA_ERROR_INVALID_CONTEXT"
+
+    def __int__(self):
+        return 201
+
+
+class _NoContextDriver(_BytesDriver):
+    """Refuses with CUDA_ERROR_INVALID_CONTEXT until a context is made current (`current` set)."""
+
+    def __init__(self):
+        super().__init__()
+        self.current = False
+
+    def cuTensorMapEncodeTiled(self, *args):
+        if not self.current:
+            self.calls.append("refused")
+            return _NoContextStatus(), None
+        return super().cuTensorMapEncodeTiled(*args)
+
+
+@pytest.mark.parametrize("torch_device", [0, 1])
+def test_tensor_maps_retry_where_the_thread_has_no_context(torch_device, tma_on, monkeypatch):
+    """A launch's first driver call on a thread that never used CUDA (autograd's backward thread) may be
+    the maps' encode: the driver refuses with CUDA_ERROR_INVALID_CONTEXT (seen on the H200, session 40: a
+    backward's TMA matmul raised LaunchError). The encode retries with the kernel's context made current,
+    by the launcher's rule (kernel_launcher.made_current): kept current on torch's current device, else
+    pushed for the call alone."""
+    from fusedops.dsl.runtime import kernel_launcher
+    compiled = _compile_tma_matmul(WGMMA_CONFIGS[2])
+    args, _ = _tma_matmul_args(304, 496, 208, torch.float16, False, False)
+    fake, inner, seen = _NoContextDriver(), _RecordingLauncher(), []
+
+    class Context:
+        device_index = 0
+
+        def activate(self):
+            seen.append("activated")
+            fake.current = True
+
+        @contextlib.contextmanager
+        def pushed(self):
+            seen.append("pushed")
+            fake.current = True
+            yield
+            fake.current = False
+
+    inner.kernel = types.SimpleNamespace(context=Context())
+    monkeypatch.setattr(kernel_launcher, "_torch_current_device", lambda: torch_device)
+    launcher = TensorMapLauncher(inner, compiled.tensor_maps, driver=fake)
+    launcher.launch((4, 1, 1), 0, _runtime_values(compiled, args))
+    assert seen == (["activated"] if torch_device == 0 else ["pushed", "pushed"])
+    assert [call for call in fake.calls if call == "refused"] == ["refused"] * (1 if torch_device == 0 else 2)
+    (sent,) = inner.calls
+    assert len(sent[-1]) == 128 and len(sent[-2]) == 128
+
+
 def test_compiled_kernel_launcher_appends_tensor_map_parameters(tma_on):
     """CompiledKernel.launcher (what the full path, cached plans and prepared launches all use)
     packs one 128-byte TENSOR_MAP argument per map after the kernel's own parameters."""
@@ -560,6 +619,42 @@ def test_gpu_tma_prepared_launch_follows_new_addresses(seed, monkeypatch):
         out2 = poison(torch.empty(1, 300, 272, dtype=torch.float16, device="cuda"))
         mm.matmul_into(out2, a[None], b[None])        # the cached plan of the entry
         assert_close(out2[0], a.double() @ b.double(), torch.float16)
+
+
+@pytest.mark.cuda
+def test_gpu_tma_matmul_and_backward_from_a_thread_without_a_context(seed, monkeypatch):
+    """The maps' encode is the first driver call of a thread whose CUDA context is not current (a fresh
+    thread; autograd's backward thread, where session 40's H200 run raised CUDA_ERROR_INVALID_CONTEXT from
+    cuTensorMapEncodeTiled): it runs, right, and leaves torch's current device alone. (torch's allocator may
+    make the context current first; test_tensor_maps_retry_where_the_thread_has_no_context mocks the refusal.)"""
+    import threading
+    from cuda.bindings import driver as cu
+    monkeypatch.setenv("FUSEDOPS_TMA", "1")
+    a = random_tensor((272, 336), torch.float16, "cuda", seed).requires_grad_()
+    b = random_tensor((336, 208), torch.float16, "cuda", seed + 1).requires_grad_()
+    grad = random_tensor((272, 208), torch.float16, "cuda", seed + 2)
+    torch.cuda.synchronize()
+    results = {}
+
+    def work():
+        try:
+            cu.cuCtxSetCurrent(cu.CUcontext(0))         # no current context on this thread
+            c = fusedops.matmul(a, b)
+            c.backward(grad)
+            torch.cuda.synchronize()
+            results.update(c=c.detach(), device=torch.cuda.current_device())
+        except BaseException as error:                   # noqa: BLE001 (reported below)
+            results["error"] = error
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "error" not in results, results.get("error")
+    assert results["device"] == 0
+    a64, b64, g64 = a.detach().double(), b.detach().double(), grad.double()
+    assert_close(results["c"], a64 @ b64, torch.float16)
+    assert_close(a.grad, g64 @ b64.T, torch.float16)
+    assert_close(b.grad, a64.T @ g64, torch.float16)
 
 
 @pytest.mark.cuda

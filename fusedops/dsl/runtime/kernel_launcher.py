@@ -179,17 +179,8 @@ class KernelLauncher:
     def _launch_failed(self, code, grid: tuple, stream: int, args: Sequence) -> None:
         cu = driver.cuda_driver()
         if code == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-            # A thread that never used CUDA has no current context (matters for stream 0). The kernel's
-            # context stays current only where its device is torch's current device in this thread (as
-            # torch's own first launch there would leave it); another device's context is pushed for this
-            # launch alone, so that launching on cuda:1 does not move torch.empty(device="cuda") there.
-            context = self.kernel.context
-            scope = contextlib.nullcontext()
-            if context.device_index == _torch_current_device():
-                context.activate()
-            else:
-                scope = context.pushed()
-            with scope:
+            # A thread that never used CUDA has no current context (matters for stream 0).
+            with made_current(self.kernel.context):
                 (code,) = cu.cuLaunchKernel(self.kernel.function, grid[0], grid[1], grid[2], 32 * self.num_warps,
                                             1, 1, self.shared_bytes, stream or None, self.packer.pack(args), 0)
             if code == 0:
@@ -200,6 +191,18 @@ class KernelLauncher:
         raise LaunchError(f"launching {self.kernel.name!r} on grid {tuple(grid)} with {32 * self.num_warps} threads "
                           f"and {self.shared_bytes} bytes of dynamic shared memory failed: "
                           f"{driver.error_name(code)}{hint}")
+
+
+def made_current(context):
+    """A context manager under which `context` (a driver.DeviceContext) is current, for a driver call
+    that failed with CUDA_ERROR_INVALID_CONTEXT: the calling thread never used CUDA (a fresh thread,
+    autograd's backward thread). The context stays current where its device is torch's current device
+    in this thread (as torch's own first use there would leave it); another device's context is pushed
+    for the block alone, so that work on cuda:1 does not move torch.empty(device="cuda") there."""
+    if context.device_index == _torch_current_device():
+        context.activate()
+        return contextlib.nullcontext()
+    return context.pushed()
 
 
 def _torch_current_device() -> int:

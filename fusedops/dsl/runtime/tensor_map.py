@@ -24,11 +24,13 @@ CPU-only module: importing it needs neither a GPU nor cuda-python.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from fusedops.dsl.errors import LaunchError
 from fusedops.dsl.language import dtypes
+from fusedops.dsl.runtime import kernel_launcher
 
 TENSOR_MAP_BYTES = 128
 TENSOR_MAP_ALIGN = 64
@@ -171,10 +173,18 @@ def _driver_arguments(driver, args: EncodeArguments) -> tuple:
              getattr(driver.CUtensorMapFloatOOBfill, args.oob_fill)))
 
 
-def _call_driver(driver, spec: TensorMapSpec, args: EncodeArguments, arguments: tuple, global_address: int):
+def _call_driver(driver, spec: TensorMapSpec, args: EncodeArguments, arguments: tuple, global_address: int,
+                 made_current: Optional[Callable] = None):
+    # made_current: a context manager factory that makes the kernel's context current, for a retry where the
+    # calling thread has none (CUDA_ERROR_INVALID_CONTEXT: e.g. autograd's backward thread before its first
+    # launch; kernel_launcher.made_current).
     before, after = arguments
     result = driver.cuTensorMapEncodeTiled(*before, global_address, *after)
     status, tensor_map = result[0], result[1]
+    if made_current is not None and getattr(status, "name", None) == "CUDA_ERROR_INVALID_CONTEXT":
+        with made_current():
+            result = driver.cuTensorMapEncodeTiled(*before, global_address, *after)
+        status, tensor_map = result[0], result[1]
     if int(status) != 0:
         raise _fail(spec, f"cuTensorMapEncodeTiled returned {getattr(status, 'name', status)} for {args}")
     return tensor_map
@@ -286,9 +296,10 @@ class TensorMapEncoder:
     only uses TMA where the specialization proves alignment and strides, so that means a bug.
     """
 
-    def __init__(self, params: Sequence[TensorMapParam], driver=None):
+    def __init__(self, params: Sequence[TensorMapParam], driver=None, made_current: Optional[Callable] = None):
         self.params = tuple(params)
         self._driver = driver
+        self._made_current = made_current
         self._keys = tuple((i, p.key_indices()) for i, p in enumerate(self.params))
         self._cache: dict = {}
         self._checked: dict = {}        # (param, sizes, strides) -> (spec, checked arguments at address 0)
@@ -345,7 +356,7 @@ class TensorMapEncoder:
         address = int(values[param.base])
         if address % 16:
             encode_arguments(spec, address)       # raises, naming the limit
-        return tensor_map_bytes(_call_driver(self._driver, spec, args, arguments, address))
+        return tensor_map_bytes(_call_driver(self._driver, spec, args, arguments, address, self._made_current))
 
 
 class TensorMapLauncher:
@@ -356,7 +367,9 @@ class TensorMapLauncher:
 
     def __init__(self, launcher, params: Sequence[TensorMapParam], driver=None):
         self.launcher = launcher
-        self.encoder = TensorMapEncoder(params, driver)
+        context = getattr(getattr(launcher, "kernel", None), "context", None)
+        self.encoder = TensorMapEncoder(params, driver, None if context is None else functools.partial(
+            kernel_launcher.made_current, context))
         self.stream_of = launcher.stream_of
         inner, encode = launcher.launch, self.encoder.encode
 
