@@ -282,7 +282,8 @@ def set_dynamic_shared_memory(kernel: LoadedKernel, nbytes: int) -> None:
                           f"{properties.max_shared_memory_optin}; use smaller blocks or fewer pipeline stages")
     cu = cuda_driver()
     attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    check(cu.cuFuncSetAttribute(kernel.function, attribute, nbytes), "cuFuncSetAttribute(max dynamic shared)")
+    with kernel.context.pushed():      # the calling thread may have no current context (a fresh thread)
+        check(cu.cuFuncSetAttribute(kernel.function, attribute, nbytes), "cuFuncSetAttribute(max dynamic shared)")
     kernel.dynamic_shared_limit = nbytes
 
 
