@@ -22,7 +22,7 @@ from ..language.dtypes import BlockType, int1, shape_of
 from ..language.promotion import printable
 from ..language.shape_ops import described, holds_runtime
 from ..language.triton_names import missing_name_hint
-from .scope import check_global, class_attribute_reads, is_runtime
+from .scope import check_global, class_attribute_reads, instance_attribute_reads, is_callable_instance, is_runtime
 
 _BINARY = {
     ast.Add: ("add", operator.add), ast.Sub: ("sub", operator.sub), ast.Mult: ("mul", operator.mul),
@@ -250,12 +250,14 @@ class ExpressionsMixin:
             reads = [(namespace, name, namespace[name])] if name in namespace else []
         elif isinstance(value, type):
             reads = class_attribute_reads(value, name)
+        elif is_callable_instance(value):
+            reads = instance_attribute_reads(value, name)
         else:
             return result
         checked = check_global(f"{ast.unparse(node)}", result)
         if self.scope.on_global is not None and not isinstance(result, types.FunctionType):
-            # `module.NAME` and `Class.NAME` are read like globals: a later rebinding of the attribute (or of
-            # a module global to another module) recompiles the kernel
+            # `module.NAME`, `Class.NAME` and `instance.NAME` (of a callable global) are read like globals: a later
+            # rebinding of the attribute (or of a module global to another module) recompiles the kernel
             for table, key, obj in reads:
                 self.scope.on_global(table, key, obj)
         return checked

@@ -30,7 +30,7 @@ from .control_flow import ControlFlowMixin
 from .errors import SourceInfo, with_location
 from .expressions import ExpressionsMixin
 from .loops import LoopsMixin
-from .scope import ClassNamespace, Scope, is_runtime
+from .scope import ClassNamespace, InstanceNamespace, Scope, is_runtime
 from .statements import StatementsMixin
 
 _UNSUPPORTED = {
@@ -62,8 +62,8 @@ class CompilationContext:
     literal_results: dict = dataclasses.field(default_factory=dict)
 
     def record_global(self, table, name: str, obj) -> None:
-        # a dict by identity; a ClassNamespace (made anew at each read) by its class
-        key = table if isinstance(table, ClassNamespace) else id(table)
+        # a dict by identity; a ClassNamespace (made anew at each read) by its class, an InstanceNamespace by its object
+        key = table if isinstance(table, (ClassNamespace, InstanceNamespace)) else id(table)
         self.used_globals[(key, name)] = (table, name, obj)
 
 

@@ -93,6 +93,46 @@ def class_attribute_reads(cls: type, name: str) -> list:
     return []
 
 
+def is_callable_instance(value) -> bool:
+    """Whether `value` is an object a kernel may read as a global only because it is callable (check_global): an
+    instance with `__call__` (a torch.nn.Module, a functools.partial, ...), not a function, class, builtin or
+    @dsl.jit function. Its attributes are state like a module's (`instance_attribute_reads`)."""
+    return (callable(value) and not isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType,
+                                                       types.MethodType))
+            and not is_jit_function(value) and not core.is_builtin(value))
+
+
+class InstanceNamespace:
+    """An instance's own namespace (its __dict__) as a used-globals table, as ClassNamespace is a class's: `get`
+    gives ClassNamespace.ABSENT for a name it does not hold (or an instance without a __dict__); equal and hashed by
+    the instance's identity (its class may compare by value, or be unhashable)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def get(self, name: str, default=None):
+        namespace = getattr(self.obj, "__dict__", None)
+        return namespace.get(name, ClassNamespace.ABSENT) if isinstance(namespace, dict) else ClassNamespace.ABSENT
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, InstanceNamespace) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+def instance_attribute_reads(obj, name: str) -> list:
+    """The (table, name, object) triples that keep a kernel's read of `obj.NAME` current, for a callable
+    instance (`is_callable_instance`): its own namespace's entry, else ABSENT there (setting NAME on the instance
+    later shadows its class's) and the reads of its class's (class_attribute_reads)."""
+    namespace = InstanceNamespace(obj)
+    value = namespace.get(name)
+    reads = [(namespace, name, value)]
+    return reads if value is not ClassNamespace.ABSENT else reads + class_attribute_reads(type(obj), name)
+
+
 class Scope:
     """Local names of one function plus read-only access to its globals and closure.
 

@@ -44,8 +44,9 @@ class constexpr:
 
     As a parameter annotation (`BLOCK: dsl.constexpr`) it makes the parameter a compile-time
     constant: the kernel is specialized on its value, which must be a Python int, float, bool,
-    str, None, dsl dtype or a tuple of those. Called, `dsl.constexpr(128)` wraps a value; a module
-    global so wrapped can be read by kernels.
+    str, None, dsl dtype or a tuple of those (a namedtuple or a frozen dataclass of them too, read in
+    the kernel as `CFG.field`: specialized on each field's type and value). Called, `dsl.constexpr(128)`
+    wraps a value; a module global so wrapped can be read by kernels.
     """
 
     __slots__ = ("value",)

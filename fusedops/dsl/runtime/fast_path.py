@@ -10,8 +10,9 @@ interpreted per argument:
   launches, and hands anything else (binding errors, the interpreter, a new key) to the full path. The key
   holds per argument exactly what `signature.specialize` reads: a tensor's dtype, 16-byte alignment and
   device; an int's width and whether it is 1 or divisible by 16 (or else by 8); the class of floats, bools
-  and None; a constexpr's class and value; and the launch options. The values are the non-constexpr
-  arguments, tensors as data pointers.
+  and None; a constexpr's class and key (signature.ArgSpec.value_key: a float's bytes; a tuple's, a
+  namedtuple's or a dataclass's items by class and key); and the launch options. The values are the
+  non-constexpr arguments, tensors as data pointers.
 - `make_binder(...)`: the same key and values as `bind(num_warps, num_stages, *args, **kwargs)`
   (the first GPU launch uses it to file its plan).
 
@@ -26,8 +27,8 @@ import struct
 from typing import Callable, Optional, Sequence
 
 from ..language import core
-from ..language.dtypes import DType
-from .signature import _constexpr_key as tuple_key, integer_range
+from ..language.dtypes import DType, PointerType
+from .signature import _constexpr_key as value_key, integer_range
 
 _PREFIX = "_jit_"     # the generated code's own names; kernel parameters may not start with it
 
@@ -65,6 +66,12 @@ _WIDE_INT = object()    # the key slot of ints that need 64 bits
 # The 8 bytes of a float: what keys a float constexpr (see `signature.ArgSpec.value_key`).
 float_bits = struct.Struct("<d").pack
 
+# Classes of constexpr values keyed as themselves (with their class): equal values of one of them are the same
+# constant. Any other value is keyed as the full path keys it (`signature._constexpr_key`, here `value_key`): a
+# tuple, a namedtuple or a dataclass instance by its items' or fields' classes and keys (NT(0.0) == NT(-0.0),
+# Cfg(1) == Cfg(1.0), but a kernel reading them compiles other code).
+_PLAIN = frozenset((bool, str, type(None), DType, PointerType))
+
 
 def _constexpr_key(wrapped: core.constexpr):
     """The launch-key slot of a constexpr argument given as `dsl.constexpr(value)`: that of `value`
@@ -73,9 +80,9 @@ def _constexpr_key(wrapped: core.constexpr):
     cls = type(value)
     if cls is int:
         return value
-    # a tuple by its items' classes and keys ((0.0,) and (-0.0,), (1,) and (1.0,) compare equal but are
-    # different constants), as the full path specializes it
-    return cls, float_bits(value) if cls is float else tuple_key(value) if cls is tuple else value
+    # a tuple (a namedtuple, a dataclass instance) by its items' classes and keys ((0.0,) and (-0.0,), (1,) and
+    # (1.0,) compare equal but are different constants), as the full path specializes it
+    return cls, float_bits(value) if cls is float else value if cls in _PLAIN else value_key(value)
 
 
 def _branches(name: str, a: str, k: str, j: str, int_range: tuple = (-0x80000000, 0x7FFFFFFF)) -> dict:
@@ -121,7 +128,9 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
         name = param.name
         if param.is_constexpr:
             # One slot: an int as itself, any other value as (its class, the value), which keeps
-            # True, 1 and 1.0 apart (an int never equals a tuple); a float as (float, its 8 bytes):
+            # True, 1 and 1.0 apart (an int never equals a tuple), or, outside _PLAIN's classes, (its
+            # class, signature._constexpr_key's key: a tuple's, a namedtuple's or a dataclass's items by
+            # their classes and keys); a float as (float, its 8 bytes):
             # -0.0 == 0.0 (and -NaN == NaN in hex) but they are different constants (1 / C
             # differs), and a NaN, never equal to itself, would miss its plan. A value wrapped in
             # dsl.constexpr, which compares by value (constexpr(-0.0) == constexpr(0.0)), is keyed
@@ -129,7 +138,7 @@ def _argument_code(params: Sequence, likely: Optional[Sequence[str]] = None) -> 
             cls = f"{_PREFIX}c{index}"
             key.append(f"({name} if ({cls} := {_PREFIX}type({name})) is {_PREFIX}int else "
                        f"({cls}, {_PREFIX}float_bits({name}) if {cls} is {_PREFIX}float else "
-                       f"{_PREFIX}tuple_key({name}) if {cls} is {_PREFIX}tuple else {name}) "
+                       f"{name} if {cls} in {_PREFIX}plain else {_PREFIX}value_key({name})) "
                        f"if {cls} is not {_PREFIX}constexpr else {_PREFIX}constexpr_key({name}))")
             continue
         a, k, j = f"{_PREFIX}a{index}", f"{_PREFIX}k{index}", f"{_PREFIX}j{index}"
@@ -166,7 +175,8 @@ def _namespace(params: Sequence, tensor_type) -> Optional[dict]:
     # the builtins the generated code calls, under names no parameter can shadow
     namespace.update({f"{_PREFIX}{f.__name__}": f for f in (type, int, float, tuple, len, callable)})
     namespace[f"{_PREFIX}float_bits"] = float_bits
-    namespace[f"{_PREFIX}tuple_key"] = tuple_key
+    namespace[f"{_PREFIX}value_key"] = value_key
+    namespace[f"{_PREFIX}plain"] = _PLAIN
     namespace.update({f"{_PREFIX}constexpr": core.constexpr, f"{_PREFIX}constexpr_key": _constexpr_key})
     for index, param in enumerate(params):
         if param.has_default:

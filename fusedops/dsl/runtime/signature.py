@@ -127,23 +127,31 @@ def _constexpr_spec(kernel: str, param: Parameter, value) -> ArgSpec:
     if isinstance(value, list):
         value = tuple(value)
     try:
-        hash(value)
+        key = _constexpr_key(value)
+        hash(value), hash(key)      # (the key of a dataclass holds every field, those its hash skips too)
     except TypeError:
         raise TypeError(f"argument `{param.name}` of kernel `{kernel}` is a dsl.constexpr and must be a hashable "
                         f"Python value (int, float, bool, str, None, dtype, tuple); got {type(value).__name__}") from None
     if type(value).__module__.startswith(("torch", "numpy")) and not isinstance(value, (DType, PointerType)):
         raise TypeError(f"argument `{param.name}` of kernel `{kernel}` is a dsl.constexpr and must be a Python "
                         f"value, got a {type(value).__module__}.{type(value).__name__}")
-    return ArgSpec(param.name, None, value, type(value), value_key=_constexpr_key(value))
+    return ArgSpec(param.name, None, value, type(value), value_key=key)
 
 
 def _constexpr_key(value):
-    """What tells two constexpr values apart: a float's 8 bytes (0.0 and -0.0 differ), and a tuple's items'
-    keys with their types (so (1,), (True,) and (1.0,) differ, as 1, True and 1.0 do by value_class)."""
+    """What tells two constexpr values apart: a float's 8 bytes (0.0 and -0.0 differ), a tuple's (a
+    namedtuple's too) items' keys with their types (so (1,), (True,) and (1.0,) differ, as 1, True and 1.0 do
+    by value_class), and likewise a dataclass instance's fields (a config object read as `CFG.scale`:
+    Cfg(0.0) == Cfg(-0.0) and Cfg(2**30) == Cfg(2.0**30), but a kernel reading the field compiles other code),
+    every field, also those its __eq__ skips (compare=False), which a kernel may read too. Any other value:
+    itself (its class keys it apart from equal values of other classes)."""
     if type(value) is float:
         return struct.pack("<d", value)
     if isinstance(value, tuple):
         return (type(value),) + tuple((type(item), _constexpr_key(item)) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, (type, DType, PointerType)):
+        return (type(value),) + tuple((field.name, type(item), _constexpr_key(item))
+                                      for field in dataclasses.fields(value) for item in (getattr(value, field.name),))
     return value
 
 
