@@ -46,19 +46,26 @@ def is_size(d) -> bool:
 
 
 def normalized_shape_tuple(normalized_shape) -> Tuple[int, ...]:
-    """`normalized_shape` (an int or a sequence of ints, as torch.nn.LayerNorm accepts) as a tuple of ints
-    (symbolic sizes specialized to their values: the kernels' launches are planned for concrete sizes)."""
+    """`normalized_shape` (an int or a sequence of ints, as torch.nn.LayerNorm accepts) as a tuple of ints.
+    Symbolic sizes (torch.SymInt, while torch.compile, torch.export or make_fx traces) stay symbolic, as torch's
+    ops take them: the kernels launch only outside tracing, with concrete sizes, and int() of a dynamic size would
+    specialize it (torch.export with a dynamic normalized dim failed: "Constraints violated")."""
     if type(normalized_shape) is tuple and len(normalized_shape) == 1 and type(normalized_shape[0]) is int:
         return normalized_shape     # what torch.nn.LayerNorm holds, checked without the ABCs below
     if type(normalized_shape) is int:
         return (normalized_shape,)
     if is_size(normalized_shape) and not isinstance(normalized_shape, torch.Tensor):
-        return (int(normalized_shape),)
+        return (_size(normalized_shape),)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
         shape = tuple(normalized_shape)
         if all(is_size(d) for d in shape):
-            return tuple(int(d) for d in shape)
+            return tuple(_size(d) for d in shape)
     raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+
+
+def _size(d):
+    """An entry that is_size takes, as an int (a torch.SymInt as itself)."""
+    return d if isinstance(d, torch.SymInt) else int(d)
 
 
 def _check_input(name: str, x, normalized_shape: Tuple[int, ...]) -> None:
