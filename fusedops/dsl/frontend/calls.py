@@ -11,14 +11,27 @@ import inspect
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Value
 from ..language import core
-from ..language.dtypes import BlockType, DType, PointerType, pointer_type
+from ..language.dtypes import TRITON_QUERIES, BlockType, DType, PointerType, pointer_type, triton_query
 from .expressions import BoundMethod
 from .scope import is_jit_function, is_runtime
 
 
 class CallsMixin:
     def visit_Call(self, node: ast.Call):
-        function = self.visit(node.func)
+        if isinstance(node.func, ast.Attribute):
+            with self.located(node.func):
+                owner = self.visit(node.func.value)
+                if isinstance(owner, (DType, PointerType)) and node.func.attr in TRITON_QUERIES:
+                    # Triton's dtype queries, answered at compile time (`x.dtype.is_floating()`, `is_fp16()`, ...)
+                    if node.args or node.keywords:
+                        raise CompilationError(f"{ast.unparse(node.func)}() takes no arguments")
+                    try:
+                        return triton_query(owner, node.func.attr)
+                    except TypeError as e:
+                        raise CompilationError(str(e)) from None
+                function = self.attribute(owner, node.func)
+        else:
+            function = self.visit(node.func)
         args = []
         for argument in node.args:
             if isinstance(argument, ast.Starred):

@@ -228,7 +228,10 @@ class ExpressionsMixin:
         return slice(*parts)
 
     def visit_Attribute(self, node: ast.Attribute):
-        value = self.visit(node.value)
+        return self.attribute(self.visit(node.value), node)
+
+    def attribute(self, value, node: ast.Attribute):
+        """`value.<node.attr>`, `value` being what `node.value` evaluated to."""
         name = node.attr
         if is_runtime(value):
             return self.value_attribute(value, name)

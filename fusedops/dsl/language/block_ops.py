@@ -225,15 +225,19 @@ class BlockOps:
 
     # -- atomics -----------------------------------------------------------------------------------
     def _check_atomic(self, sem, scope):
+        """(sem, scope), checked; None is Triton's default of each (`sem=None, scope=None`: acq_rel, gpu)."""
+        sem = "acq_rel" if sem is None else sem
+        scope = "gpu" if scope is None else scope
         if sem not in _SEMANTICS:
             raise CompilationError(f"sem must be one of {_SEMANTICS}, got {shown(sem)}")
         if scope not in _SCOPES:
             raise CompilationError(f"scope must be one of {_SCOPES}, got {shown(scope)}")
+        return sem, scope
 
     def atomic_rmw(self, kind: str, ptr, value, mask=None, sem: str = "acq_rel", scope: str = "gpu") -> Value:
         """Atomically combine `value` into memory; returns the old values."""
         ptr = self._pointer(ptr, f"atomic_{kind}")
-        self._check_atomic(sem, scope)
+        sem, scope = self._check_atomic(sem, scope)
         if kind not in _ATOMIC_KINDS:
             raise CompilationError(f"unknown atomic kind {kind!r}")
         element = _element(ptr).element
@@ -254,7 +258,7 @@ class BlockOps:
     def atomic_cas(self, ptr, cmp, value, sem: str = "acq_rel", scope: str = "gpu") -> Value:
         """Atomically store `value` where memory equals `cmp`; returns the old values."""
         ptr = self._pointer(ptr, "atomic_cas")
-        self._check_atomic(sem, scope)
+        sem, scope = self._check_atomic(sem, scope)
         element = _element(ptr).element
         if element.bits not in (16, 32, 64) or element == int1:
             raise CompilationError(f"atomic_cas does not support {element}")

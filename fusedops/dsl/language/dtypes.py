@@ -62,6 +62,26 @@ class DType:
     def scalar(self) -> "DType":
         return self
 
+    # -- Triton's tl.dtype attributes (the queries it calls are `triton_query`) -----------------------
+    @property
+    def primitive_bitwidth(self) -> int:
+        """Bits of the type (1 for int1), Triton's `dtype.primitive_bitwidth`."""
+        return self.bits
+
+    @property
+    def int_bitwidth(self) -> int:
+        """Bits of an integer type, Triton's `dtype.int_bitwidth`; AttributeError for floats."""
+        if not self.is_integer:
+            raise AttributeError(f"int_bitwidth of the float type {self.name}")
+        return self.bits
+
+    @property
+    def fp_mantissa_width(self) -> int:
+        """Stored significand bits of a float type, Triton's `dtype.fp_mantissa_width`; AttributeError for ints."""
+        if not self.is_floating:
+            raise AttributeError(f"fp_mantissa_width of the integer type {self.name}")
+        return {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}[self.name]
+
 
 @dataclasses.dataclass(frozen=True)
 class PointerType:
@@ -93,8 +113,52 @@ class PointerType:
     def itemsize(self) -> int:
         return 8
 
+    @property
+    def primitive_bitwidth(self) -> int:
+        """64 (an address), Triton's `dtype.primitive_bitwidth` of a pointer."""
+        return 64
+
 
 ScalarType = Union[DType, PointerType]
+
+
+def _int_limit(type_, highest: bool) -> int:
+    if not isinstance(type_, DType) or not type_.is_integer:
+        raise TypeError(f"get_int_{'max' if highest else 'min'}_value() of {type_}, which is not an integer type")
+    if type_.is_signed:
+        return (1 << (type_.bits - 1)) - 1 if highest else -(1 << (type_.bits - 1))
+    return (1 << type_.bits) - 1 if highest else 0
+
+
+def _triton_queries() -> dict:
+    scalar = lambda test: lambda t: isinstance(t, DType) and test(t)          # noqa: E731
+    named = lambda name: scalar(lambda t: t.name == name)                      # noqa: E731
+    queries = {f"is_{short}": named(name) for short, name in (
+        ("fp16", "float16"), ("bf16", "bfloat16"), ("fp32", "float32"), ("fp64", "float64"), ("int1", "int1"),
+        ("int8", "int8"), ("int16", "int16"), ("int32", "int32"), ("int64", "int64"), ("uint8", "uint8"),
+        ("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"))}
+    queries.update({name: lambda t: False for name in (     # no fp8 types, no block or void dtypes
+        "is_fp8", "is_fp8e4nv", "is_fp8e4b8", "is_fp8e4b15", "is_fp8e5", "is_fp8e5b16", "is_block", "is_void")})
+    queries.update({
+        "is_floating": scalar(lambda t: t.is_floating), "is_standard_floating": scalar(lambda t: t.is_floating),
+        "is_int": scalar(lambda t: t.is_integer), "is_int_signed": scalar(lambda t: t.is_signed),
+        # (Triton counts int1 with the unsigned types)
+        "is_int_unsigned": scalar(lambda t: t.kind in ("uint", "bool")), "is_bool": scalar(lambda t: t.is_bool),
+        "is_ptr": lambda t: isinstance(t, PointerType),
+        "get_int_max_value": lambda t: _int_limit(t, True), "get_int_min_value": lambda t: _int_limit(t, False),
+    })
+    return queries
+
+
+TRITON_QUERIES = _triton_queries()
+
+
+def triton_query(type_, name: str):
+    """The answer of Triton's `tl.dtype` method `name` called on `type_` (a DType or PointerType), as a ported kernel
+    calls it at compile time (`x_ptr.dtype.element_ty.is_floating()`, `x.dtype.is_fp16()`, `dt.get_int_max_value()`):
+    a bool (an int for the get_int_* ones). `is_floating` / `is_bool` are also properties of DType, read without a
+    call. Raises KeyError for a name that is not one of Triton's queries, TypeError for get_int_* of a non-integer."""
+    return TRITON_QUERIES[name](type_)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,7 +48,8 @@ def _atomic(kind: str):
     function.__name__ = function.__qualname__ = name
     function.__doc__ = (f"Atomically apply `{kind}` of `val` to the memory `pointer` points to, where "
                         "`mask`; returns the old values (pointer's shape). sem: relaxed, acquire, "
-                        "release, acq_rel; scope: cta, gpu, sys.")
+                        "release, acq_rel (the default; None, Triton's default, is it too); scope: cta, gpu (the "
+                        "default; None too), sys.")
     return builtin(function)
 
 
@@ -63,7 +64,7 @@ atomic_xchg = _atomic("xchg")
 
 @builtin
 def atomic_cas(pointer, cmp, val, sem="acq_rel", scope="gpu", *, _semantic=None):
-    """Atomically write `val` where memory equals `cmp`; returns the old values."""
+    """Atomically write `val` where memory equals `cmp`; returns the old values. sem and scope as for atomic_add."""
     return _semantic.atomic_cas(pointer, cmp, val, sem, scope)
 
 

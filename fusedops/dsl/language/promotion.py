@@ -18,6 +18,10 @@ assignment) converts from its exact value, as Python's int() and torch.full do (
 float32's 123456792).
 
 Broadcasting is NumPy's: shapes align at the right, size-1 dims stretch, missing leading dims are added.
+
+These are torch's rules where Triton's differ (README, "Coming from Triton"): Triton computes `/` and `%` of
+float16 / bfloat16 in float32 and returns float32, gives float16 for float16 with bfloat16 and float32 for an
+integer with bfloat16, and makes a float literal outside float32's normal range a float64.
 """
 
 from __future__ import annotations
