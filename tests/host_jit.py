@@ -8,6 +8,7 @@ tests/test_review_session38_dsl_blocks.py)."""
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import re
 import threading
@@ -35,15 +36,13 @@ def host_text(llir: str) -> str:
     return re.sub(r'"nvvm\.[a-z]+"="[^"]*"', "", text)
 
 
-def host_function(text: str, llir: str, kernel, args) -> tuple:
-    """(the kernel JIT-compiled from the host IR `text`, as a ctypes function, its arguments, the engine that
-    holds it): `args` in `kernel`'s parameter order as the compiled `llir` declares them (tensors by their
-    data pointers, scalars as i8..i64, float or double). The engine must outlive the calls."""
-    llvm = llvm_binding()
-    module = llvm.parse_assembly(text)
-    module.verify()
-    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
-    engine.finalize_object()
+def host_function_arguments(llir: str, kernel, args) -> list:
+    """`args` in `kernel`'s parameter order as the compiled `llir` declares them (tensors by their data pointers)."""
+    return host_signature(llir, kernel, args)[2]
+
+
+def host_signature(llir: str, kernel, args) -> tuple:
+    """(the kernel's symbol name, its ctypes parameter types, `args` as those values)."""
     name, params = re.search(r"define [^@]*@(\w+)\((.*)\)[^()]*\{", llir).groups()
     pieces = [p.strip() for p in re.split(r",\s*(?=(?:ptr|i\d+|float|double))", params)] if params.strip() else []
     by_name = dict(zip([p if isinstance(p, str) else p.name for p in kernel.params], args))
@@ -53,6 +52,19 @@ def host_function(text: str, llir: str, kernel, args) -> tuple:
         value = by_name[param]
         types.append(ctypes.c_void_p if kind == "ptr" else _CTYPES[kind])
         values.append(value.data_ptr() if kind == "ptr" else value)
+    return name, types, values
+
+
+def host_function(text: str, llir: str, kernel, args) -> tuple:
+    """(the kernel JIT-compiled from the host IR `text`, as a ctypes function, its arguments, the engine that
+    holds it): `args` in `kernel`'s parameter order as the compiled `llir` declares them (tensors by their
+    data pointers, scalars as i8..i64, float or double). The engine must outlive the calls."""
+    llvm = llvm_binding()
+    module = llvm.parse_assembly(text)
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
+    engine.finalize_object()
+    name, types, values = host_signature(llir, kernel, args)
     return ctypes.CFUNCTYPE(None, *types)(engine.get_function_address(name)), values, engine
 
 
@@ -67,6 +79,17 @@ def run_on_host(kernel, *args, **constexprs) -> None:
 
 
 _ALIVE = []         # callbacks and engines the JIT-compiled code calls into / lives in
+_ENGINES = {}       # host IR text -> (function, engine) of run_threads_on_host's reusable engines
+_LAUNCH = {}        # the current launch's callbacks, by symbol name (see _dispatch)
+_DISPATCHERS = {}   # symbol name -> the ctypes callback bound to it for good
+
+
+def _dispatch(name: str, prototype) -> None:
+    """Bind `name`, once, to a callback that calls the current launch's _LAUNCH[name]."""
+    if name not in _DISPATCHERS:
+        callback = prototype(lambda *a: _LAUNCH[name](*a))
+        _DISPATCHERS[name] = callback
+        llvm_binding().add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
 _SHARED = "@fusedops_shared = global [262144 x i8] zeroinitializer, align 1024"
 
 
@@ -143,22 +166,46 @@ def run_threads_on_host(kernel, args, *, grid: int = 1, num_warps: int = 4, targ
             return exchanged(local.tid, value)[lane ^ operand if kind == "bfly" else operand & 31]
         return exchange
 
+    # The harness's own callbacks (barrier, special registers, shuffles) are bound once, for good, to
+    # dispatchers that call this launch's: an engine compiled from the same host IR by an earlier launch
+    # (_ENGINES) then calls this launch's callbacks too.
+    _LAUNCH["__barrier"] = lambda: cta_barrier.wait()
+    for r in registers:
+        _LAUNCH[f"__sreg_{r.replace('.', '_')}"] = values[r]
+    for k, t in shuffles:
+        _LAUNCH[f"__shfl_{k}_{t}"] = shuffled(k)
+    _dispatch("__barrier", ctypes.CFUNCTYPE(None))
+    for r in registers:
+        _dispatch(f"__sreg_{r.replace('.', '_')}", ctypes.CFUNCTYPE(ctypes.c_int32))
+    for k, t in shuffles:
+        c = ctypes.c_int32 if t == "i32" else ctypes.c_float
+        _dispatch(f"__shfl_{k}_{t}", ctypes.CFUNCTYPE(c, ctypes.c_int32, c, ctypes.c_int32, ctypes.c_int32))
+
     def bind(name, prototype, function):
         callback = prototype(function)
         _ALIVE.append(callback)
         llvm.add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
 
-    bind("__barrier", ctypes.CFUNCTYPE(None), lambda: cta_barrier.wait())
     for name, prototype, function in symbols:
         bind(name, prototype, function)
-    for r in registers:
-        bind(f"__sreg_{r.replace('.', '_')}", ctypes.CFUNCTYPE(ctypes.c_int32), values[r])
-    for k, t in shuffles:
-        c = ctypes.c_int32 if t == "i32" else ctypes.c_float
-        bind(f"__shfl_{k}_{t}", ctypes.CFUNCTYPE(c, ctypes.c_int32, c, ctypes.c_int32, ctypes.c_int32), shuffled(k))
-    function, arguments, engine = host_function(text, llir, kernel, args)
-    _ALIVE.append(engine)
+    # An engine is reused only where nothing in it can differ between launches: no callbacks of the caller's
+    # (bound per launch) and no mutable global but the shared memory, which is zeroed as a fresh engine's is.
+    reusable = not symbols and not [line for line in text.splitlines()
+                                    if re.match(r"@\S+ = .*\bglobal\b", line)
+                                    and not line.startswith("@fusedops_shared = ")]
+    cached = _ENGINES.get(text) if reusable else None
+    if cached is None:
+        function, arguments, engine = host_function(text, llir, kernel, args)
+        _ALIVE.append(engine)
+        if reusable:
+            _ENGINES[text] = (function, engine)
+    else:
+        function, engine = cached
+        arguments = host_function_arguments(llir, kernel, args)
+        if "@fusedops_shared = " in text:
+            ctypes.memset(engine.get_global_value_address("fusedops_shared"), 0, 262144)
     errors = []
+    finished = threading.Semaphore(0)
 
     def thread(pid, tid):
         local.pid, local.tid = pid, tid
@@ -166,12 +213,14 @@ def run_threads_on_host(kernel, args, *, grid: int = 1, num_warps: int = 4, targ
             function(*arguments)
         except BaseException as error:  # pragma: no cover - reported below
             errors.append(error)
+        finally:
+            finished.release()
 
+    # one OS thread per GPU thread, all of a CTA running at once (started without waiting for each to start)
     for pid in range(grid):
-        workers = [threading.Thread(target=thread, args=(pid, t)) for t in range(threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+        for t in range(threads):
+            _thread.start_new_thread(thread, (pid, t))
+        for _ in range(threads):
+            finished.acquire()
     assert not errors, errors
     return compiled
