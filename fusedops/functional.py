@@ -383,9 +383,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     dims <= 64 without attn_mask, whose float32 sums take atomic reductions in a varying order, as
     FlashAttention-2's do, unless torch.use_deterministic_algorithms(True) is in force); CPU tensors,
     float32/float64 on CUDA, larger head dims and a mask that requires grad run torch's op, unless
-    FUSEDOPS_INTERPRET=1 runs the kernels in the interpreter (any float dtype). Under autocast (CUDA or
-    CPU) query, key, value and a float mask are cast to the autocast dtype first, as torch's autocast
-    does for this op.
+    FUSEDOPS_INTERPRET=1 runs the kernels in the interpreter (any float dtype). (A graph traced with a dynamic
+    head dim holds fusedops' operator, which computes larger head dims with its math attention: torch.compile and
+    torch.export do not guard the head dim.) Under autocast (CUDA or CPU) query, key, value and a float mask
+    are cast to the autocast dtype first, as torch's autocast does for this op.
     """
     from fusedops.autograd import attention as _attention
 

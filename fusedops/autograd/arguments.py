@@ -1,8 +1,23 @@
-"""Checks of the ops' scalar arguments shared by the autograd modules, with torch's errors."""
+"""Checks of the ops' scalar arguments shared by the autograd modules, with torch's errors, and `definitely`, how
+the shape checks decide comparisons of symbolic sizes."""
 
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+
+def definitely(condition) -> bool:
+    """`condition`, a comparison of sizes, as a bool. A symbolic one (torch.SymBool: sizes of a graph traced with
+    dynamic shapes) is decided as bool() decides it (a guard), but one its sizes cannot decide (unbacked sizes, from
+    nonzero or .item(): data-dependent) is False instead of an error (torch's guard_or_false), as torch's own shape
+    checks take it: a check then raises only for shapes known to be wrong, and torch's ops assert the rest when the
+    graph runs. Under torch.jit.trace, where sizes are 0-d tensors, a 0-d bool tensor's value."""
+    if condition is True or condition is False:      # plain sizes (eager): no call into torch's shape code
+        return condition
+    if isinstance(condition, torch.Tensor):
+        return bool(condition)
+    return guard_or_false(condition)     # (under dynamo a SymBool may pass for a bool: it is decided here)
 
 
 def float_argument(function: str, name: str, value, expected: str = "float") -> float:

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from fusedops.autograd.arguments import float_argument
+from fusedops.autograd.arguments import definitely, float_argument
 from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime import knobs
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
@@ -109,10 +109,10 @@ def check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa, scale=N
     if min(query.dim(), key.dim(), value.dim()) < 2:
         raise RuntimeError("Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: "
                            f"{query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead.")
-    if query.size(-1) != key.size(-1):
+    if definitely(query.size(-1) != key.size(-1)):     # (`definitely`: unbacked sizes are checked when run)
         raise RuntimeError(f"Expected query and key to have the same head dim (last dim), but got "
                            f"{query.size(-1)} and {key.size(-1)}.")
-    if key.size(-2) != value.size(-2):
+    if definitely(key.size(-2) != value.size(-2)):
         raise RuntimeError(f"Expected key and value to have the same sequence length (dim -2), but got "
                            f"{key.size(-2)} and {value.size(-2)}.")
     if attn_mask is not None:
@@ -148,7 +148,8 @@ def _check_broadcasting(query, key, value, attn_mask, enable_gqa) -> None:
         return
     weights = (*batch, heads, shapes[0][-2], shapes[1][-2])[-rank:]
     mask = tuple(attn_mask.shape)
-    if len(mask) > rank or any(m != 1 and m != w for m, w in zip(reversed(mask), reversed(weights))):
+    if len(mask) > rank or any(definitely(m != 1) and definitely(m != w)
+                               for m, w in zip(reversed(mask), reversed(weights))):
         raise RuntimeError(f"scaled_dot_product_attention: attn_mask of shape {mask} does not broadcast to the "
                            f"attention weights' shape {weights} (batch dims, heads, L, S)")
 
@@ -165,10 +166,11 @@ def _broadcast_shapes(what: str, query, key, value) -> tuple:
     result = [1] * ndim
     for shape in shapes:
         for axis, size in enumerate(shape, ndim - len(shape)):
-            if size != 1:
-                if result[axis] == 1:
+            # (`definitely`, as torch's broadcasting decides: an unbacked size that may be 1 is taken as the size)
+            if not definitely(size == 1):
+                if definitely(result[axis] == 1):
                     result[axis] = size
-                elif result[axis] != size:
+                elif definitely(result[axis] != size):
                     hint = " (grouped-query attention: pass enable_gqa=True)" if what == "heads" else ""
                     raise RuntimeError(f"scaled_dot_product_attention: the {what} of query {tuple(query)}, key "
                                        f"{tuple(key)} and value {tuple(value)} do not broadcast{hint}")
@@ -176,7 +178,9 @@ def _broadcast_shapes(what: str, query, key, value) -> tuple:
 
 
 def _expand(t: torch.Tensor, shape: tuple) -> torch.Tensor:
-    return t if t.shape == shape else t.expand(shape)     # a view costs about a microsecond
+    # (a view costs about a microsecond; sizes compared by `definitely`: unbacked ones are left to expand's checks)
+    same = len(t.shape) == len(shape) and all(definitely(x == y) for x, y in zip(t.shape, shape))
+    return t if same else t.expand(shape)
 
 
 def attention_scale(query: torch.Tensor, scale: Optional[float]) -> float:

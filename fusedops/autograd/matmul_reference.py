@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from fusedops.autograd.arguments import definitely
 from fusedops.autograd.function_host import autocast_off
 from fusedops.kernels import matmul as kernels
 
@@ -44,11 +45,13 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
     if device != b.get_device() or (device < 0 and a.device != b.device):
         raise ValueError(f"fusedops.matmul(): input is on {a.device} but other is on {b.device}")
     k_a, k_b = a.shape[-1], (b.shape[0] if b.dim() == 1 else b.shape[-2])
-    if k_a != k_b:
+    if definitely(k_a != k_b):     # (`definitely`: an unbacked size is checked when the op runs)
         raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
                          f"({k_a} != {k_b})")
-    # (compared here, not by torch.broadcast_shapes: under torch.compile its error is dynamo's, not this one)
-    if any(x != y and x != 1 and y != 1 for x, y in zip(reversed(a.shape[:-2]), reversed(b.shape[:-2]))):
+    # (compared here, not by torch.broadcast_shapes: under torch.compile its error is dynamo's, not this one; an
+    # unbacked size that may be 1 is left to torch's broadcasting, which asserts it when the graph runs)
+    if any(definitely(x != y) and definitely(x != 1) and definitely(y != 1)
+           for x, y in zip(reversed(a.shape[:-2]), reversed(b.shape[:-2]))):
         raise ValueError(f"fusedops.matmul(): shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
                          f"(batch dims {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])} do not broadcast)")
     n = 1 if b.dim() == 1 else b.shape[-1]
@@ -56,7 +59,7 @@ def check_arguments(a, b, bias, activation, out_dtype) -> None:
         if not isinstance(bias, torch.Tensor):
             raise TypeError(f"fusedops.matmul(): argument 'bias' must be a torch.Tensor or None, not "
                             f"{type(bias).__name__}")
-        if bias.dim() != 1 or bias.shape[0] != n:
+        if bias.dim() != 1 or definitely(bias.shape[0] != n):
             raise ValueError(f"fusedops.matmul(): bias must be a 1-D tensor of {n} elements, got {tuple(bias.shape)}")
         if not bias.dtype.is_floating_point:
             raise TypeError(f"fusedops.matmul(): bias must be a floating-point tensor, got {bias.dtype}")
@@ -117,10 +120,14 @@ def reference(a, b, bias=None, activation=None, out_dtype=None) -> torch.Tensor:
 
 
 def _sum_to(gradient: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Reduce a broadcast gradient back to `shape` (torch's sum_to_size for leading batch dims)."""
+    """Reduce a broadcast gradient back to `shape` (torch's sum_to_size for leading batch dims): the dims `shape`
+    has one of summed. (Decided by `definitely`, not by sum_to_size, which guards on its sizes: a traced backward's
+    unbacked batch size, which may be 1, could not be compared.)"""
     while gradient.dim() > len(shape):
         gradient = gradient.sum(0)
-    return gradient.sum_to_size(shape) if gradient.shape != shape else gradient
+    dims = [d for d, (size, target) in enumerate(zip(gradient.shape, shape))
+            if definitely(target == 1) and not definitely(size == 1)]
+    return gradient.sum(dims, keepdim=True) if dims else gradient
 
 
 def exact_input_gradients(dc, a, b, z, activation, needs_input_grad, bias_dtype) -> tuple:

@@ -26,7 +26,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from fusedops.autograd.arguments import float_argument
+from fusedops.autograd.arguments import definitely, float_argument
 from fusedops.autograd.function_host import apply_of, backward_runs_torch, once_differentiable
 from fusedops.dsl.runtime.bounded_cache import BoundedCache
 from fusedops.dsl.runtime.knobs import interpret_enabled
@@ -78,8 +78,9 @@ def _check_input(name: str, x, normalized_shape: Tuple[int, ...]) -> None:
         raise ValueError(f"fusedops.{name}(): expected normalized_shape to be at least 1-dimensional, i.e., "
                          "containing at least one element, but got normalized_shape = []")
     rank, count = x.dim(), len(normalized_shape)
-    if rank < count or (x.size(-1) != normalized_shape[0] if count == 1
-                        else tuple(x.shape[rank - count:]) != normalized_shape):
+    # (`definitely`: an unbacked size of a traced graph is not compared; the operator checks it when it runs)
+    if rank < count or (definitely(x.size(-1) != normalized_shape[0]) if count == 1
+                        else any(definitely(a != b) for a, b in zip(x.shape[rank - count:], normalized_shape))):
         raise ValueError(f"fusedops.{name}(): given normalized_shape={list(normalized_shape)}, expected input with "
                          f"shape [*, {', '.join(map(str, normalized_shape))}], but got input of size "
                          f"{list(x.shape)}")
@@ -92,7 +93,7 @@ def _check_parameter(name: str, role: str, p: Optional[torch.Tensor], x: torch.T
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"fusedops.{name}(): argument '{role}' must be a torch.Tensor or None, not "
                         f"{type(p).__name__}")
-    if p.shape != normalized_shape:     # torch.Size is a tuple
+    if p.dim() != len(normalized_shape) or any(definitely(a != b) for a, b in zip(p.shape, normalized_shape)):
         raise ValueError(f"fusedops.{name}(): expected {role} to be of same shape as normalized_shape, but got "
                          f"{role} of shape {list(p.shape)} and normalized_shape = {list(normalized_shape)}")
     # get_device() is cheaper than .device, but -1 for every non-CUDA device

@@ -6,6 +6,7 @@ import functools
 from typing import Callable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 
 def contiguous_allocator(shape: tuple, dtype: torch.dtype, device: torch.device,
@@ -27,8 +28,24 @@ def contiguous_allocator(shape: tuple, dtype: torch.dtype, device: torch.device,
 def stride_order(t: torch.Tensor) -> tuple:
     """`t`'s dims from the outermost in memory to the innermost: by decreasing stride, a dim of size 1 inside
     another of its stride (as a dense tensor lays them out), other ties in their order."""
-    # (bool(): under torch.compile's dynamic shapes the comparisons are symbolic, and guarded as they are made)
-    return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), bool(t.shape[d] == 1))))
+    strides, sizes = t.stride(), t.shape
+    if not any(isinstance(n, torch.SymInt) for n in (*strides, *sizes)):
+        return tuple(sorted(range(t.dim()), key=lambda d: (-strides[d], bool(sizes[d] == 1))))
+    # Symbolic sizes (a fake tensor of torch.compile or torch.export with dynamic shapes): compared in pairs, each
+    # comparison guarded as it is made; one that unbacked sizes (which may be 0 or 1) leave undecided (guard_or_false)
+    # counts as a tie, so that the dims keep their order (a contiguous tensor's whatever its sizes; only a size-1
+    # dim's own stride depends on it), where sorting by the strides raised a data-dependent error.
+    return tuple(sorted(range(t.dim()), key=functools.cmp_to_key(
+        lambda a, b: _symbolic_stride_order(strides[a], strides[b], sizes[a], sizes[b]))))
+
+
+def _symbolic_stride_order(stride_a, stride_b, size_a, size_b) -> int:
+    """stride_order's comparison of dims a and b (-1: a outer) for symbolic strides and sizes."""
+    if guard_or_false(stride_a > stride_b):
+        return -1
+    if guard_or_false(stride_a < stride_b):
+        return 1
+    return int(guard_or_false(size_a == 1)) - int(guard_or_false(size_b == 1))
 
 
 def ordered_strides(shape: tuple, order: tuple) -> tuple:

@@ -18,6 +18,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fusedops.autograd import attention as _attention
 from fusedops.kernels import attention as _attention_kernels
@@ -29,12 +30,22 @@ from fusedops.library.common import (INTERPRETER_DTYPES, accumulation_dtype, int
 def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
     """The routing rule of fusedops.scaled_dot_product_attention: float16/bfloat16 CUDA tensors (CPU
     tensors of any float dtype under FUSEDOPS_INTERPRET=1) with head dims up to the kernels' maximum
-    (and a scale they take: `_op_runs_kernels`)."""
-    if max(query.size(-1), value.size(-1)) > _attention_kernels.MAX_HEAD_DIM:
+    (and a scale they take: `_op_runs_kernels`). A symbolic head dim (torch.compile or torch.export with a dynamic
+    one) that is not known to exceed the maximum counts as one up to it, without a guard: the operator routes on the
+    concrete head dims when it runs (the math attention above the maximum), so the traced graph holds for every
+    head dim, as torch's does (comparing it guarded the graph: an exported program with a dynamic head dim refused
+    one of 300, "Guard failed: max(...) <= 256")."""
+    if any(map(_known_true, (query.size(-1) > _attention_kernels.MAX_HEAD_DIM,
+                             value.size(-1) > _attention_kernels.MAX_HEAD_DIM))):
         return False
     if query.is_cuda:
         return query.dtype in (torch.float16, torch.bfloat16)
     return query.device.type == "cpu" and query.dtype in INTERPRETER_DTYPES and interpret_enabled()
+
+
+def _known_true(condition) -> bool:
+    """statically_known_true(condition) (no guard), or a 0-d tensor's value (torch.jit.trace's sizes)."""
+    return bool(condition) if isinstance(condition, torch.Tensor) else statically_known_true(condition)
 
 
 def _op_runs_kernels(query: torch.Tensor, value: torch.Tensor, scale: Optional[float]) -> bool:
