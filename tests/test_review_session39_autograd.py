@@ -326,7 +326,9 @@ def test_training_loop_keeps_live_tensors_constant(seed):
     steps(2)
     before = live()
     steps(3)
-    assert live() == before
+    # (<=: the count is the whole process's; a test run before this one in the same worker may still free
+    # tensors of its own, e.g. a bounded cache's evictions, as the CI run of session 40 saw: 12372 -> 12338)
+    assert live() <= before
 
 
 @pytest.mark.parametrize("name", ["softmax", "rms_norm", "matmul", "attention", "op_layer_norm", "op_matmul"])
