@@ -70,43 +70,31 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import types
 
 import pytest
 import torch
 
 import fusedops.dsl as dsl
 from fusedops.dsl.language import core
-from fusedops.dsl.runtime import driver
 from fusedops.dsl.runtime.fast_path import make_binder
 from fusedops.dsl.runtime.kernel_parameters import parameters
 from fusedops.dsl.runtime.signature import SpecializationKey, specialize
+from mock_gpu import mock_cuda_driver, private_cache
 from test_launch_fast_path import _cuda
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(monkeypatch, tmp_path):
     """Every compile of this file into a fresh disk cache; the interpreter setting unset."""
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.delenv("FUSEDOPS_INTERPRET", raising=False)
-    monkeypatch.delenv("FUSEDOPS_DISABLE_CACHE", raising=False)
+    private_cache(monkeypatch, tmp_path)
 
 
 @pytest.fixture
-def tracked(monkeypatch, tmp_path):
-    """A mocked driver (sm_90a) whose cuLaunchKernel records the loaded function each launch used (one fresh token
-    per loaded module): compare with `_function_of(entry)`."""
+def tracked(monkeypatch):
+    """A mocked driver (sm_90a; mock_gpu.mock_cuda_driver) whose cuLaunchKernel records the loaded function each
+    launch used (one fresh object per loaded module): compare with `_function_of(entry)`."""
     launched = []
-
-    def cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        launched.append(function)
-        return (0,)
-
-    monkeypatch.setenv("FUSEDOPS_DEFAULT_ARCH", "sm_90a")
-    monkeypatch.setattr(driver, "cuda_driver", lambda: types.SimpleNamespace(cuLaunchKernel=cu_launch_kernel))
-    monkeypatch.setattr(driver, "load_module", lambda ptx, name, index=None: driver.LoadedKernel(
-        name, None, types.SimpleNamespace(ptx=ptx), None, 32, 0, 0, 1024, driver.DEFAULT_SHARED_MEMORY_LIMIT))
-    monkeypatch.setattr(driver, "raw_stream_getter", lambda: (lambda index: 0))
+    mock_cuda_driver(monkeypatch, lambda grid, function: launched.append(function))
     return launched
 
 

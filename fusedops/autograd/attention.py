@@ -6,6 +6,7 @@ any-rank inputs to (B, H, L, E), and the autograd Function over the flash-attent
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
