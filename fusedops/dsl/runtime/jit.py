@@ -31,9 +31,11 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import os
 import sys
 import threading
 import types
+import weakref
 from typing import Callable, Optional
 
 from ..errors import CompilationError, InterpreterError, UnsupportedError
@@ -49,6 +51,26 @@ from .launcher import (check_arch, check_cluster_grid, check_interpret, check_nu
 from .signature import SpecializationKey, bind_parameters, specialize
 
 _interpret_enabled = knobs.interpret_enabled
+
+# Every JITFunction made in this process, for the child of os.fork (`_reset_in_forked_child`).
+_KERNELS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _reset_in_forked_child() -> None:
+    """Run in the child of os.fork (a DataLoader worker, multiprocessing's "fork"), which has only the thread that
+    forked: a compile another thread had in flight never finishes there. Each kernel gets a new compile lock (the
+    old one may be held by a thread the child does not have, so that every later launch, compile or `ir` of the
+    kernel, interpreter included, would wait for ever), and its GPU specializations not compiled yet are dropped
+    (the passes rewrite their IR in place: one may be half rewritten); they are generated again when used."""
+    for kernel in list(_KERNELS):
+        kernel._compile_lock = threading.RLock()
+        for key, entry in list(kernel._cache.items()):
+            if key.arch is not None and entry.compiled is None:
+                del kernel._cache[key]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_forked_child)
 
 
 @dataclasses.dataclass
@@ -98,13 +120,14 @@ class JITFunction:
         self._cache: dict = {}      # SpecializationKey -> _Entry
         # Held while an entry is made or compiled: the passes rewrite the entry's IR in place, so two
         # threads launching a new specialization at once must not both compile it.
-        self._compile_lock = threading.RLock()
+        self._compile_lock = threading.RLock()      # (a new one in a forked child: _reset_in_forked_child)
         self._plans: dict = {}      # launch key (fast_path.make_binder) -> launch_plans.make_plan's launch
         self._is_constexpr = tuple(p.is_constexpr for p in self.params)
         self._constexpr_names = frozenset(p.name for p in self.params if p.is_constexpr)
         self._tensor_type = None    # torch.Tensor, set by the first GPU launch (torch is imported then)
         self._binder = None         # fast_path.make_binder's, made by the first GPU launch
         self._launch_entry = None   # fast_path.make_entry's, made by the first GPU launch
+        _KERNELS.add(self)
 
     def __repr__(self) -> str:
         return f"<dsl.jit {self.fn.__module__}.{self.fn.__qualname__}>"
@@ -393,13 +416,21 @@ class JITFunction:
         return entry
 
     def _compiled_entry(self, key: SpecializationKey, missing_ok: bool) -> _Entry:
-        """The entry of GPU key `key`, compiled once however many threads ask at the same time."""
+        """The entry of GPU key `key`, compiled once however many threads ask at the same time. A compile that
+        raises (or is interrupted: KeyboardInterrupt) drops the entry: the passes rewrite its IR in place, so the
+        next attempt starts again from the frontend (compiling the half-rewritten IR gave other code, or a raw
+        internal error)."""
         entry = self._entry(key)
         if entry.compiled is None:
             with self._compile_lock:
                 entry = self._entry(key)
                 if entry.compiled is None:
-                    entry.compiled = self._compile_ir(entry.kernel.function, key, missing_ok=missing_ok)
+                    try:
+                        entry.compiled = self._compile_ir(entry.kernel.function, key, missing_ok=missing_ok)
+                    except BaseException:
+                        if self._cache.get(key) is entry:
+                            del self._cache[key]
+                        raise
         return entry
 
     def _compile_ir(self, function: Function, key: SpecializationKey, missing_ok: bool):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 from typing import Optional
 
@@ -115,6 +116,20 @@ def _initialize_llvm() -> None:
     # One-time LLVM registration (llvm.initialize() itself is deprecated and raises in 0.50).
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
+
+
+def _hold_llvm_across_fork() -> None:
+    """Make os.fork wait for the LLVM call another thread has in flight. llvmlite runs every call into LLVM under
+    one process-wide lock, and every module is parsed into LLVM's one global context: a fork during a compile in
+    another thread left the child that lock held by a thread it does not have (its first compile waited for ever)
+    and LLVM's state half updated. The forking thread takes the lock before the fork and releases it in both
+    processes (jit.py resets the kernels' own compile locks in the child)."""
+    lock = getattr(getattr(getattr(getattr(llvm, "ffi", None), "lib", None), "_lock", None), "_lock", None)
+    if lock is not None and hasattr(os, "register_at_fork"):      # llvmlite's _LLVMLock wraps an RLock
+        os.register_at_fork(before=lock.acquire, after_in_parent=lock.release, after_in_child=lock.release)
+
+
+_hold_llvm_across_fork()
 
 
 def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
