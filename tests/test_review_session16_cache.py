@@ -72,6 +72,31 @@ def test_libdevice_path_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
     assert "0f40800000" in ptx, "the PTX linked with the previous libdevice was reused"
 
 
+def test_searched_libdevice_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
+    """Without FUSEDOPS_LIBDEVICE_PATH the libdevice the search finds (here through $CUDA_HOME, as after a CUDA
+    upgrade) keys the entry too (session 40's specialization review: the cache reused PTX of the old one)."""
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FUSEDOPS_LIBDEVICE_PATH", raising=False)
+    module = import_module_from_text(tmp_path, monkeypatch, "_rv40_log_kernel", """
+        import fusedops.dsl as dsl
+
+        @dsl.jit
+        def log_kernel(out_ptr, x_ptr, BLOCK: dsl.constexpr):
+            offsets = dsl.arange(0, BLOCK)
+            dsl.store(out_ptr + offsets, dsl.log(dsl.load(x_ptr + offsets)))
+    """)
+    x = torch.empty(64)
+    module.log_kernel.compile(x, x, BLOCK=64)      # the libdevice found now, into the cache
+    fake = tmp_path / "cuda" / "nvvm" / "libdevice" / "libdevice.10.bc"     # found first through $CUDA_HOME
+    fake.parent.mkdir(parents=True)
+    fake.write_bytes(llvm.parse_assembly(
+        "define float @__nv_logf(float %x) {\n  %y = fadd float %x, 4.0\n  ret float %y\n}\n").as_bitcode())
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    module.log_kernel._cache.clear()              # as a new process would
+    ptx = module.log_kernel.compile(x, x, BLOCK=64).asm["ptx"]
+    assert "0f40800000" in ptx, "the PTX linked with the previously found libdevice was reused"
+
+
 _ASSERT_KERNEL = """
     import fusedops.dsl as dsl
     {padding}

@@ -138,6 +138,16 @@ def _code_inputs_beside_the_ir(function: Function, arch: str) -> str:
             lines.append(f"// FUSEDOPS_LIBDEVICE_PATH={path} {stat.st_size} {stat.st_mtime_ns}")
         except OSError:
             lines.append(f"// FUSEDOPS_LIBDEVICE_PATH={path}")
+    else:       # the libdevice the search finds (a CUDA upgrade replaces it: kernels calling it compile again)
+        from .errors import BackendError
+        from .target.libdevice import find_libdevice
+
+        try:
+            found = find_libdevice()
+            stat = os.stat(found)
+            lines.append(f"// libdevice {found} {stat.st_size} {stat.st_mtime_ns}")
+        except (BackendError, OSError):
+            lines.append("// libdevice not found")
     if arch == "sm_90a" and settings.disable_wgmma:
         lines.append("// FUSEDOPS_DISABLE_WGMMA")
     if arch == "sm_90a" and settings.tma:
