@@ -51,9 +51,9 @@ def test_constexpr_tuples_that_compare_equal_are_separate_specializations(tmp_pa
     assert "cast" in as_float.asm["ir"], "int * 1.0 compiled as the int * 1 kernel"
 
 
-def test_libdevice_path_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
-    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
-    module = import_module_from_text(tmp_path, monkeypatch, "_rv16_log_kernel", """
+def _log_kernel(tmp_path, monkeypatch, name: str):
+    """A fresh module's `log_kernel` (out = log(x): libdevice's __nv_logf), compiled once for 64 floats."""
+    module = import_module_from_text(tmp_path, monkeypatch, name, """
         import fusedops.dsl as dsl
 
         @dsl.jit
@@ -62,13 +62,25 @@ def test_libdevice_path_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
             dsl.store(out_ptr + offsets, dsl.log(dsl.load(x_ptr + offsets)))
     """)
     x = torch.empty(64)
-    module.log_kernel.compile(x, x, BLOCK=64)      # the real libdevice, into the cache
-    fake = tmp_path / "libdevice.10.bc"           # a "libdevice" whose logf(x) is x + 4
-    fake.write_bytes(llvm.parse_assembly(
+    module.log_kernel.compile(x, x, BLOCK=64)
+    return module.log_kernel, x
+
+
+def _write_fake_libdevice(path) -> None:
+    """A "libdevice" at `path` whose logf(x) is x + 4 (4.0 is 0f40800000 in the PTX)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(llvm.parse_assembly(
         "define float @__nv_logf(float %x) {\n  %y = fadd float %x, 4.0\n  ret float %y\n}\n").as_bitcode())
+
+
+def test_libdevice_path_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
+    log_kernel, x = _log_kernel(tmp_path, monkeypatch, "_rv16_log_kernel")     # the real libdevice, into the cache
+    fake = tmp_path / "libdevice.10.bc"
+    _write_fake_libdevice(fake)
     monkeypatch.setenv("FUSEDOPS_LIBDEVICE_PATH", str(fake))
-    module.log_kernel._cache.clear()              # as a new process would
-    ptx = module.log_kernel.compile(x, x, BLOCK=64).asm["ptx"]
+    log_kernel._cache.clear()                     # as a new process would
+    ptx = log_kernel.compile(x, x, BLOCK=64).asm["ptx"]
     assert "0f40800000" in ptx, "the PTX linked with the previous libdevice was reused"
 
 
@@ -77,23 +89,11 @@ def test_searched_libdevice_is_part_of_the_disk_cache_key(tmp_path, monkeypatch)
     upgrade) keys the entry too (session 40's specialization review: the cache reused PTX of the old one)."""
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("FUSEDOPS_LIBDEVICE_PATH", raising=False)
-    module = import_module_from_text(tmp_path, monkeypatch, "_rv40_log_kernel", """
-        import fusedops.dsl as dsl
-
-        @dsl.jit
-        def log_kernel(out_ptr, x_ptr, BLOCK: dsl.constexpr):
-            offsets = dsl.arange(0, BLOCK)
-            dsl.store(out_ptr + offsets, dsl.log(dsl.load(x_ptr + offsets)))
-    """)
-    x = torch.empty(64)
-    module.log_kernel.compile(x, x, BLOCK=64)      # the libdevice found now, into the cache
-    fake = tmp_path / "cuda" / "nvvm" / "libdevice" / "libdevice.10.bc"     # found first through $CUDA_HOME
-    fake.parent.mkdir(parents=True)
-    fake.write_bytes(llvm.parse_assembly(
-        "define float @__nv_logf(float %x) {\n  %y = fadd float %x, 4.0\n  ret float %y\n}\n").as_bitcode())
+    log_kernel, x = _log_kernel(tmp_path, monkeypatch, "_rv40_log_kernel")     # the libdevice found now
+    _write_fake_libdevice(tmp_path / "cuda" / "nvvm" / "libdevice" / "libdevice.10.bc")   # found first: $CUDA_HOME
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
-    module.log_kernel._cache.clear()              # as a new process would
-    ptx = module.log_kernel.compile(x, x, BLOCK=64).asm["ptx"]
+    log_kernel._cache.clear()                     # as a new process would
+    ptx = log_kernel.compile(x, x, BLOCK=64).asm["ptx"]
     assert "0f40800000" in ptx, "the PTX linked with the previously found libdevice was reused"
 
 

@@ -430,17 +430,8 @@ def test_inference_tensors_as_parameters_of_a_training_step(route):
 # ------------------------------------------------------------------------------------------------
 # tensor subclasses through the modules; __torch_dispatch__ wrapper subclasses
 # ------------------------------------------------------------------------------------------------
-class _Logging(torch.Tensor):
-    seen: list = []
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        cls.seen.append(getattr(func, "__name__", str(func)))
-        return super().__torch_function__(func, types, args, kwargs or {})
-
-
-class _Plain(torch.Tensor):
-    pass
+# (_Logging: a __torch_function__ subclass that logs the calls; _Plain: `class _Plain(torch.Tensor): pass`)
+from test_review_session24_tensors import _Logging, _Plain  # noqa: E402
 
 
 @pytest.mark.parametrize("cls", [_Logging, _Plain])
