@@ -342,3 +342,25 @@ def test_a_callable_globals_list_attribute_is_refused_as_a_global_list_is(monkey
         def weighted(y_ptr):
             dsl.store(y_ptr, _norm.weight)
         dsl.jit(weighted)[(1,)](torch.zeros(1), interpret=True)
+
+
+def _opposite_zeros_kernel():
+    def opposite_zeros(y_ptr, n, SCALE: dsl.constexpr):
+        offs = dsl.arange(0, 4)
+        dsl.store(y_ptr + offs, 1.0 / (offs.to(dsl.float32) * SCALE), mask=offs < n)
+    return dsl.jit(opposite_zeros)
+
+
+def test_the_autotune_record_names_the_chosen_one_of_equal_configs():
+    """(the reviewer's leftover) Configs that compare equal but compile different code (SCALE 0.0 and -0.0: +inf or
+    -inf) are recorded by the chosen one's position, not the first equal one's: a new process reads back the
+    -0.0 config, as tuned."""
+    configs = [dsl.Config({"SCALE": 0.0}), dsl.Config({"SCALE": -0.0})]
+    assert configs[0] == configs[1]
+    kernel = _opposite_zeros_kernel()
+    tuner = dsl.autotune(configs, key=["n"])(kernel)
+    tuner.best["4"] = configs[1]
+    tuner._save_record()
+    again = dsl.autotune(configs, key=["n"])(kernel)      # as a new process would
+    again._load_record()
+    assert again.best["4"] is configs[1]

@@ -96,6 +96,15 @@ class Measurement:
     skipped: Optional[str] = None
 
 
+def _index_of(configs, config) -> int:
+    """`config`'s position in `configs`, by identity first: two configs may compare equal yet compile different
+    code (constexprs 0.0 and -0.0, 1 and True), and the record must name the one chosen; else by equality."""
+    for index, candidate in enumerate(configs):
+        if candidate is config:
+            return index
+    return configs.index(config)
+
+
 def _read_record(path: Path) -> dict:
     """The {launch key: config index} entries of the autotune record at `path`; {} for a file that does not
     parse or parses to something else than an object (written by another tool). Raises OSError."""
@@ -225,7 +234,7 @@ class Autotuner:
             return
         import filelock
 
-        record = {key: self.configs.index(config) for key, config in self.best.items()}
+        record = {key: _index_of(self.configs, config) for key, config in self.best.items()}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # read-merge-replace under a lock: two processes tuning at once keep both their entries
