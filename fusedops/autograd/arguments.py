@@ -1,10 +1,10 @@
-"""Checks of the ops' scalar arguments shared by the autograd modules, with torch's errors, and `definitely`, how
-the shape checks decide comparisons of symbolic sizes."""
+"""Checks of the ops' scalar arguments shared by the autograd modules, with torch's errors, and `definitely` /
+`known_true`, how the shape checks and routing decide comparisons of symbolic sizes."""
 
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 
 def definitely(condition) -> bool:
@@ -18,6 +18,13 @@ def definitely(condition) -> bool:
     if isinstance(condition, torch.Tensor):
         return bool(condition)
     return guard_or_false(condition)     # (under dynamo a SymBool may pass for a bool: it is decided here)
+
+
+def known_true(condition) -> bool:
+    """`condition`, a comparison of sizes, only where the sizes decide it without a guard (torch's
+    statically_known_true: a symbolic one that depends on a dynamic size is False, and the traced graph stays good
+    for every size); a 0-d bool tensor's value under torch.jit.trace."""
+    return bool(condition) if isinstance(condition, torch.Tensor) else statically_known_true(condition)
 
 
 def float_argument(function: str, name: str, value, expected: str = "float") -> float:

@@ -18,9 +18,9 @@ import math
 from typing import Optional, Tuple
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fusedops.autograd import attention as _attention
+from fusedops.autograd.arguments import known_true
 from fusedops.kernels import attention as _attention_kernels
 from fusedops.kernels.allocation import ordered_strides
 from fusedops.library.common import (INTERPRETER_DTYPES, accumulation_dtype, interpret_enabled, recomputed_gradients,
@@ -35,17 +35,12 @@ def attention_runs_kernels(query: torch.Tensor, value: torch.Tensor) -> bool:
     concrete head dims when it runs (the math attention above the maximum), so the traced graph holds for every
     head dim, as torch's does (comparing it guarded the graph: an exported program with a dynamic head dim refused
     one of 300, "Guard failed: max(...) <= 256")."""
-    if any(map(_known_true, (query.size(-1) > _attention_kernels.MAX_HEAD_DIM,
+    if any(map(known_true, (query.size(-1) > _attention_kernels.MAX_HEAD_DIM,
                              value.size(-1) > _attention_kernels.MAX_HEAD_DIM))):
         return False
     if query.is_cuda:
         return query.dtype in (torch.float16, torch.bfloat16)
     return query.device.type == "cpu" and query.dtype in INTERPRETER_DTYPES and interpret_enabled()
-
-
-def _known_true(condition) -> bool:
-    """statically_known_true(condition) (no guard), or a 0-d tensor's value (torch.jit.trace's sizes)."""
-    return bool(condition) if isinstance(condition, torch.Tensor) else statically_known_true(condition)
 
 
 def _op_runs_kernels(query: torch.Tensor, value: torch.Tensor, scale: Optional[float]) -> bool:

@@ -21,14 +21,17 @@ from fusedops import functional
 from fusedops.autograd import norms as _norms
 
 
-def _as_torch_error(input, call):
+def _as_torch_error(input, call, check_settings=None):
     """call(), with the ValueError / TypeError it raises about a tensor `input` raised as RuntimeError, as
-    torch's modules raise them (the module's own settings are checked before: `_check_settings`)."""
+    torch's modules raise them. The module's own settings keep their errors: checked before (`_check_settings`),
+    or by `check_settings()`, run only once call() has raised (off the hot path), which raises its own."""
     try:
         return call()
     except (ValueError, TypeError) as error:
         if not isinstance(input, torch.Tensor):
             raise
+        if check_settings is not None:
+            check_settings()
         raise RuntimeError(str(error)) from error
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fusedops import functional
+from fusedops.nn.normalization import _as_torch_error
 
 
 def _legacy_dim(name: str, ndim: int) -> int:
@@ -40,13 +41,9 @@ def _module_softmax(input: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     """fusedops.softmax (log_softmax) of `input` over `dim`, with the TypeError / ValueError it raises about a
     tensor `input` (an integer dtype, ...) raised as RuntimeError, as torch's modules raise them; a bad `dim` (the
     module's setting) keeps torch's TypeError / IndexError (checked only once the op has raised)."""
-    try:
-        return functional.log_softmax(input, dim) if log else functional.softmax(input, dim)
-    except (TypeError, ValueError) as error:
-        if not isinstance(input, torch.Tensor):
-            raise
-        functional.normalize_dim("log_softmax" if log else "softmax", dim, input.dim())
-        raise RuntimeError(str(error)) from error
+    op = functional.log_softmax if log else functional.softmax
+    return _as_torch_error(input, lambda: op(input, dim),
+                           lambda: functional.normalize_dim("log_softmax" if log else "softmax", dim, input.dim()))
 
 
 class Softmax(torch.nn.Softmax):
