@@ -188,6 +188,19 @@ def test_bad_num_warps():
         copy_kernel[(1,)](x, x, 4, BLOCK=4, num_warps=3, interpret=True)
 
 
+def test_none_launch_options_take_the_defaults():
+    # Triton takes num_warps=None / num_stages=None as its defaults (4 and 3); so do launches, prepare, compile, ir
+    x, y = torch.randn(5), torch.full((5,), float("nan"))
+    copy_kernel[(1,)](x, y, 5, BLOCK=8, num_warps=None, num_stages=None, interpret=True)
+    assert torch.equal(y, x)
+    y.fill_(float("nan"))
+    copy_kernel.prepare((1,), x, y, 5, BLOCK=8, num_warps=None, interpret=True)(x, y)
+    assert torch.equal(y, x)
+    default = copy_kernel.compile(x, y, 5, BLOCK=8, target="sm_80").asm["ptx"]
+    assert copy_kernel.compile(x, y, 5, BLOCK=8, target="sm_80", num_warps=None, num_stages=None).asm["ptx"] == default
+    assert copy_kernel.ir(x, y, 5, BLOCK=8, num_warps=None) is copy_kernel.ir(x, y, 5, BLOCK=8)
+
+
 @dsl.jit
 def assert_kernel(x_ptr, n, LIMIT: dsl.constexpr):
     assert LIMIT > 0, "LIMIT must be positive"  # STATIC-ASSERT

@@ -254,7 +254,7 @@ class JITFunction:
             self.run(grid, *call, num_warps=num_warps, num_stages=num_stages, interpret=interpret, **keywords)
 
         try:
-            check_num_warps(num_warps, num_stages, self.__name__)
+            num_warps, num_stages = check_num_warps(num_warps, num_stages, self.__name__)
             launch_grid = grid(self._meta(args, kwargs, num_warps, num_stages)) if callable(grid) else grid
             launch_grid = normalize_grid(launch_grid, self.__name__)
             if interpret:
@@ -291,7 +291,7 @@ class JITFunction:
             raise ValueError(f"max_active_clusters of kernel `{self.__name__}` asks a GPU's driver: give it the "
                              f"CUDA tensors of a launch (it has no interpreter mode)")
         try:
-            check_num_warps(num_warps, num_stages, self.__name__)
+            num_warps, num_stages = check_num_warps(num_warps, num_stages, self.__name__)
             entry, _, device_index = self._lookup(values, num_warps, num_stages, "cuda")
         except (CompilationError, InterpreterError) as error:
             raise error.with_traceback(None) from None
@@ -314,7 +314,7 @@ class JITFunction:
         # (under `launch_key`, the entry's; the first GPU launch computes it with the binder).
         name = self.__name__
         values = self._bind(args, kwargs)
-        check_num_warps(num_warps, num_stages, name)
+        num_warps, num_stages = check_num_warps(num_warps, num_stages, name)
         check_interpret(interpret, name)
         if callable(grid):
             grid = grid(self._meta(args, kwargs, num_warps, num_stages))
@@ -382,7 +382,7 @@ class JITFunction:
         try:
             target = target if target != "" else (knobs.current().default_arch or "sm_90a")
             check_arch(target)
-            check_num_warps(num_warps, num_stages, self.__name__)
+            num_warps, num_stages = check_num_warps(num_warps, num_stages, self.__name__)
             specs = specialize(self.__name__, self.params, self._bind(args, kwargs), allow_types=True)
             key = SpecializationKey(specs, num_warps, num_stages, target)
             entry = self._compiled_entry(key, missing_ok=True)
@@ -396,6 +396,7 @@ class JITFunction:
     def ir(self, *args, num_warps: int = 4, num_stages: int = 3, **kwargs) -> Function:
         """The frontend's IR for these arguments (tensors, scalars or dsl types, and constexprs)."""
         try:
+            num_warps, num_stages = check_num_warps(num_warps, num_stages, self.__name__)
             specs = specialize(self.__name__, self.params, self._bind(args, kwargs), allow_types=True)
             return self._entry(SpecializationKey(specs, num_warps, num_stages, None)).kernel.function
         except CompilationError as error:

@@ -65,11 +65,21 @@ def warps_and_stages_problem(num_warps, num_stages) -> tuple:
     return None
 
 
-def check_num_warps(num_warps, num_stages, kernel: str) -> None:
-    """Raises LaunchError unless num_warps is a power of two in 1..32 and num_stages an int >= 1."""
+DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES = 4, 3
+
+
+def check_num_warps(num_warps, num_stages, kernel: str) -> tuple:
+    """(num_warps, num_stages) of a launch, None taken as the default (4, 3), as Triton takes it.
+
+    Raises:
+        LaunchError: unless num_warps is a power of two in 1..32 and num_stages an int >= 1.
+    """
+    num_warps = DEFAULT_NUM_WARPS if num_warps is None else num_warps
+    num_stages = DEFAULT_NUM_STAGES if num_stages is None else num_stages
     problem = warps_and_stages_problem(num_warps, num_stages)
     if problem is not None:
         raise LaunchError(f"{problem[0]} of `{kernel}` {problem[1]}")
+    return num_warps, num_stages
 
 
 def check_interpret(interpret, kernel: str) -> None:
