@@ -47,7 +47,7 @@ class AttentionFunction(torch.autograd.Function):
             dq, dk, dv = _torch_backward(do, q, k, v, o, mask, ctx.causal, ctx.scale)
         else:
             dq, dk, dv = _kernels.attention_backward(do, q, k, v, o, lse, mask, ctx.causal, ctx.scale,
-                                                     launches=ctx.launches)
+                                                     launches=ctx.launches, needs=tuple(ctx.needs_input_grad[:3]))
         return dq, dk, dv, None, None, None, None
 
 

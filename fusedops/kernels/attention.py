@@ -217,16 +217,21 @@ class AttentionLaunches:
         self._backward = BoundedCache(16)   # per layouts of do and the saved tensors
 
     def backward(self, do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                 lse: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple:
+                 lse: torch.Tensor, mask: Optional[torch.Tensor], needs: tuple = (True, True, True)) -> tuple:
         # the saved tensors' strides too: a saved-tensor hook (torch.autograd.graph.save_on_cpu) may lay
         # them out anew (it makes an expanded mask contiguous)
         key = (do.stride(), do.dtype, q.stride(), k.stride(), v.stride(), o.stride(), lse.stride(),
-               None if mask is None else mask.stride(), torch.are_deterministic_algorithms_enabled())
+               None if mask is None else mask.stride(), torch.are_deterministic_algorithms_enabled(), needs)
         launch = self._backward.get(key)
         if launch is None:
             launch = self._backward.put(key, _backward_launcher(do, q, k, v, o, lse, mask, self._causal, self._scale,
-                                                                None, None))
+                                                                None, None, needs))
         return launch(do, q, k, v, o, lse, mask)
+
+
+def _wanted(needs: tuple, *gradients) -> tuple:
+    """The gradients with those `needs` does not want replaced by None."""
+    return tuple(g if need else None for need, g in zip(needs, gradients))
 
 
 def output_order(q: torch.Tensor) -> tuple:
@@ -274,49 +279,53 @@ def _forward_launcher(q, k, v, mask, causal, scale, interpret, config):
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, mask: Optional[torch.Tensor], causal: bool, scale: float, *,
                        interpret: Optional[bool] = None, configs: Optional[tuple] = None,
-                       launches: Optional[AttentionLaunches] = None) -> tuple:
+                       launches: Optional[AttentionLaunches] = None, needs: tuple = (True, True, True)) -> tuple:
     """Flash attention backward: returns (dq, dk, dv), contiguous, shaped and typed like q, k, v.
 
     do: (B, H, L, Ev), any strides; q, k, v, mask, causal, scale as given to `attention_forward`;
     o and lse are its results. dK and dV are deterministic; so is dQ where the backward runs the dQ kernel
     (see the module docstring: head dims > 64, an attn_mask, torch.use_deterministic_algorithms(True) or
     a forced config without dq_atomic), else its float32 sums take atomic reductions in a varying order.
-    `configs`: (dK/dV config, dQ config) to force.
+    `configs`: (dK/dV config, dQ config) to force. `needs`: which of (dq, dk, dv) are wanted (autograd's
+    needs_input_grad); those not wanted are None and cost nothing: without dq the dK/dV kernel takes no
+    dQ sums and the dQ kernel does not run; without dk and dv only the dQ kernel runs.
     With the default interpret the launches are prepared once per layouts and configs; `launches`: the
     AttentionLaunches of the forward that gave o and lse, whose backward launches are found by the
     tensors' strides alone (see there).
     """
+    needs = tuple(bool(n) for n in needs)
     if launches is not None:
-        return launches.backward(do, q, k, v, o, lse, mask)
+        return launches.backward(do, q, k, v, o, lse, mask, needs)
     cached = interpret is None
     if cached:
         key = (_layout_key(do), _layout_key(q), _layout_key(k), _layout_key(v), _layout_key(o), _layout_key(lse),
                _layout_key(mask), causal, scale, _interpret_enabled(), configs,
-               torch.are_deterministic_algorithms_enabled())
+               torch.are_deterministic_algorithms_enabled(), needs)
         launch = _BACKWARD_LAUNCHES.get(key)
         if launch is not None:
             return launch(do, q, k, v, o, lse, mask)
-    launch = _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, configs)
+    launch = _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, configs, needs)
     if cached:
         _BACKWARD_LAUNCHES.put(key, launch)
     return launch(do, q, k, v, o, lse, mask)
 
 
-def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, configs):
+def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, configs, needs=(True, True, True)):
     """`launch(do, q, k, v, o, lse, mask) -> (dq, dk, dv)` for tensors like these (see
-    attention_backward)."""
+    attention_backward; None for a gradient `needs` does not want)."""
+    need_q, need_kv = needs[0], needs[1] or needs[2]
     batch, heads, length_q, dim = q.shape
     heads_kv, length_k, dim_v = k.shape[1], k.shape[2], v.shape[3]
     interpret = _interpret(interpret)
     acc = _acc_dtype(q)
     new_dq, new_dk, new_dv = (contiguous_allocator(tuple(t.shape), t.dtype, t.device) for t in (q, k, v))
     if batch * heads * length_q == 0 or length_k == 0:   # nothing attends: every gradient is 0
-        return lambda do, q, k, v, o, lse, mask: (new_dq().zero_(), new_dk().zero_(), new_dv().zero_())
+        return lambda do, q, k, v, o, lse, mask: _wanted(needs, new_dq().zero_(), new_dk().zero_(), new_dv().zero_())
     block_e, block_ev = head_block(dim), head_block(dim_v)
     if configs is None:
         configs = (INTERPRETER_CONFIG,) * 2 if interpret else backward_configs(
             block_e, block_ev, mask is not None, batch * heads, sm_count(q.device),
-            torch.are_deterministic_algorithms_enabled(), max_shared_memory(q.device))
+            torch.are_deterministic_algorithms_enabled() or not (need_q and need_kv), max_shared_memory(q.device))
     kv_config, q_config = configs
     blocks_m, blocks_n = -(-length_q // q_config.block_m), -(-length_k // kv_config.block_n)
     _check_grid(max(blocks_m, blocks_n), f"sequence lengths ({length_q}, {length_k})")
@@ -333,21 +342,22 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
         BLOCK_M=q_config.block_m, BLOCK_EV=block_ev, ACC=acc, num_warps=4, interpret=interpret)
     scales = (*_float_pair(float(scale) * LOG2E), *_float_pair(float(scale)))
     dq_rows = -(-length_q // kv_config.block_m) * kv_config.block_m
-    dq_atomic = kv_config.dq_atomic and mask_kind == NO_MASK
+    dq_atomic = kv_config.dq_atomic and mask_kind == NO_MASK and need_q and need_kv
     new_dq_acc = contiguous_allocator((batch * heads, dq_rows, block_e), to_torch(acc), q.device)
     dq_acc = new_dq_acc() if dq_atomic else None
-    dkdv = attention_backward_dkdv_kernel.prepare(
+    dkdv = None if not need_kv else attention_backward_dkdv_kernel.prepare(
         (batch * heads_kv, blocks_n), dk, dv, q, k, v, do, lse, delta, mask_arg,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *mask_strides,
         heads_kv, heads // heads_kv, length_q, length_k, dim, dim_v, *scales,
         BLOCK_M=kv_config.block_m, BLOCK_N=kv_config.block_n, num_warps=kv_config.num_warps,
         num_stages=kv_config.num_stages, KV_RING=kv_config.kv_ring, EARLY_DP=kv_config.early_dp,
         HEAD_MAJOR=kv_config.head_major, DQ_ATOMIC=dq_atomic, dq_ptr=dq_acc, **common)
+    dq_kernel = None
     if dq_atomic:
         dq_kernel = attention_backward_dq_convert_kernel.prepare(
             (batch * heads, blocks_m), dq, dq_acc, *_strides(dq), heads, length_q, dim, dq_rows, *scales[2:],
             BLOCK_M=q_config.block_m, BLOCK_E=block_e, ACC=acc, num_warps=4, interpret=interpret)
-    else:
+    elif need_q:
         dq_kernel = attention_backward_dq_kernel.prepare(
             (batch * heads, blocks_m), dq, q, k, v, do, lse, delta, mask_arg,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), *mask_strides,
@@ -357,18 +367,22 @@ def _backward_launcher(do, q, k, v, o, lse, mask, causal, scale, interpret, conf
     mask_argument = _mask_argument(mask)
 
     def launch(do, q, k, v, o, lse, mask):
-        dq, dk, dv, delta = new_dq(), new_dk(), new_dv(), new_delta()
+        delta = new_delta()
         if not lse_contiguous:      # (a saved-tensor hook may lay the saved lse out anew)
             lse = lse.contiguous()
         mask_arg = mask_argument(q, mask)
         preprocess(delta, o, do)
+        dq = new_dq() if need_q else None
+        dk, dv = (new_dk(), new_dv()) if need_kv else (None, None)
         if dq_atomic:
             dq_acc = new_dq_acc().zero_()
             dkdv(dk, dv, q, k, v, do, lse, delta, mask_arg, dq_acc)
             dq_kernel(dq, dq_acc)
-        else:
+            return _wanted(needs, dq, dk, dv)
+        if need_kv:
             dkdv(dk, dv, q, k, v, do, lse, delta, mask_arg, None)
+        if need_q:
             dq_kernel(dq, q, k, v, do, lse, delta, mask_arg)
-        return dq, dk, dv
+        return _wanted(needs, dq, dk, dv)
 
     return launch
