@@ -528,11 +528,15 @@ def test_triton_launch_options_that_do_not_exist_are_refused_naming_them(option)
         softmax_kernel[(4,)](torch.empty_like(x), x, 16, 16, 16, BLOCK=16, interpret=True, **{option: 2})
 
 
-def test_config_pre_hook_and_prune_configs_by_are_refused():
-    with pytest.raises(TypeError, match="pre_hook"):
-        dsl.Config({"BLOCK": 16}, pre_hook=lambda args: None)
-    with pytest.raises(TypeError, match="prune_configs_by"):
-        dsl.autotune(configs=[dsl.Config({"BLOCK": 16})], key=["n"], prune_configs_by={})
+def test_config_pre_hook_and_prune_configs_by_are_accepted():
+    # refused until session 41, which added Triton's autotuner options (tests/test_autotune_hooks.py runs them)
+    config = dsl.Config({"BLOCK": 16}, pre_hook=lambda args: None)
+    assert callable(config.pre_hook) and config.num_ctas == 1 and config.maxnreg is None
+    dsl.autotune(configs=[config], key=["n"], prune_configs_by={})
+    with pytest.raises(TypeError, match="prune_configs_by has the key 'prune_num_stages_by'"):
+        dsl.autotune(configs=[config], key=["n"], prune_configs_by={"prune_num_stages_by": None})
+    with pytest.raises(ValueError, match="num_ctas=2.*dsl.cluster_dims"):
+        dsl.Config({"BLOCK": 16}, num_ctas=2)
 
 
 def test_cluster_rules_checked_by_the_interpreter():

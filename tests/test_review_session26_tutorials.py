@@ -41,8 +41,9 @@ Triton" section, and dsl.static_assert, dsl.clamp, Python's min/max of kernel va
   `group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)`); the error says to use dsl.minimum.
 - `num_stages` may not be a kernel parameter (tutorial 02 declares `num_stages: tl.constexpr`): "reserved
   for launch options".
-- `num_ctas=1` (tutorial 05's launches) and `maxnreg=` are not launch options; `dsl.Config` takes no
-  `pre_hook`/`num_ctas`, `dsl.autotune` no `prune_configs_by` (tutorial 06).
+- `num_ctas=1` (tutorial 05's launches) and `maxnreg=` are not launch options; `dsl.Config` took no
+  `pre_hook`/`num_ctas`, `dsl.autotune` no `prune_configs_by` (tutorial 06) until session 41, which added them
+  (`num_ctas=1` only).
 - Block values have no `.T` (tutorial 09: `b.T`; use `dsl.trans`) and no `.type`
   (`ptr.type.element_ty`; `.dtype.element_ty` works); `x.to(..., fp_downcast_rounding=)` and
   `reshape(..., can_reorder=)` are not accepted; `dsl.dot(out_dtype=float16)` of fp16 inputs is refused.
@@ -945,10 +946,11 @@ def test_triton_host_side_options_are_refused_clearly():
             pass
     with pytest.raises(TypeError, match="num_ctas"):                                        # tutorial 05
         add_kernel[(1,)](x, x, x, 64, BLOCK_SIZE=64, num_ctas=1, interpret=True)
-    with pytest.raises(TypeError, match="pre_hook"):                                        # tutorial 06
-        dsl.Config({"BLOCK_M": 64}, num_warps=4, pre_hook=None)
-    with pytest.raises(TypeError, match="prune_configs_by"):                                # tutorial 06
-        dsl.autotune(configs=MATMUL_CONFIGS, key=["M"], prune_configs_by={})
+    # tutorial 06's Config(pre_hook=None) and autotune(prune_configs_by=...) are accepted since session 41
+    assert dsl.Config({"BLOCK_M": 64}, num_warps=4, pre_hook=None) == dsl.Config({"BLOCK_M": 64}, num_warps=4)
+    dsl.autotune(configs=MATMUL_CONFIGS, key=["M"], prune_configs_by={})
+    with pytest.raises(ValueError, match="num_ctas=2"):
+        dsl.Config({"BLOCK_M": 64}, num_warps=4, num_ctas=2)
 
 
 # ================================================================================================

@@ -27,7 +27,7 @@ What was tried (the peer report each case mirrors in brackets):
   or sits under one, a symlinked cache dir [triton#518 permissions, triton#4002 symlinked cache dir], three
   forked processes compiling one kernel at once [triton#4295, triton#11512];
 - dsl.autotune: config list validation (empty, dicts, a generator), key / reset_to_zero names [triton#11602],
-  prune_configs_by (not offered: TypeError), a config that fails to compile, all configs failing with a clear
+  prune_configs_by (not offered then: TypeError; since session 41 a dict, checked), a config that fails to compile, all configs failing with a clear
   error [triton#8059] in the interpreter and on the (mocked) GPU;
 - prepared launches (`kernel.prepare`) given the wrong number of tensors, interpreter vs GPU.
 
@@ -459,8 +459,8 @@ def test_autotune_validates_its_arguments():
         dsl.autotune(one, key=["n"], reset_to_zero=["q"])(kernel)
     with pytest.raises(TypeError, match=r"key names \['BLOCK'\], which the configs set"):
         dsl.autotune(one, key=["BLOCK"])(kernel)
-    with pytest.raises(TypeError, match="prune_configs_by"):
-        dsl.autotune(one, key=["n"], prune_configs_by={})(kernel)
+    with pytest.raises(TypeError, match="prune_configs_by must be a dict"):     # (offered since session 41)
+        dsl.autotune(one, key=["n"], prune_configs_by=[])(kernel)
     with pytest.raises(ValueError, match="Config: num_warps"):
         dsl.Config({}, num_warps=3)
     with pytest.raises(TypeError, match="decorates a @dsl.jit kernel"):
