@@ -30,7 +30,8 @@ Ported and working (plain tests below):
 Undocumented differences a Triton user trips on (none of them was in README.md or DESIGN.md; each gives a
 clear error, asserted by `test_triton_idioms_give_clear_errors`). Since: README.md has a "Coming from
 Triton" section, and dsl.static_assert, dsl.clamp, Python's min/max of kernel values and `x.T` work
-(tests/test_triton_idioms.py):
+(tests/test_triton_idioms.py), and since session 41 so do dsl.rand / randint / randn and dsl.umulhi
+(tests/test_dsl_random.py) and dsl.make_block_ptr / advance (tests/test_block_pointers.py):
 - No `dsl.static_assert` (tutorial 06), no `dsl.range` (02: `tl.range(..., num_stages=)`, 09:
   `flatten=True`; plain `range` works), no `dsl.rand`/`randint`/`randn` (04), no libdevice / extern
   elementwise namespace (07; fusedops links libdevice itself for some builtins), no `dsl.math`
@@ -913,9 +914,7 @@ def test_10_block_scaled_matmul_is_not_available():
 # ================================================================================================
 _IDIOMS = {
     "tl_range": ("    for i in dsl.range(0, n, 1, num_stages=2):\n        dsl.store(o_ptr + i, 1.0)\n", "range"),
-    "rand": ("    dsl.store(o_ptr + dsl.arange(0, B), dsl.rand(n, dsl.arange(0, B)))\n", "rand"),
     "math_namespace": ("    dsl.store(o_ptr + dsl.arange(0, B), dsl.math.exp2(dsl.load(x_ptr + dsl.arange(0, B))))\n", "math"),
-    "make_block_ptr": ("    p = dsl.make_block_ptr(x_ptr, (n, n), (n, 1), (0, 0), (B, B), (1, 0))\n", "make_block_ptr"),
     "debug_barrier": ("    dsl.debug_barrier()\n", "debug_barrier"),
     "fp8": ("    x = dsl.load(x_ptr).to(dsl.float8e5)\n", "float8e5"),
     "ptr_type_attr": ("    dsl.store(o_ptr, dsl.load(x_ptr).to(o_ptr.type.element_ty))\n", "`type`"),

@@ -267,7 +267,6 @@ def test_shape_arguments_and_block_methods(case):
     ("z = dsl.expand_dims(x, (True,))", r"expand_dims axes must be constexpr ints"),
     ("z = x.tanh()", r"kernel values have no attribute `tanh`"),
     ("z = dsl.float8e4b8", r"`float8e4b8` \(Triton's tl.float8e4b8: fp8 types are not in the language\)"),
-    ("z = dsl.uint_to_uniform_float(x)", r"`uint_to_uniform_float` \(Triton's tl.uint_to_uniform_float: random"),
     ("z = dsl.load_tensor_descriptor(x)", r"`load_tensor_descriptor` \(Triton's tl.load_tensor_descriptor: use "
                                           r"desc.load\(offsets\)"),
 ])

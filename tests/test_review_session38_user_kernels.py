@@ -16,7 +16,7 @@ Peer report -> kernel tried (all right unless listed under DEFECTS):
   masks for non-power-of-two head counts; an interleaved (even / odd lane) variant.
 - vLLM sampler greedy argmax -> a row argmax over blocks with a carried (value, index) pair, ties across and
   within blocks taking the first index (torch.argmax's rule), and a 2-D argmax along axis 1.
-- dropout with a seed: `dsl.rand` is refused (documented); a counter-based hash in uint32 (literals past
+- dropout with a seed: `dsl.rand` was refused then (since session 41 it exists: tests/test_dsl_random.py); a counter-based hash in uint32 (literals past
   int32, wrapping multiplies, shifts) gives the same mask as a NumPy model, compiled as interpreted.
 - 2-D transpose through `dsl.trans` with a transposed mask (float32 / float16 / int8).
 - FlagGems #4156, megablocks #185 (int32 offset overflow in gathers) -> an embedding gather with int64 indices
@@ -436,13 +436,6 @@ def test_dropout_from_an_integer_hash_compiled_as_interpreted(seed_value, seed):
     r = (_hash32_numpy(np.arange(n, dtype=np.uint64) ^ np.uint64(seed_value & 0xFFFFFFFF)) >> np.uint64(8)) / 2**24
     assert_close(out, torch.from_numpy(np.where(r > p, x.double().numpy() / (1 - p), 0.0)), torch.float32)
     assert 0.15 < float((out == 0).float().mean()) < 0.45
-
-
-def test_rand_is_refused_saying_what_to_do():
-    kernel = jit_from_source("def k(o_ptr):\n    o = dsl.arange(0, 16)\n    dsl.store(o_ptr + o, dsl.rand(7, o))\n",
-                             "<s38 rand>")
-    with pytest.raises(CompilationError, match=r"`rand` \(Triton's tl.rand: random numbers are not in the language"):
-        kernel[(1,)](torch.empty(16), interpret=True)
 
 
 # == 6. 2-D transpose through dsl.trans ============================================================================

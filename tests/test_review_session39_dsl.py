@@ -21,7 +21,7 @@ What was tried (peer report -> case), right unless listed under DEFECTS:
 - argmax / argmin / max / sum with `axis=None` on 2-D blocks (flat index, as Triton), compiled too.
 - errors a Triton user meets (constexpr `//` by zero, a tuple indexed by a runtime value, helper returns of two
   types, runtime shapes, `x[2]`, `**`, a block as an `if` condition): CompilationErrors at the right line; and each
-  Triton name the language lacks (umulhi, fdiv, div_rn, sqrt_rn, rand, randn, cumprod, sort, histogram, join,
+  Triton name the language lacks (fdiv, div_rn, sqrt_rn, cumprod, sort, histogram, join,
   split, permute, PropagateNan) names what to write instead.
 - the session-37 random scalar control-flow generator run on 2,976 more seeds (interpreted; 200 also compiled):
   it found DEFECT 1; the other failures were the generator's own (a helper returning an int or a float by path,
@@ -296,9 +296,9 @@ def test_defect_volatile_load_is_read_every_iteration():
 
 def test_defect_triton_only_names_say_what_to_write():
     source = "def k(o_ptr):\n    x = dsl.{}\n"
-    for name, hint in [("PropagateNan", "always propagate NaN"), ("umulhi", "not in the language"),
+    for name, hint in [("PropagateNan", "always propagate NaN"),
                        ("fdiv", "IEEE division"), ("div_rn", "IEEE division"), ("sqrt_rn", "dsl.sqrt"),
-                       ("rand", "random numbers"), ("randn", "random numbers"), ("cumprod", "dsl.cumsum"),
+                       ("cumprod", "dsl.cumsum"),
                        ("sort", "not in the language"), ("histogram", "atomic_add"), ("join", "not in the language"),
                        ("split", "not in the language"), ("permute", "dsl.trans")]:
         kernel = jit_from_source(source.format(name), f"<s39 name {name}>")

@@ -15,6 +15,9 @@ from .language.memory_builtins import (atomic_add, atomic_and, atomic_cas, atomi
 from .language.program_builtins import (barrier, cluster_dims, cluster_sum, device_assert, device_print, launch_bounds,
                                         num_programs, program_id, static_assert)
 from .language.descriptors import TensorDescriptor, make_tensor_descriptor
+from .language.block_pointers import BlockPointer, advance, make_block_ptr
+from .language.random import (pair_uniform_to_normal, philox, philox_impl, rand, rand4x, randint, randint4x, randn,
+                              randn4x, uint_to_uniform_float, umulhi)
 from .language.dtypes import (BlockType, DType, PointerType, bfloat16, float16, float32, float64, int1, int8,
                               int16, int32, int64, pointer_type, uint8, uint16, uint32, uint64)
 from .runtime.autotune import Autotuner, Config, autotune
@@ -32,7 +35,9 @@ __all__ = [
     "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg",
     "atomic_cas", "reshape", "trans", "broadcast_to", "expand_dims", "multiple_of", "max_contiguous",
     "device_print", "device_assert", "static_assert", "launch_bounds", "cluster_dims", "cluster_sum", "barrier",
-    "make_tensor_descriptor", "TensorDescriptor",
+    "make_tensor_descriptor", "TensorDescriptor", "make_block_ptr", "advance", "BlockPointer",
+    "umulhi", "philox", "philox_impl", "randint", "randint4x", "rand", "rand4x", "randn", "randn4x",
+    "uint_to_uniform_float", "pair_uniform_to_normal",
 ]
 
 

@@ -175,6 +175,20 @@ def _binary(ctx, op):
     raise AssertionError(code)
 
 
+@lowering(OpCode.UMULHI)
+def _multiply_high_unsigned(ctx, op):
+    """UMULHI: both operands zero-extended to 2N bits, multiplied, shifted right by N and truncated, the
+    pattern NVPTX selects `mul.hi.u32` / `mul.hi.u64` for (`mul.hi.u16` for 16 bits)."""
+    b = ctx.builder
+
+    def fn(x, y):
+        width = x.type.width
+        wide = ir.IntType(2 * width)
+        product = b.mul(b.zext(x, wide), b.zext(y, wide))
+        return b.trunc(b.lshr(product, _const(wide, width)), x.type)
+    map_registers(ctx, op, fn)
+
+
 @lowering(OpCode.NEG, OpCode.INVERT, OpCode.ABS)
 def _unary(ctx, op):
     dtype = scalar_type(op.operands[0])

@@ -7,7 +7,8 @@ Rules (tests in tests/test_control_flow.py):
   name assigned in either branch (and defined in both, or before the `if`) becomes an IF result,
   with one type in both branches (a literal adopts the other branch's type; numbers in every
   branch, as in an `elif` chain of literals, promote together as literals do). A tuple must have
-  one length in both branches. A name defined in only one branch is not defined after the `if`.
+  one length in both branches; a block pointer (language/composite.py) merges item by item too, and must
+  have one block_shape and order in both. A name defined in only one branch is not defined after the `if`.
   An `if` containing a `return` takes the statements after it into both branches, so each path
   ends in a return; the IF merges the returned values.
 - `for i in range(a, b, step)` builds a FOR op (even with constexpr bounds), following Python's
@@ -28,7 +29,7 @@ Rules (tests in tests/test_control_flow.py):
   `x += 1.5` would (not `x = load_f32 + 1`: the load, not the literal, made it a float); any other
   change is a CompilationError naming the variable.
   A tuple of kernel values and numbers is carried item by item (`name[i]` in errors); its length
-  must not change. A name the body leaves unchanged, or assigns only the number it starts as (`v = 0`
+  must not change. So is a block pointer (`p.offsets[1]` in errors), whose block_shape and order must not. A name the body leaves unchanged, or assigns only the number it starts as (`v = 0`
   before the loop and in it, under an `if` or in a nested loop too), is not carried: it stays that
   compile-time value after the loop. Names first assigned inside a loop are not defined after it.
 - `while cond:` builds a WHILE op whose before-region evaluates `cond` on the carried values; a
@@ -44,6 +45,7 @@ import ast
 from ..errors import CompilationError
 from ..ir import Block, OpCode, Value
 from ..language import promotion
+from ..language.composite import is_composite
 from ..language.dtypes import BlockType, DType, shape_of, with_element
 from ..language.shape_ops import described, shown
 from .scope import is_runtime
@@ -121,6 +123,15 @@ class _Constant:
         self.value = value
 
 
+class _CompositePlan(tuple):
+    """The plans of a composite value's items (a tuple of them), and the value they rebuild (`template`)."""
+
+    def __new__(cls, template, plans):
+        plan = super().__new__(cls, plans)
+        plan.template = template
+        return plan
+
+
 class _Leaf:
     """One value an IF op yields: its value in each branch and its type; `literals`: the numbers it can be
     when every branch gives a literal (an `elif` chain of them), else None; `cast`: the branches' values are
@@ -192,6 +203,13 @@ class ControlFlowMixin:
         if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
             return tuple(self._merge(_item(what, i), x, y, sides) for i, (x, y) in enumerate(zip(a, b)))
         where = f"{described(a)} {sides[0]} but {described(b)} {sides[1]}"
+        if is_composite(a) or is_composite(b):      # a block pointer: merged item by item
+            if not (is_composite(a) and a.same_layout(b)):
+                raise CompilationError(f"{what} is {where}; after a runtime `if` it must be one kind of value in both "
+                                       "branches (block pointers of one block_shape and order)")
+            names = [f"{what[:-1]}.{name}`" if what.endswith("`") else f"{what}.{name}" for name in a.item_names()]
+            return _CompositePlan(a, (self._merge(name, x, y, sides)
+                                      for name, x, y in zip(names, a.items(), b.items())))
         if isinstance(a, tuple) or isinstance(b, tuple):
             raise CompilationError(f"{what} is {where}; after a runtime `if` it must be a tuple of one length in "
                                    "both branches, or a single value in both")
@@ -297,6 +315,8 @@ class ControlFlowMixin:
                 return result
             if isinstance(plan, _Constant):
                 return plan.value
+            if isinstance(plan, _CompositePlan):
+                return plan.template.with_items(tuple(rebuild(item) for item in plan))
             return tuple(rebuild(item) for item in plan)
 
         return [rebuild(plan) for plan in plans]

@@ -17,6 +17,7 @@ from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, OpCode, Value
 from ..ir.ops import SIDE_EFFECTS
 from ..language import block_builtins, core
+from ..language.block_pointers import BLOCK_POINTER_METHODS, BlockPointer
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
 from ..language.promotion import printable
@@ -240,6 +241,11 @@ class ExpressionsMixin:
                 raise CompilationError(f"tensor descriptors have no attribute `{name}`; they have .load(offsets), "
                                        ".store(offsets, value) and .atomic_add(offsets, value)")
             return BoundMethod(DESCRIPTOR_METHODS[name], value)
+        if isinstance(value, BlockPointer):
+            if name not in BLOCK_POINTER_METHODS:
+                raise CompilationError(f"block pointers have no attribute `{name}`; they have .advance(offsets) "
+                                       "(read and write them with dsl.load / dsl.store)")
+            return BoundMethod(BLOCK_POINTER_METHODS[name], value)
         if not hasattr(value, name):
             owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
             hint = missing_name_hint(name) if getattr(value, "__name__", None) == "fusedops.dsl" else ""

@@ -186,10 +186,18 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
             if param.annotation is not None and not param.is_constexpr:
                 value = self._annotated_argument(callee, param, value)
             scope.assign(param.name, value)
+        # an error inside a helper of the language itself (dsl.rand, ...) called from user code is reported at the
+        # user's call, naming the helper, rather than at a line of fusedops/dsl
+        caller = self.context.call_stack[-1] if self.context.call_stack else None
+        library_entry = _is_library_helper(callee) and not _is_library_helper(caller)
         self.context.call_stack.append(callee)
         try:
             generator = FunctionGenerator(self.context, source, scope, is_kernel=False)
             return generator.compile_body()
+        except CompilationError as error:
+            if not library_entry:
+                raise
+            raise type(error)(f"dsl.{callee.__name__}: {error.message}") from None
         finally:
             self.context.call_stack.pop()
 
@@ -207,6 +215,12 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
             return self.semantic.cast(value, param.annotation)
         except CompilationError as error:
             raise CompilationError(f"{where}: {error.message}") from None
+
+
+def _is_library_helper(function) -> bool:
+    """Whether `function` is a `@dsl.jit` helper of the language (fusedops.dsl's own modules), not user code."""
+    module = getattr(getattr(function, "fn", None), "__module__", "") or ""
+    return module.startswith("fusedops.dsl.")
 
 
 def _name_loads(tree: ast.AST) -> list:

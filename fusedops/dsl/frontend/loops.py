@@ -9,6 +9,7 @@ import builtins
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, OpCode
 from ..language import core, promotion
+from ..language.composite import is_composite
 from ..language.dtypes import BlockType, DType, int64, shape_of
 from ..language.shape_ops import described
 from .carried_types import is_literal_promotion, literals_reaching
@@ -326,25 +327,34 @@ class _TupleSlots:
     initial value is the item (in `inits`). `bind` sets the tuple names of a scope from the carried slots'
     values (a slot that is not carried keeps its initial value; an enclosing loop's slots of the same name
     are not this loop's), `end` reads a slot's value from the tuple at the end of the body (its location
-    the tuple's), `forget` removes the slots from a scope once the loop is built."""
+    the tuple's), `forget` removes the slots from a scope once the loop is built. A composite value (a block
+    pointer: language/composite.py) is carried the same way, its slots named `name.item` (`p.offsets[1]`)."""
 
     def __init__(self, names: list, inits: dict):
         self.slots = {}         # tuple name -> its slot names
         self.parent = {}        # slot name -> (tuple name, item index)
-        for name in [n for n in names if isinstance(inits[n], tuple) and inits[n]
-                     and all(is_runtime(item) or _is_number(item) for item in inits[n])]:
-            slots = [f"{name}[{index}]" for index in range(len(inits[name]))]
+        self.composites = {}    # composite name -> its value before the loop (rebuilt with the slots' values)
+        for name in [n for n in names if is_composite(inits[n]) or (isinstance(inits[n], tuple) and inits[n]
+                     and all(is_runtime(item) or _is_number(item) for item in inits[n]))]:
+            value = inits[name]
+            if is_composite(value):
+                self.composites[name] = value
+                slots, items = [f"{name}.{item}" for item in value.item_names()], value.items()
+            else:
+                slots, items = [f"{name}[{index}]" for index in range(len(value))], value
             self.slots[name] = slots
             at = names.index(name)
             names[at:at + 1] = slots
-            for index, (slot, item) in enumerate(zip(slots, inits.pop(name))):
+            del inits[name]
+            for index, (slot, item) in enumerate(zip(slots, items)):
                 inits[slot] = item
                 self.parent[slot] = (name, index)
         self.inits = inits
 
     def bind(self, scope, values: dict) -> None:
         for name, slots in self.slots.items():
-            scope.assign(name, tuple(values.get(slot, self.inits[slot]) for slot in slots))
+            items = tuple(values.get(slot, self.inits[slot]) for slot in slots)
+            scope.assign(name, self.composites[name].with_items(items) if name in self.composites else items)
 
     def end(self, scope, name):
         if name not in self.parent:
@@ -354,7 +364,14 @@ class _TupleSlots:
         if value is _MISSING:
             return _MISSING
         count = len(self.slots[parent])
-        if not isinstance(value, tuple) or len(value) != count:
+        if parent in self.composites:
+            if not self.composites[parent].same_layout(value):
+                raise CompilationError(f"`{parent}` is {described(self.composites[parent])} before the loop but "
+                                       f"{described(value)} at the end of the loop body; a loop-carried block "
+                                       "pointer must keep its block_shape and order",
+                                       scope.locations.get(parent))
+            value = value.items()
+        elif not isinstance(value, tuple) or len(value) != count:
             raise CompilationError(f"`{parent}` is a tuple of {count} items before the loop but "
                                    f"{described(value)} at the end of the loop body; a loop-carried tuple must keep "
                                    "its length", scope.locations.get(parent))

@@ -16,6 +16,7 @@ _BINARY = {
     OpCode.OR: arithmetic.bitwise_or, OpCode.XOR: arithmetic.bitwise_xor,
     OpCode.SHL: arithmetic.shift_left, OpCode.SHR: arithmetic.shift_right,
     OpCode.MINIMUM: arithmetic.minimum, OpCode.MAXIMUM: arithmetic.maximum,
+    OpCode.UMULHI: arithmetic.multiply_high_unsigned,
 }
 _UNARY = {OpCode.NEG: arithmetic.negative, OpCode.INVERT: arithmetic.invert,
           OpCode.ABS: arithmetic.absolute}

@@ -15,6 +15,7 @@ Operand conventions (checked by `verifier.py`):
 | CAST | x | - | same shape, the result's element type (value conversion) |
 | BITCAST | x | - | same shape and bit width, bits reinterpreted |
 | binary elementwise | a, b of one type | approx (DIV in float32 only: the approximate quotient; absent otherwise) | that type (comparisons: int1) |
+| UMULHI | a, b of one integer type (N bits) | - | that type: the high N bits of the unsigned 2N-bit product (`dsl.umulhi`) |
 | unary elementwise | x | ftz (EXP, EXP2 in float32 only: subnormal results flushed; absent otherwise) | its type |
 | FMA | a, b, c of one float type | - | that type |
 | WHERE | cond (int1), a, b (one type) | - | a's type |
@@ -88,6 +89,7 @@ class OpCode(enum.Enum):
     SHR = "shr"          # arithmetic for signed, logical for unsigned
     MINIMUM = "minimum"
     MAXIMUM = "maximum"
+    UMULHI = "umulhi"    # high half of the unsigned double-width product (dsl.umulhi)
     EQ = "eq"
     NE = "ne"
     LT = "lt"
@@ -161,7 +163,7 @@ class OpCode(enum.Enum):
 
 BINARY_ARITH = frozenset({
     OpCode.ADD, OpCode.SUB, OpCode.MUL, OpCode.DIV, OpCode.IDIV, OpCode.MOD, OpCode.AND, OpCode.OR,
-    OpCode.XOR, OpCode.SHL, OpCode.SHR, OpCode.MINIMUM, OpCode.MAXIMUM,
+    OpCode.XOR, OpCode.SHL, OpCode.SHR, OpCode.MINIMUM, OpCode.MAXIMUM, OpCode.UMULHI,
 })
 COMPARISON = frozenset({OpCode.EQ, OpCode.NE, OpCode.LT, OpCode.LE, OpCode.GT, OpCode.GE})
 BINARY = BINARY_ARITH | COMPARISON
@@ -176,10 +178,10 @@ ELEMENTWISE = BINARY | UNARY | frozenset({
 })
 COMMUTATIVE = frozenset({
     OpCode.ADD, OpCode.MUL, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.MINIMUM, OpCode.MAXIMUM,
-    OpCode.EQ, OpCode.NE,
+    OpCode.EQ, OpCode.NE, OpCode.UMULHI,
 })
 FLOAT_ONLY = UNARY_MATH | frozenset({OpCode.DIV, OpCode.FMA})
-INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.SHL, OpCode.SHR})
+INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.SHL, OpCode.SHR, OpCode.UMULHI})
 # Ops whose removal changes what the program does even when their results are unused.
 SIDE_EFFECTS = frozenset({
     OpCode.STORE, OpCode.ATOMIC_RMW, OpCode.ATOMIC_CAS, OpCode.PRINT, OpCode.ASSERT, OpCode.LAUNCH_BOUNDS,

@@ -5,13 +5,18 @@ builtin machinery: core.py).
 from __future__ import annotations
 
 from ..errors import CompilationError
+from . import block_pointers
 from .core import builtin
 from .shape_ops import compile_time_bool
 
 
 @builtin
-def load(pointer, mask=None, other=None, cache_modifier="", eviction_policy="", volatile=False, *, _semantic=None):
+def load(pointer, mask=None, other=None, boundary_check=(), padding_option="", cache_modifier="", eviction_policy="",
+         volatile=False, *, _semantic=None):
     """Read memory: `pointer` is a pointer scalar or block; the result has its shape and pointee dtype.
+    `pointer` may also be a block pointer (dsl.make_block_ptr; language/block_pointers.py): then mask and other
+    must be None, and boundary_check (constexpr dims) / padding_option ("", "zero", "nan") say which dims are
+    masked and with what; for a plain pointer they must be empty (Triton's order of arguments).
 
     mask: int1 (or anything `!= 0`) scalar/block broadcast with `pointer`; masked-off lanes do not
     touch memory and read `other` (default 0). cache_modifier: the PTX cache operator, "", ".ca",
@@ -27,15 +32,25 @@ def load(pointer, mask=None, other=None, cache_modifier="", eviction_policy="", 
             raise CompilationError(f"load: volatile=True reads with the .cv cache operator, so it cannot take "
                                    f"cache_modifier={cache_modifier!r}")
         cache_modifier = ".cv"
+    if isinstance(pointer, block_pointers.BlockPointer):
+        return block_pointers.load_block(_semantic, pointer, mask, other, boundary_check, padding_option,
+                                         cache_modifier, eviction_policy)
+    block_pointers.check_plain_pointer("load", boundary_check, padding_option)
     return _semantic.load(pointer, mask, other, cache_modifier, eviction_policy)
 
 
 @builtin
-def store(pointer, value, mask=None, cache_modifier="", eviction_policy="", *, _semantic=None):
+def store(pointer, value, mask=None, boundary_check=(), cache_modifier="", eviction_policy="", *, _semantic=None):
     """Write `value` (converted to the pointee dtype, broadcast to `pointer`'s shape) where `mask`.
 
-    cache_modifier: "", ".wb", ".cg", ".cs", ".wt"; eviction_policy as for `load`.
+    cache_modifier: "", ".wb", ".cg", ".cs", ".wt"; eviction_policy as for `load`. A block pointer
+    (dsl.make_block_ptr) takes boundary_check (constexpr dims whose out-of-range elements are not written)
+    instead of mask, and a value of its block_shape (or a scalar); a plain pointer takes no boundary_check.
     """
+    if isinstance(pointer, block_pointers.BlockPointer):
+        return block_pointers.store_block(_semantic, pointer, value, mask, boundary_check, cache_modifier,
+                                          eviction_policy)
+    block_pointers.check_plain_pointer("store", boundary_check)
     return _semantic.store(pointer, value, mask, cache_modifier, eviction_policy)
 
 

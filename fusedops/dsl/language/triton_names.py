@@ -4,8 +4,6 @@ frontend adds the hint to its "module `fusedops.dsl` has no attribute ..." error
 
 from __future__ import annotations
 
-_RANDOM = ("random numbers are not in the language: pass a tensor made by torch, or hash the offsets and a seed "
-           "with uint32 multiplies, xors and shifts")
 _MATH = ("the math builtins are exp, exp2, log, log2, sqrt, rsqrt, sin, cos, sigmoid, erf, tanh, floor, ceil, fma "
          "and abs (dsl.<name>)")
 _SCANS = ("the reductions and scans are dsl.sum / max / min / argmax / argmin and dsl.cumsum (there is no custom "
@@ -16,17 +14,12 @@ TRITON_ONLY = {
     "range": "use Python's range (loops that feed a dsl.dot are pipelined with the launch's num_stages)",
     "debug_barrier": "use dsl.barrier()",
     "static_print": "use print(...) or dsl.device_print(...)",
-    "rand": _RANDOM, "randn": _RANDOM, "randint": _RANDOM, "rand4x": _RANDOM, "randn4x": _RANDOM,
-    "randint4x": _RANDOM, "philox": _RANDOM, "philox_impl": _RANDOM, "uint_to_uniform_float": _RANDOM,
-    "pair_uniform_to_normal": _RANDOM,
     "math": _MATH, "extra": _MATH, "libdevice": _MATH, "log1p": _MATH, "expm1": _MATH,
     "pow": "multiply, or use dsl.exp2(y * dsl.log2(x)) for x > 0",
     "sqrt_rn": "use dsl.sqrt (correctly rounded)", "div_rn": "use / (a float / is the IEEE division)",
     "fdiv": "use / (a float / is the IEEE division)",
-    "make_block_ptr": "use dsl.make_tensor_descriptor(base, shape, strides, block_shape)",
     "load_tensor_descriptor": "use desc.load(offsets) of a dsl.make_tensor_descriptor",
     "store_tensor_descriptor": "use desc.store(offsets, value) of a dsl.make_tensor_descriptor",
-    "advance": "use dsl.make_tensor_descriptor and desc.load(offsets) with the advanced offsets",
     "permute": "use dsl.trans(x, *dims)",
     "broadcast": "use dsl.broadcast_to(x, shape) (operators broadcast their operands)",
     "view": "use dsl.reshape (it keeps the element order)",
@@ -37,7 +30,7 @@ TRITON_ONLY = {
     "histogram": "count with dsl.atomic_add(hist_ptr + bins, 1, mask=...)",
     "softmax": "write it out: dsl.exp(x - dsl.max(x, axis)) / dsl.sum(..., axis)",
     "sort": _NOT_HERE, "flip": _NOT_HERE, "topk": _NOT_HERE, "gather": _NOT_HERE, "cat": _NOT_HERE,
-    "join": _NOT_HERE, "split": _NOT_HERE, "interleave": _NOT_HERE, "umulhi": _NOT_HERE,
+    "join": _NOT_HERE, "split": _NOT_HERE, "interleave": _NOT_HERE,
     "swizzle2d": ("write the grouped ordering out, as Triton's matmul tutorial does: group_id = pid // "
                   "num_pid_in_group, pid_m = group_id * GROUP_SIZE_M + (pid % num_pid_in_group) % group_size_m, "
                   "pid_n = (pid % num_pid_in_group) // group_size_m"),

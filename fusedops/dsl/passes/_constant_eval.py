@@ -28,6 +28,7 @@ _INT_BINARY = {
     OpCode.IDIV: arithmetic.int_divide, OpCode.MOD: arithmetic.remainder, OpCode.AND: arithmetic.bitwise_and,
     OpCode.OR: arithmetic.bitwise_or, OpCode.XOR: arithmetic.bitwise_xor, OpCode.SHL: arithmetic.shift_left,
     OpCode.SHR: arithmetic.shift_right, OpCode.MINIMUM: arithmetic.minimum, OpCode.MAXIMUM: arithmetic.maximum,
+    OpCode.UMULHI: arithmetic.multiply_high_unsigned,
 }
 _FLOAT_BINARY = {OpCode.ADD: arithmetic.add, OpCode.SUB: arithmetic.sub, OpCode.MUL: arithmetic.mul}
 _INT_UNARY = {OpCode.NEG: arithmetic.negative, OpCode.INVERT: arithmetic.invert, OpCode.ABS: arithmetic.absolute}

@@ -137,6 +137,23 @@ def shift_right(a, amount, dtype: DType) -> np.ndarray:
     return _shift(a, amount, dtype, left=False)
 
 
+def multiply_high_unsigned(a, b, dtype: DType) -> np.ndarray:
+    """The high N bits of the 2N-bit product of a and b read as N-bit unsigned integers (UMULHI), returned
+    in `dtype` (bits reinterpreted for a signed one); exact: 64-bit operands multiply in 32-bit halves."""
+    dtype = scalar_type(dtype)
+    bits, unsigned = dtype.bits, UNSIGNED_OF_WIDTH[dtype.bits]
+    x, y = (np.asarray(v).astype(dtype.numpy_dtype).view(unsigned).astype(np.uint64) for v in (a, b))
+    if bits <= 32:
+        high = np.right_shift(np.multiply(x, y), np.uint64(bits))
+    else:
+        low32, shift = np.uint64(0xFFFFFFFF), np.uint64(32)
+        xh, xl, yh, yl = np.right_shift(x, shift), x & low32, np.right_shift(y, shift), y & low32
+        cross1, cross2 = np.multiply(xh, yl), np.multiply(xl, yh)
+        carry = np.right_shift((cross1 & low32) + (cross2 & low32) + np.right_shift(np.multiply(xl, yl), shift), shift)
+        high = np.multiply(xh, yh) + np.right_shift(cross1, shift) + np.right_shift(cross2, shift) + carry
+    return high.astype(unsigned).view(dtype.numpy_dtype)
+
+
 _COMPARISONS = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
                 "gt": np.greater, "ge": np.greater_equal}
 
