@@ -18,7 +18,9 @@ Defects (strict xfails):
 - `dsl.dot(..., input_precision="tf32")` was documented as "float32 inputs on tensor cores"
   (language/block_builtins.py `dot`), but it lowers through the same FMA path, rounding the inputs to tf32 with
   integer ops (codegen/dot.py `_round_to_tf32`): no mma.sync / wgmma .tf32 instruction in the PTX. The
-  docstring now says so (session 22); the tensor-core lowering stays a strict xfail.
+  docstring now says so (session 22); the tensor-core lowering stays a strict xfail. Fixed in session 41:
+  tf32 dots run on mma.sync m16n8k8 .tf32 (codegen/mma_tf32.py, tests/test_tf32_dot.py), and the interpreter
+  rounds their operands to tf32 as the tensor cores' operands are.
 - Fixed (session 22): a tuple of kernel values reassigned in a loop (`p = (p[0] + BK, p[1] + BK * N)`,
   which Triton carries) was refused with "`p` is the compile-time value (Value(?: <64x16xptr<float16>>),
   ...) before the loop", calling kernel values compile-time and printing internal IR reprs
@@ -96,21 +98,28 @@ def test_fma_dot_of_a_tiny_tile_assembles_without_spills():
 # ================================================================================================
 # Defect: input_precision="tf32" does not use the tensor cores it is documented to use
 # ================================================================================================
-@pytest.mark.xfail(strict=True, reason="tf32 dots lower to CUDA-core FMAs with integer rounding "
-                                       "(codegen/dot.py _round_to_tf32), not mma/wgmma .tf32")
+# Fixed in session 41: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (codegen/mma_tf32.py).
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_tf32_dot_runs_on_tensor_cores(arch):
     ptx = _compile_fma_dot(torch.float32, "tf32", 64, 64, 32, arch=arch).asm["ptx"]
     assert re.search(r"\b(wgmma\.mma_async|mma\.sync)\S*\.tf32", ptx)
 
 
-def test_tf32_and_ieee_dots_in_the_interpreter_are_exact_float32():
+def test_ieee_dots_in_the_interpreter_are_exact_float32_and_tf32_ones_round_the_operands():
+    # (session 41: the interpreter rounds tf32 operands as the tensor cores' are; it computed exact float32)
     torch.manual_seed(1)
     a, b = torch.randn(16, 16), torch.randn(16, 16)
     for prec in (None, "ieee", "tf32"):
         out = torch.zeros(256)
         _fma_dot[(1,)](out, a, b, M=16, N=16, KK=16, PREC=prec, interpret=True)
-        torch.testing.assert_close(out.view(16, 16), (a.double() @ b.double()).float(), rtol=1e-5, atol=1e-5)
+        x, y = (a.double(), b.double()) if prec != "tf32" else (_tf32(a), _tf32(b))
+        torch.testing.assert_close(out.view(16, 16), (x @ y).float(), rtol=1e-5, atol=1e-5)
+
+
+def _tf32(x):
+    """float32 x rounded to tf32 (nearest, ties away: cvt.rna), as float64."""
+    bits = x.view(torch.int32).long() & 0xFFFFFFFF
+    return ((bits + 0x1000) & 0xFFFFE000).to(torch.int64).to(torch.int32).view(torch.float32).double()
 
 
 # ================================================================================================

@@ -87,6 +87,9 @@ def _assembles(kernel, args, archs=("sm_90a", "sm_80"), num_warps=4, **constexpr
 # == the host emulation of compiled tensor-core code ===========================================================
 _MMA = re.compile(r"(?:tail )?call \{ float, float, float, float \} @llvm\.nvvm\.mma\.m16n8k16\.row\.col\.(f32\.f32|bf16)\(")
 _LDMATRIX = re.compile(r"(?:tail )?call (\{[^}]*\}|i32) @llvm\.nvvm\.ldmatrix\.sync\.aligned\.m8n8\.x(\d)(\.trans)?\.b16\.p3\(")
+# the tf32 dots (session 41): mma.sync m16n8k8 .tf32 and the cvt.rna.tf32.f32 of their operands
+_MMA_TF32 = re.compile(r"(?:tail )?call \{ float, float, float, float \} @llvm\.nvvm\.mma\.m16n8k8\.row\.col\.tf32\(")
+_F2TF32 = re.compile(r"(?:tail )?call i32 @llvm\.nvvm\.f2tf32\.rna\(")
 _CP_ASYNC = re.compile(r"(?:tail )?call void @llvm\.nvvm\.cp\.async\.(?:ca|cg)\.shared\.global\.(\d+)\.s\(")
 _TID = "  %t = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()"
 
@@ -144,14 +147,39 @@ def _tensor_core_stand_ins(text: str) -> str:
         wanted.add(("cpa", int(match.group(1))))
         return f"call void @__emu_cpa_{match.group(1)}("
 
+    def mma_tf32(match):
+        wanted.add(("mma", "tf32"))
+        return "call { float, float, float, float } @__emu_mma_tf32("
+
+    def f2tf32(match):
+        wanted.add(("f2tf32",))
+        return "call i32 @__emu_f2tf32("
+
     text = _LDMATRIX.sub(ldmatrix, _MMA.sub(mma, text))
+    text = _F2TF32.sub(f2tf32, _MMA_TF32.sub(mma_tf32, text))
     text = _CP_ASYNC.sub(cp_async, text)
     text = re.sub(r"^\s*(?:tail )?call void @llvm\.nvvm\.cp\.async\.(?:commit\.group|wait\.group|wait\.all)\([^)]*\)\s*$",
                   "", text, flags=re.M)
-    text = re.sub(r"^declare .*@llvm\.nvvm\.(mma|ldmatrix|cp\.async).*$", "", text, flags=re.M)
+    text = re.sub(r"^declare .*@llvm\.nvvm\.(mma|ldmatrix|cp\.async|f2tf32).*$", "", text, flags=re.M)
     four = "{ float, float, float, float }"
     for item in sorted(wanted, key=str):
-        if item[0] == "mma":
+        if item == ("mma", "tf32"):       # A a0..a3, B b0, b1: one .b32 tf32 word each
+            params = ", ".join([f"i32 %a{i}" for i in range(6)] + [f"float %c{i}" for i in range(4)])
+            body = [f"define {four} @__emu_mma_tf32({params}) {{", _TID, "  %buf = alloca [4 x float]",
+                    "  call void @__mma_tf32_cb(i32 %t, " + ", ".join(f"i32 %a{i}" for i in range(6)) + ", "
+                    + ", ".join(f"float %c{i}" for i in range(4)) + ", ptr %buf)"]
+            for i in range(4):
+                body += [f"  %p{i} = getelementptr float, ptr %buf, i32 {i}", f"  %d{i} = load float, ptr %p{i}"]
+            body += _struct(four, [f"float %d{i}" for i in range(4)]) + ["}"]
+        elif item[0] == "f2tf32":
+            # cvt.rna.tf32.f32 as sm_8x's SASS does it: a finite value's bits + 0x1000 (to nearest, ties away),
+            # then the 13 low bits cleared -- also those of a NaN, which a NaN with only low payload bits
+            # (0x7F800001) does not survive: the caller keeps NaN (codegen/mma_tf32.py)
+            body = ["define i32 @__emu_f2tf32(float %x) {", "  %b = bitcast float %x to i32",
+                    "  %abs = call float @llvm.fabs.f32(float %x)", "  %finite = fcmp olt float %abs, 0x7FF0000000000000",
+                    "  %up = add i32 %b, 4096", "  %r = select i1 %finite, i32 %up, i32 %b", "  %out = and i32 %r, -8192",
+                    "  ret i32 %out", "}", "declare float @llvm.fabs.f32(float)"]
+        elif item[0] == "mma":
             packed = "<2 x half>" if item[1] == "f32.f32" else "i32"
             params = ", ".join([f"{packed} %a{i}" for i in range(6)] + [f"float %c{i}" for i in range(4)])
             body = [f"define {four} @__emu_mma_{item[1].replace('.', '_')}({params}) {{", _TID, "  %buf = alloca [4 x float]"]
@@ -180,7 +208,8 @@ def _tensor_core_stand_ins(text: str) -> str:
                     f"  call void @__cpa_cb(ptr %d, ptr %s, i32 {n}, i32 %n)", "  ret void", "}"]
         text += "\n" + "\n".join(body) + "\n"
     return text + ("\ndeclare void @__mma_cb(i32, i32, i32, i32, i32, i32, i32, i32, float, float, float, float, ptr)"
-                   "\ndeclare void @__ldm_cb(i32, i32, i32, ptr, ptr)\ndeclare void @__cpa_cb(ptr, ptr, i32, i32)\n")
+                   "\ndeclare void @__ldm_cb(i32, i32, i32, ptr, ptr)\ndeclare void @__cpa_cb(ptr, ptr, i32, i32)"
+                   "\ndeclare void @__mma_tf32_cb(i32, i32, i32, i32, i32, i32, i32, float, float, float, float, ptr)\n")
 
 
 def _run_emulated(kernel, args, *, num_warps=4, num_stages=3, target="sm_80", **constexprs):
@@ -202,6 +231,31 @@ def _run_emulated(kernel, args, *, num_warps=4, num_stages=3, target="sm_80", **
             for word, row in zip(words[4:], [pair, pair + 8]):
                 b[row, group], b[row + 1, group] = decode(word), decode(word >> 16)
         d = a @ b
+        group, pair = tid % 32 // 4, 2 * (tid % 4)
+        result = (ctypes.c_float * 4).from_address(out)
+        for i, (row, col, c) in enumerate([(group, pair, c0), (group, pair + 1, c1), (group + 8, pair, c2),
+                                           (group + 8, pair + 1, c3)]):
+            result[i] = d[row, col] + c
+
+    def mma_tf32(tid, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, out):
+        """mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: PTX ISA figures of the m16n8k8 .tf32 A and B
+        fragments (A: rows groupID (+8 for a1, a3), columns threadID_in_group (+4 for a2, a3); B: rows
+        threadID_in_group (+4 for b1), column groupID), D as for m16n8k16. A .tf32 operand's 13 low mantissa
+        bits are not read (a value not rounded first would be truncated)."""
+        lanes = exchanged(tid, (a0, a1, a2, a3, b0, b1))
+
+        def decode(word):
+            return struct.unpack("<f", struct.pack("<I", word & 0xFFFFE000))[0]
+        a, b = np.zeros((16, 8)), np.zeros((8, 8))
+        for lane, words in enumerate(lanes):
+            group, thread = lane // 4, lane % 4
+            for word, (row, col) in zip(words[:4], [(group, thread), (group + 8, thread), (group, thread + 4),
+                                                    (group + 8, thread + 4)]):
+                a[row, col] = decode(word)
+            for word, row in zip(words[4:], [thread, thread + 4]):
+                b[row, group] = decode(word)
+        with np.errstate(invalid="ignore"):         # inf * 0 is NaN, as on the tensor cores
+            d = a @ b
         group, pair = tid % 32 // 4, 2 * (tid % 4)
         result = (ctypes.c_float * 4).from_address(out)
         for i, (row, col, c) in enumerate([(group, pair, c0), (group, pair + 1, c1), (group + 8, pair, c2),
@@ -231,6 +285,7 @@ def _run_emulated(kernel, args, *, num_warps=4, num_stages=3, target="sm_80", **
     symbols = [("__mma_cb", ctypes.CFUNCTYPE(None, i32, i32, u32, u32, u32, u32, u32, u32, f32, f32, f32, f32, vp), mma),
                ("__ldm_cb", ctypes.CFUNCTYPE(None, i32, i32, i32, vp, vp), ldmatrix),
                ("__cpa_cb", ctypes.CFUNCTYPE(None, vp, vp, i32, i32), cp_async),
+               ("__mma_tf32_cb", ctypes.CFUNCTYPE(None, i32, *[u32] * 6, f32, f32, f32, f32, vp), mma_tf32),
                *_soft_float_calls(),
                ("__misaligned", ctypes.CFUNCTYPE(None, ctypes.c_int64), misaligned.append)]
     compiled = run_threads_on_host(kernel, args, num_warps=num_warps, target=target, num_stages=num_stages,
@@ -280,7 +335,8 @@ def test_defect_tf32_dot_keeps_a_nan_operand(bits):
     b[7, 2] = -2.0
     for precision in ("ieee", "tf32"):
         out = torch.full((16, 16), -777.0)
-        _run_compiled(_dot_kernel, (out, a, b, out), num_warps=4, M=16, N=16, K=16, ACC=False, PREC=precision,
+        # (session 41: a tf32 dot runs on mma.sync m16n8k8 .tf32, which the emulated harness runs)
+        _run_emulated(_dot_kernel, (out, a, b, out), num_warps=4, M=16, N=16, K=16, ACC=False, PREC=precision,
                       OUT="plain")
         expected = a.double() @ b.double()
         assert out[3].isnan().all(), (precision, hex(bits), out[3])
@@ -295,7 +351,7 @@ def test_tf32_dot_rounds_finite_operands_to_nearest_ties_away():
     b = torch.zeros(16, 16)
     b[0, 0] = 1.0
     out = torch.full((16, 16), -777.0)
-    _run_compiled(_dot_kernel, (out, a, b, out), num_warps=1, M=16, N=16, K=16, ACC=False, PREC="tf32", OUT="plain")
+    _run_emulated(_dot_kernel, (out, a, b, out), num_warps=1, M=16, N=16, K=16, ACC=False, PREC="tf32", OUT="plain")
     assert out[:4, 0].tolist() == [1 + 2 ** -10, 1.0, -(1 + 2 ** -10), float("inf")]
 
 

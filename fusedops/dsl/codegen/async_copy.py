@@ -1,5 +1,5 @@
 """Lowering of the pipelining ops: shared buffers, cp.async copies into them, group waits, and
-`local_load` (a dot operand read with ldmatrix, see `mma.py`).
+`local_load` (a dot operand read with ldmatrix, or ld.shared for tf32, see `mma.py`).
 
 Shared memory: `local_alloc` places its buffer after the buffers still alive (a stack: the IR is
 structured and `local_dealloc` follows the loop in the same block), and scratch users in between
@@ -31,7 +31,7 @@ from ..errors import CompilationError
 from ..ir import OpCode
 from ..layouts.mma_shared import is_shared_layout, operand_tile_layout
 from ..target import llvm_types as T
-from .mma import OperandLoader, StagedOperand, byte_pointer, combine_offset, thread_offset, tile_store_groups
+from .mma import StagedOperand, operand_loader, byte_pointer, combine_offset, thread_offset, tile_store_groups
 from .registry import lowering
 from .shared import align_shared_memory, barrier, shared_base
 from . import tma
@@ -156,7 +156,7 @@ def _local_load(ctx, op):
             raise CompilationError("internal error: a wgmma operand tile differs from its ring's tile", op.loc)
         ctx.set(op.result, SharedOperand(buffer.tile, base=buffer.tile_pointer(ctx, ctx.get(op.operands[1]))))
         return
-    loader = OperandLoader(op.result.layout, buffer.tile, buffer.type.element)
+    loader = operand_loader(op.result.layout, buffer.tile, buffer.type.element)
     ctx.set(op.result, StagedOperand(loader, base=buffer.tile_pointer(ctx, ctx.get(op.operands[1]))))
 
 

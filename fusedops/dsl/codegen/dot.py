@@ -10,8 +10,9 @@ operands held all of K per accumulator register before, which spilled from 64 x 
 tiles on). The row padding puts the rows a warp reads at one k in different banks; the columns a
 warp reads are consecutive words. Scratch protocol of shared.py (barrier, write, barrier, read).
 
-A dot that the layout pass put on tensor cores lowers in `mma.py` (attr engine = "mma") or
-`wgmma.py` (engine = "wgmma", sm_90a).
+A dot that the layout pass put on tensor cores lowers in `mma.py` (attr engine = "mma": 16-bit inputs, or
+float32 ones with input_precision "tf32", `mma_tf32.py`) or `wgmma.py` (engine = "wgmma", sm_90a). A tf32
+dot too small for them (M < 16, N < 8, K < 8, or before sm_80) stays here, its operands rounded to tf32.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ writes the same tiles with cp.async and its `local_load` gives the dot a `Staged
 (A dot operand conversion to a *shared* layout belongs to a wgmma dot: `wgmma.py`.)
 
 Intrinsics (TOOLCHAIN.md section 2): f16 inputs take `<2 x half>` operands; bf16 inputs take i32.
+float32 inputs of a tf32 dot run on m16n8k8 instead, read with ld.shared and rounded with cvt.rna.tf32.f32
+(`mma_tf32.py`).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..errors import CompilationError
-from ..language.dtypes import bfloat16, float16
+from ..language.dtypes import bfloat16, float16, float32
 from ..layouts.mma_shared import is_shared_layout, ldmatrix_plan, mma_operand_shared
 from ..layouts.shared import shared_offsets
 from ..layouts.swizzle import contiguous_dim
 from ..layouts.vectorize import vector_width
 from ..passes.dot_layouts import mma_dot_layouts, mma_warps
 from ..target import llvm_types as T
+from .mma_tf32 import Tf32OperandLoader, declare_mma_tf32, mma_tf32_schedule, round_to_tf32
 from .ownership import owned_registers
 from .shared import barrier, reserve, scratch_base
 
@@ -160,6 +163,14 @@ class OperandLoader:
                 registers[register], registers[register + 1] = _split_word(ctx, word, self.element)
 
 
+def operand_loader(operand, shared, element):
+    """The loader of an mma operand in layout `operand` from the tile `shared`: ldmatrix for 16-bit
+    elements (`OperandLoader`), ld.shared for the float32 operands of a tf32 dot (`mma_tf32.py`)."""
+    if element == float32:
+        return Tf32OperandLoader(operand, shared, element)
+    return OperandLoader(operand, shared, element)
+
+
 class StagedOperand:
     """A dot operand that lives in a shared tile; the dot reads it slice by slice with ldmatrix
     (interleaved with its mmas, which keeps only one K slice of the operands in registers).
@@ -183,8 +194,10 @@ def operand_tile(shape, source_layout, element) -> object:
 
 
 def can_stage_operand(op) -> bool:
-    """Whether a dot-operand `convert_layout` can go through an ldmatrix tile (16-bit elements)."""
-    return op.attrs.get("dot_operand") is not None and op.result.type.element in _MMA_INTRINSIC
+    """Whether a dot-operand `convert_layout` can go through a staged tile (16-bit elements, or the float32
+    operands of a tf32 dot: only tensor-core dots mark their operand conversions)."""
+    return op.attrs.get("dot_operand") is not None and (op.result.type.element in _MMA_INTRINSIC
+                                                        or op.result.type.element == float32)
 
 
 def convert_to_dot_operand(ctx, op) -> None:
@@ -197,7 +210,7 @@ def convert_to_dot_operand(ctx, op) -> None:
     source = op.operands[0]
     element = op.result.type.element
     shared = operand_tile(tuple(op.result.type.shape), source.layout, element)
-    loader = OperandLoader(op.result.layout, shared, element)
+    loader = operand_loader(op.result.layout, shared, element)
     ctx.set(op.result, StagedOperand(loader, source=ctx.get(source), source_layout=source.layout))
 
 
@@ -259,9 +272,15 @@ def lower_mma_dot(ctx, op) -> None:
     _stage(ctx, (a_value, b_value))
     a_regs = [None] * a.layout.num_registers if isinstance(a_value, StagedOperand) else a_value
     b_regs = [None] * b_operand.layout.num_registers if isinstance(b_value, StagedOperand) else b_value
-    operand_type = T.i32 if element == bfloat16 else ir.VectorType(T.f16, 2)
-    fn = T.declare_intrinsic(ctx.module, _MMA_INTRINSIC[element], ir.LiteralStructType([T.f32] * 4),
-                             [operand_type] * 6 + [T.f32] * 4)
+    tf32 = element == float32
+    if tf32:        # m16n8k8: each operand register rounded to one .b32 tf32 word (mma_tf32.py)
+        fn = declare_mma_tf32(ctx)
+        schedule = mma_tf32_schedule(m, n, k, ctx.num_warps)
+    else:
+        operand_type = T.i32 if element == bfloat16 else ir.VectorType(T.f16, 2)
+        fn = T.declare_intrinsic(ctx.module, _MMA_INTRINSIC[element], ir.LiteralStructType([T.f32] * 4),
+                                 [operand_type] * 6 + [T.f32] * 4)
+        schedule = mma_schedule(m, n, k, ctx.num_warps)
     bld = ctx.builder
     words: dict = {}
     loaded_slice = None
@@ -269,10 +288,13 @@ def lower_mma_dot(ctx, op) -> None:
     def pack(regs, registers):
         key = (id(regs), registers[0])
         if key not in words:
-            words[key] = [_pack(ctx, regs[r], regs[r + 1], element) for r in registers[::2]]
+            if tf32:
+                words[key] = [round_to_tf32(ctx, regs[r]) for r in registers]
+            else:
+                words[key] = [_pack(ctx, regs[r], regs[r + 1], element) for r in registers[::2]]
         return words[key]
 
-    for kk, a_registers, b_registers, acc_registers in mma_schedule(m, n, k, ctx.num_warps):
+    for kk, a_registers, b_registers, acc_registers in schedule:
         if kk != loaded_slice:     # ldmatrix one K slice of the staged operands, just before its mmas
             for value, regs in ((a_value, a_regs), (b_value, b_regs)):
                 if isinstance(value, StagedOperand):

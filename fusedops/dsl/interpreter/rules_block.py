@@ -70,4 +70,5 @@ def _scan(ctx, op, x):
 
 @register(OpCode.DOT)
 def _dot(ctx, op, a, b, acc):
-    return reductions.dot(a, b, acc, element_type(op.operands[0].type), element_type(op.operands[2].type))
+    return reductions.dot(a, b, acc, element_type(op.operands[0].type), element_type(op.operands[2].type),
+                          op.attrs.get("input_precision"))

@@ -94,9 +94,11 @@ def dot(a, b, acc=None, input_precision=None, out_dtype=None, *, _semantic=None)
     """Matrix product a (M x K) @ b (K x N) + acc (M x N); M, N, K powers of two.
 
     a and b share a dtype: float16/bfloat16/float32 accumulate in float32, float64 in float64, int8
-    in int32. input_precision: "ieee" (default) or "tf32" (float32 inputs rounded to tf32, 10 mantissa
-    bits, as tensor cores read them; the multiply-adds of float32 dots run on the CUDA cores, tf32 ones
-    too: tensor-core tf32 is not implemented yet, tests/test_review_session22_compiler.py).
+    in int32. input_precision: "ieee" (default: exact float32 multiply-adds on the CUDA cores) or "tf32"
+    (float32 inputs rounded to tf32, 10 mantissa bits, to nearest with ties away, and multiplied on the
+    tensor cores with float32 accumulation: mma.sync m16n8k8 .tf32 on sm_80+ for M >= 16, N >= 8, K >= 8,
+    codegen/mma_tf32.py; smaller blocks round the same way on the CUDA cores). Other values (Triton's
+    "tf32x3") raise CompilationError.
     """
     return _semantic.dot(a, b, acc, input_precision, out_dtype)
 

@@ -48,6 +48,12 @@ budget facts the engines share: REGISTERS_PER_SM, MAX_THREAD_REGISTERS, the prod
 - Tensor cores (`mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, sm_80+): float16/bfloat16 inputs,
   float32 accumulator, M >= 16, N >= 8, K >= 16. The accumulator takes the mma accumulator layout
   and A/B the mma operand layouts of `layouts.mma`, with the CTA's warps tiling (M, N).
+- Tensor cores in tf32 (`mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, sm_80+, sm_90a too):
+  float32 inputs with input_precision "tf32" (`is_tf32_dot`), float32 accumulator, M >= 16, N >= 8,
+  K >= 8: the accumulator layout of mma.sync, A and B in the tf32 operand layouts of
+  `layouts.mma_tf32` (codegen/mma.py reads them from the same swizzled tiles with ld.shared and
+  rounds them with cvt.rna.tf32.f32). Never wgmma: its tf32 operands are K-major only and read from
+  shared memory as they are (their low mantissa bits ignored, not rounded).
 - Otherwise the FMA path (codegen/dot.py; A and B keep their layouts): exact float32/float64, int8,
   small blocks, and targets before sm_80.
 """
@@ -61,6 +67,7 @@ from ..language.dtypes import bfloat16, float16, float32, shape_of
 from ..layouts.mma import (MMA_K, MMA_M, MMA_N, WARPGROUP_WARPS, WGMMA_M, WGMMA_MAX_N, mma_accumulator,
                            mma_operand_a, mma_operand_b, wgmma_accumulator, wgmma_operand_a,
                            wgmma_warpgroups_per_cta)
+from ..layouts.mma_tf32 import MMA_TF32_K, mma_tf32_operand_a, mma_tf32_operand_b
 from ..layouts.mma_shared import WGMMA_K, is_shared_layout, wgmma_operand_shared, wgmma_swizzle_bytes
 from ..layouts.swizzle import contiguous_dim
 
@@ -72,11 +79,18 @@ def arch_number(arch: Optional[str]) -> int:
     return int(arch[3:5]) if arch else 0
 
 
+def is_tf32_dot(op: Operation) -> bool:
+    """Whether `dot` op multiplies float32 inputs as tf32 (input_precision "tf32")."""
+    return op.operands[0].type.element == float32 and op.attrs.get("input_precision") == "tf32"
+
+
 def uses_tensor_cores(op: Operation, arch: Optional[str]) -> bool:
-    """Whether `dot` op runs on mma.sync for `arch` (see the module docstring)."""
+    """Whether `dot` op runs on mma.sync (16-bit or tf32) for `arch` (see the module docstring)."""
     a, _, acc = op.operands
     m, k = shape_of(a.type)
     n = shape_of(acc.type)[1]
+    if is_tf32_dot(op):
+        return arch_number(arch) >= 80 and m >= MMA_M and n >= MMA_N and k >= MMA_TF32_K
     return (arch_number(arch) >= 80 and a.type.element in TENSOR_CORE_INPUTS and acc.type.element == float32
             and m >= MMA_M and n >= MMA_N and k >= MMA_K)
 
@@ -210,7 +224,8 @@ def _fits_wgmma(op: Operation, arch: Optional[str], num_warps: int) -> bool:
     """The shape, type and target conditions of wgmma, and B loaded in the dot's block."""
     a, b, acc = op.operands
     k = shape_of(a.type)[1]
-    return (uses_tensor_cores(op, arch) and wgmma_enabled(arch) and k % WGMMA_K == 0 and _loaded_beside(b, op)
+    return (uses_tensor_cores(op, arch) and a.type.element in TENSOR_CORE_INPUTS and wgmma_enabled(arch)
+            and k % WGMMA_K == 0 and _loaded_beside(b, op)
             and wgmma_instruction_n(shape_of(acc.type), num_warps) is not None)
 
 
@@ -397,5 +412,7 @@ def mma_dot_layouts(op: Operation, num_warps: int) -> tuple:
     """(A layout, B layout, accumulator layout) of a tensor-core `dot`."""
     a, b, acc = op.operands
     warps = mma_warps(shape_of(acc.type), num_warps)
-    return (mma_operand_a(shape_of(a.type), warps), mma_operand_b(shape_of(b.type), warps),
+    operand_a, operand_b = (mma_tf32_operand_a, mma_tf32_operand_b) if is_tf32_dot(op) else (mma_operand_a,
+                                                                                             mma_operand_b)
+    return (operand_a(shape_of(a.type), warps), operand_b(shape_of(b.type), warps),
             mma_accumulator(shape_of(acc.type), warps))

@@ -29,7 +29,7 @@ Rules, applied op by op in program order:
 - Reductions produce `slice_layout` of the operand's layout; expand_dims, reshape and trans relabel
   the operand's layout (free); broadcast results use the default layout and ask for the operand in
   that layout with the broadcast dims projected away.
-- `dot` on tensor cores (`dot_layouts.uses_tensor_cores`: fp16/bf16 on sm_80+) puts the accumulator
+- `dot` on tensor cores (`dot_layouts.uses_tensor_cores`: fp16/bf16, or float32 as tf32, on sm_80+) puts the accumulator
   in the mma accumulator layout and asks for A and B in the mma operand layouts; the conversions it
   inserts carry `dot_operand` = 0 / 1 (codegen stages them through swizzled shared memory and reads
   them with ldmatrix). On sm_90a a dot that fits wgmma (`dot_layouts.uses_wgmma`) takes the wgmma

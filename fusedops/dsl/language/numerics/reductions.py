@@ -8,6 +8,7 @@ import numpy as np
 
 from ..dtypes import DType, float64
 from .conversions import int_result, int_view, is_half, round_to_type, scalar_type
+from .tf32 import round_to_tf32
 
 
 def _accumulation_type(dtype: DType):
@@ -95,7 +96,7 @@ def scan(x, kind: str, axis: int, reverse: bool, dtype: DType) -> np.ndarray:
     return np.flip(result, axis) if reverse else result
 
 
-def dot(a, b, acc, input_dtype: DType, acc_dtype: DType) -> np.ndarray:
+def dot(a, b, acc, input_dtype: DType, acc_dtype: DType, input_precision=None) -> np.ndarray:
     """a (MxK) @ b (KxN) + acc (MxN) (DOT), returned in acc's type.
 
     Floating inputs: the product a @ b is accumulated in float64 (the products of float32 and narrower inputs
@@ -106,9 +107,12 @@ def dot(a, b, acc, input_dtype: DType, acc_dtype: DType) -> np.ndarray:
     attention's backward recomputes Q K^T as K Q^T, could differ from the first in its last bits: at large
     logits its exp no longer matched the forward's log-sum-exp). `x + dot(a, b)` and `dot(a, b, x)` agree
     bitwise (passes/dot_accumulation.py folds one into the other). Integer inputs (int8 -> int32) are exact
-    products summed with wrap-around in acc's type. `input_precision` (tf32) is not emulated: the
-    interpreter is at least as accurate.
+    products summed with wrap-around in acc's type. input_precision "tf32" (float32 inputs) first rounds a
+    and b to tf32 as the tensor cores' operands are (`tf32.round_to_tf32`: nearest, ties away); their
+    products are exact in float64 as well.
     """
+    if input_precision == "tf32" and input_dtype.is_floating and input_dtype.bits == 32:
+        a, b = round_to_tf32(a), round_to_tf32(b)
     if input_dtype.is_floating:
         compute = np.float64 if float64 in (input_dtype, acc_dtype) else np.float32
         total = np.matmul(np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)).astype(compute)
