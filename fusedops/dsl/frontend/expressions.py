@@ -18,6 +18,7 @@ from ..ir import Block, OpCode, Value
 from ..ir.ops import SIDE_EFFECTS
 from ..language import block_builtins, core
 from ..language.block_pointers import BLOCK_POINTER_METHODS, BlockPointer
+from ..language.composite import is_composite
 from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
 from ..language.promotion import printable
@@ -105,7 +106,8 @@ class ExpressionsMixin:
         if isinstance(value, core.constexpr):
             value = value.value
         if not isinstance(value, Value) and not isinstance(value, (bool, int, float)):
-            shown = described(value) if holds_runtime(value) else f"{type(value).__name__} {printable(value)}"
+            shown = described(value) if holds_runtime(value) or is_composite(value) \
+                else f"{type(value).__name__} {printable(value)}"
             raise CompilationError(f"{shown} cannot be combined with a kernel value")
         return value
 
@@ -134,6 +136,11 @@ class ExpressionsMixin:
 
     def _compare(self, op: ast.cmpop, left, right):
         name, function = _COMPARE[type(op)]
+        if not isinstance(op, (ast.Is, ast.IsNot)) and (is_composite(left) or is_composite(right)):
+            # Python would compare the objects by identity (a compile-time answer about runtime positions)
+            shown = described(left if is_composite(left) else right)
+            raise CompilationError(f"{shown} cannot be compared (`{_SYMBOLS.get(type(op), 'in')}`); compare the "
+                                   "offsets you advance it by instead")
         if not isinstance(op, (ast.Is, ast.IsNot)) and (_holds_runtime(left) or _holds_runtime(right)):
             # Python would compare the IR values inside by identity (a compile-time answer to a runtime question)
             if isinstance(op, (ast.In, ast.NotIn)):

@@ -201,9 +201,12 @@ def _known_nonnegative(value, depth: int = 8) -> bool:
     if op.opcode == OpCode.CONSTANT:
         return op.attrs["value"] >= 0
     if op.opcode == OpCode.CAST:
+        # a widening cast (an unsigned source must be narrower: uint32 -> int32 wraps values >= 2**31 negative)
         source = op.operands[0].type
-        return isinstance(source, DType) and source.is_integer and source.bits <= value.type.bits \
-            and _known_nonnegative(op.operands[0], depth - 1)
+        if not (isinstance(source, DType) and source.is_integer):
+            return False
+        widening = source.bits <= value.type.bits if source.is_signed else source.bits < value.type.bits
+        return widening and _known_nonnegative(op.operands[0], depth - 1)
     return op.opcode in _MONOTONE and all(_known_nonnegative(v, depth - 1) for v in op.operands)
 
 
