@@ -638,7 +638,8 @@ def test_07_math_builtins_instead_of_libdevice(fn, dtype):
 
 def test_07_no_libdevice_namespace():
     """Triton's `from triton.language.extra import libdevice; libdevice.asin(x)` has no counterpart."""
-    assert not any(hasattr(dsl, name) for name in ("libdevice", "extern_elementwise", "math", "extra", "asin"))
+    assert not any(hasattr(dsl, name) for name in ("libdevice", "extern_elementwise", "extra", "asin"))
+    assert not hasattr(dsl.math, "asin")        # (dsl.math, Triton's tl.math of the builtins: session 41)
 
 
 # ================================================================================================
@@ -913,9 +914,9 @@ def test_10_block_scaled_matmul_is_not_available():
 # Triton idioms that fusedops refuses, with clear errors (undocumented differences, see the docstring)
 # ================================================================================================
 _IDIOMS = {
-    "tl_range": ("    for i in dsl.range(0, n, 1, num_stages=2):\n        dsl.store(o_ptr + i, 1.0)\n", "range"),
-    "math_namespace": ("    dsl.store(o_ptr + dsl.arange(0, B), dsl.math.exp2(dsl.load(x_ptr + dsl.arange(0, B))))\n", "math"),
-    "debug_barrier": ("    dsl.debug_barrier()\n", "debug_barrier"),
+    # (dsl.range, dsl.math and dsl.debug_barrier: in the language since session 41, tests/test_dsl_triton_builtins.py)
+    "math_pow": ("    dsl.store(o_ptr + dsl.arange(0, B), dsl.math.pow(dsl.load(x_ptr + dsl.arange(0, B)), 2.0))\n",
+                 "pow"),
     "fp8": ("    x = dsl.load(x_ptr).to(dsl.float8e5)\n", "float8e5"),
     "ptr_type_attr": ("    dsl.store(o_ptr, dsl.load(x_ptr).to(o_ptr.type.element_ty))\n", "`type`"),
     "fp_downcast_rounding": ("    dsl.store(o_ptr, dsl.load(x_ptr).to(dsl.float16, fp_downcast_rounding='rtne'))\n",

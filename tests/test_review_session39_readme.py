@@ -175,18 +175,13 @@ def half_parameter_kernel(y_ptr, a: dsl.float16):
 # -- Coming from Triton: refusals and their replacements --------------------------------------------------------
 _REFUSED = {
     # name: (statement, text of the README's replacement that the error must give)
-    "swizzle2d": ("r = dsl.swizzle2d(1, 2, 4, 4, 2)", "pid // num_pid_in_group"),       # DEFECT 1
+    # (swizzle2d, zeros_like, ravel, broadcast, fdiv, sqrt_rn, cumprod, static_print and flip are in the language
+    # since session 41: tests/test_dsl_triton_builtins.py)
     "heuristics": ("r = dsl.heuristics", "on the host"),                                 # DEFECT 2
     "histogram": ("r = dsl.histogram(o, 16)", "dsl.atomic_add(hist_ptr + bins, 1"),
-    "zeros_like": ("r = dsl.zeros_like(v)", "dsl.zeros(x.shape, x.dtype)"),
-    "ravel": ("r = dsl.ravel(v)", "dsl.reshape"),
-    "broadcast": ("r = dsl.broadcast(v, v)", "dsl.broadcast_to"),
-    "fdiv": ("r = dsl.fdiv(v, v)", "/"),
-    "sqrt_rn": ("r = dsl.sqrt_rn(v)", "dsl.sqrt"),
-    "cumprod": ("r = dsl.cumprod(v, 0)", "dsl.cumsum"),
+    "associative_scan": ("r = dsl.associative_scan(v, 0, None)", "dsl.cumsum / cumprod"),
     "softmax": ("r = dsl.softmax(v)", "dsl.exp(x - dsl.max(x, axis))"),
-    "static_print": ("dsl.static_print(BLOCK)", "print("),
-    "flip": ("r = dsl.flip(v)", "not in the language"),
+    "sort": ("r = dsl.sort(v)", "not in the language"),
 }
 
 
@@ -211,9 +206,9 @@ def test_triton_names_refused_with_the_readme_replacement(tmp_path):
 def test_triton_names_on_the_host_say_what_to_use_instead():
     with pytest.raises(AttributeError, match=r"'heuristics'.*triton.heuristics.*dsl.constexpr"):
         dsl.heuristics                                                                     # DEFECT 2
-    with pytest.raises(AttributeError, match=r"'swizzle2d'.*grouped ordering"):
-        dsl.swizzle2d
-    assert not hasattr(dsl, "heuristics") and not hasattr(dsl, "range")
+    with pytest.raises(AttributeError, match=r"'histogram'.*dsl.atomic_add"):
+        dsl.histogram
+    assert not hasattr(dsl, "heuristics") and hasattr(dsl, "range")        # (dsl.range: session 41)
     with pytest.raises(AttributeError, match=r"^module 'fusedops.dsl' has no attribute 'no_such_name'$"):
         dsl.no_such_name
 

@@ -18,6 +18,10 @@ from .language.descriptors import TensorDescriptor, make_tensor_descriptor
 from .language.block_pointers import BlockPointer, advance, make_block_ptr
 from .language.random import (pair_uniform_to_normal, philox, philox_impl, rand, rand4x, randint, randint4x, randn,
                               randn4x, uint_to_uniform_float, umulhi)
+from .language.triton_compat import (assume, broadcast, cumprod, debug_barrier, div_rn, fdiv, flip, full_like,
+                                     interleave, join, permute, range, ravel, split, sqrt_rn, static_print, swizzle2d,
+                                     view, xor_sum, zeros_like)
+from .language import triton_math as math
 from .language.dtypes import (BlockType, DType, PointerType, bfloat16, float16, float32, float64, int1, int8,
                               int16, int32, int64, pointer_type, uint8, uint16, uint32, uint64)
 from .runtime.autotune import Autotuner, Config, autotune
@@ -38,6 +42,10 @@ __all__ = [
     "make_tensor_descriptor", "TensorDescriptor", "make_block_ptr", "advance", "BlockPointer",
     "umulhi", "philox", "philox_impl", "randint", "randint4x", "rand", "rand4x", "randn", "randn4x",
     "uint_to_uniform_float", "pair_uniform_to_normal",
+    # (dsl.range and dsl.math are left out: a star import would hide Python's range and math module)
+    "debug_barrier", "static_print", "assume", "zeros_like", "full_like", "ravel", "view", "permute",
+    "broadcast", "div_rn", "fdiv", "sqrt_rn", "cumprod", "xor_sum", "flip", "join", "split", "interleave",
+    "swizzle2d",
 ]
 
 

@@ -1,10 +1,11 @@
-"""Lowering of reductions (sum, max, min, argmax, argmin) and scans (cumsum).
+"""Lowering of reductions (sum, max, min, xor, argmax, argmin) and scans (cumsum, cumprod).
 
 Reductions follow `layouts.reduction_plan`: combine a thread's own registers, then a butterfly of
 `shfl.sync.bfly` over the lane bits along the axis, then partials through shared memory over the
 warp bits, combined in warp order (deterministic). Every thread ends with the result of each element
 it holds in the sliced layout. Scans use a Hillis-Steele inclusive scan in shared memory: log2(n)
-steps, each adding the value 2^s positions back (Hillis & Steele, "Data parallel algorithms", 1986).
+steps, each adding (multiplying, for cumprod) the value 2^s positions back (Hillis & Steele, "Data
+parallel algorithms", 1986).
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ from .shared import barrier, element_pointer, linear_index, reserve, storage_byt
 
 
 def combined(ctx, kind: str, element, a, b):
-    """a + b (kind "sum"), max or min of two registers of `element`s (floats: float_min_max's NaN rule)."""
+    """a + b (kind "sum"), a * b ("prod"), a ^ b ("xor", integers), max or min of two registers of `element`s
+    (floats: float_min_max's NaN rule)."""
     bld = ctx.builder
     if kind == "sum":
         return bld.fadd(a, b) if element.is_floating else bld.add(a, b)
+    if kind == "prod":
+        return bld.fmul(a, b) if element.is_floating else bld.mul(a, b)
+    if kind == "xor":
+        return bld.xor(a, b)
     maximum = kind == "max"
     if element.is_floating:
         return float_min_max(ctx, bld, a, b, maximum)
@@ -247,7 +253,7 @@ def _scan(ctx, op):
                 neighbor = bld.sub(index, ir.Constant(T.i32, step * stride))
             safe = bld.select(has, neighbor, index)
             other = bld.load(element_pointer(ctx, value_type, safe), typ=value_type)
-            added = bld.fadd(value, other) if storage.is_floating else bld.add(value, other)
+            added = combined(ctx, op.attrs.get("kind", "sum"), storage, value, other)
             updated.append(bld.select(has, added, value))
         barrier(ctx)
         for index, value in zip(indices, updated):

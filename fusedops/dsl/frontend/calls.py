@@ -10,7 +10,7 @@ import inspect
 
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Value
-from ..language import core
+from ..language import core, triton_compat
 from ..language.dtypes import TRITON_QUERIES, BlockType, DType, PointerType, pointer_type, triton_query
 from .expressions import BoundMethod
 from .scope import is_jit_function, is_runtime
@@ -69,7 +69,7 @@ class CallsMixin:
                 return pointer_type(*args, **kwargs)
             except TypeError as e:
                 raise CompilationError(f"{shown}(): {e}") from None
-        if function is core.static_range or function is builtins.range:
+        if function is core.static_range or function is builtins.range or function is triton_compat.range:
             raise CompilationError(f"{shown}() can only be used as the iterable of a `for` loop")
         handler = _PYTHON_BUILTINS.get(function) if _hashable(function) else None
         if handler is not None:

@@ -23,7 +23,8 @@ from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
 from ..language.promotion import printable
 from ..language.shape_ops import described, holds_runtime
-from ..language.triton_names import missing_name_hint
+from ..language import triton_math
+from ..language.triton_names import missing_math_hint, missing_name_hint
 from .scope import check_global, class_attribute_reads, instance_attribute_reads, is_callable_instance, is_runtime
 
 _BINARY = {
@@ -255,7 +256,9 @@ class ExpressionsMixin:
             return BoundMethod(BLOCK_POINTER_METHODS[name], value)
         if not hasattr(value, name):
             owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
-            hint = missing_name_hint(name) if getattr(value, "__name__", None) == "fusedops.dsl" else ""
+            module = getattr(value, "__name__", None)
+            hint = missing_name_hint(name) if module == "fusedops.dsl" else \
+                missing_math_hint(name) if value is triton_math else ""
             raise CompilationError(f"{owner} has no attribute `{name}`{hint}")
         if name.startswith("__"):
             raise UnsupportedError(f"cannot read `{name}` in a kernel")

@@ -8,7 +8,7 @@ import builtins
 
 from ..errors import CompilationError, UnsupportedError
 from ..ir import Block, OpCode
-from ..language import core, promotion
+from ..language import core, promotion, triton_compat
 from ..language.composite import is_composite
 from ..language.dtypes import BlockType, DType, int64, shape_of
 from ..language.shape_ops import described
@@ -45,6 +45,13 @@ class LoopsMixin:
         """("unroll", items) or ("loop", (start, stop, step)) for a `for` loop's iterable."""
         if isinstance(iterator, ast.Call):
             function = self.visit(iterator.func)
+            if function is triton_compat.range:         # Triton's tl.range: a range() with compiler hints
+                with self.located(iterator):
+                    args = [self.visit(a) for a in iterator.args]
+                    if any(k.arg is None for k in iterator.keywords):
+                        raise CompilationError("dsl.range() takes no **keyword arguments")
+                    kwargs = {k.arg: self.visit(k.value) for k in iterator.keywords}
+                    return "loop", triton_compat.range_bounds(args, kwargs)
             if function is builtins.range or function is core.static_range:
                 with self.located(iterator):
                     if iterator.keywords or not 1 <= len(iterator.args) <= 3:

@@ -22,9 +22,9 @@ Operand conventions (checked by `verifier.py`):
 | ADDPTR | ptr, integer offset (same shape) | - | ptr (offset counts elements) |
 | LOAD | ptr [, mask [, other]] | masked, has_other, cache, eviction | element type of ptr |
 | STORE | ptr, value [, mask] | masked, cache, eviction | - |
-| REDUCE | block | kind (sum/max/min), axis | block with axis removed, or scalar |
+| REDUCE | block | kind (sum/max/min/xor), axis | block with axis removed, or scalar |
 | ARGREDUCE | block | kind (argmax/argmin), axis | int32, axis removed |
-| SCAN | block | kind (sum), axis, reverse | same type |
+| SCAN | block | kind (sum/prod), axis, reverse | same type |
 | DOT | a (MxK), b (KxN), acc (MxN) | input_precision | acc's type |
 | ATOMIC_RMW | ptr, value [, mask] | kind, masked, sem, scope | old values |
 | ATOMIC_CAS | ptr, cmp, value | sem, scope | old values |

@@ -17,7 +17,7 @@ def _accumulation_type(dtype: DType):
 
 
 def reduce(x, kind: str, axis, dtype: DType) -> np.ndarray:
-    """Reduce along `axis` (None: every axis) with kind sum/max/min (REDUCE).
+    """Reduce along `axis` (None: every axis) with kind sum/max/min/xor (REDUCE; xor: bitwise, of integers).
 
     sum: integers wrap around (int1 sums are parities); fp16/bf16 accumulate in float32 and round once;
     the summation order is unspecified (NumPy: pairwise); a sum of -0.0s is -0.0, as the compiled tree
@@ -35,6 +35,8 @@ def reduce(x, kind: str, axis, dtype: DType) -> np.ndarray:
             return round_to_type(total, dtype) if accumulate is not None else np.asarray(total)
         view = int_view(x, dtype)
         return int_result(np.sum(view, axis=axis, dtype=view.dtype), dtype)
+    if kind == "xor":       # integers only (xor_sum)
+        return int_result(np.bitwise_xor.reduce(int_view(x, dtype), axis=axis), dtype)
     if kind in ("max", "min"):
         extreme = np.asarray((np.max if kind == "max" else np.min)(x, axis=axis))
         return _order_zeros(extreme, x, kind, lambda found: np.any(found, axis=axis))
@@ -72,7 +74,7 @@ def scan(x, kind: str, axis: int, reverse: bool, dtype: DType) -> np.ndarray:
     """Inclusive prefix scan along `axis` (SCAN), from the end when `reverse`.
 
     sum: sequential order; integers wrap around; fp16/bf16 accumulate in float32 and each output is
-    rounded once. max/min: running extreme, NaN propagates, -0.0 < +0.0.
+    rounded once. prod: sequential order, in x's type (integers wrap around). max/min: running extreme, NaN propagates, -0.0 < +0.0.
     """
     dtype = scalar_type(dtype)
     x = np.asarray(x)
@@ -88,6 +90,10 @@ def scan(x, kind: str, axis: int, reverse: bool, dtype: DType) -> np.ndarray:
         else:
             view = int_view(x, dtype)
             result = int_result(np.cumsum(view, axis=axis, dtype=view.dtype), dtype)
+    elif kind == "prod":    # sequential order; integers wrap around (cumprod: float32 / float64 / 32- and 64-bit ints)
+        view = int_view(x, dtype) if not dtype.is_floating else x
+        result = np.cumprod(view, axis=axis, dtype=view.dtype)
+        result = result if dtype.is_floating else int_result(result, dtype)
     elif kind in ("max", "min"):
         result = (np.maximum if kind == "max" else np.minimum).accumulate(x, axis=axis)
         result = _order_zeros(result, x, kind, lambda found: np.logical_or.accumulate(found, axis=axis))
