@@ -69,3 +69,43 @@ def test_threads_compiling_different_specializations_each_get_their_own(slow_com
     for index in range(4):
         assert results[index] is results[index + 4]
     assert ".f16" in results[1].asm["ptx"] and ".f16" not in results[0].asm["ptx"]
+
+
+@dsl.jit
+def _parse_kernel_0(x_ptr):
+    dsl.store(x_ptr, 0.0)
+
+
+@dsl.jit
+def _parse_kernel_1(x_ptr):
+    dsl.store(x_ptr, 1.0)
+
+
+@dsl.jit
+def _parse_kernel_2(x_ptr):
+    dsl.store(x_ptr, 2.0)
+
+
+def test_kernel_sources_are_parsed_one_thread_at_a_time(monkeypatch):
+    # CPython 3.11 / 3.12's ast.parse keeps its recursion depth in interpreter-wide state: threads compiling
+    # different kernels at once failed with "SystemError: AST constructor recursion depth mismatch" (a CI run,
+    # tests/test_review_session40_concurrency.py; cpython gh-106905). Here each parse pauses, so unserialized
+    # parses overlap for sure.
+    import ast
+    real, active, most, lock = ast.parse, [0], [0], threading.Lock()
+
+    def slow_parse(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(ast, "parse", slow_parse)
+    kernels = [_parse_kernel_0, _parse_kernel_1, _parse_kernel_2]
+    assert run_in_threads(lambda i: kernels[i].ir(dsl.pointer_type(dsl.float32)), 3) == []
+    assert most[0] == 1

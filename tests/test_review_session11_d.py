@@ -285,7 +285,7 @@ def test_grid_callable_returning_bad_values_is_a_launch_error():
 
 def test_bad_num_stages_and_targets_at_compile_time():
     args = (P(dsl.float32), P(dsl.float32), dsl.int32)
-    for num_stages in (0, -1, None):
+    for num_stages in (0, -1):      # (None takes the default since session 41, as Triton's launches do)
         with pytest.raises(dsl.LaunchError, match="num_stages"):
             _copy_kernel.compile(*args, BLOCK=8, target="sm_90a", num_stages=num_stages)
     for num_warps in (0, 64):

@@ -12,12 +12,29 @@ import ast
 import dataclasses
 import inspect
 import linecache
+import os
 import textwrap
+import threading
 import tokenize
 from typing import Optional
 
 from ..errors import CompilationError
 from ..ir import Location
+
+# CPython 3.11 / 3.12 keep ast.parse's recursion depth in interpreter-wide state, so two threads parsing at once
+# (a switch inside the AST construction) can fail with "SystemError: AST constructor recursion depth mismatch"
+# (cpython gh-106905): kernels compiled from several threads parse their sources one at a time. A fork waits
+# for a parse in progress (the lock is released in both processes).
+_PARSE_LOCK = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_PARSE_LOCK.acquire, after_in_parent=_PARSE_LOCK.release,
+                        after_in_child=_PARSE_LOCK.release)
+
+
+def parse(text: str) -> ast.Module:
+    """ast.parse(text), one thread at a time (see _PARSE_LOCK). Raises SyntaxError as ast.parse does."""
+    with _PARSE_LOCK:
+        return ast.parse(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +115,7 @@ def parse_function(fn, text: Optional[SourceText] = None) -> SourceInfo:
     dedented = textwrap.dedent(source)
     indent = _leading_spaces(source) - _leading_spaces(dedented)
     try:
-        tree = ast.parse(dedented)
+        tree = parse(dedented)
     except SyntaxError:
         tree = None
     function = tree.body[0] if tree is not None and tree.body else None
