@@ -22,6 +22,8 @@ from .language.triton_compat import (assume, broadcast, cumprod, debug_barrier, 
                                      interleave, join, permute, range, ravel, split, sqrt_rn, static_print, swizzle2d,
                                      view, xor_sum, zeros_like)
 from .language import triton_math as math
+import sys as _sys
+_sys.modules.setdefault(__name__ + ".math", math)   # `from fusedops.dsl.math import ...`, as triton.language.math
 from .language.dtypes import (BlockType, DType, PointerType, bfloat16, float16, float32, float64, int1, int8,
                               int16, int32, int64, pointer_type, uint8, uint16, uint32, uint64)
 from .runtime.autotune import Autotuner, Config, autotune

@@ -71,6 +71,34 @@ class ExpressionsMixin:
             raise UnsupportedError(f"{type(node.value).__name__} constants are not supported in kernels")
         return node.value
 
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> str:
+        """An f-string of compile-time values (constexprs, numbers, dtypes, strings), formatted at compile time as
+        Python formats them: Triton's `tl.static_print(f"BLOCK={BLOCK}")`, `tl.static_assert(c, f"...")`.
+
+        Raises:
+            UnsupportedError: a kernel value in it (its value exists only when the kernel runs).
+            CompilationError: a format spec the value refuses.
+        """
+        pieces = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                pieces.append(str(part.value))
+                continue
+            value = self.visit(part.value)
+            if isinstance(value, core.constexpr):
+                value = value.value
+            if is_runtime(value) or holds_runtime(value):
+                raise UnsupportedError(f"f-strings can format only compile-time values, got {described(value)} (its "
+                                       "value exists only when the kernel runs): pass it to dsl.device_print "
+                                       "(dsl.static_print shows its type)")
+            spec = self.visit(part.format_spec) if part.format_spec is not None else ""
+            converted = {ord("s"): str, ord("r"): repr, ord("a"): ascii}.get(part.conversion, lambda v: v)(value)
+            try:
+                pieces.append(format(converted, spec))
+            except (TypeError, ValueError) as e:
+                raise CompilationError(f"f-string format {spec!r} of {printable(value)} failed: {e}") from None
+        return "".join(pieces)
+
     def visit_Name(self, node: ast.Name):
         return self.scope.lookup(node.id)
 

@@ -43,8 +43,7 @@ _UNSUPPORTED = {
     "Raise": "raise (use dsl.device_assert)", "Delete": "del", "Global": "global declarations",
     "Nonlocal": "nonlocal declarations", "Import": "imports (import at module level)",
     "ImportFrom": "imports (import at module level)", "Match": "match statements",
-    "Starred": "`*` unpacking here", "JoinedStr": "f-strings (pass a constant string and the values to "
-    "dsl.device_print)", "FormattedValue": "f-strings",
+    "Starred": "`*` unpacking here", "FormattedValue": "f-strings",
 }
 
 

@@ -98,6 +98,10 @@ def _printed(value) -> str:
         value = value.value
     if hasattr(value, "type") and not isinstance(value, (DType, PointerType)):
         return f"<runtime {value.type}>"          # a kernel value: only its type is known at compile time
+    if isinstance(value, (tuple, list)):          # a tuple of kernel values: each item as above
+        items = [_printed(v) for v in value]
+        return f"({items[0]},)" if isinstance(value, tuple) and len(items) == 1 else \
+            ("({})" if isinstance(value, tuple) else "[{}]").format(", ".join(items))
     return str(value)
 
 
