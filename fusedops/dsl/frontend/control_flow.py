@@ -29,7 +29,8 @@ Rules (tests in tests/test_control_flow.py):
   `x += 1.5` would (not `x = load_f32 + 1`: the load, not the literal, made it a float); any other
   change is a CompilationError naming the variable.
   A tuple of kernel values and numbers is carried item by item (`name[i]` in errors); its length
-  must not change. So is a block pointer (`p.offsets[1]` in errors), whose block_shape and order must not. A name the body leaves unchanged, or assigns only the number it starts as (`v = 0`
+  must not change. So is a block pointer (`p.offsets[1]` in errors), whose block_shape and order must
+  not. A name the body leaves unchanged, or assigns only the number it starts as (`v = 0`
   before the loop and in it, under an `if` or in a nested loop too), is not carried: it stays that
   compile-time value after the loop. Names first assigned inside a loop are not defined after it.
 - `while cond:` builds a WHILE op whose before-region evaluates `cond` on the carried values; a
