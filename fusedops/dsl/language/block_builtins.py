@@ -5,9 +5,10 @@ machinery: core.py).
 
 from __future__ import annotations
 
+from ..errors import CompilationError
 from . import elementwise_builtins as _elementwise
-from .core import builtin
-from .shape_ops import compile_time_bool
+from .core import builtin, constexpr
+from .shape_ops import compile_time_bool, shown
 
 
 # -- block creation -----------------------------------------------------------------------------------
@@ -90,16 +91,29 @@ def cumsum(input, axis=0, reverse=False, dtype=None, *, _semantic=None):
 
 
 @builtin
-def dot(a, b, acc=None, input_precision=None, out_dtype=None, *, _semantic=None):
-    """Matrix product a (M x K) @ b (K x N) + acc (M x N); M, N, K powers of two.
+def dot(a, b, acc=None, input_precision=None, allow_tf32=None, max_num_imprecise_acc=None, out_dtype=None, *,
+        _semantic=None):
+    """Matrix product a (M x K) @ b (K x N) + acc (M x N); M, N, K powers of two. The arguments are Triton's
+    `tl.dot(input, other, acc, input_precision, allow_tf32, max_num_imprecise_acc, out_dtype)`.
 
     a and b share a dtype: float16/bfloat16/float32 accumulate in float32, float64 in float64, int8
     in int32. input_precision: "ieee" (default: exact float32 multiply-adds on the CUDA cores) or "tf32"
     (float32 inputs rounded to tf32, 10 mantissa bits, to nearest with ties away, and multiplied on the
     tensor cores with float32 accumulation: mma.sync m16n8k8 .tf32 on sm_80+ for M >= 16, N >= 8, K >= 8,
     codegen/mma_tf32.py; smaller blocks round the same way on the CUDA cores). Other values (Triton's
-    "tf32x3") raise CompilationError.
+    "tf32x3") raise CompilationError. allow_tf32 (Triton's older flag, a constexpr bool): True is
+    input_precision="tf32", False "ieee"; not both. max_num_imprecise_acc: None or a constexpr int >= 0,
+    accepted and ignored (Triton uses it for fp8 dots only, which this DSL has not). out_dtype: None or
+    the accumulation dtype above.
     """
+    if allow_tf32 is not None:
+        if input_precision is not None:
+            raise CompilationError("dot: give input_precision or allow_tf32, not both (allow_tf32=True is "
+                                   "input_precision=\"tf32\")")
+        input_precision = "tf32" if compile_time_bool(allow_tf32, "dot: allow_tf32") else "ieee"
+    limit = max_num_imprecise_acc.value if isinstance(max_num_imprecise_acc, constexpr) else max_num_imprecise_acc
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise CompilationError(f"dot: max_num_imprecise_acc must be None or a constexpr int >= 0, got {shown(limit)}")
     return _semantic.dot(a, b, acc, input_precision, out_dtype)
 
 

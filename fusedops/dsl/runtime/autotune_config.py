@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping, Optional
 
-from .launcher import warps_and_stages_problem
+from .launcher import DEFAULT_NUM_STAGES, DEFAULT_NUM_WARPS, warps_and_stages_problem
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One launch configuration, as Triton's `triton.Config(kwargs, num_warps, num_stages, num_ctas, maxnreg,
-    pre_hook)`: constexpr values (`kwargs`, a dict of names to values), num_warps and num_stages.
+    pre_hook)`: constexpr values (`kwargs`, a dict of names to values), num_warps and num_stages (None: the
+    launch defaults, 4 and 3, as Triton takes None; num_ctas None is 1).
 
     pre_hook: None, or `pre_hook(named_args)` called before every launch of this config, the tuning launches
         and every launch after the search alike (the interpreter's too): `named_args` maps each kernel parameter
@@ -24,16 +25,22 @@ class Config:
     """
 
     kwargs: Mapping
-    num_warps: int = 4
-    num_stages: int = 3
-    num_ctas: int = 1
+    num_warps: Optional[int] = 4
+    num_stages: Optional[int] = 3
+    num_ctas: Optional[int] = 1
     maxnreg: Optional[int] = None
     pre_hook: Optional[Callable] = None
 
     def __post_init__(self):
-        """Raises ValueError for num_warps other than a power of two from 1 to 32, num_stages below 1, num_ctas
-        other than 1 or a maxnreg (found here, not when autotuning skips the config); TypeError for a pre_hook
-        that is not callable."""
+        """None num_warps / num_stages / num_ctas become the defaults (4, 3, 1). Raises ValueError for num_warps
+        other than a power of two from 1 to 32, num_stages below 1, num_ctas other than 1 or a maxnreg (found
+        here, not when autotuning skips the config); TypeError for a pre_hook that is not callable."""
+        if self.num_warps is None:
+            object.__setattr__(self, "num_warps", DEFAULT_NUM_WARPS)
+        if self.num_stages is None:
+            object.__setattr__(self, "num_stages", DEFAULT_NUM_STAGES)
+        if self.num_ctas is None:
+            object.__setattr__(self, "num_ctas", 1)
         problem = warps_and_stages_problem(self.num_warps, self.num_stages)
         if problem is not None:
             raise ValueError(f"Config: {problem[0]} {problem[1]}")
