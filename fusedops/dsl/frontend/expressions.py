@@ -283,11 +283,11 @@ class ExpressionsMixin:
                                        "(read and write them with dsl.load / dsl.store)")
             return BoundMethod(BLOCK_POINTER_METHODS[name], value)
         if not hasattr(value, name):
-            owner = "module `fusedops.dsl.math`" if value is triton_math else \
-                f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
-            module = getattr(value, "__name__", None)
-            hint = missing_name_hint(name) if module == "fusedops.dsl" else \
-                missing_math_hint(name) if value is triton_math else ""
+            if value is triton_math:
+                owner, hint = "module `fusedops.dsl.math`", missing_math_hint(name)
+            else:
+                owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
+                hint = missing_name_hint(name) if getattr(value, "__name__", None) == "fusedops.dsl" else ""
             raise CompilationError(f"{owner} has no attribute `{name}`{hint}")
         if name.startswith("__"):
             raise UnsupportedError(f"cannot read `{name}` in a kernel")

@@ -33,8 +33,9 @@ from ..ir import OpCode
 from ..runtime.jit import jit
 from . import promotion
 from .core import builtin, constexpr, static_range
-from .dtypes import BlockType, PointerType, float32, int32, int64, uint32, uint64
+from .dtypes import PointerType, float32, int32, int64, shape_of, uint32, uint64
 from .elementwise_builtins import cos, log, maximum, sin, sqrt, where
+from .semantics import element_of
 
 N_ROUNDS_DEFAULT = 10
 
@@ -49,10 +50,6 @@ _PHILOX_CONSTANTS = {
 _UNIFORM_SCALE = {32: 4.6566127342e-10, 64: 1.0842020432385337e-19}
 
 
-def _element(value):
-    return value.type.element if isinstance(value.type, BlockType) else value.type
-
-
 def _integer_value(_semantic, value, what: str, like=None):
     """`value` (an IR value or an int literal) as an IR value of an integer dtype, or CompilationError."""
     if isinstance(value, constexpr):
@@ -60,7 +57,7 @@ def _integer_value(_semantic, value, what: str, like=None):
     if isinstance(value, bool) or not (isinstance(value, int) or hasattr(value, "type")):
         raise CompilationError(f"{what} must be an integer (a scalar or a block), got {_shown(value)}")
     value = _semantic.to_value(value, like)
-    element = _element(value)
+    element = element_of(value)
     if isinstance(element, PointerType) or not element.is_integer or element.is_bool:
         raise CompilationError(f"{what} must be an integer (a scalar or a block), got {element}")
     return value
@@ -78,20 +75,16 @@ def _rounds(n_rounds) -> int:
     return n_rounds
 
 
-def _shape(value) -> tuple:
-    return value.type.shape if isinstance(value.type, BlockType) else ()
-
-
 def _broadcast_counters(_semantic, counters: list, keys: list) -> list:
     """The counters broadcast to the shape of all six values (every output word has it, whatever n_rounds);
     the keys stay as they are (a scalar key is added once per thread, not per element)."""
     shape = ()
     for value in counters + keys:
         try:
-            shape = _semantic._broadcast_shape(shape, _shape(value))
+            shape = _semantic._broadcast_shape(shape, shape_of(value.type))
         except CompilationError as e:
             raise CompilationError(f"the counters and the seed do not broadcast together: {e}") from None
-    return [v if _shape(v) == shape else _semantic.broadcast_to(v, shape) for v in counters] + keys
+    return [v if shape_of(v.type) == shape else _semantic.broadcast_to(v, shape) for v in counters] + keys
 
 
 # -- the multiply Philox is made of ---------------------------------------------------------------------
@@ -112,11 +105,11 @@ def umulhi(x, y, *, _semantic=None):
             raise CompilationError(f"umulhi: {name} must be an integer scalar or block, got {_shown(value)}")
     a, b = _semantic._pair(x, y)
     for name, value in (("x", a), ("y", b)):
-        element = _element(value)
+        element = element_of(value)
         if isinstance(element, PointerType) or not element.is_integer or element.is_bool:
             raise CompilationError(f"umulhi: {name} must be an integer scalar or block, got {element}")
     try:
-        dtype = promotion.promote(_element(a), _element(b))
+        dtype = promotion.promote(element_of(a), element_of(b))
     except promotion.PromotionError as e:
         raise CompilationError(f"umulhi: {e}") from None
     a, b = _semantic.broadcast_pair(_semantic.cast(a, dtype), _semantic.cast(b, dtype))
@@ -131,14 +124,14 @@ def _philox_state(c0, c1, c2, c3, k0, k1, n_rounds, *, _semantic=None):
     _rounds(n_rounds)
     names = ("c0", "c1", "c2", "c3", "k0", "k1")
     first = next((i for i, v in enumerate((c0, c1, c2, c3, k0, k1)) if hasattr(v, "type")), None)
-    like = _element((c0, c1, c2, c3, k0, k1)[first]) if first is not None else uint32     # all literals: uint32
+    like = element_of((c0, c1, c2, c3, k0, k1)[first]) if first is not None else uint32     # all literals: uint32
     values = [_integer_value(_semantic, v, n, like) for n, v in zip(names, (c0, c1, c2, c3, k0, k1))]
     if like not in (uint32, uint64):
         raise CompilationError(f"{names[first]} must be uint32 or uint64, got {like} (dsl.philox takes signed "
                                "counters and a seed)")
     for name, value in zip(names, values):
-        if _element(value) != like:
-            raise CompilationError(f"{name} must have the type of the others ({like}), got {_element(value)}")
+        if element_of(value) != like:
+            raise CompilationError(f"{name} must have the type of the others ({like}), got {element_of(value)}")
     return (*_broadcast_counters(_semantic, values[:4], values[4:]), *_PHILOX_CONSTANTS[like.bits])
 
 
@@ -149,16 +142,16 @@ def _philox_key_and_counters(seed, c0, c1, c2, c3, n_rounds, *, _semantic=None):
     _rounds(n_rounds)
     seed = _integer_value(_semantic, seed, "seed")
     first = _integer_value(_semantic, c0, "offset (counter c0)")
-    width = _element(first).bits
+    width = element_of(first).bits
     if width not in (32, 64):
         raise CompilationError(f"offset (counter c0) must be a 32- or 64-bit integer, got "
-                               f"{_element(first)} (convert it with .to(dsl.int32) or .to(dsl.int64))")
+                               f"{element_of(first)} (convert it with .to(dsl.int32) or .to(dsl.int64))")
     unsigned = uint32 if width == 32 else uint64
     counters = [first]
     for name, value in (("c1", c1), ("c2", c2), ("c3", c3)):
-        value = _integer_value(_semantic, value, name, _element(first))
-        if _element(value).bits != width:
-            raise CompilationError(f"{name} must have c0's width ({width} bits), got {_element(value)}")
+        value = _integer_value(_semantic, value, name, element_of(first))
+        if element_of(value).bits != width:
+            raise CompilationError(f"{name} must have c0's width ({width} bits), got {element_of(value)}")
         counters.append(value)
     counters = [_semantic.cast(v, unsigned, True) for v in counters]
     seed = _semantic.cast(seed, uint64)
@@ -174,10 +167,10 @@ def _philox_key_and_counters(seed, c0, c1, c2, c3, n_rounds, *, _semantic=None):
 def _uniform_float_input(x, *, _semantic=None):
     """uint_to_uniform_float's argument as the signed integer of its width, and the scale of that width."""
     x = _integer_value(_semantic, x, "x")
-    bits = _element(x).bits
+    bits = element_of(x).bits
     if bits not in (32, 64):
         raise CompilationError(f"x must be a 32- or 64-bit integer (randint's result), "
-                               f"got {_element(x)}")
+                               f"got {element_of(x)}")
     return _semantic.cast(x, int32 if bits == 32 else int64, True), _UNIFORM_SCALE[bits]
 
 

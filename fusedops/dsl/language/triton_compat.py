@@ -22,11 +22,8 @@ from .core import builtin, constexpr
 from .dtypes import (BlockType, DType, PointerType, bfloat16, float32, int1, int8, int16, int32, int64, shape_of,
                      uint32, with_shape)
 from .elementwise_builtins import minimum
+from .semantics import element_of
 from .shape_ops import compile_time_bool, compile_time_flag, shown
-
-
-def _element(value):
-    return value.type.element if isinstance(value.type, BlockType) else value.type
 
 
 def _value(_semantic, x, what: str):
@@ -137,8 +134,8 @@ def assume(cond, *, _semantic=None):
         if not cond:
             raise CompilationError("assume: the condition is False at compile time")
         return None
-    if not hasattr(cond, "type") or _element(cond) != int1:
-        got = _element(cond) if hasattr(cond, "type") else shown(cond)
+    if not hasattr(cond, "type") or element_of(cond) != int1:
+        got = element_of(cond) if hasattr(cond, "type") else shown(cond)
         raise CompilationError(f"assume: cond must be a boolean (an int1 scalar or block, e.g. `x > 0`), got {got}")
     return None
 
@@ -147,7 +144,7 @@ def assume(cond, *, _semantic=None):
 def _like(_semantic, input, value, dtype, what: str):
     x = _value(_semantic, input, f"{what}: input")
     if dtype is None:
-        dtype = _element(x)
+        dtype = element_of(x)
     if not isinstance(dtype, DType):
         raise CompilationError(f"{what}: dtype must be a dsl dtype such as dsl.float32 (or None for the input's), "
                                f"got {shown(dtype) if not isinstance(dtype, PointerType) else dtype}")
@@ -236,7 +233,7 @@ def broadcast(input, other, *, _semantic=None):
 def _float_pair(_semantic, x, y, what: str):
     a, b = _semantic._pair(x, y)
     for name, value in (("x", a), ("y", b)):
-        element = _element(value)
+        element = element_of(value)
         if isinstance(element, PointerType) or not element.is_floating:
             raise CompilationError(f"{what}: {name} must be a floating-point scalar or block, got {element} "
                                    "(convert it with .to(dsl.float32))")
@@ -275,8 +272,8 @@ def sqrt_rn(x, *, _semantic=None):
         CompilationError: x not floating-point.
     """
     x = _value(_semantic, x, "sqrt_rn: x")
-    if isinstance(_element(x), PointerType) or not _element(x).is_floating:
-        raise CompilationError(f"sqrt_rn: x must be a floating-point scalar or block, got {_element(x)}")
+    if isinstance(element_of(x), PointerType) or not element_of(x).is_floating:
+        raise CompilationError(f"sqrt_rn: x must be a floating-point scalar or block, got {element_of(x)}")
     return _semantic.unary("sqrt", x)
 
 
@@ -302,7 +299,7 @@ def cumprod(input, axis=0, reverse=False, *, _semantic=None):
         CompilationError: a scalar or a pointer block, a bad axis, reverse not a compile-time bool.
     """
     x = _block(_semantic, input, "cumprod: input")
-    element = _element(x)
+    element = element_of(x)
     if isinstance(element, PointerType):
         raise CompilationError("cumprod: input must be a block of numbers, got pointers")
     axis = _semantic._axis(x, axis, "cumprod")
@@ -326,14 +323,14 @@ def xor_sum(input, axis=None, keep_dims=False, *, _semantic=None):
         CompilationError: a scalar, a float or pointer block, a bad axis.
     """
     x = _block(_semantic, input, "xor_sum: input")
-    element = _element(x)
+    element = element_of(x)
     if isinstance(element, PointerType) or not element.is_integer:
         raise CompilationError(f"xor_sum: input must be a block of integers, got {element}")
     rank = len(shape_of(x.type))
     x, axis_index = _semantic._flatten_for_reduce(_semantic.cast(x, _integer_compute_type(element)), axis)
     shape = shape_of(x.type)
     out_shape = shape[:axis_index] + shape[axis_index + 1:]
-    reduced = _semantic.builder.value(OpCode.REDUCE, [x], with_shape(_element(x), out_shape), kind="xor",
+    reduced = _semantic.builder.value(OpCode.REDUCE, [x], with_shape(element_of(x), out_shape), kind="xor",
                                       axis=axis_index)
     return _semantic._keep_dims(_semantic.cast(reduced, element), axis, axis_index, rank, keep_dims)
 
@@ -341,7 +338,7 @@ def xor_sum(input, axis=None, keep_dims=False, *, _semantic=None):
 # -- exact data movement ---------------------------------------------------------------------------------------
 def _as_bits(_semantic, x, what: str):
     """(x's values as integers of their width, a function taking such integers back to x's dtype)."""
-    element = _element(x)
+    element = element_of(x)
     if isinstance(element, PointerType):
         raise CompilationError(f"{what}: blocks of pointers are not supported (move the offsets, then add them to "
                                "the base pointer)")
@@ -361,7 +358,7 @@ def _swap_halves(_semantic, bits, dim: int, size: int):
     split = shape[:dim] + (shape[dim] // (2 * size), 2, size) + shape[dim + 1:]
     y = _semantic.reshape(bits, split)
     total = _semantic.reduce(y, dim + 1, "sum", True)
-    y = _semantic.cast(_semantic.binary("sub", total, y), _element(bits))
+    y = _semantic.cast(_semantic.binary("sub", total, y), element_of(bits))
     return _semantic.reshape(y, shape)
 
 
@@ -447,7 +444,7 @@ def _swizzle_arguments(i, j, size_i, size_j, size_g, *, _semantic=None):
         if isinstance(value, bool) or not (isinstance(value, int) or hasattr(value, "type")):
             raise CompilationError(f"swizzle2d: {name} must be an integer scalar or block, got {shown(value)}")
         if hasattr(value, "type"):
-            element = _element(value)
+            element = element_of(value)
             if isinstance(element, PointerType) or not element.is_integer or element.is_bool:
                 raise CompilationError(f"swizzle2d: {name} must be an integer scalar or block, got {element}")
         elif name.startswith("size") and value < 1:

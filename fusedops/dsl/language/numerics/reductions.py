@@ -74,7 +74,8 @@ def scan(x, kind: str, axis: int, reverse: bool, dtype: DType) -> np.ndarray:
     """Inclusive prefix scan along `axis` (SCAN), from the end when `reverse`.
 
     sum: sequential order; integers wrap around; fp16/bf16 accumulate in float32 and each output is
-    rounded once. prod: sequential order, in x's type (integers wrap around). max/min: running extreme, NaN propagates, -0.0 < +0.0.
+    rounded once. prod: sequential order, in x's type (integers wrap around). max/min: running extreme, NaN
+    propagates, -0.0 < +0.0.
     """
     dtype = scalar_type(dtype)
     x = np.asarray(x)
