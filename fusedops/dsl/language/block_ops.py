@@ -119,7 +119,8 @@ class BlockOps:
         return dtype
 
     def reduce(self, x, axis, kind: str, keep_dims: bool = False, dtype=None) -> Value:
-        """sum / max / min along `axis` (all axes when None); sum accumulates as `_accumulation_type`. `dtype`
+        """sum / max / min / xor (integers: triton_compat.xor_sum) along `axis` (all axes when None); sum
+        accumulates as `_accumulation_type`. `dtype`
         (sum only, Triton's): x is converted to it first and the sum (accumulated as its type's) back to it."""
         dtype = self._result_dtype(dtype, kind)
         if dtype is not None:

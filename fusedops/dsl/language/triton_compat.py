@@ -20,7 +20,7 @@ from ..runtime.jit import jit
 from .block_builtins import VALUE_METHODS
 from .core import builtin, constexpr
 from .dtypes import (BlockType, DType, PointerType, bfloat16, float32, int1, int8, int16, int32, int64, shape_of,
-                     uint32, with_shape)
+                     uint32)
 from .elementwise_builtins import minimum
 from .semantics import element_of
 from .shape_ops import compile_time_bool, compile_time_flag, shown
@@ -326,13 +326,8 @@ def xor_sum(input, axis=None, keep_dims=False, *, _semantic=None):
     element = element_of(x)
     if isinstance(element, PointerType) or not element.is_integer:
         raise CompilationError(f"xor_sum: input must be a block of integers, got {element}")
-    rank = len(shape_of(x.type))
-    x, axis_index = _semantic._flatten_for_reduce(_semantic.cast(x, _integer_compute_type(element)), axis)
-    shape = shape_of(x.type)
-    out_shape = shape[:axis_index] + shape[axis_index + 1:]
-    reduced = _semantic.builder.value(OpCode.REDUCE, [x], with_shape(element_of(x), out_shape), kind="xor",
-                                      axis=axis_index)
-    return _semantic._keep_dims(_semantic.cast(reduced, element), axis, axis_index, rank, keep_dims)
+    reduced = _semantic.reduce(_semantic.cast(x, _integer_compute_type(element)), axis, "xor", keep_dims)
+    return _semantic.cast(reduced, element)
 
 
 # -- exact data movement ---------------------------------------------------------------------------------------
