@@ -6,12 +6,18 @@
 - The `seed` fixture gives each test case its own fixed seed (derived from its node id): fresh
   data per parametrized case, the same data on every run. The global torch/NumPy RNGs are seeded
   with it too, so a test that draws from them is reproducible as well.
+- Tests marked `large_memory` run one at a time across pytest-xdist workers (a file lock).
 - Hypothesis runs derandomized (the same examples every run) and without deadlines (the
   interpreter is slow on a shared 2-core CI machine).
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import tempfile
+
+import filelock
 import numpy as np
 import pytest
 import torch
@@ -35,6 +41,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _one_large_memory_test_at_a_time(request):
+    """Tests marked `large_memory` (tensors of 2**31 elements and more) hold a file lock shared by the
+    pytest-xdist workers while they run: several of them at once (4-25 GiB each) ran the GPU out of memory
+    under `-m cuda -n 12`, while the other tests take well under a GiB each. The test's memory goes back to
+    the driver before the lock does (torch's caching allocator would keep it for this worker alone)."""
+    if request.node.get_closest_marker("large_memory") is None:
+        yield
+        return
+    with filelock.FileLock(os.path.join(tempfile.gettempdir(), "fusedops-large-memory-tests.lock")):
+        try:
+            yield
+        finally:
+            gc.collect()
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
 
 
 @pytest.fixture

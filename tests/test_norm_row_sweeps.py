@@ -295,15 +295,16 @@ def test_far_outlier_in_the_first_column(interpret, make, n, dtype, subtract_mea
 def test_shipped_configs_shift_odd_rows_only():
     # The default row sweeps of aligned rows compile as before the window existed (no SHIFT constexpr:
     # byte-identical PTX); odd rows go through the window (16-byte vectors of 8 elements). (Odd rows of up to
-    # 4097 columns take the split window instead: test_split_window_norms.py.)
-    for n in (8192, 16384, 32768, 6001, 4105, 12289, 20001, 40001):
+    # 4097 columns take the split window instead: test_split_window_norms.py; those of 4098..12289 mostly the
+    # staged one: test_norm_split_staged.py.)
+    for n in (8192, 16384, 32768, 6001, 4105, 9001, 12289, 20001, 40001):
         for dtype in (torch.float16, torch.bfloat16):
             for subtract_mean in (LAYER_NORM, RMS_NORM):
                 config = norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean)
                 if config.row_sweeps:
                     x = torch.empty((2, n), dtype=dtype, device="meta")
                     assert _shift_of(config, x, subtract_mean) == (8 if n % 8 else 0), (n, dtype, subtract_mean)
-                else:       # RMSNorm 16384 keeps its tiles; LayerNorm 8192 takes whole rows (session 31)
+                elif not config.staged_affine:  # RMSNorm 16384 keeps its tiles; LayerNorm 8192 whole rows (s. 31)
                     assert n == 16384 and not subtract_mean or n == 8192 and subtract_mean
 
 
@@ -393,6 +394,7 @@ def test_gpu_special_rows(config, n_cols, subtract_mean, seed):
 @OPS
 @pytest.mark.parametrize("config, n_cols", [(GPU_CONFIGS[0], 32768), (GPU_WINDOW_CONFIGS[0], 32767),
                                              (GPU_WINDOW_CONFIGS[3], 32767)], ids=["sweeps", "window", "shifted"])
+@pytest.mark.large_memory
 def test_gpu_more_than_2_31_elements(config, n_cols, subtract_mean, seed):
     n_rows = 2**31 // n_cols + 3                    # 2**31 + 3 rows of elements: int64 row offsets needed
     x = torch.randn((n_rows, n_cols), dtype=torch.float16, device="cuda")

@@ -34,6 +34,7 @@ from fusedops.kernels import norm_forward_launcher
 from fusedops.kernels import norm_row_sweeps
 from fusedops.kernels import norm_rows
 from fusedops.kernels import norm_split_window
+from fusedops.kernels import norm_split_staged
 from fusedops.kernels import norms
 from fusedops.kernels import sizes
 from fusedops.kernels.norm_backward_config import BackwardConfig
@@ -449,8 +450,8 @@ def _hard_rows(n_cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("n_cols", [1000, 2047, 2048, 4096, 8192, 12289, 32768])
 def test_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, seed, monkeypatch):
     # The default 16-bit LayerNorm forward of these rows takes the shifted sums (2047: in the split window;
-    # 8192 and up: in the row sweeps with norm_forward_config.ROW_SWEEP_SHIFTED_SUMS, 12289 through their
-    # aligned window); its outputs stay within twice the error of torch's own (float32 statistics, one
+    # 8192 and up: in the row sweeps with norm_forward_config.ROW_SWEEP_SHIFTED_SUMS; 12289 in the staged split
+    # window); its outputs stay within twice the error of torch's own (float32 statistics, one
     # rounding) against float64, and its statistics within the documented bounds.
     monkeypatch.setattr(norm_forward_config, "ROW_SWEEP_SHIFTED_SUMS", True)
     config = norm_forward_config.forward_config(n_cols, dtype, subtract_mean=True)
@@ -532,22 +533,23 @@ def test_default_forward_options_apply_to_16_bit_layer_norm_only():
                 == norm_forward_config.forward_config(n_cols, torch.float16))
     # the aligned-window row sweeps: the same but for LayerNorm's shifted sums
     # (norm_forward_config.ROW_SWEEP_SHIFTED_SUMS)
-    layer_norm = norm_forward_config.forward_config(12289, torch.float16, subtract_mean=True)
+    layer_norm = norm_forward_config.forward_config(20001, torch.float16, subtract_mean=True)
     assert layer_norm.shifted_sums == norm_forward_config.ROW_SWEEP_SHIFTED_SUMS
-    assert dataclasses.replace(layer_norm, shifted_sums=False) == norm_forward_config.forward_config(12289,
+    assert dataclasses.replace(layer_norm, shifted_sums=False) == norm_forward_config.forward_config(20001,
                                                                                                      torch.float16)
 
 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_default_forward_of_long_odd_half_rows_reads_an_aligned_window(op, seed):
-    # 12289 columns: rows start off 16-byte boundaries; the shipped forward reads them through the window.
-    config = norm_forward_config.forward_config(12289, torch.float16)
-    assert config.row_sweeps and norm_rows.window_shift(config.aligned_window, None, 12289, 1, 2, (12289, 1)) == 8
+    # 20001 columns: rows start off 16-byte boundaries; the shipped forward reads them through the window.
+    # (12289 columns take the staged split window: tests/test_norm_split_staged.py.)
+    config = norm_forward_config.forward_config(20001, torch.float16)
+    assert config.row_sweeps and norm_rows.window_shift(config.aligned_window, None, 20001, 1, 2, (20001, 1)) == 8
     subtract_mean = op == LAYER_NORM
-    x, w, b, dy = _inputs((3, 12289), (12289,), torch.float16, seed, True, subtract_mean)
+    x, w, b, dy = _inputs((3, 20001), (20001,), torch.float16, seed, True, subtract_mean)
     y, mean, rstd = norms.norm_forward(x, w, b, 1e-5, subtract_mean=subtract_mean, interpret=True,
                                        allocate=_poisoned_cpu_empty)
-    assert_close(y, _reference(op, x, (12289,), w, b, 1e-5, dy)[0], torch.float16)
+    assert_close(y, _reference(op, x, (20001,), w, b, 1e-5, dy)[0], torch.float16)
 
 
 def test_strided_inputs_are_read_in_place(seed):
@@ -822,7 +824,7 @@ def _shipped_launches(dtype, subtract_mean, sizes, monkeypatch):
             return lambda *tensors: None
         return prepare
 
-    for module in (norm_forward_kernels, norm_row_sweeps, norm_backward_kernels, norm_split_window):
+    for module in (norm_forward_kernels, norm_row_sweeps, norm_backward_kernels, norm_split_window, norm_split_staged):
         for name, kernel in vars(module).items():
             if isinstance(kernel, dsl.JITFunction) and not name.startswith("_"):
                 monkeypatch.setattr(kernel, "prepare", recorder(kernel))
@@ -891,14 +893,16 @@ HALF_LAYER_NORM_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 @pytest.mark.parametrize("dtype, subtract_mean, sizes", [(torch.float16, True, ALL_SIZES),
                                                          (torch.float32, True, LARGE_SIZES),
                                                          (torch.bfloat16, True, HALF_LAYER_NORM_SIZES + (20001,)),
-                                                         (torch.bfloat16, False, LARGE_SIZES + (4097, 12289))])
+                                                         (torch.bfloat16, False, LARGE_SIZES + (4097, 12289, 20001))])
 def test_shipped_configs_assemble_for_sm90a_without_spills(dtype, subtract_mean, sizes, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
     launches = _shipped_launches(dtype, subtract_mean, sizes, monkeypatch)
     names = {name for name, *_ in launches}
     if dtype.itemsize == 2:     # the persistent backward and (odd rows) the aligned-window row sweeps are shipped
         assert "backward_persistent_kernel" in names
-        odd = [n for n in sizes if n % 8 and n > 4097]
+        odd = [n for n in sizes if n % 8 and n > 12289]
+        if any(n % 8 and 4097 < n <= 12289 for n in sizes):         # and the staged split window
+            assert "forward_split_staged_kernel" in names
         assert not odd or any(name == "forward_row_sweeps_kernel" and constexprs.get("SHIFT")
                               for name, _, _, constexprs, _ in launches)
         if any(n % 8 and 514 <= n <= 4097 for n in sizes):         # and the split window
@@ -985,8 +989,9 @@ def test_gpu_shifted_sums_within_twice_torchs_error_on_hard_rows(dtype, n_cols, 
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_gpu_default_odd_rows_read_shifted_affine_copies(op, dtype, seed):
-    # Odd rows of the default window row sweeps, enough elements for the shifted weight/bias copies.
-    shape = (401, 12289)
+    # Odd rows of the default window row sweeps, enough elements for the shifted weight/bias copies (20001:
+    # 12289 takes the staged split window, tests/test_norm_split_staged.py).
+    shape = (401, 20001)
     config = norm_forward_config.forward_config(shape[1], dtype, subtract_mean=op == LAYER_NORM)
     assert config.shifted_affine and shape[0] * shape[1] >= norm_forward_launcher.SHIFTED_AFFINE_MIN_ELEMENTS
     x, w, b, dy = _inputs(shape, shape[-1:], dtype, seed, True, op == LAYER_NORM, device="cuda")
@@ -1013,6 +1018,7 @@ def test_gpu_strided_and_expanded(op, n_cols, seed):
     _check_views(op, x, w, b, torch.float16)
 
 
+@pytest.mark.large_memory
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 def test_gpu_more_than_65535_programs_and_deterministic(op, seed):
@@ -1031,6 +1037,7 @@ def test_gpu_more_than_65535_programs_and_deterministic(op, seed):
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
 # the persistent backward; in clusters; the split backward and the looped forward
+@pytest.mark.large_memory
 @pytest.mark.parametrize("n_cols", [8192, 16384, 65536])
 def test_gpu_more_than_2_31_elements(op, n_cols, seed):
     n_rows = 2**31 // n_cols + 3                    # 2**31 + 3 * n_cols elements: int64 row offsets needed

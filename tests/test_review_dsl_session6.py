@@ -514,6 +514,7 @@ def _int64_offset_kernel(o_ptr, x_ptr, stride, BLOCK: dsl.constexpr):
     dsl.store(o_ptr + dsl.program_id(0) * BLOCK + dsl.arange(0, BLOCK), dsl.load(x_ptr + offsets))
 
 
+@pytest.mark.large_memory
 @pytest.mark.cuda
 def test_int64_offsets_past_two_to_the_31():
     stride = 2**31 + 32

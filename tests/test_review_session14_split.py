@@ -139,7 +139,9 @@ def test_window_region_boundaries(subtract_mean):
             backward = norm_backward_config.backward_config(n, dtype, subtract_mean=subtract_mean)
             assert forward.split_window and backward.split_window and forward.block_n == backward.block_n == block_n
         for n in (2, 7, 100, 511, 513, 4098, 4099, 4101, 8191):
-            assert not norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
+            forward = norm_forward_config.forward_config(n, dtype, subtract_mean=subtract_mean)
+            # (4098..12289 off 16-byte boundaries: the staged window, tests/test_norm_split_staged.py)
+            assert not forward.split_window or (forward.staged_affine and n > 4097), n
             assert not norm_backward_config.backward_config(n, dtype, subtract_mean=subtract_mean).split_window, n
 
 

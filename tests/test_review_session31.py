@@ -495,7 +495,10 @@ def test_routing_around_6144_and_8192_columns():
         for n in (4104, 6136, 6144, 8200, 16384):           # multiples of 8 outside 6145..8192: the sweeps
             config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
             assert config.row_sweeps and config.shifted_sums and not config.aligned_window, (n, dtype)
-        for n in (6145, 6151, 8190, 8191, 8193, 12289):     # not a multiple of 8: the aligned-window sweeps
+        for n in (6145, 6151, 8190, 8191, 8193, 12289):     # not a multiple of 8: the staged split window
+            config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
+            assert config.staged_affine and config.shifted_sums, (n, dtype)
+        for n in (9001, 10239, 12297, 20001):               # ... or the aligned-window sweeps
             config = norm_forward_config.forward_config(n, dtype, subtract_mean=True)
             assert config.row_sweeps and config.aligned_window and config.shifted_sums, (n, dtype)
         for n in (4096, 6144, 6152, 8192):                  # RMSNorm unchanged: the row sweeps from 4097 on

@@ -200,9 +200,9 @@ def _paths(n, dtype, op):
 _SWITCH_POINTS = [
     (torch.float16, 513, ("whole", "fused")), (torch.float16, 514, ("split", "split_window")),
     (torch.float16, 2047, ("split", "split_window")), (torch.float16, 2049, ("split", "split_window")),
-    (torch.float16, 4097, ("split", "split_window")), (torch.float16, 4098, ("sweeps", "fused")),
+    (torch.float16, 4097, ("split", "split_window")), (torch.float16, 4098, ("split", "fused")),
     (torch.float16, 4104, ("sweeps", "persistent")), (torch.float16, 6152, ("whole", "persistent")),
-    (torch.float16, 8193, ("sweeps", "cluster")), (torch.float16, 8200, ("sweeps", "cluster")),
+    (torch.float16, 8193, ("split", "cluster")), (torch.float16, 8200, ("sweeps", "cluster")),
     (torch.float16, 16377, ("sweeps", "cluster")), (torch.float16, 32762, ("sweeps", "split")),
     (torch.float16, 32776, ("looped", "split")), (torch.bfloat16, 1023, ("split", "split_window")),
     (torch.bfloat16, 12801, ("sweeps", "cluster")), (torch.float32, 4097, ("whole", "split")),

@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+import fusedops.dsl as dsl
 from fusedops.kernels.norm_rows import accumulation_dtype
 from fusedops.kernels.sizes import next_power_of_2
 
@@ -50,6 +51,9 @@ class ForwardConfig:
     elsewhere the launcher takes forward_config's choice without it. programs_per_sm > 0: a persistent
     grid whose programs gather weight and bias once (norm_split_window.forward_split_persistent_kernel;
     output_chunks ignored), else one program per row tile gathering them per row (forward_split_kernel).
+    staged_affine=True (with split_window; block_rows 1, programs_per_sm > 0): the main window in main_tiles
+    (1 to 3) tiles of block_n positions (main_tiles * block_n >= N - 1), weight and bias staged by each program
+    into shifted copies that every row reads in vectors (norm_split_staged.forward_split_staged_kernel).
 
     row_sweeps=True (looped, block_rows, affine_first, prefetch, reload and output_chunks ignored):
     norm_row_sweeps.forward_row_sweeps_kernel, one row per program (programs_per_sm > 0: that many programs
@@ -83,6 +87,8 @@ class ForwardConfig:
     shifted_affine: bool = False
     shifted_sums: bool = False
     split_window: bool = False
+    main_tiles: int = 1
+    staged_affine: bool = False
 
 
 # 16-bit LayerNorm forward options by padded row size (block_n), over the base whole-row tiles of
@@ -209,10 +215,35 @@ _HALF_SPLIT_WINDOW = {
 }
 
 
+# 16-bit rows off 16-byte boundaries of 4098 to 12289 columns whose N is at most a limit here take the
+# staged-affine split window (ForwardConfig.staged_affine; norm_split_staged's docstring has the measurements):
+# (largest N, block_n, num_warps, programs_per_sm, prefetch) by op (subtract_mean), the first limit at or
+# above N; None: the choice without it (LayerNorm 8194..10240: the row sweeps were as fast or faster).
+_HALF_STAGED_WINDOW = {
+    True: ((6145, (2048, 8, 2, True)), (8193, (4096, 8, 2, True)), (10240, None), (12289, (4096, 8, 2, False))),
+    False: ((6145, (2048, 4, 4, True)), (8193, (4096, 8, 2, True)), (12289, (4096, 8, 2, False))),
+}
+
+
+def _staged_window_config(n_cols: int, subtract_mean: bool) -> Optional[ForwardConfig]:
+    """The staged-affine split-window config of a 16-bit row of n_cols columns off 16-byte boundaries (None:
+    not one of its rows)."""
+    choice = next((choice for limit, choice in _HALF_STAGED_WINDOW[subtract_mean] if n_cols <= limit), None)
+    if n_cols <= 4097 or choice is None:
+        return None
+    block_n, num_warps, per_sm, prefetch = choice
+    return ForwardConfig(looped=False, block_rows=1, block_n=block_n, num_warps=num_warps, programs_per_sm=per_sm,
+                         prefetch=prefetch, split_window=True, staged_affine=True, shifted_sums=subtract_mean,
+                         main_tiles=dsl.cdiv(n_cols - 1, block_n))
+
+
 def _split_window_config(n_cols: int, dtype: torch.dtype, subtract_mean: bool) -> Optional[ForwardConfig]:
     """The split-window config of a row of n_cols columns of `dtype` (None: not one of its rows)."""
     if dtype.itemsize != 2 or n_cols % 8 == 0 or n_cols < 2:
         return None
+    staged = _staged_window_config(n_cols, subtract_mean)
+    if staged is not None:
+        return staged
     block_n = next_power_of_2(n_cols - 1)
     choice = _HALF_SPLIT_WINDOW[subtract_mean].get(block_n)
     if choice is None:
@@ -235,7 +266,8 @@ def forward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Fal
     columns, not a multiple of 8 (rows off 16-byte boundaries), take the row sweeps through the aligned
     window (`_HALF_ODD_ROW_WINDOW`; where the window does not apply, strided rows, the plain sweeps);
     those of 514 to 4097 columns take the split window instead (`_HALF_SPLIT_WINDOW`: whole rows, the
-    main tile padded from N - 1, not N; where it does not apply, the choice without it).
+    main tile padded from N - 1, not N; where it does not apply, the choice without it), and those of 4098 to
+    12289 columns the staged-affine split window (`_HALF_STAGED_WINDOW`; LayerNorm's of 8194 to 10240 excepted).
 
     16-bit LayerNorm rows of 513 to 4096 columns (padded to 1024..4096; but the aligned-window rows), and
     those of 6145 to 8192 columns with N % 8 == 0 (`_HALF_LAYER_NORM_WHOLE_ROWS_FROM`), take one row per

@@ -17,6 +17,7 @@ from fusedops.kernels.norm_forward_kernels import forward_kernel, forward_looped
 from fusedops.kernels.norm_row_sweeps import forward_row_sweeps_kernel
 from fusedops.kernels.norm_rows import check_rows, contiguous_or_none, output_allocator, round_up, row_geometry, \
     stride_alignment, window_shift, accumulation_dtype, as_rows
+from fusedops.kernels.norm_split_staged import forward_split_staged_kernel
 from fusedops.kernels.norm_split_window import forward_split_kernel, forward_split_persistent_kernel
 
 
@@ -64,14 +65,27 @@ def forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interp
         eps = np.float64(eps) if x.dtype == torch.float64 else float(np.float32(eps))
     args = (y, mean, rstd, rows, weight, bias, n_rows, n_cols, row_stride, col_stride, n_cols, eps)
     shifted = 0         # with shifted_affine: the window's SHIFT (the number of shifted copies)
+    new_copies = None   # with staged_affine: (weight, bias) -> their scratch copies
     if split_shift:
-        if config.block_n < n_cols - 1 or config.block_n % config.output_chunks:
-            raise ValueError(f"split window: block_n={config.block_n} is smaller than the row ({n_cols} columns) "
-                             f"less one, or output_chunks={config.output_chunks} does not divide it")
+        main_tiles = config.main_tiles if config.staged_affine else 1   # (the other split kernels: one tile)
+        if config.block_n * main_tiles < n_cols - 1 or config.block_n % config.output_chunks:
+            raise ValueError(f"split window: main_tiles={main_tiles} x block_n={config.block_n} is smaller "
+                             f"than the row ({n_cols} columns) less one, or output_chunks={config.output_chunks} "
+                             f"does not divide block_n (main_tiles other than 1 takes staged_affine)")
         tiles = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
                      SHIFT=split_shift, num_warps=config.num_warps, interpret=interpret)
         n_tiles = dsl.cdiv(n_rows, config.block_rows)
-        if config.programs_per_sm > 0:
+        if config.staged_affine:
+            if config.block_rows != 1 or config.programs_per_sm <= 0 or not 1 <= config.main_tiles <= 3:
+                raise ValueError("staged_affine takes block_rows=1, programs_per_sm > 0 and 1 to 3 main_tiles")
+            new_copies = staged_copies_allocator(weight, bias, n_cols, split_shift, allocate)
+            del tiles["BLOCK_ROWS"]
+            grid = (round_up(min(n_rows, _sm_count(device) * config.programs_per_sm), split_shift),)
+            prepared = forward_split_staged_kernel.prepare(
+                grid, *args[:6], *new_copies(weight, bias), n_rows, n_cols, row_stride,
+                affine_copy_stride(n_cols, split_shift), eps, TILES=config.main_tiles, PREFETCH=config.prefetch,
+                **tiles)
+        elif config.programs_per_sm > 0:
             grid = (round_up(min(n_tiles, _sm_count(device) * config.programs_per_sm), split_shift),)
             prepared = forward_split_persistent_kernel.prepare(grid, *args[:9], eps, PREFETCH=config.prefetch,
                                                                **tiles)
@@ -127,7 +141,10 @@ def forward_launcher(x, weight, bias, eps, subtract_mean, n_cols, config, interp
                 weight = weight.reshape(-1).contiguous()
             if copy_bias:
                 bias = bias.reshape(-1).contiguous()
-        prepared(y, mean, rstd, x, weight, bias)
+        if new_copies is not None:
+            prepared(y, mean, rstd, x, weight, bias, *new_copies(weight, bias))
+        else:
+            prepared(y, mean, rstd, x, weight, bias)
         return y, mean, rstd
 
     return launch
@@ -143,10 +160,26 @@ def shifted_affine_copies(t: torch.Tensor, n_cols: int, shift: int) -> torch.Ten
     element f * stride + c + f (stride: norm_row_sweeps.affine_copy_stride, a multiple of `shift`), so that
     the aligned window of a row starting f elements past a 16-byte boundary reads copy f in 16-byte
     vectors (the positions no copy writes are never read). One copy kernel."""
-    stride = (n_cols + 2 * shift - 2) // shift * shift          # norm_row_sweeps.affine_copy_stride
+    stride = affine_copy_stride(n_cols, shift)
     copies = torch.empty(shift * stride, dtype=t.dtype, device=t.device)
     copies.as_strided((shift, n_cols), (stride + 1, 1)).copy_(t.reshape(1, n_cols).expand(shift, n_cols))
     return copies
+
+
+def staged_copies_allocator(weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], n_cols: int, shift: int,
+                            allocate: Callable = torch.empty) -> Callable:
+    """`new(weight, bias) -> (weight copies, bias copies)`: uninitialized scratch for
+    norm_split_staged.forward_split_staged_kernel's shifted copies (`shift` copies of affine_copy_stride
+    elements, in each tensor's dtype; None for a None tensor), made by `allocate`."""
+    size = (shift * affine_copy_stride(n_cols, shift),)
+    new_weight = None if weight is None else contiguous_allocator(size, weight.dtype, weight.device, allocate)
+    new_bias = None if bias is None else contiguous_allocator(size, bias.dtype, bias.device, allocate)
+    return lambda weight, bias: (None if new_weight is None else new_weight(), None if new_bias is None else new_bias())
+
+
+def affine_copy_stride(n_cols: int, shift: int) -> int:
+    """norm_row_sweeps.affine_copy_stride on the host: n_cols + shift - 1 positions rounded up to `shift`."""
+    return (n_cols + 2 * shift - 2) // shift * shift
 
 
 # forward_row_sweeps_kernel's cache hints with ForwardConfig.cache_hints: x in the first sweep, x in the

@@ -10,7 +10,7 @@ small sizes; bench/layernorm.py to sweep configurations).
 The launches are prepared by norm_forward_launcher.py and norm_backward_launcher.py with the tilings of
 norm_forward_config.py and norm_backward_config.py; the kernels are norm_forward_kernels.py's, norm_row_sweeps.py's
 and norm_backward_kernels.py's, and norm_split_window.py's for 16-bit rows of 514 to 4097 columns off 16-byte
-boundaries.
+boundaries (norm_split_staged.py's forward for those of 4098 to 12289).
 """
 
 from __future__ import annotations
