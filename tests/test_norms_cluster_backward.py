@@ -39,8 +39,8 @@ def _backward(op, x, w, b, dy, allocate=_poisoned_empty):
 @pytest.mark.parametrize("n_cols", [16384, 16392, 12289, 16383])
 def test_default_half_backward_in_clusters(interpret, op, n_cols, seed):
     # 16384-column rows in 8 parts of 2048 columns; rows off 16-byte boundaries whose aligned window (N + 7
-    # positions at most) fits 8 such parts too (12289: 7 parts); else 4096-column parts (16392: 5 parts, the
-    # last of 8 columns; 16383: 5 parts of the window)
+    # positions at most) fits 8 such parts too (12289: 6 parts of whole vectors and the edges); else 4096-column
+    # parts (16392: 5 parts, the last of 8 columns; 16383: 4 parts of whole vectors)
     config = norm_backward_config.backward_config(n_cols, torch.float16, subtract_mean=op == LAYER_NORM)
     in_2048 = n_cols == 16384 or (n_cols % 8 != 0 and n_cols + 7 <= 8 * 2048)
     assert config.cluster and config.persistent and config.block_n == (2048 if in_2048 else 4096)
@@ -79,9 +79,43 @@ def test_window_programs_walk_rows_of_one_window_offset(op, block_rows, seed, mo
                             aligned_window=True)
     _check_with_configs(op, (61, 21), torch.float16, seed, ForwardConfig(False, 1, 32, 1), config)
     ((grid,), options), = grids
-    assert options["SHIFT"] == 8 and options["CLUSTER"] == 4
+    # (the window's whole vectors in cdiv(21 - 1, 8) = 3 parts, its edges in part 0: EDGES)
+    assert options["SHIFT"] == 8 and options["CLUSTER"] == 3 and options["EDGES"]
     groups = grid // options["CLUSTER"]
     assert groups * block_rows % 8 == 0 and groups * block_rows < 61
+
+
+# Rows off 16-byte boundaries in clusters take the split window (backward_persistent_kernel's EDGES): whole
+# vectors in cdiv(N - 1, block_n) parts, the 2 * 8 edge lanes in part 0. Forced 8-column parts over N of every
+# residue mod 8: N - 1 a multiple of the parts (17, 25: the last vector ends the main positions), one part more
+# than the rows' whole vectors need, 2 to 8 parts; prefetch or not; weight and bias or neither; many rows
+# (several tiles per program) with poisoned outputs.
+@pytest.mark.parametrize("op", [LAYER_NORM, RMS_NORM])
+@pytest.mark.parametrize("n_cols", [17, 19, 21, 23, 25, 26, 28, 31, 57, 65])
+@pytest.mark.parametrize("prefetch, affine", [(True, True), (False, False)])
+def test_cluster_edges_every_offset_and_part_count(op, n_cols, prefetch, affine, seed, monkeypatch):
+    grids = []
+    prepare = norm_backward_kernels.backward_persistent_kernel.prepare
+    monkeypatch.setattr(norm_backward_kernels.backward_persistent_kernel, "prepare",
+                        lambda grid, *a, **k: grids.append(k) or prepare(grid, *a, **k))
+    config = BackwardConfig(False, 1, 8, 1, 1, persistent=True, prefetch=prefetch, cluster=True, aligned_window=True)
+    _check_with_configs(op, (43, n_cols), torch.bfloat16, seed, ForwardConfig(False, 1, 128, 1), config,
+                        weight=affine, bias=affine)
+    options, = grids
+    assert options["EDGES"] and options["CLUSTER"] == -(-(n_cols - 1) // 8)
+
+
+def test_default_odd_rows_in_clusters_take_the_edges(monkeypatch):
+    # 12289 columns: 6 parts of 2048 whole-vector positions (the aligned window took 7), edges in part 0
+    grids = []
+    monkeypatch.setattr(norm_backward_kernels.backward_persistent_kernel, "prepare",
+                        lambda grid, *a, **k: grids.append((grid, k)))
+    monkeypatch.setattr(norm_backward_launcher, "_has_clusters", lambda device, interpret: True)
+    x = torch.zeros(64, 12289, dtype=torch.float16)
+    norm_backward_launcher.backward_launcher(x, x, None, torch.zeros(64), torch.ones(64), True, True, False, False,
+                                             None, None, None, True, torch.empty)
+    ((grid,), options), = grids
+    assert options["EDGES"] and options["CLUSTER"] == 6 and options["BLOCK_N"] == 2048
 
 
 # -- GPU tier -------------------------------------------------------------------------------------------
@@ -89,8 +123,9 @@ def test_window_programs_walk_rows_of_one_window_offset(op, block_rows, seed, mo
 # (rows, columns): clusters of 8 at 16384, 5 at 16392 (a last part of 8 columns),
 # 6 at 24576, 8 at 32768; fewer rows than resident clusters, and many more
 GPU_SHAPES = [(1, 16384), (257, 16392), (1000, 16384), (61, 24576), (130, 32768), (2, 32768),
-              # rows off 16-byte boundaries, through the aligned window: 4 parts (12289), 5, 8 (32761)
-              (300, 12289), (33, 20001), (17, 32761)]
+              # rows off 16-byte boundaries (the split window's EDGES): 6 parts (12289), 5 (10001), 10 -> 5 of 4096
+              # (20001), 4 (16383), 8 (32761)
+              (300, 12289), (129, 10001), (33, 20001), (65, 16383), (17, 32761)]
 
 
 @pytest.mark.cuda

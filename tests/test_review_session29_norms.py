@@ -161,6 +161,9 @@ def test_window_rows_of_every_placement_ragged_tiles_and_idle_programs(config, o
         (name, (grid,), options), = spy
         assert name == "backward_persistent_kernel" and options["SHIFT"] == 8
         parts = -(-(n_cols + 7) // cfg.block_n)
+        if options.get("EDGES"):    # (clusters since session 42: the split window's whole vectors, N - 1 positions)
+            parts = options["CLUSTER"]
+            assert parts == -(-(n_cols - 1) // cfg.block_n)
         assert grid % parts == 0 and (grid // parts) * cfg.block_rows % 8 == 0, (grid, parts)
 
 

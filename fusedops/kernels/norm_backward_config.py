@@ -129,7 +129,12 @@ def backward_config(n_cols: int, dtype: torch.dtype, *, subtract_mean: bool = Tr
     launch bounds (0.33-0.34 of a copy against 0.41). At 4096 columns (fp16 LayerNorm, interleaved with a copy)
     none of 34 other fused / persistent configs (1 or 2 rows, 4-16 warps, 1-4 programs per SM, prefetch or
     not) beat this one (67.8 us; the next 69.0 us); its dweight / dbias partials and their column sums cost
-    8.3 of its 67.5 us (dx alone 59.2 us, 0.89 of a copy): the lead for the last 5% to 2x torch's there."""
+    8.3 of its 67.5 us (dx alone 59.2 us, 0.89 of a copy): the lead for the last 5% to 2x torch's there.
+    Session 42 (H100, fp16, M=8192, CUDA graph, x torch's backward, .scratch/s42/probe_bwd.py): the clusters'
+    rows off 16-byte boundaries read whole 16-byte vectors in cdiv(N - 1, block_n) parts and the window's edges in
+    part 0 (norm_backward_kernels.backward_persistent_kernel's EDGES) instead of per-element masked window parts:
+    12289 LayerNorm 1.67x -> 2.11x (364 -> 289 us; 12288 columns, no window: 249 us), RMSNorm 1.91x -> 2.25x;
+    10001 2.14x / 2.27x; 16383 2.06x / 2.22x."""
     if split_window and dtype.itemsize == 2 and n_cols % 8 != 0 and n_cols > 1:
         choice = _HALF_SPLIT_WINDOW_BACKWARD[subtract_mean].get(next_power_of_2(n_cols - 1))
         if choice is not None:

@@ -165,12 +165,22 @@ def _persistent_backward(config, dx, dy, x, weight, mean, rstd, n_rows, n_cols, 
     shift = window_shift(config.aligned_window, None, n_cols, align, x.element_size(),
                          (x_row_stride, x_col_stride), (dy_row_stride, dy_col_stride))
     parts = dsl.cdiv(n_cols + max(shift - 1, 0), config.block_n)
-    cluster = parts if config.cluster and 1 < parts <= MAX_CLUSTER_SIZE and _has_clusters(x.device, interpret) else 1
+    clusters = config.cluster and _has_clusters(x.device, interpret)
+    # rows off 16-byte boundaries in clusters: whole vectors in the parts (n_cols - 1 positions at most), the
+    # window's edges in part 0 (backward_persistent_kernel's EDGES; one pass: config.two_pass keeps the aligned
+    # window's parts, whose two passes sum each row in every program)
+    edges = (bool(shift) and clusters and not config.two_pass
+             and 1 < dsl.cdiv(n_cols - 1, config.block_n) <= MAX_CLUSTER_SIZE)
+    if edges:
+        parts = dsl.cdiv(n_cols - 1, config.block_n)
+    cluster = parts if clusters and 1 < parts <= MAX_CLUSTER_SIZE else 1
     groups = min(dsl.cdiv(n_rows, config.block_rows), max(1, target_programs // parts))
     options = dict(SUBTRACT_MEAN=subtract_mean, BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
                    TWO_PASS=(parts > 1 and cluster == 1) or config.two_pass, CHUNK=min(config.chunk, config.block_n),
                    PREFETCH=config.prefetch, ALIGN=align, SHIFT=shift, CLUSTER=cluster,
                    MIN_BLOCKS_PER_SM=config.min_blocks_per_sm, num_warps=config.num_warps)
+    if edges:       # (only where taken: the other launches compile as before)
+        options["EDGES"] = True
 
     def prepare(groups: int) -> tuple:
         new_partial = contiguous_allocator((groups * config.block_rows, n_cols), rstd.dtype, x.device, allocate)

@@ -37,27 +37,10 @@ from __future__ import annotations
 import fusedops.dsl as dsl
 from fusedops.kernels.norm_statistics import needs_second_sums, row_shifts, scaled_difference, second_scale, \
     shifted_mean_rstd, shifted_moments
+from fusedops.kernels.row_windows import split_window
 
 # (the shifted sums' scale: 2^-16, norm_statistics)
 _SCALE: dsl.constexpr = 1.52587890625e-05
-
-
-@dsl.jit
-def _row_window(rows, n_cols, row_stride, SHIFT: dsl.constexpr):
-    # -> (start, first, middle) of `rows` ((R,) int32): the window's first element (int64, a multiple of
-    # SHIFT), the row's first position in it and the end of its whole vectors (norm_split_window's middle).
-    base = rows.to(dsl.int64) * row_stride
-    first = (base % SHIFT).to(dsl.int32)
-    return dsl.multiple_of(base - first, SHIFT), first, dsl.maximum((first + n_cols) // SHIFT * SHIFT, SHIFT)
-
-
-@dsl.jit
-def _edge_positions(first, middle, n_cols, SHIFT: dsl.constexpr):
-    # -> (positions, in_row) of the 2 * SHIFT edge lanes, (R, 2 * SHIFT).
-    lanes = dsl.arange(0, 2 * SHIFT)[None, :]
-    positions = dsl.where(lanes < SHIFT, lanes, middle[:, None] - SHIFT + lanes)
-    columns = positions - first[:, None]
-    return positions, (columns >= 0) & (columns < n_cols)
 
 
 @dsl.jit
@@ -87,7 +70,7 @@ def _staged(copies_ptr, copy_base, positions, in_tile):
 def _load_row(x_ptr, rows, n_rows, n_cols, row_stride, TILES: dsl.constexpr, BLOCK_N: dsl.constexpr,
               SHIFT: dsl.constexpr):
     # -> (tile 0, tile 1 or None, tile 2 or None, edges) of x at `rows`, own dtype, 0 where masked off.
-    start, first, middle = _row_window(rows, n_cols, row_stride, SHIFT)
+    start, _, middle, edges, _, edge_in_row = split_window(rows, n_cols, row_stride, SHIFT)
     row_mask = (rows < n_rows)[:, None]
     offsets = x_ptr + start[:, None]
     positions = _tile_positions(0, BLOCK_N, SHIFT)
@@ -100,7 +83,6 @@ def _load_row(x_ptr, rows, n_rows, n_cols, row_stride, TILES: dsl.constexpr, BLO
     if TILES >= 3:
         positions = _tile_positions(2, BLOCK_N, SHIFT)
         x2 = dsl.load(offsets + positions, mask=row_mask & (positions < middle[:, None]), other=0.0)
-    edges, edge_in_row = _edge_positions(first, middle, n_cols, SHIFT)
     return x0, x1, x2, dsl.load(offsets + edges, mask=row_mask & edge_in_row, other=0.0)
 
 
@@ -202,7 +184,7 @@ def forward_split_staged_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bi
     pid = dsl.program_id(0)
     n_programs = dsl.num_programs(0)
     lanes = dsl.arange(0, 1)
-    _, first, middle = _row_window(pid + lanes, n_cols, row_stride, SHIFT)
+    _, first, middle, edges, edge_columns, edge_in_row = split_window(pid + lanes, n_cols, row_stride, SHIFT)
     copy_base = dsl.multiple_of(first * copy_stride, SHIFT)
     in_tile0 = _tile_positions(0, BLOCK_N, SHIFT) < middle[:, None]
     in_tile1 = _tile_positions(1, BLOCK_N, SHIFT) < middle[:, None]
@@ -212,13 +194,12 @@ def forward_split_staged_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bi
         _stage(weight_ptr, weight_copies_ptr, copy_base, _tile_positions(tile, BLOCK_N, SHIFT), in_tile, first)
         _stage(bias_ptr, bias_copies_ptr, copy_base, _tile_positions(tile, BLOCK_N, SHIFT), in_tile, first)
     dsl.debug_barrier()     # the staged copies visible to every thread of the program
-    edges, edge_in_row = _edge_positions(first, middle, n_cols, SHIFT)
     edge_weight = None
     edge_bias = None
     if weight_ptr is not None:
-        edge_weight = dsl.load(weight_ptr + (edges - first[:, None]), mask=edge_in_row, other=0.0)
+        edge_weight = dsl.load(weight_ptr + edge_columns, mask=edge_in_row, other=0.0)
     if bias_ptr is not None:
-        edge_bias = dsl.load(bias_ptr + (edges - first[:, None]), mask=edge_in_row, other=0.0)
+        edge_bias = dsl.load(bias_ptr + edge_columns, mask=edge_in_row, other=0.0)
     if PREFETCH:
         x0, x1, x2, x_edge = _load_row(x_ptr, pid + lanes, n_rows, n_cols, row_stride, TILES, BLOCK_N, SHIFT)
     for row in range(pid, n_rows, n_programs):
@@ -245,7 +226,7 @@ def forward_split_staged_kernel(y_ptr, mean_ptr, rstd_ptr, x_ptr, weight_ptr, bi
             dsl.store(mean_ptr + rows, mean, mask=row_mask)
             mean = mean[:, None]
         dsl.store(rstd_ptr + rows, rstd, mask=row_mask)
-        start, _, _ = _row_window(rows, n_cols, row_stride, SHIFT)
+        start, _, _, _, _, _ = split_window(rows, n_cols, row_stride, SHIFT)
         _store_staged_tile(y_ptr, weight_copies_ptr, bias_copies_ptr, copy_base, start, 0, f0, mean, rstd, in_tile0,
                            row_mask, BLOCK_N, SHIFT)
         _store_staged_tile(y_ptr, weight_copies_ptr, bias_copies_ptr, copy_base, start, 1, f1, mean, rstd, in_tile1,

@@ -1,6 +1,7 @@
 """Rows read through 16-byte-aligned windows: the split of a swept window into masked edges, unmasked
-chunks and masked pieces (`sweep_parts`, shared by the softmax and norm row sweeps), and the offsets of a
-tile of rows in their windows (`window_offsets`, the norm kernels' whole-row tiles).
+chunks and masked pieces (`sweep_parts`, shared by the softmax and norm row sweeps), the offsets of a
+tile of rows in their windows (`window_offsets`, the norm kernels' whole-row tiles), and the geometry of the
+split window's rows and edge lanes (`split_window`: the staged forward and the backward's clusters).
 
 Window positions [first, first + n_cols) hold a row's columns (first > 0 when the row starts off a
 16-byte boundary and is read from the boundary below it). A sweep reads the window in three parts:
@@ -30,6 +31,23 @@ def sweep_parts(n_cols, first, BLOCK: dsl.constexpr, PIECE: dsl.constexpr, GROUP
     chunks = (middle - GROUP) // BLOCK
     tail = GROUP + chunks * BLOCK
     return edges, (edges >= first) & (edges < end), middle, chunks, tail, (middle - tail + PIECE - 1) // PIECE
+
+
+@dsl.jit
+def split_window(rows, n_cols, row_stride, SHIFT: dsl.constexpr):
+    # -> (start, first, middle, edges, edge_columns, edge_in_row) of the rows `rows` ((R,) int32, unit column
+    # stride) read through the split window (norm_split_window.py's docstring): the element where each row's
+    # window starts (int64, a multiple of SHIFT), the row's first position in it and the end of its whole
+    # 16-byte vectors (middle, a multiple of SHIFT), all (R,); and the 2 * SHIFT edge lanes [0, SHIFT) and
+    # [middle, middle + SHIFT) ((R, 2 * SHIFT) positions), the row's columns there and whether each is one.
+    base = rows.to(dsl.int64) * row_stride
+    first = (base % SHIFT).to(dsl.int32)
+    middle = dsl.maximum((first + n_cols) // SHIFT * SHIFT, SHIFT)
+    lanes = dsl.arange(0, 2 * SHIFT)[None, :]
+    edges = dsl.where(lanes < SHIFT, lanes, middle[:, None] - SHIFT + lanes)
+    columns = edges - first[:, None]
+    return (dsl.multiple_of(base - first, SHIFT), first, middle, edges, columns,
+            (columns >= 0) & (columns < n_cols))
 
 
 @dsl.jit
