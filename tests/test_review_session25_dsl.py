@@ -241,7 +241,7 @@ _UNSUPPORTED = {
     "lambda": ("    f = lambda v: v + 1\n    dsl.store(o_ptr, f(n))\n", UnsupportedError),
     "fstring": ("    dsl.device_assert(n > 0, f\"{n}\")\n", UnsupportedError),
     "int_index": ("    x = dsl.arange(0, 4)\n    dsl.store(o_ptr, x[0])\n", CompilationError),
-    "unknown_builtin": ("    dsl.store(o_ptr, dsl.histogram(dsl.arange(0, 4), 4))\n", CompilationError),
+    "unknown_builtin": ("    dsl.store(o_ptr, dsl.no_such_builtin(dsl.arange(0, 4), 4))\n", CompilationError),
     "loop_var_after": ("    for i in range(n):\n        pass\n    dsl.store(o_ptr, i)\n", CompilationError),
     "branch_types": ("    x = dsl.load(x_ptr)\n    if n > 0:\n        y = x\n    else:\n        y = 300\n"
                      "    dsl.store(o_ptr, y)\n", CompilationError),

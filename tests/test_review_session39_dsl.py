@@ -297,8 +297,8 @@ def test_defect_volatile_load_is_read_every_iteration():
 def test_defect_triton_only_names_say_what_to_write():
     source = "def k(o_ptr):\n    x = dsl.{}\n"
     # (fdiv, div_rn, sqrt_rn, cumprod, join, split and permute: in the language since session 41)
-    for name, hint in [("PropagateNan", "always propagate NaN"), ("associative_scan", "dsl.cumsum"),
-                       ("sort", "not in the language"), ("histogram", "atomic_add"), ("gather", "not in the language"),
+    for name, hint in [("PropagateNan", "always propagate NaN"),      # (associative_scan: in the language)
+                       ("map_elementwise", "not in the language"), ("softmax", "write it out"), ("dot_scaled", "fp8 and scaled dots"),
                        ("pow", "dsl.exp2(y * dsl.log2(x))")]:
         kernel = jit_from_source(source.format(name), f"<s39 name {name}>")
         with pytest.raises(CompilationError, match=re.escape(hint)):

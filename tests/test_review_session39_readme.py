@@ -178,10 +178,11 @@ _REFUSED = {
     # (swizzle2d, zeros_like, ravel, broadcast, fdiv, sqrt_rn, cumprod, static_print and flip are in the language
     # since session 41: tests/test_dsl_triton_builtins.py)
     "heuristics": ("r = dsl.heuristics", "on the host"),                                 # DEFECT 2
-    "histogram": ("r = dsl.histogram(o, 16)", "dsl.atomic_add(hist_ptr + bins, 1"),
-    "associative_scan": ("r = dsl.associative_scan(v, 0, None)", "dsl.cumsum / cumprod"),
+    # (histogram: in the language, tests/test_dsl_gather.py)
+    # (associative_scan: in the language, tests/test_dsl_reduce_combine.py)
     "softmax": ("r = dsl.softmax(v)", "dsl.exp(x - dsl.max(x, axis))"),
-    "sort": ("r = dsl.sort(v)", "not in the language"),
+    # (sort: in the language, tests/test_dsl_sort.py)
+    "map_elementwise": ("r = dsl.map_elementwise(v)", "not in the language"),
 }
 
 
@@ -206,8 +207,8 @@ def test_triton_names_refused_with_the_readme_replacement(tmp_path):
 def test_triton_names_on_the_host_say_what_to_use_instead():
     with pytest.raises(AttributeError, match=r"'heuristics'.*triton.heuristics.*dsl.constexpr"):
         dsl.heuristics                                                                     # DEFECT 2
-    with pytest.raises(AttributeError, match=r"'histogram'.*dsl.atomic_add"):
-        dsl.histogram
+    with pytest.raises(AttributeError, match=r"'softmax'.*dsl.exp\(x - dsl.max"):      # (histogram: in the language)
+        dsl.softmax
     assert not hasattr(dsl, "heuristics") and hasattr(dsl, "range")        # (dsl.range: session 41)
     with pytest.raises(AttributeError, match=r"^module 'fusedops.dsl' has no attribute 'no_such_name'$"):
         dsl.no_such_name

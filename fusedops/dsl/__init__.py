@@ -18,6 +18,9 @@ from .language.descriptors import TensorDescriptor, make_tensor_descriptor
 from .language.block_pointers import BlockPointer, advance, make_block_ptr
 from .language.random import (pair_uniform_to_normal, philox, philox_impl, rand, rand4x, randint, randint4x, randn,
                               randn4x, uint_to_uniform_float, umulhi)
+from .language.sorting import sort, topk
+from .language.gather_ops import cat, gather, histogram
+from .language.combine_reductions import associative_scan, reduce
 from .language.triton_compat import (assume, broadcast, cumprod, debug_barrier, div_rn, fdiv, flip, full_like,
                                      interleave, join, permute, range, ravel, split, sqrt_rn, static_print, swizzle2d,
                                      view, xor_sum, zeros_like)
@@ -47,7 +50,8 @@ __all__ = [
     # (dsl.range and dsl.math are left out: a star import would hide Python's range and math module)
     "debug_barrier", "static_print", "assume", "zeros_like", "full_like", "ravel", "view", "permute",
     "broadcast", "div_rn", "fdiv", "sqrt_rn", "cumprod", "xor_sum", "flip", "join", "split", "interleave",
-    "swizzle2d",
+    "swizzle2d", "sort", "topk", "gather", "histogram", "cat",
+    "reduce", "associative_scan",
 ]
 
 

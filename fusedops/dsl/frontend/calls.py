@@ -51,6 +51,8 @@ class CallsMixin:
     def call(self, function, args: list, kwargs: dict, shown: str):
         """Call `function` (what the callee expression evaluated to) at compile time."""
         if isinstance(function, BoundMethod):
+            if is_jit_function(function.function):      # a method written as a @dsl.jit helper (x.reduce(...))
+                return self.inline_call(function.function, [function.value] + args, kwargs)
             return self.call_builtin(function.function, [function.value] + args, kwargs, shown)
         if core.is_builtin(function):
             return self.call_builtin(function, args, kwargs, shown)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 _MATH = ("the math builtins are exp, exp2, log, log2, sqrt, rsqrt, sin, cos, sigmoid, erf, tanh, floor, ceil, fma "
          "and abs (dsl.<name> or dsl.math.<name>)")
-_SCANS = ("the reductions and scans are dsl.sum / max / min / argmax / argmin / xor_sum and dsl.cumsum / cumprod "
-          "(there is no custom combine_fn)")
 _POW = "multiply, or use dsl.exp2(y * dsl.log2(x)) for x > 0 (there is no pow nor `**`)"
 _NOT_HERE = "it is not in the language"
 
@@ -16,10 +14,7 @@ TRITON_ONLY = {
     "pow": _POW,
     "load_tensor_descriptor": "use desc.load(offsets) of a dsl.make_tensor_descriptor",
     "store_tensor_descriptor": "use desc.store(offsets, value) of a dsl.make_tensor_descriptor",
-    "associative_scan": _SCANS, "reduce": _SCANS,
-    "histogram": "count with dsl.atomic_add(hist_ptr + bins, 1, mask=...)",
     "softmax": "write it out: dsl.exp(x - dsl.max(x, axis)) / dsl.sum(..., axis)",
-    "sort": _NOT_HERE, "topk": _NOT_HERE, "gather": _NOT_HERE, "cat": _NOT_HERE,
     "heuristics": "compute the value on the host and pass it as a dsl.constexpr argument",
     "inline_asm_elementwise": _NOT_HERE, "dot_scaled": "fp8 and scaled dots are not in the language",
     "max_constancy": "use dsl.multiple_of / dsl.max_contiguous for what the compiler may assume of offsets",
