@@ -1,7 +1,7 @@
 """`dsl.sort` / `dsl.topk` (fusedops/dsl/language/sorting.py), Triton's `tl.sort` / `tl.topk`: a bitonic network.
 
 References: NumPy's sort of the values (integers as they are; floats through their IEEE total-order integer keys,
-NaN signs cleared, so the expected result is exact bit for bit, -0.0 before +0.0 and NaN payloads included),
+every NaN the positive canonical quiet NaN, so the expected result is exact bit for bit, -0.0 before +0.0),
 cross-checked against torch.sort / torch.topk values (NaN positions and values equal). Inputs are fresh random
 values with duplicates, +-0.0, +-inf, NaNs of both signs and with a payload, loaded under masks with a large
 `other` fill (odd sizes, size-1 dims); outputs poisoned. The PTX is assembled by ptxas for sm_80 and sm_90a; the
@@ -79,7 +79,7 @@ def _random(shape, torch_dtype, rng: np.random.Generator) -> torch.Tensor:
             torch.from_numpy(wide.astype(str(torch_dtype).split(".")[1]))
         flat = x.view(-1)
         if flat.numel() >= 4:                                      # duplicates
-            flat[::4] = flat[1].item()
+            flat[::4] = flat[1].clone()
         return x
     x = torch.from_numpy(rng.standard_normal(shape) * 8).to(torch_dtype)
     flat = x.view(-1)
@@ -93,7 +93,7 @@ def _random(shape, torch_dtype, rng: np.random.Generator) -> torch.Tensor:
 
 
 def _poisoned(numel: int, torch_dtype, device="cpu") -> torch.Tensor:
-    """An output of all-ones bytes: for floats a negative NaN, which no sort result holds (NaN signs are cleared)."""
+    """An output of all-ones bytes: for floats a negative NaN, which no sort result holds (its NaNs are the positive canonical NaN)."""
     if torch_dtype == torch.bool:
         return torch.ones(numel, dtype=torch.bool, device=device)
     size = torch.empty((), dtype=torch_dtype).element_size()
@@ -115,20 +115,21 @@ def _bits(x: torch.Tensor) -> np.ndarray:
 
 
 def _reference_sort(x: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
-    """x sorted along dim in sort's documented order, exactly (NaN signs cleared)."""
+    """x sorted along dim in sort's documented order, exactly (every NaN the positive canonical quiet NaN)."""
     if not x.dtype.is_floating_point:
         values = x.view(torch.int64).numpy().view(np.uint64) if x.dtype == torch.uint64 else x.numpy()
         done = np.sort(values, axis=dim)
         done = np.flip(done, dim) if descending else done
-        done = torch.from_numpy(np.ascontiguousarray(done))
+        done = torch.from_numpy(done.copy())
         return done.view(torch.int64).view(torch.uint64) if x.dtype == torch.uint64 else done
     width = torch.finfo(x.dtype).bits
     bits = x.view(_SIGNED[width]).numpy().copy()
     magnitude = bits.dtype.type((1 << (width - 1)) - 1)
     nan = torch.isnan(x).numpy()
-    bits[nan] &= magnitude
+    mantissa = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[x.dtype]
+    bits[nan] = bits.dtype.type((1 << (width - 1)) - (1 << mantissa) + (1 << (mantissa - 1)))   # +canonical NaN
     keys = np.sort(bits ^ ((bits >> (width - 1)) & magnitude), axis=dim)
-    keys = np.ascontiguousarray(np.flip(keys, dim) if descending else keys)
+    keys = (np.flip(keys, dim) if descending else keys).copy()
     return torch.from_numpy(keys ^ ((keys >> (width - 1)) & magnitude)).view(x.dtype)
 
 

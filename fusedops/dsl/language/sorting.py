@@ -38,9 +38,14 @@ def _to_keys(_semantic, x, what: str):
     if element.is_floating:
         magnitude = (1 << top) - 1
         bits = _semantic.cast(x, signed, True)
-        # a NaN's sign bit cleared: every NaN above +inf; then negative floats' magnitude bits complemented, so
-        # that the integers order as the floats (-0.0 just below +0.0). The map is its own inverse.
-        bits = _semantic.where(_semantic.binary("ne", x, x), _semantic.binary("and", bits, magnitude), bits)
+        # every NaN the positive canonical quiet NaN (exponent all ones, the top mantissa bit): above +inf; then
+        # negative floats' magnitude bits complemented, so that the integers order as the floats (-0.0 just below
+        # +0.0). The map is its own inverse. (Not `bits & magnitude` for the NaNs, keeping their payloads: LLVM
+        # folds that `and` of a float's bits into fabs, which NVPTX lowers to abs.f64, and on the GPU abs.f64 of a
+        # NaN gave the negative canonical NaN: float64 NaNs sorted first, session 42 on an H100.)
+        mantissa = element.fp_mantissa_width
+        canonical_nan = magnitude - ((1 << mantissa) - 1) + (1 << (mantissa - 1))     # sign 0, exponent 1s, 10..0
+        bits = _semantic.where(_semantic.binary("ne", x, x), _semantic.cast(canonical_nan, signed), bits)
 
         def flip_negatives(v):
             return _semantic.binary("xor", v, _semantic.binary("and", _semantic.binary("rshift", v, top), magnitude))
@@ -107,13 +112,13 @@ def sort(x, dim=None, descending=False, *, _semantic=None):
     block (Triton's accepts only the last), descending a constexpr bool. Each slice along dim is sorted on its own
     (a 2-D block sorted along dim 1 sorts each row).
 
-    The order is total and exact (the result is a permutation of x's values, bit for bit, but for NaN signs):
+    The order is total and exact (the result is a permutation of x's values, bit for bit, but for NaNs):
     floats order -inf < ... < -0.0 < +0.0 < ... < +inf < NaN, so ascending puts every NaN last and descending
-    first, as torch.sort does; every NaN of the result has its sign bit cleared (its payload kept), and NaNs of
-    different payloads order by payload. Unsigned ints order as unsigned.
+    first, as torch.sort does; every NaN of the result is the positive canonical quiet NaN (its sign and payload
+    are not kept). Unsigned ints order as unsigned.
 
     Algorithm: Batcher's bitonic sorting network (AFIPS 1968) over the values as integer keys: p (p + 1) / 2
-    compare-and-exchange steps for a dim of 2^p elements; a size-1 dim is returned as it is (but NaN signs).
+    compare-and-exchange steps for a dim of 2^p elements; a size-1 dim is returned as it is (but NaNs).
 
     Raises:
         CompilationError: a scalar, a pointer block, dim not None / a constexpr int in range, descending not a
