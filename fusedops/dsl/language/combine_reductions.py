@@ -31,9 +31,10 @@ from ..errors import CompilationError
 from ..runtime.jit import jit
 from .block_builtins import VALUE_METHODS
 from .core import builtin, constexpr, static_range
-from .dtypes import BlockType, PointerType, int1, int8, int16, int32, int64, shape_of
+from .dtypes import BlockType, PointerType, shape_of
 from .semantics import element_of
 from .shape_ops import compile_time_flag, shown
+from .triton_compat import _as_bits, join, split
 
 
 # -- argument checks ----------------------------------------------------------------------------------------
@@ -123,43 +124,14 @@ def _results(_semantic, results, like: tuple, what: str) -> tuple:
     return tuple(checked)
 
 
-# -- exact data movement on any dtype -------------------------------------------------------------------------
-def _as_bits(_semantic, x):
-    element = element_of(x)
-    if element == int1:
-        return _semantic.cast(x, int8), lambda v: _semantic.cast(v, int1)
-    if element.is_floating:
-        integer = {16: int16, 32: int32, 64: int64}[element.bits]
-        return _semantic.cast(x, integer, True), lambda v: _semantic.cast(_semantic.cast(v, integer), element, True)
-    return x, lambda v: _semantic.cast(v, element)
-
-
-def _halves(_semantic, x):
-    """x[..., 0] and x[..., 1] of a block whose last dim is 2 (scalars for shape (2,)): dsl.split's construction."""
-    shape = shape_of(x.type)
-    bits, restore = _as_bits(_semantic, x)
-    first = _semantic.reshape(_semantic.binary("eq", _semantic.arange(0, 2), 0), (1,) * (len(shape) - 1) + (2,))
-    axis = len(shape) - 1
-    low = _semantic.reduce(_semantic.where(first, bits, 0), axis, "sum")
-    high = _semantic.reduce(_semantic.where(first, 0, bits), axis, "sum")
-    return restore(_semantic.cast(low, element_of(bits))), restore(_semantic.cast(high, element_of(bits)))
-
-
+# -- exact data movement on any dtype (triton_compat's dsl.split / dsl.join and their bit view) ------------------
 def _squeeze_last(_semantic, x):
     """x without its last dim (of size 1): a scalar for shape (1,)."""
     shape = shape_of(x.type)
     if len(shape) > 1:
         return _semantic.reshape(x, shape[:-1])
-    bits, restore = _as_bits(_semantic, x)
+    bits, restore = _as_bits(_semantic, x, "reduce")
     return restore(_semantic.cast(_semantic.reduce(bits, 0, "sum"), element_of(bits)))
-
-
-def _join(_semantic, a, b):
-    """a and b stacked along a new last dim of size 2 (same shape and dtype): dsl.join's construction."""
-    shape = shape_of(a.type) + (1,)
-    a, b = _semantic.reshape(a, shape), _semantic.reshape(b, shape)
-    first = _semantic.reshape(_semantic.binary("eq", _semantic.arange(0, 2), 0), (1,) * (len(shape) - 1) + (2,))
-    return _semantic.where(first, a, b)
 
 
 # -- reduce ---------------------------------------------------------------------------------------------------
@@ -189,7 +161,7 @@ def _reduce_pairs(values, *, _semantic=None):
     for v in values:
         if shape[-1] != 2:
             v = _semantic.reshape(v, shape[:-1] + (shape[-1] // 2, 2))
-        a, b = _halves(_semantic, v)
+        a, b = split(v, _semantic=_semantic)
         left.append(a)
         right.append(b)
     return tuple(left), tuple(right)
@@ -266,7 +238,7 @@ def _end_of_runs(_semantic, x, last: bool):
     y = x
     while shape_of(y.type)[-1] > 1:
         s = shape_of(y.type)
-        low, high = _halves(_semantic, _semantic.reshape(y, s[:-1] + (s[-1] // 2, 2)))
+        low, high = split(_semantic.reshape(y, s[:-1] + (s[-1] // 2, 2)), _semantic=_semantic)
         y = high if last else low
     return _semantic.broadcast_to(y, shape)
 
@@ -283,7 +255,7 @@ def _scan_operands(values, reverse, *, _semantic=None):
         rest, g, length = shape[:-2], shape[-2], shape[-1]
         v = _semantic.reshape(v, rest + (g // 2, 2, length))
         v = _semantic.trans(v, *range(len(rest)), len(rest) + 0, len(rest) + 2, len(rest) + 1)
-        a, b = _halves(_semantic, v)
+        a, b = split(v, _semantic=_semantic)
         left.append(a)
         right.append(b)
     if reverse:
@@ -300,7 +272,7 @@ def _scan_merge(combined, others, reverse, *, _semantic=None):
         if element_of(c) != element_of(o):
             raise CompilationError(f"associative_scan: combine_fn must keep each block's dtype ({element_of(o)}), "
                                    f"got {element_of(c)}")
-        joined = _join(_semantic, c, o) if reverse else _join(_semantic, o, c)
+        joined = join(c, o, _semantic=_semantic) if reverse else join(o, c, _semantic=_semantic)
         shape = shape_of(joined.type)
         rest = shape[:-3]
         joined = _semantic.trans(joined, *range(len(rest)), len(rest), len(rest) + 2, len(rest) + 1)
