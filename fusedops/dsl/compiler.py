@@ -25,11 +25,13 @@ SUPPORTED_NUM_WARPS = (1, 2, 4, 8, 16, 32)
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
     """arch: "sm_80", "sm_90" or "sm_90a"; num_warps: threads per program / 32; num_stages: software
-    pipelining depth of loops feeding `dot` (used by the tensor-core path)."""
+    pipelining depth of loops feeding `dot` (used by the tensor-core path); fp_fusion: floating-point adds,
+    subtracts and multiplies may be contracted into FMAs (`@dsl.jit(enable_fp_fusion=True)`)."""
 
     arch: str = "sm_90a"
     num_warps: int = 4
     num_stages: int = 3
+    fp_fusion: bool = False
 
     def __post_init__(self):
         if self.num_warps not in SUPPORTED_NUM_WARPS:
@@ -184,7 +186,8 @@ def compile_function(function: Function, options: CompileOptions) -> CompiledKer
     report = run_pipeline(function, default_pipeline(options.num_warps, options.arch, options.num_stages),
                           dump=knobs.current().dump_ir, dump_dir=None if dump_dir is None else str(dump_dir))
     axis_info = report.analyses["analyze_pointers"]
-    lowered = lower_to_llvm(function, arch=options.arch, num_warps=options.num_warps, axis_info=axis_info)
+    lowered = lower_to_llvm(function, arch=options.arch, num_warps=options.num_warps, axis_info=axis_info,
+                            fp_fusion=options.fp_fusion)
     compiled = compile_to_ptx(lowered.llvm_ir, Target(options.arch))
     asm = _Asm({"ir": print_function(function), "llir": compiled.llir, "ptx": compiled.ptx}, options.arch)
     cache.store(key, {"name": lowered.name, "shared_bytes": lowered.shared_bytes, **asm,

@@ -41,6 +41,7 @@ class LoweringContext:
     wgmma_a_words: dict = dataclasses.field(default_factory=dict)    # id(deferred dot result) -> its A registers
     issuing_thread: int = 0        # the thread that issues copies and waits for their slots (a producer warp's lane 0)
     barrier_threads: int = 0       # threads of a CTA barrier: 0 = all, else the consumer warps' (after a producer_warp)
+    fp_fusion: bool = False        # float add / sub / mul (and sum reductions) carry LLVM's `contract`: FMAs may form
 
     def arch_at_least(self, sm: int) -> bool:
         """Whether the target's compute capability (sm_90a -> 90) is at least `sm`."""

@@ -61,7 +61,7 @@ def _min_blocks_per_sm(function: Function, num_warps: int):
     return value
 
 
-def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -> LoweredKernel:
+def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info, fp_fusion: bool = False) -> LoweredKernel:
     module = ir.Module(name=function.name)
     param_types = [a.type for a in function.args]
     tensor_maps, tensor_map_of = tma.tensor_map_parameters(function)
@@ -91,7 +91,7 @@ def lower_to_llvm(function: Function, *, arch: str, num_warps: int, axis_info) -
 
     ctx = LoweringContext(module=module, function=fn, builder=builder, prologue=prologue, arch=arch,
                           num_warps=num_warps, axis_info=axis_info, thread_id=thread_id, lane_id=lane_id,
-                          warp_id=warp_id)
+                          warp_id=warp_id, fp_fusion=fp_fusion)
     maps = fn.args[len(param_types):]
     for index, arg in enumerate(maps):
         arg.name = f"tensor_map{index}"

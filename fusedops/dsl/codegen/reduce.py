@@ -27,7 +27,9 @@ def combined(ctx, kind: str, element, a, b):
     (floats: float_min_max's NaN rule)."""
     bld = ctx.builder
     if kind == "sum":
-        return bld.fadd(a, b) if element.is_floating else bld.add(a, b)
+        if element.is_floating:     # with fp_fusion, a product summed here may become an FMA
+            return bld.fadd(a, b, flags=("contract",) if ctx.fp_fusion else ())
+        return bld.add(a, b)
     if kind == "prod":
         return bld.fmul(a, b) if element.is_floating else bld.mul(a, b)
     if kind == "xor":

@@ -40,12 +40,15 @@ def cache_key(ir_text: str, arg_hints, options) -> str:
 
     from ... import __version__
 
-    material = json.dumps({
+    material = {
         "format": _FORMAT, "fusedops": __version__, "compiler": compiler_fingerprint(),
         "llvmlite": llvmlite.__version__,
         "arch": options.arch, "num_warps": options.num_warps, "num_stages": options.num_stages,
         "ir": ir_text, "arg_hints": [sorted((h or {}).items()) for h in arg_hints],
-    }, sort_keys=True)
+    }
+    if getattr(options, "fp_fusion", False):    # (named only when on: the other kernels keep their keys)
+        material["fp_fusion"] = True
+    material = json.dumps(material, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
 

@@ -107,9 +107,12 @@ class JITFunction:
 
     __dsl_jit__ = True
 
-    def __init__(self, fn, do_not_specialize=()):
+    def __init__(self, fn, do_not_specialize=(), enable_fp_fusion: bool = False):
         if not inspect.isfunction(fn):
             raise TypeError(f"@dsl.jit decorates a Python function, got {type(fn).__name__}")
+        if not isinstance(enable_fp_fusion, bool):
+            raise TypeError(f"@dsl.jit: enable_fp_fusion must be a bool, got {enable_fp_fusion!r}")
+        self.enable_fp_fusion = enable_fp_fusion
         self.fn = fn
         functools.update_wrapper(self, fn)
         self.params = parameters(fn, do_not_specialize)
@@ -445,19 +448,27 @@ class JITFunction:
             raise UnsupportedError(f"cannot compile `{self.__name__}` for the GPU: the GPU compiler "
                                    "(fusedops.dsl.compiler) is not available; run it in the interpreter with "
                                    "FUSEDOPS_INTERPRET=1 or interpret=True") from None
-        options = compiler.CompileOptions(arch=key.arch, num_warps=key.num_warps, num_stages=key.num_stages)
+        options = compiler.CompileOptions(arch=key.arch, num_warps=key.num_warps, num_stages=key.num_stages,
+                                          fp_fusion=self.enable_fp_fusion)
         try:
             return compiler.compile_function(function, options)
         except NotImplementedError as e:
             raise UnsupportedError(f"compiling `{self.__name__}` for {key.arch} is not supported yet: {e}") from None
 
 
-def jit(fn=None, *, do_not_specialize=()):
-    """Decorate a kernel: `@dsl.jit` or `@dsl.jit(do_not_specialize=["n"])`.
+def jit(fn=None, *, do_not_specialize=(), enable_fp_fusion: bool = False):
+    """Decorate a kernel: `@dsl.jit` or `@dsl.jit(do_not_specialize=["n"], enable_fp_fusion=True)`.
 
     do_not_specialize: parameter names (or indices) whose int values are not specialized on being 1
     or divisible by 16 (one compiled kernel for all their values).
+    enable_fp_fusion: the compiled kernel may contract a floating-point multiply and the add or subtract it
+    feeds (elementwise, or the first step of a `sum`) into one FMA, rounded once (Triton's option of the same
+    name, whose default is True). Off (the default), every operation rounds as written, as the interpreter
+    computes: compiled and interpreted results then agree bit for bit. Fewer instructions and a more accurate
+    product-sum, but a value may differ from the unfused one in its last bits, and an expression such as
+    a * b - a * b need not be 0. The kernel's setting covers the helpers it calls (theirs is not read).
+    Raises TypeError for a non-bool.
     """
     if fn is None:
-        return lambda f: JITFunction(f, do_not_specialize)
-    return JITFunction(fn, do_not_specialize)
+        return lambda f: JITFunction(f, do_not_specialize, enable_fp_fusion)
+    return JITFunction(fn, do_not_specialize, enable_fp_fusion)
