@@ -186,16 +186,29 @@ class FunctionGenerator(StatementsMixin, ControlFlowMixin, LoopsMixin, Expressio
                 value = self._annotated_argument(callee, param, value)
             scope.assign(param.name, value)
         # an error inside a helper of the language itself (dsl.rand, ...) called from user code is reported at the
-        # user's call, naming the helper, rather than at a line of fusedops/dsl
+        # user's call, naming the helper, rather than at a line of fusedops/dsl; but an error inside a user function
+        # that such a helper calls (dsl.reduce's combine_fn) stays at its line of the user's source, naming the
+        # function, the helper and the helper's call
         caller = self.context.call_stack[-1] if self.context.call_stack else None
         library_entry = _is_library_helper(callee) and not _is_library_helper(caller)
+        callback = _is_library_helper(caller) and not _is_library_helper(callee)
         self.context.call_stack.append(callee)
         try:
             generator = FunctionGenerator(self.context, source, scope, is_kernel=False)
             return generator.compile_body()
         except CompilationError as error:
+            if callback and not getattr(error, "in_user_function", False) and error.loc is not None:
+                located = type(error)(f"in `{callee.__name__}`, called by dsl.{caller.__name__}: {error.message}",
+                                      error.loc)
+                located.in_user_function = True
+                raise located from None
             if not library_entry:
                 raise
+            if getattr(error, "in_user_function", False):
+                call = self.builder.loc
+                at = f" (the dsl.{callee.__name__} call at {call.file}:{call.line})" if \
+                    getattr(call, "line", 0) > 0 else ""
+                raise type(error)(error.message + at, error.loc) from None
             raise type(error)(f"dsl.{callee.__name__}: {error.message}") from None
         finally:
             self.context.call_stack.pop()

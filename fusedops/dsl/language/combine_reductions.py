@@ -5,8 +5,10 @@ reverse=False)`).
 `combine_fn` is a `@dsl.jit` function; for k input blocks (one block, or a tuple of k blocks of one shape that
 are combined together, e.g. (value, index) for an argmax) it takes 2k arguments `a_0, ..., a_{k-1}, b_0, ...,
 b_{k-1}` (the left operand's k values, then the right's) and returns k values (one value, or a tuple of k),
-elementwise: it is inlined on blocks of the operands' shape. It must be associative; it need not be
-commutative: operands are always combined in their order along the axis (left operand = lower indices).
+elementwise: it is inlined on blocks of the operands' shape (Triton traces it on scalars), so it chooses with
+`dsl.where`, not with an `if` on its operands (a CompilationError at that line of combine_fn, as is any error
+in its body). It must be associative; it need not be commutative: operands are always combined in their order
+along the axis (left operand = lower indices).
 
 Both are built from the block ops the language already has (no new IR), as a log-depth tree:
 

@@ -23,12 +23,14 @@ def check_block_size(shape: tuple, what: str) -> None:
 
 
 def compile_time_flag(value, what: str) -> bool:
-    """`value` as a bool, for a flag that changes what is compiled (bitcast, hex, reverse...).
+    """`value` as a bool, for a flag that changes what is compiled (bitcast, hex, reverse...); Triton's ints
+    (`descending=constexpr(0)`) read as their truth.
 
     Raises:
-        CompilationError: `value` is a runtime value, whose truth the compiler cannot know.
+        CompilationError: `value` is a runtime value, whose truth the compiler cannot know, or a string, which
+            would read as true whatever it says (`reverse="False"`).
     """
-    if isinstance(value, Value):
+    if isinstance(value, (Value, str, bytes)):
         raise CompilationError(f"{what} must be a constexpr bool, got {shown(value)}")
     return bool(value)
 

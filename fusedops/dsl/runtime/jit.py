@@ -153,6 +153,8 @@ class JITFunction:
         return self._source
 
     def __call__(self, *args, **kwargs):
+        if (getattr(self.fn, "__module__", "") or "").startswith("fusedops.dsl."):   # dsl.reduce, dsl.rand, ...
+            raise RuntimeError(f"dsl.{self.__name__} can only be called inside a @dsl.jit kernel")
         raise RuntimeError(f"`{self.__name__}` is a @dsl.jit function: launch it with {self.__name__}[grid](...) "
                            "or call it from another @dsl.jit function")
 
