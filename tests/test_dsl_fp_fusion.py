@@ -63,6 +63,13 @@ def test_a_non_bool_option_is_refused(value):
         dsl.jit(_multiply_add, enable_fp_fusion=value)
 
 
+def test_the_option_is_read_only():
+    # compiled specializations are cached per kernel: a later change could not reach them
+    assert fused.enable_fp_fusion is True and unfused.enable_fp_fusion is False
+    with pytest.raises(AttributeError):
+        fused.enable_fp_fusion = False
+
+
 def _rounding_case(device):
     # a * b = 1 + 2^-11 + 2^-24: float32 keeps 1 + 2^-11 (2^-24 is half an ulp, ties to even), so
     # a * b - 1 is 2^-11 unfused and 2^-11 + 2^-24 fused

@@ -112,7 +112,7 @@ class JITFunction:
             raise TypeError(f"@dsl.jit decorates a Python function, got {type(fn).__name__}")
         if not isinstance(enable_fp_fusion, bool):
             raise TypeError(f"@dsl.jit: enable_fp_fusion must be a bool, got {enable_fp_fusion!r}")
-        self.enable_fp_fusion = enable_fp_fusion
+        self._enable_fp_fusion = enable_fp_fusion
         self.fn = fn
         functools.update_wrapper(self, fn)
         self.params = parameters(fn, do_not_specialize)
@@ -134,6 +134,12 @@ class JITFunction:
 
     def __repr__(self) -> str:
         return f"<dsl.jit {self.fn.__module__}.{self.fn.__qualname__}>"
+
+    @property
+    def enable_fp_fusion(self) -> bool:
+        """Whether the compiled kernel may contract a multiply and the add it feeds into an FMA (`jit`'s argument;
+        read-only: the compiled specializations were made with it)."""
+        return self._enable_fp_fusion
 
     def __reduce__(self):
         # pickled by reference, as a function is: its module and qualified name (copy.deepcopy returns the
@@ -451,7 +457,7 @@ class JITFunction:
                                    "(fusedops.dsl.compiler) is not available; run it in the interpreter with "
                                    "FUSEDOPS_INTERPRET=1 or interpret=True") from None
         options = compiler.CompileOptions(arch=key.arch, num_warps=key.num_warps, num_stages=key.num_stages,
-                                          fp_fusion=self.enable_fp_fusion)
+                                          fp_fusion=self._enable_fp_fusion)
         try:
             return compiler.compile_function(function, options)
         except NotImplementedError as e:
