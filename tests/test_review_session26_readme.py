@@ -488,7 +488,7 @@ def test_min_max_clamp_propagate_nan():
     ("float8e4nv", "r = v.to(dsl.float8e4nv)"),
     # (associative_scan: in the language, tests/test_dsl_reduce_combine.py)
     ("pow", "v = pow(v, 2.0)"),
-    ("**", "v = v ** 2"),
+    # (`**`: in the language since the libdevice functions came, tests/test_dsl_libdevice.py)
     ("fp_downcast_rounding", "v = v.to(dsl.float16, fp_downcast_rounding='rtz').to(dsl.float32)"),
     ("can_reorder", "v = dsl.reshape(v, (16,), can_reorder=True)"),
     ("out_dtype", "r = dsl.dot(dsl.reshape(v, (4, 4)).to(dsl.float16), dsl.reshape(v, (4, 4)).to(dsl.float16), "

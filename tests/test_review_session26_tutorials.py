@@ -19,7 +19,8 @@ Ported and working (plain tests below):
 - 06 fused attention forward (pointer version with a `_attn_fwd_inner` helper returning a tuple, STAGE
   1/2/3 for causal, `exp2` with a log2(e)-folded scale, `Out.dtype.element_ty`).
 - 07 "libdevice": there is no extern / libdevice call (`libdevice.asin` has no equivalent); the
-  tutorial's elementwise pattern is ported with the builtin math functions instead.
+  tutorial's elementwise pattern is ported with the builtin math functions instead. (Since then
+  `from fusedops.dsl.extra import libdevice; libdevice.asin(x)` ports as written: tests/test_dsl_libdevice.py.)
 - 08 grouped GEMM (int64 addresses loaded from a tensor and cast with `.to(pointer type)`, a
   `while a and b:` tile loop) -- with two workarounds, see below.
 - 09 persistent matmul: the nested tile/K loop with a `_compute_pid` helper, the older flattened
@@ -636,10 +637,25 @@ def test_07_math_builtins_instead_of_libdevice(fn, dtype):
     _ptx(_math_kernel, x, y, 77, FN=fn, BLOCK=1024)
 
 
-def test_07_no_libdevice_namespace():
-    """Triton's `from triton.language.extra import libdevice; libdevice.asin(x)` has no counterpart."""
-    assert not any(hasattr(dsl, name) for name in ("libdevice", "extern_elementwise", "extra", "asin"))
-    assert not hasattr(dsl.math, "asin")        # (dsl.math, Triton's tl.math of the builtins: session 41)
+def test_07_libdevice_asin_ports_as_written():
+    """Triton's `from triton.language.extra import libdevice; libdevice.asin(x)`: `dsl.extra.libdevice` since the
+    libdevice functions came (tests/test_dsl_libdevice.py); still no `dsl.libdevice`, extern_elementwise nor a
+    top-level asin, as in Triton."""
+    from fusedops.dsl.extra import libdevice
+    from kernel_source import jit_from_source
+    assert not any(hasattr(dsl, name) for name in ("libdevice", "extern_elementwise", "asin"))
+    assert dsl.math.asin is libdevice.asin
+    kernel = jit_from_source("def asin_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: dsl.constexpr):\n"
+                             "    offsets = dsl.program_id(0) * BLOCK_SIZE + dsl.arange(0, BLOCK_SIZE)\n"
+                             "    mask = offsets < n_elements\n"
+                             "    x = dsl.load(x_ptr + offsets, mask=mask)\n"
+                             "    dsl.store(y_ptr + offsets, libdevice.asin(x), mask=mask)\n", "<07 asin>",
+                             name="asin_kernel", namespace={"libdevice": libdevice})
+    for dtype in (torch.float32, torch.float64):
+        x = (torch.rand(77, dtype=torch.float64) * 2 - 1).to(dtype)
+        y = torch.full_like(x, float("nan"))
+        kernel[(3,)](x, y, 77, BLOCK_SIZE=32, interpret=True)
+        assert _err(y, torch.asin(x.double())) < (1e-6 if dtype == torch.float32 else 1e-14)
 
 
 # ================================================================================================
@@ -914,9 +930,10 @@ def test_10_block_scaled_matmul_is_not_available():
 # Triton idioms that fusedops refuses, with clear errors (undocumented differences, see the docstring)
 # ================================================================================================
 _IDIOMS = {
-    # (dsl.range, dsl.math and dsl.debug_barrier: in the language since session 41, tests/test_dsl_triton_builtins.py)
-    "math_pow": ("    dsl.store(o_ptr + dsl.arange(0, B), dsl.math.pow(dsl.load(x_ptr + dsl.arange(0, B)), 2.0))\n",
-                 "pow"),
+    # (dsl.range, dsl.math and dsl.debug_barrier: in the language since session 41, tests/test_dsl_triton_builtins.py;
+    # dsl.math.pow and libdevice's functions since then, tests/test_dsl_libdevice.py: lgamma is not)
+    "math_lgamma": ("    dsl.store(o_ptr + dsl.arange(0, B), dsl.math.lgamma(dsl.load(x_ptr + dsl.arange(0, B))))\n",
+                    "lgamma"),
     "fp8": ("    x = dsl.load(x_ptr).to(dsl.float8e5)\n", "float8e5"),
     "ptr_type_attr": ("    dsl.store(o_ptr, dsl.load(x_ptr).to(o_ptr.type.element_ty))\n", "`type`"),
     "fp_downcast_rounding": ("    dsl.store(o_ptr, dsl.load(x_ptr).to(dsl.float16, fp_downcast_rounding='rtne'))\n",

@@ -27,6 +27,7 @@ from .language.triton_compat import (assume, broadcast, cumprod, debug_barrier, 
 from .language import triton_math as math
 import sys as _sys
 _sys.modules.setdefault(__name__ + ".math", math)   # `from fusedops.dsl.math import ...`, as triton.language.math
+from . import extra          # dsl.extra.cuda.libdevice / dsl.extra.libdevice, as triton.language.extra's
 from .language.dtypes import (BlockType, DType, PointerType, bfloat16, float16, float32, float64, int1, int8,
                               int16, int32, int64, pointer_type, uint8, uint16, uint32, uint64)
 from .runtime.autotune import Autotuner, Config, autotune

@@ -13,7 +13,7 @@ from llvmlite import ir
 from ..ir import OpCode
 from ..language.dtypes import BlockType, DType, PointerType, float32
 from ..target import llvm_types as T
-from .math import lower_math
+from .math import lower_libdevice, lower_math
 from .memory import constant_run
 from .registry import lowering
 
@@ -222,6 +222,12 @@ def _math(ctx, op):
     name = _MATH_NAMES[op.opcode]
     ftz = op.attrs.get("ftz", False)
     map_registers(ctx, op, lambda x: lower_math(ctx, name, x, ftz=ftz))
+
+
+@lowering(OpCode.MATH, OpCode.MATH2)
+def _libdevice(ctx, op):
+    name = op.attrs["fn"]
+    map_registers(ctx, op, lambda *xs: lower_libdevice(ctx, name, *xs))
 
 
 @lowering(OpCode.FMA)

@@ -56,3 +56,15 @@ def lower_math(ctx, name: str, *args, ftz: bool = False):
     if name == "exp2":
         return _call(ctx, ex2, args)
     return _call(ctx, f32_name, args)
+
+
+def lower_libdevice(ctx, name: str, *args):
+    """libdevice's `name` (a MATH / MATH2 op's fn: language/libdevice.py's SYMBOLS) on LLVM float or double
+    scalars (powi: a float or double and an i32): a call of `__nv_<name>f` / `__nv_<name>`, linked and inlined
+    with the rest of libdevice (target/ptx.py)."""
+    from ..language.libdevice import SYMBOLS
+
+    ty = args[0].type
+    if ty not in (T.f32, T.f64):
+        raise TypeError(f"libdevice function {name} reached codegen with type {ty}; widen 16-bit floats first")
+    return _call(ctx, SYMBOLS[name][ty == T.f64], args)

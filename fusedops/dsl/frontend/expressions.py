@@ -23,8 +23,8 @@ from ..language.descriptors import DESCRIPTOR_METHODS, TensorDescriptor
 from ..language.dtypes import BlockType, int1, shape_of
 from ..language.promotion import printable
 from ..language.shape_ops import described, holds_runtime
-from ..language import triton_math
-from ..language.triton_names import missing_math_hint, missing_name_hint
+from ..language import libdevice, triton_math
+from ..language.triton_names import missing_libdevice_hint, missing_math_hint, missing_name_hint
 from .scope import check_global, class_attribute_reads, instance_attribute_reads, is_callable_instance, is_runtime
 
 _BINARY = {
@@ -125,8 +125,7 @@ class ExpressionsMixin:
         if not is_runtime(left) and not is_runtime(right):
             return python_evaluate(name, function, left, right)
         if name == "pow":
-            raise UnsupportedError("`**` is not supported on kernel values; use multiplication, or "
-                                   "dsl.exp2(y * dsl.log2(x)) for x > 0")
+            return libdevice.power_operator(self.semantic, left, right)
         if name == "matmul":
             return self.semantic.dot(left, right)
         return self.semantic.binary(name, self._operand(left), self._operand(right))
@@ -285,6 +284,8 @@ class ExpressionsMixin:
         if not hasattr(value, name):
             if value is triton_math:
                 owner, hint = "module `fusedops.dsl.math`", missing_math_hint(name)
+            elif value is libdevice:
+                owner, hint = "module `fusedops.dsl.extra.cuda.libdevice`", missing_libdevice_hint(name)
             else:
                 owner = f"module `{value.__name__}`" if isinstance(value, types.ModuleType) else type(value).__name__
                 hint = missing_name_hint(name) if getattr(value, "__name__", None) == "fusedops.dsl" else ""

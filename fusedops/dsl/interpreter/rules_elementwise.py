@@ -6,7 +6,7 @@ Every rule defers to `language/numerics/`, which states the numeric rules.
 from __future__ import annotations
 
 from ..ir.ops import COMPARISON, UNARY_MATH, OpCode
-from ..language.numerics import arithmetic, conversions
+from ..language.numerics import arithmetic, conversions, libdevice_math
 from .context import element_type, register
 
 _BINARY = {
@@ -54,6 +54,16 @@ for _code, _function in _UNARY.items():
     register(_code)(_unary_rule(_function))
 for _code in UNARY_MATH:
     register(_code)(_math_rule(_code.value))
+
+
+@register(OpCode.MATH)
+def _libdevice_unary(ctx, op, x):
+    return libdevice_math.unary(op.attrs["fn"], x, element_type(op.operands[0].type))
+
+
+@register(OpCode.MATH2)
+def _libdevice_binary(ctx, op, a, b):
+    return libdevice_math.binary(op.attrs["fn"], a, b, element_type(op.operands[0].type))
 
 
 @register(OpCode.FMA)

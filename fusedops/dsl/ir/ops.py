@@ -18,6 +18,8 @@ Operand conventions (checked by `verifier.py`):
 | UMULHI | a, b of one integer type (N bits) | - | that type: the high N bits of the unsigned 2N-bit product (`dsl.umulhi`) |
 | unary elementwise | x | ftz (EXP, EXP2 in float32 only: subnormal results flushed; absent otherwise) | its type |
 | FMA | a, b, c of one float type | - | that type |
+| MATH | x (float32 / float64) | fn (a name of language/libdevice.py's FUNCTIONS) | its type: libdevice's `fn` (`dsl.math.log1p`, ...) |
+| MATH2 | a (float32 / float64), b (a's type; int32 of a's shape for fn="powi") | fn (a two-argument name of FUNCTIONS, or "powi") | a's type: libdevice's `fn(a, b)` |
 | WHERE | cond (int1), a, b (one type) | - | a's type |
 | ADDPTR | ptr, integer offset (same shape) | - | ptr (offset counts elements) |
 | LOAD | ptr [, mask [, other]] | masked, has_other, cache, eviction | element type of ptr |
@@ -112,6 +114,8 @@ class OpCode(enum.Enum):
     TANH = "tanh"
     FLOOR = "floor"
     CEIL = "ceil"
+    MATH = "math"        # libdevice's function attrs["fn"] of one float (dsl.math.log1p, ...: language/libdevice.py)
+    MATH2 = "math2"      # libdevice's function attrs["fn"] of two operands (pow, atan2, ..., powi)
     # ternary elementwise
     FMA = "fma"
     WHERE = "where"
@@ -171,16 +175,18 @@ UNARY_MATH = frozenset({
     OpCode.EXP, OpCode.EXP2, OpCode.LOG, OpCode.LOG2, OpCode.SQRT, OpCode.RSQRT, OpCode.SIN,
     OpCode.COS, OpCode.ERF, OpCode.TANH, OpCode.FLOOR, OpCode.CEIL,
 })
-UNARY = UNARY_MATH | frozenset({OpCode.NEG, OpCode.INVERT, OpCode.ABS})
+# The libdevice calls (one op code each for one and two operands; attrs["fn"] names the function).
+LIBDEVICE_MATH = frozenset({OpCode.MATH, OpCode.MATH2})
+UNARY = UNARY_MATH | frozenset({OpCode.NEG, OpCode.INVERT, OpCode.ABS, OpCode.MATH})
 ELEMENTWISE = BINARY | UNARY | frozenset({
-    OpCode.FMA, OpCode.WHERE, OpCode.CAST, OpCode.BITCAST, OpCode.ADDPTR,
+    OpCode.MATH2, OpCode.FMA, OpCode.WHERE, OpCode.CAST, OpCode.BITCAST, OpCode.ADDPTR,
     OpCode.MULTIPLE_OF, OpCode.MAX_CONTIGUOUS,
 })
 COMMUTATIVE = frozenset({
     OpCode.ADD, OpCode.MUL, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.MINIMUM, OpCode.MAXIMUM,
     OpCode.EQ, OpCode.NE, OpCode.UMULHI,
 })
-FLOAT_ONLY = UNARY_MATH | frozenset({OpCode.DIV, OpCode.FMA})
+FLOAT_ONLY = UNARY_MATH | LIBDEVICE_MATH | frozenset({OpCode.DIV, OpCode.FMA})
 INTEGER_ONLY = frozenset({OpCode.IDIV, OpCode.AND, OpCode.OR, OpCode.XOR, OpCode.SHL, OpCode.SHR, OpCode.UMULHI})
 # Ops whose removal changes what the program does even when their results are unused.
 SIDE_EFFECTS = frozenset({

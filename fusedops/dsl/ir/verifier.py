@@ -6,7 +6,7 @@ and the frontend run it in tests; a failure is a compiler bug, not a user error.
 
 from __future__ import annotations
 
-from ..language.dtypes import BlockType, DType, PointerType, int1, int32, int64, shape_of
+from ..language.dtypes import BlockType, DType, PointerType, int1, int32, int64, shape_of, with_element
 from .core import Block, Function, Operation
 from .shared_buffer import SharedBufferType
 from .ops import (BINARY_ARITH, COMPARISON, CONTROL_FLOW, FLOAT_ONLY, INTEGER_ONLY, MAX_CLUSTER_SIZE, UNARY,
@@ -50,6 +50,11 @@ def _check_types(op: Operation) -> None:
         expect(len(ins) == 1 and outs == ins, "result type must equal operand type")
         if code in FLOAT_ONLY:
             expect(_element(ins[0]).is_floating, f"needs a floating operand, got {ins[0]}")
+    elif code == OpCode.MATH2:
+        expect(len(ins) == 2 and outs == ins[:1] and _element(ins[0]).is_floating, "math2 takes a float first operand "
+               f"and returns its type, got {ins} -> {outs}")
+        second = with_element(ins[0], int32) if op.attrs.get("fn") == "powi" else ins[0]
+        expect(ins[1] == second, f"math2 {op.attrs.get('fn')}: the second operand must be {second}, got {ins[1]}")
     elif code == OpCode.FMA:
         expect(len(ins) == 3 and ins[0] == ins[1] == ins[2] == outs[0], "fma operands must share a type")
     elif code == OpCode.WHERE:

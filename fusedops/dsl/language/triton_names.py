@@ -4,14 +4,13 @@ frontend adds the hint to its "module `fusedops.dsl` has no attribute ..." error
 
 from __future__ import annotations
 
-_MATH = ("the math builtins are exp, exp2, log, log2, sqrt, rsqrt, sin, cos, sigmoid, erf, tanh, floor, ceil, fma "
-         "and abs (dsl.<name> or dsl.math.<name>)")
-_POW = "multiply, or use dsl.exp2(y * dsl.log2(x)) for x > 0 (there is no pow nor `**`)"
+_LIBDEVICE = "use dsl.extra.cuda.libdevice.<name> (Triton 3's tl.extra.cuda.libdevice), or dsl.math.<name>"
 _NOT_HERE = "it is not in the language"
 
 TRITON_ONLY = {
-    "extra": _MATH, "libdevice": _MATH, "log1p": _MATH, "expm1": _MATH,
-    "pow": _POW,
+    "libdevice": _LIBDEVICE,
+    **{name: f"use dsl.math.{name} or dsl.extra.cuda.libdevice.{name}" for name in (
+        "log1p", "expm1", "pow", "isnan", "isinf", "atan2", "tan", "trunc", "round", "rint", "erfc", "log10")},
     "load_tensor_descriptor": "use desc.load(offsets) of a dsl.make_tensor_descriptor",
     "store_tensor_descriptor": "use desc.store(offsets, value) of a dsl.make_tensor_descriptor",
     "softmax": "write it out: dsl.exp(x - dsl.max(x, axis)) / dsl.sum(..., axis)",
@@ -30,8 +29,16 @@ def missing_math_hint(name: str) -> str:
     """What `dsl.math` has, for `dsl.math.<name>` of a name it does not have (Triton's libdevice functions)."""
     from . import triton_math
 
-    hint = _POW if name == "pow" else "dsl.math has " + ", ".join(triton_math.__all__)
-    return f" (Triton's tl.math.{name}: {hint})"
+    return f" (Triton's tl.math.{name}: dsl.math has " + ", ".join(triton_math.__all__) + ")"
+
+
+def missing_libdevice_hint(name: str) -> str:
+    """What `dsl.extra.cuda.libdevice` has, for a libdevice function it does not have (erfinv, lgamma, j0, the
+    rounding-mode variants such as div_rz, ...)."""
+    from . import libdevice
+
+    return (f" (Triton's libdevice.{name} is not in the language: dsl.extra.cuda.libdevice has "
+            + ", ".join(libdevice.__all__) + ")")
 
 
 def missing_name_hint(name: str) -> str:

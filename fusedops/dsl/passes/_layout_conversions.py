@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ..ir import Block, Operation, OpCode, Value
-from ..ir.ops import ELEMENTWISE, UNARY_MATH
+from ..ir.ops import ELEMENTWISE, LIBDEVICE_MATH, UNARY_MATH
 from ..language.dtypes import shape_of
 from ..layouts.linear import LinearLayout
 from ._layout_state import State, is_block, project_broadcast
@@ -13,7 +13,7 @@ from ._layout_state import State, is_block, project_broadcast
 
 # Elementwise ops cheap enough to recompute in every layout a user needs (see passes/layout_assignment.py's
 # docstring).
-_REMATERIALIZABLE = ELEMENTWISE - UNARY_MATH - frozenset({OpCode.DIV, OpCode.FMA})
+_REMATERIALIZABLE = ELEMENTWISE - UNARY_MATH - LIBDEVICE_MATH - frozenset({OpCode.DIV, OpCode.FMA})
 
 
 def insert_before(anchor: Operation, new: Operation) -> None:
