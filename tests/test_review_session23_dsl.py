@@ -381,7 +381,7 @@ _BAD_PROGRAMS = [
     ("z = dsl.zeros((3,), dsl.float32)\n    dsl.store(o_ptr, dsl.sum(z))", "powers of two"),
     ("for i in dsl.static_range(n):\n        dsl.store(o_ptr + i, 1.0)", "constexpr"),
     ("v = dsl.load(o_ptr + dsl.arange(0, 4))\n    if v > 0:\n        dsl.store(o_ptr, 1.0)", "dsl.where"),
-    ("v = dsl.load(o_ptr)\n    dsl.store(o_ptr, v ** 2)", "not supported"),
+    ("v = dsl.arange(0, 4)\n    dsl.store(o_ptr, v ** v)", "compile-time int exponent"),   # (float ** : session 43)
     ("v = dsl.arange(0, 4)\n    dsl.store(o_ptr, v[1])", "indexed"),
     ("dsl.store(o_ptr, dsl.arange(0, 4))", "pointer's shape"),
     ("a = dsl.zeros((16, 16), dsl.float16)\n    dsl.store(o_ptr, dsl.sum(dsl.sum(dsl.dot(a, a.to(dsl.float32)), 0)))",
