@@ -151,12 +151,11 @@ def _binary(ctx, op):
         if code == OpCode.DIV and op.attrs.get("approx") and dtype == float32:
             # `fdiv afn`: rcp.approx.f32 for 1 / x, else div.approx.f32 (the denormal-preserving forms)
             return map_registers(ctx, op, lambda x, y: b.fdiv(x, y, flags=("afn",)))
-        if ctx.fp_fusion and code in (OpCode.ADD, OpCode.SUB, OpCode.MUL):
+        simple = {OpCode.ADD: b.fadd, OpCode.SUB: b.fsub, OpCode.MUL: b.fmul, OpCode.DIV: b.fdiv}
+        if ctx.fp_fusion and code in simple and code != OpCode.DIV:
             # `contract` (CompileOptions.fp_fusion): NVPTX forms fma.rn where a product feeds an add, and leaves the
             # rest without .rn, which ptxas may fuse too (TOOLCHAIN.md: plain ops get `.rn`, which forbids it)
-            fused = {OpCode.ADD: b.fadd, OpCode.SUB: b.fsub, OpCode.MUL: b.fmul}[code]
-            return map_registers(ctx, op, lambda x, y: fused(x, y, flags=("contract",)))
-        simple = {OpCode.ADD: b.fadd, OpCode.SUB: b.fsub, OpCode.MUL: b.fmul, OpCode.DIV: b.fdiv}
+            return map_registers(ctx, op, lambda x, y: simple[code](x, y, flags=("contract",)))
         if code in simple:
             return map_registers(ctx, op, simple[code])
         if code == OpCode.MOD:
